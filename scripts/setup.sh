@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine: a virtual environment in .venv with the CPU build of
+# PyTorch installed first (so nothing pulls the CUDA wheels), then this project.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e ".[test]"
+echo "setup: done ($(python -c 'import torch, flwr; print("torch", torch.__version__, "flwr", flwr.__version__)'))"
