@@ -1,0 +1,67 @@
+"""Input checks shared by every aggregation rule.
+
+A client update that is malformed (wrong shape, NaN/Inf) or a weight vector that
+is meaningless (negative, all zero) raises ``AggregationInputError`` with a
+message that names the offending client and tensor, before anything is computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class AggregationInputError(ValueError):
+    """A client update or weight vector that must not be aggregated."""
+
+
+def as_float64_matrix(x: np.ndarray, name: str) -> np.ndarray:
+    """Return ``x`` as a finite 2-D float64 array, or raise naming ``name``."""
+    arr = np.asarray(x)
+    if arr.ndim != 2:
+        raise AggregationInputError(f"{name}: expected a 2-D matrix, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.floating) and not np.issubdtype(arr.dtype, np.integer):
+        raise AggregationInputError(f"{name}: expected a real float array, got dtype {arr.dtype}")
+    arr = arr.astype(np.float64, copy=False)
+    if not np.all(np.isfinite(arr)):
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        raise AggregationInputError(f"{name}: contains {bad} NaN/Inf entries")
+    return arr
+
+
+def check_client_matrices(
+    matrices: Sequence[np.ndarray], expected_shape: tuple[int, int] | None, name: str
+) -> list[np.ndarray]:
+    """Validate one matrix per client; all must share ``expected_shape`` (or the first's)."""
+    if len(matrices) == 0:
+        raise AggregationInputError(f"{name}: no client matrices to aggregate")
+    out = [as_float64_matrix(m, f"{name}[client {i}]") for i, m in enumerate(matrices)]
+    shape = expected_shape if expected_shape is not None else out[0].shape
+    for i, m in enumerate(out):
+        if m.shape != tuple(shape):
+            raise AggregationInputError(
+                f"{name}[client {i}]: shape {m.shape} does not match the expected {tuple(shape)}"
+            )
+    return out
+
+
+def normalize_weights(weights: Sequence[float] | np.ndarray | None, num_clients: int) -> np.ndarray:
+    """Non-negative client weights normalised to sum to 1 (``None`` means uniform 1/N)."""
+    if num_clients < 1:
+        raise AggregationInputError("weights: there must be at least one client")
+    if weights is None:
+        return np.full(num_clients, 1.0 / num_clients)
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if w.shape[0] != num_clients:
+        raise AggregationInputError(
+            f"weights: got {w.shape[0]} weights for {num_clients} client matrices"
+        )
+    if not np.all(np.isfinite(w)):
+        raise AggregationInputError("weights: contain NaN/Inf")
+    if np.any(w < 0):
+        raise AggregationInputError(f"weights: must be non-negative, got {w.tolist()}")
+    total = w.sum()
+    if total <= 0:
+        raise AggregationInputError("weights: all zero; at least one client must have weight > 0")
+    return w / total
