@@ -1,0 +1,85 @@
+"""FLoRGLinear: a frozen nn.Linear plus the Gram update s * L A^T A R (paper, section 3.1).
+
+Shapes: W0 (d_out x d_in), L (d_out x k), A (r x k), R (k x d_in), k = min(d_in, d_out).
+The forward never forms a k x k or d_out x d_in matrix:
+
+    AR  = A R       (r x d_in)     LAt = L A^T    (d_out x r)
+    y   = W0 x + b + s * LAt (AR x)
+
+which is a rank-r LoRA with factors (LAt, AR), so a step costs what a PEFT LoRA
+step of the same rank costs plus two small r x k x d products per forward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class FLoRGLinear(nn.Module):
+    """Wraps ``base_layer`` (frozen) with the trainable FLoRG matrix ``A`` (r x k)."""
+
+    def __init__(
+        self,
+        base_layer: nn.Linear,
+        L: np.ndarray,
+        R: np.ndarray,
+        A_init: np.ndarray,
+        scaling: float,
+        subtract_init: bool = False,
+    ) -> None:
+        super().__init__()
+        d_out, d_in = base_layer.weight.shape
+        k = min(d_in, d_out)
+        r = A_init.shape[0]
+        if L.shape != (d_out, k) or R.shape != (k, d_in) or A_init.shape != (r, k):
+            raise ValueError(
+                f"FLoRG shapes do not fit W0 {(d_out, d_in)}: L {L.shape}, R {R.shape}, "
+                f"A {A_init.shape} (expected L {(d_out, k)}, R {(k, d_in)}, A (r, {k}))"
+            )
+        self.base_layer = base_layer
+        self.base_layer.requires_grad_(False)
+        self.scaling = float(scaling)
+        self.r, self.k = r, k
+        dtype, device = base_layer.weight.dtype, base_layer.weight.device
+        self.register_buffer("L", torch.as_tensor(L, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("R", torch.as_tensor(R, dtype=dtype, device=device), persistent=False)
+        self.A = nn.Parameter(torch.as_tensor(A_init, dtype=dtype, device=device).clone())
+        # Option: W0 <- W0 - s L A1^T A1 R (float64), so the output is unchanged before training.
+        self.subtract_init = bool(subtract_init)
+        if self.subtract_init:
+            delta = self.scaling * (L @ A_init.T) @ (A_init @ R)
+            with torch.no_grad():
+                w64 = base_layer.weight.detach().to(torch.float64)
+                base_layer.weight.copy_((w64 - torch.as_tensor(delta, device=device)).to(dtype))
+            self.register_buffer("A_init", torch.as_tensor(A_init, dtype=dtype, device=device))
+        else:
+            self.A_init = None
+
+    @property
+    def in_features(self) -> int:
+        return self.base_layer.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base_layer.out_features
+
+    def lora_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L A^T, A R): the d_out x r and r x d_in factors with Delta W = s * (L A^T)(A R)."""
+        return self.L @ self.A.T, self.A @ self.R
+
+    def delta_weight(self) -> torch.Tensor:
+        """s * L A^T A R (d_out x d_in); for tests and export only, never in the forward."""
+        left, right = self.lora_factors()
+        return self.scaling * left @ right
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result = self.base_layer(x)
+        left, right = self.lora_factors()
+        update = F.linear(F.linear(x.to(right.dtype), right), left)
+        return result + (self.scaling * update).to(result.dtype)
+
+    def extra_repr(self) -> str:
+        return f"r={self.r}, k={self.k}, scaling={self.scaling:g}, subtract={self.subtract_init}"

@@ -1,0 +1,196 @@
+"""Injecting FLoRG into a Hugging Face model, its trainable state, and export to PEFT LoRA.
+
+``inject_florg`` replaces every targeted nn.Linear by a FLoRGLinear whose L, R come
+from (seed, module name) and whose A starts as seeded N(0, a_init_std^2) entries:
+A = 0 is excluded because grad_A = A (H + H^T) vanishes there (paper, eq. gradient_A).
+Everything but the A matrices (and, if ``train_head``, the task head) is frozen.
+
+Export: L A^T A R = (L A^T)(A R), so a FLoRG layer *is* a rank-r LoRA with
+lora_B = L A^T (d_out x r), lora_A = A R (r x d_in) and the same scaling alpha/r.
+With ``subtract_init`` the frozen weight was W0 - s L A1^T A1 R, which exports
+exactly as the rank-2r LoRA  B = [L A^T, -L A1^T],  A = [A R; A1 R].
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from flower_app.adapters.florg_layer import FLoRGLinear
+from flower_app.adapters.projections import (
+    PROJECTION_INITS,
+    fingerprint,
+    make_projections,
+    seeded_rng,
+)
+from flower_app.adapters.state import load_arrays, module_parameters, to_numpy
+from flower_app.adapters.targets import find_head_modules, find_target_linears
+
+
+@dataclass(frozen=True)
+class FLoRGConfig:
+    """FLoRG adapter settings; the paper's defaults are r = 4, alpha = 16."""
+
+    r: int = 4
+    alpha: float = 16.0
+    target_modules: tuple[str, ...] = ("query", "value")
+    seed: int = 0
+    a_init_std: float = 0.02
+    projection_init: str = "semi-orthogonal"
+    subtract_init: bool = False
+    head_modules: tuple[str, ...] | None = None
+    train_head: bool = True
+
+    def __post_init__(self) -> None:
+        if int(self.r) != self.r or self.r < 1:
+            raise ValueError(f"r must be a positive integer, got {self.r!r}")
+        if not self.alpha > 0:
+            raise ValueError(f"alpha must be > 0, got {self.alpha!r}")
+        if not self.a_init_std > 0:
+            raise ValueError(
+                f"a_init_std must be > 0, got {self.a_init_std!r}: "
+                "A = 0 is a stationary point (grad_A = A(H + H^T) = 0)"
+            )
+        if self.projection_init not in PROJECTION_INITS:
+            raise ValueError(
+                f"projection_init {self.projection_init!r} unknown; "
+                f"choose one of {PROJECTION_INITS}"
+            )
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.r
+
+
+def inject_florg(model: nn.Module, config: FLoRGConfig) -> dict[str, FLoRGLinear]:
+    """Replace the targeted Linears by FLoRGLinear in place; freeze all but A and the head."""
+    if florg_layers(model):
+        raise ValueError("model already carries FLoRG layers")
+    heads = find_head_modules(model, config.head_modules)
+    targets = find_target_linears(model, config.target_modules, exclude=heads)
+    for name, linear in targets.items():
+        d_out, d_in = linear.weight.shape
+        if config.r > min(d_in, d_out):
+            raise ValueError(
+                f"{name}: rank r={config.r} exceeds k=min(d_in, d_out)={min(d_in, d_out)}"
+            )
+    model.requires_grad_(False)
+    layers: dict[str, FLoRGLinear] = {}
+    for name, linear in targets.items():
+        d_out, d_in = linear.weight.shape
+        k = min(d_in, d_out)
+        weight = linear.weight.detach().to(torch.float64).cpu().numpy()
+        L, R = make_projections(
+            d_out, d_in, seed=config.seed, name=name, init=config.projection_init, weight=weight
+        )
+        A1 = seeded_rng(config.seed, name, "A").standard_normal((config.r, k)) * config.a_init_std
+        layer = FLoRGLinear(linear, L, R, A1, config.scaling, config.subtract_init)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
+        layers[name] = layer
+    if config.train_head:
+        for p in module_parameters(model, heads).values():
+            p.requires_grad_(True)
+    model.florg_config = config
+    model.florg_heads = heads
+    return layers
+
+
+def florg_layers(model: nn.Module) -> dict[str, FLoRGLinear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, FLoRGLinear)}
+
+
+def _state_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {f"{n}.A": m.A for n, m in florg_layers(model).items()}
+    if model.florg_config.train_head:
+        tensors.update(module_parameters(model, model.florg_heads))
+    return tensors
+
+
+def get_florg_state(model: nn.Module) -> dict[str, np.ndarray]:
+    """What a FLoRG client sends: every layer's A (r x k) as '<module>.A', plus the head."""
+    return {key: to_numpy(t) for key, t in _state_tensors(model).items()}
+
+
+def set_florg_state(model: nn.Module, state: dict[str, np.ndarray]) -> None:
+    """Load the global A matrices and head; keys and shapes must match exactly."""
+    load_arrays(_state_tensors(model), state)
+
+
+def florg_fingerprint(model: nn.Module) -> str:
+    """One hash over every layer's L and R (float32), for nodes to compare."""
+    h = hashlib.sha256()
+    for name, layer in sorted(florg_layers(model).items()):
+        h.update(name.encode())
+        h.update(fingerprint(layer.L.cpu().numpy(), layer.R.cpu().numpy()).encode())
+    return h.hexdigest()[:16]
+
+
+def _lora_export_factors(layer: FLoRGLinear) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(lora_B, lora_A, rank) with s * lora_B @ lora_A equal to the layer's update over W0."""
+    with torch.no_grad():
+        left, right = (t.detach().to(torch.float64) for t in layer.lora_factors())
+        if not layer.subtract_init:
+            return left, right, layer.r
+        A1 = layer.A_init.to(torch.float64)
+        L64, R64 = layer.L.to(torch.float64), layer.R.to(torch.float64)
+        B = torch.cat([left, -(L64 @ A1.T)], dim=1)
+        A = torch.cat([right, A1 @ R64], dim=0)
+        return B, A, 2 * layer.r
+
+
+def export_peft_lora(
+    model: nn.Module, out_dir: str | Path, base_model_name_or_path: str | None = None
+) -> Path:
+    """Write a standard PEFT LoRA adapter folder equivalent to the FLoRG model.
+
+    ``PeftModel.from_pretrained(base_model, out_dir)`` on the original base model
+    reproduces this model's outputs (the head is saved through ``modules_to_save``).
+    """
+    from peft import LoraConfig, get_peft_model
+
+    config: FLoRGConfig = model.florg_config
+    layers = florg_layers(model)
+    factors = {name: _lora_export_factors(layer) for name, layer in layers.items()}
+    rank = next(iter(factors.values()))[2]
+
+    base = copy.deepcopy(model)
+    for name, layer in florg_layers(base).items():
+        linear = layer.base_layer
+        if layer.subtract_init:  # restore the original W0 = (W0 - s L A1^T A1 R) + s L A1^T A1 R
+            A1 = layer.A_init.to(torch.float64)
+            restore = layer.scaling * (layer.L.double() @ A1.T) @ (A1 @ layer.R.double())
+            with torch.no_grad():
+                linear.weight.copy_((linear.weight.double() + restore).to(linear.weight.dtype))
+        parent_name, _, child = name.rpartition(".")
+        setattr(base.get_submodule(parent_name) if parent_name else base, child, linear)
+    for attr in ("florg_config", "florg_heads"):
+        base.__dict__.pop(attr, None)
+
+    lora_config = LoraConfig(
+        r=rank,
+        lora_alpha=config.scaling * rank,
+        target_modules=sorted(layers),
+        lora_dropout=0.0,
+        bias="none",
+        modules_to_save=list(model.florg_heads) or None,
+        base_model_name_or_path=base_model_name_or_path,
+    )
+    peft_model = get_peft_model(base, lora_config)
+    peft_modules = dict(peft_model.base_model.model.named_modules())
+    with torch.no_grad():
+        for name, (B, A, _) in factors.items():
+            lora = peft_modules[name]
+            lora.lora_B["default"].weight.copy_(B.to(lora.lora_B["default"].weight.dtype))
+            lora.lora_A["default"].weight.copy_(A.to(lora.lora_A["default"].weight.dtype))
+    out = Path(out_dir)
+    peft_model.save_pretrained(out)
+    (out / "florg_config.json").write_text(json.dumps(asdict(config), indent=2))
+    return out
