@@ -1,0 +1,89 @@
+"""Exact per-round communication of every method, counted as the paper counts it (parameters).
+
+Per adapted layer with W0 of shape d_out x d_in, k = min(d_in, d_out), rank r, and a
+task head of H parameters (trained and FedAvg-ed by every method), each participating
+client sends up and receives down per round:
+
+    florg, florg-no-procrustes   A                r k              (up and down)
+    fedit, federa                B, A             r (d_out + d_in) (up and down)
+    ffa-lora                     B                r d_out          (A is frozen and seeded)
+    fedsa-lora                   A                r d_in           (B stays on the client)
+    fedex-lora                   B, A             r (d_out + d_in) up;
+                                 + residual down: d_out d_in (dense, the paper's version)
+                                                  or (N + 1) r (d_out + d_in) (factored)
+
+plus H each way.  N is the number of clients aggregated in the round.  Bytes are
+parameters times ``bytes_per_param`` (4: arrays travel as float32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from strategies.fedex_lora import RESIDUAL_MODES
+from strategies.methods import check_method
+
+
+@dataclass(frozen=True)
+class RoundCommunication:
+    """Parameters and bytes one client sends up and receives down in one round."""
+
+    up_params: int
+    down_params: int
+    bytes_per_param: int = 4
+
+    @property
+    def up_bytes(self) -> int:
+        return self.up_params * self.bytes_per_param
+
+    @property
+    def down_bytes(self) -> int:
+        return self.down_params * self.bytes_per_param
+
+    @property
+    def total_params(self) -> int:
+        return self.up_params + self.down_params
+
+
+def _adapter_params(method: str, d_out: int, d_in: int, r: int) -> int:
+    if method in ("florg", "florg-no-procrustes"):
+        return r * min(d_in, d_out)
+    if method in ("fedit", "federa", "fedex-lora"):
+        return r * (d_out + d_in)
+    if method == "ffa-lora":
+        return r * d_out
+    return r * d_in  # fedsa-lora
+
+
+def _residual_params(mode: str, d_out: int, d_in: int, r: int, num_clients: int) -> int:
+    if mode == "dense":
+        return d_out * d_in
+    return (num_clients + 1) * r * (d_out + d_in)
+
+
+def round_communication(
+    method: str,
+    layer_shapes: Mapping[str, tuple[int, int]],
+    r: int,
+    head_params: int,
+    num_clients: int = 1,
+    residual_mode: str = "dense",
+    bytes_per_param: int = 4,
+) -> RoundCommunication:
+    """Per-client, per-round communication; ``layer_shapes`` maps names to (d_out, d_in)."""
+    check_method(method)
+    if residual_mode not in RESIDUAL_MODES:
+        raise ValueError(f"residual_mode {residual_mode!r} unknown; choose one of {RESIDUAL_MODES}")
+    if r < 1 or num_clients < 1 or head_params < 0:
+        raise ValueError(
+            f"need r >= 1, num_clients >= 1, head_params >= 0; "
+            f"got r={r}, num_clients={num_clients}, head_params={head_params}"
+        )
+    adapter = sum(_adapter_params(method, o, i, r) for o, i in layer_shapes.values())
+    down = adapter + head_params
+    if method == "fedex-lora":
+        down += sum(
+            _residual_params(residual_mode, o, i, r, num_clients) for o, i in layer_shapes.values()
+        )
+    return RoundCommunication(adapter + head_params, down, bytes_per_param)
