@@ -56,3 +56,15 @@ def find_head_modules(model: nn.Module, head_modules: Sequence[str] | None) -> l
     if missing:
         raise ValueError(f"head_modules {missing} not found in {type(model).__name__}")
     return list(head_modules)
+
+
+def adapter_layout(
+    model: nn.Module, target_modules: str | Sequence[str], head_modules: Sequence[str] | None
+) -> tuple[dict[str, tuple[int, int]], int]:
+    """(adapted layer name -> (d_out, d_in), number of head parameters) of an un-adapted model."""
+    heads = find_head_modules(model, head_modules)
+    linears = find_target_linears(model, target_modules, exclude=heads)
+    shapes = {name: (int(m.weight.shape[0]), int(m.weight.shape[1])) for name, m in linears.items()}
+    modules = dict(model.named_modules())
+    head_params = sum(p.numel() for h in heads for p in modules[h].parameters())
+    return shapes, int(head_params)
