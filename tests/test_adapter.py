@@ -1,0 +1,312 @@
+"""FLoRG adapter (client side) and the baselines' PEFT LoRA adapters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from peft import PeftModel
+from transformers import BertConfig, BertForSequenceClassification
+
+from flower_app.adapters.florg_layer import FLoRGLinear
+from flower_app.adapters.florg_model import (
+    FLoRGConfig,
+    export_peft_lora,
+    florg_fingerprint,
+    florg_layers,
+    get_florg_state,
+    inject_florg,
+    set_florg_state,
+)
+from flower_app.adapters.lora import (
+    LoRAConfig,
+    fold_into_base,
+    get_lora_state,
+    inject_lora,
+    lora_layers,
+    set_lora_state,
+)
+from flower_app.adapters.projections import fingerprint, make_projections
+from flower_app.adapters.targets import adapter_layout
+
+TINY = BertConfig(
+    vocab_size=120,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=48,
+    num_labels=3,
+)
+# query/value are 32x32; intermediate.dense is 48x32 and output.dense 32x48 (both ways).
+TARGETS = ("query", "value", "intermediate.dense", "output.dense")
+
+
+def tiny_bert(seed: int = 0) -> BertForSequenceClassification:
+    torch.manual_seed(seed)
+    return BertForSequenceClassification(TINY).eval()
+
+
+def tokens(seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, TINY.vocab_size, (3, 9), generator=torch.Generator().manual_seed(seed))
+
+
+def perturb_As(model, scale=0.2, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in florg_layers(model).values():
+            layer.A.add_(scale * torch.randn(layer.A.shape, generator=g))
+
+
+@pytest.mark.parametrize("d_out,d_in", [(12, 7), (7, 12), (9, 9)])
+def test_layer_output_equals_dense_formula(d_out, d_in):
+    torch.manual_seed(0)
+    base = torch.nn.Linear(d_in, d_out).double()
+    k, r, s = min(d_in, d_out), 3, 16 / 3
+    L, R = make_projections(d_out, d_in, seed=1, name="x")
+    A = np.random.default_rng(2).standard_normal((r, k))
+    layer = FLoRGLinear(base, L, R, A, s)
+    x = torch.randn(5, 4, d_in, dtype=torch.float64)
+    W = base.weight.detach().numpy() + s * L @ A.T @ A @ R
+    expected = x.numpy() @ W.T + base.bias.detach().numpy()
+    np.testing.assert_allclose(layer(x).detach().numpy(), expected, rtol=1e-12, atol=1e-12)
+    assert [n for n, p in layer.named_parameters() if p.requires_grad] == ["A"]
+
+
+def test_gradient_matches_paper_formula():
+    """grad_A = s A (H + H^T), H = L^T grad_W R^T (paper, eq. gradient_A, with the scaling s)."""
+    torch.manual_seed(0)
+    d_out, d_in, r = 10, 6, 2
+    base = torch.nn.Linear(d_in, d_out, bias=False).double()
+    L, R = make_projections(d_out, d_in, seed=0, name="g")
+    layer = FLoRGLinear(base, L, R, np.random.default_rng(0).standard_normal((r, 6)), 2.0)
+    x, target = (
+        torch.randn(8, d_in, dtype=torch.float64),
+        torch.randn(8, d_out, dtype=torch.float64),
+    )
+    loss = ((layer(x) - target) ** 2).sum()
+    loss.backward()
+    grad_W = (2 * (layer(x) - target).T @ x).detach().numpy()  # dLoss/dW for y = W x
+    H = L.T @ grad_W @ R.T
+    A = layer.A.detach().numpy()
+    np.testing.assert_allclose(layer.A.grad.numpy(), 2.0 * A @ (H + H.T), rtol=1e-10)
+
+
+@pytest.mark.parametrize("d_out,d_in", [(20, 8), (8, 20)])
+def test_projections_semi_orthogonal_and_deterministic(d_out, d_in):
+    L, R = make_projections(d_out, d_in, seed=5, name="enc.0.q")
+    k = min(d_out, d_in)
+    assert L.shape == (d_out, k) and R.shape == (k, d_in)
+    np.testing.assert_allclose(L.T @ L, np.eye(k), atol=1e-13)
+    np.testing.assert_allclose(R @ R.T, np.eye(k), atol=1e-13)
+    L2, R2 = make_projections(d_out, d_in, seed=5, name="enc.0.q")
+    assert np.array_equal(L, L2) and np.array_equal(R, R2)
+    L3, _ = make_projections(d_out, d_in, seed=5, name="enc.0.v")
+    L4, _ = make_projections(d_out, d_in, seed=6, name="enc.0.q")
+    assert not np.allclose(L, L3) and not np.allclose(L, L4)
+
+
+def test_projections_identical_across_processes():
+    code = (
+        "from flower_app.adapters.projections import make_projections, fingerprint;"
+        "print(fingerprint(*make_projections(48, 32, seed=7, name='layer.3.value')))"
+    )
+    runs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    here = fingerprint(*make_projections(48, 32, seed=7, name="layer.3.value"))
+    assert runs[0].stdout.strip() == runs[1].stdout.strip() == here
+    assert here != fingerprint(*make_projections(48, 32, seed=8, name="layer.3.value"))
+
+
+def test_kaiming_and_svd_initialisations():
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((30, 12))
+    L, R = make_projections(30, 12, seed=0, name="w", init="svd", weight=W)
+    U, s, Vt = np.linalg.svd(W, full_matrices=False)
+    np.testing.assert_allclose(L.T @ L, np.eye(12), atol=1e-12)
+    np.testing.assert_allclose(L.T @ W @ R.T, np.diag(s), atol=1e-10)  # W's own singular basis
+    Lk, Rk = make_projections(300, 200, seed=0, name="w", init="kaiming")
+    assert Lk.shape == (300, 200) and Rk.shape == (200, 200)
+    assert Lk.std() == pytest.approx(1 / np.sqrt(200), rel=0.02)
+    assert Rk.std() == pytest.approx(1 / np.sqrt(200), rel=0.02)
+    with pytest.raises(ValueError, match="needs the weight"):
+        make_projections(3, 3, seed=0, name="w", init="svd")
+    with pytest.raises(ValueError, match="unknown L/R initialisation"):
+        make_projections(3, 3, seed=0, name="w", init="xavier")
+
+
+def test_injection_freezes_all_but_A_and_head():
+    model = tiny_bert()
+    layers = inject_florg(model, FLoRGConfig(r=4, target_modules=TARGETS))
+    assert len(layers) == 2 * 5  # per layer: query, value, intermediate.dense, 2x output.dense
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {f"{n}.A" for n in layers} | {"classifier.weight", "classifier.bias"}
+    shapes = {n: tuple(m.A.shape) for n, m in layers.items()}
+    assert shapes["bert.encoder.layer.0.intermediate.dense"] == (4, 32)
+    assert shapes["bert.encoder.layer.0.output.dense"] == (4, 32)
+    state = get_florg_state(model)
+    assert set(state) == trainable
+    frozen_head = tiny_bert()
+    inject_florg(frozen_head, FLoRGConfig(r=2, target_modules=("query",), train_head=False))
+    assert all(n.endswith(".A") for n, p in frozen_head.named_parameters() if p.requires_grad)
+
+
+def test_state_roundtrip_and_identical_init_across_builds():
+    a, b = tiny_bert(), tiny_bert()
+    inject_florg(a, FLoRGConfig(target_modules=TARGETS, seed=3))
+    inject_florg(b, FLoRGConfig(target_modules=TARGETS, seed=3))
+    sa, sb = get_florg_state(a), get_florg_state(b)
+    assert all(np.array_equal(sa[key], sb[key]) for key in sa)
+    assert florg_fingerprint(a) == florg_fingerprint(b)
+    perturb_As(a)
+    set_florg_state(b, get_florg_state(a))
+    x = tokens()
+    torch.testing.assert_close(a(x).logits, b(x).logits, rtol=0, atol=0)
+    bad = dict(get_florg_state(a))
+    key = next(k for k in bad if k.endswith(".A"))
+    bad[key] = np.zeros((5, 5), np.float32)
+    with pytest.raises(ValueError, match="shape"):
+        set_florg_state(b, bad)
+    bad[key] = np.full_like(sa[key], np.nan)
+    with pytest.raises(ValueError, match="NaN"):
+        set_florg_state(b, bad)
+
+
+def test_subtract_init_leaves_output_unchanged():
+    x = tokens()
+    reference = tiny_bert()(x).logits
+    model = tiny_bert()
+    inject_florg(model, FLoRGConfig(target_modules=TARGETS, a_init_std=0.3, subtract_init=True))
+    torch.testing.assert_close(model(x).logits, reference, rtol=0, atol=1e-5)
+    plain = tiny_bert()
+    inject_florg(plain, FLoRGConfig(target_modules=TARGETS, a_init_std=0.3))
+    assert (plain(x).logits - reference).abs().max() > 1e-4  # the paper's default does move it
+
+
+@pytest.mark.parametrize("subtract_init", [False, True])
+def test_peft_export_reproduces_logits(tmp_path, subtract_init):
+    x = tokens()
+    model = tiny_bert()
+    config = FLoRGConfig(r=3, target_modules=TARGETS, subtract_init=subtract_init, a_init_std=0.1)
+    inject_florg(model, config)
+    perturb_As(model)
+    with torch.no_grad():
+        model.classifier.weight.add_(0.5)
+    expected = model(x).logits
+    assert (expected - tiny_bert()(x).logits).abs().max() > 1e-3
+    out = export_peft_lora(model, tmp_path / "adapter")
+    assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
+    loaded = PeftModel.from_pretrained(tiny_bert(), out).eval()
+    torch.testing.assert_close(loaded(x).logits, expected, rtol=0, atol=1e-5)
+
+
+def test_florg_bad_input():
+    with pytest.raises(ValueError, match="match no nn.Linear"):
+        inject_florg(tiny_bert(), FLoRGConfig(target_modules=("q_proj",)))
+    with pytest.raises(ValueError, match="exceeds k"):
+        inject_florg(tiny_bert(), FLoRGConfig(r=33, target_modules=("query",)))
+    with pytest.raises(ValueError, match="a_init_std"):
+        FLoRGConfig(a_init_std=0.0)
+    with pytest.raises(ValueError, match="r must be"):
+        FLoRGConfig(r=0)
+    with pytest.raises(ValueError, match="projection_init"):
+        FLoRGConfig(projection_init="orthogonal")
+    model = tiny_bert()
+    inject_florg(model, FLoRGConfig(target_modules=("query",)))
+    with pytest.raises(ValueError, match="already carries"):
+        inject_florg(model, FLoRGConfig(target_modules=("value",)))
+
+
+def test_adapter_layout_counts_shapes_and_head():
+    shapes, head = adapter_layout(tiny_bert(), ("query", "intermediate.dense"), None)
+    assert shapes["bert.encoder.layer.1.intermediate.dense"] == (48, 32)
+    assert len(shapes) == 4
+    assert head == 32 * 3 + 3
+
+
+# ---------------------------------------------------------------- PEFT LoRA baselines
+
+
+def test_lora_seeded_init_identical_across_nodes_and_B_zero():
+    a = inject_lora(tiny_bert(), LoRAConfig(r=2, target_modules=TARGETS, seed=4))
+    b = inject_lora(tiny_bert(), LoRAConfig(r=2, target_modules=TARGETS, seed=4))
+    sa, sb = get_lora_state(a), get_lora_state(b)
+    assert set(sa) == set(sb)
+    for key in sa:
+        assert np.array_equal(sa[key], sb[key]), key
+        if key.endswith("lora_B"):
+            assert not sa[key].any()
+    # B = 0 at the start: the LoRA model equals the base model.
+    x = tokens()
+    torch.testing.assert_close(a(x).logits, tiny_bert()(x).logits, rtol=0, atol=1e-6)
+
+
+def test_lora_scaling_and_transposes_on_non_square_layer():
+    model = inject_lora(
+        tiny_bert(), LoRAConfig(r=2, alpha=6, target_modules=("intermediate.dense",))
+    )
+    name = "bert.encoder.layer.0.intermediate.dense"
+    layer = lora_layers(model)[name]
+    state = get_lora_state(model)
+    assert state[f"{name}.lora_B"].shape == (48, 2) and state[f"{name}.lora_A"].shape == (2, 32)
+    rng = np.random.default_rng(0)
+    state[f"{name}.lora_B"] = rng.standard_normal((48, 2)).astype(np.float32)
+    set_lora_state(model, state)
+    x = torch.randn(4, 32)
+    W0 = layer.get_base_layer().weight.detach().numpy()
+    bias = layer.get_base_layer().bias.detach().numpy()
+    B, A = state[f"{name}.lora_B"], state[f"{name}.lora_A"]
+    expected = x.numpy() @ (W0 + 3.0 * B @ A).T + bias  # s = alpha / r = 3
+    np.testing.assert_allclose(layer(x).detach().numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_ffa_freezes_A_and_fedsa_state_excludes_B():
+    model = inject_lora(tiny_bert(), LoRAConfig(r=2, target_modules=("query",), freeze_A=True))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and not any("lora_A" in n for n in trainable)
+    assert any("lora_B" in n for n in trainable)
+    sent = get_lora_state(model, parts=("A",))
+    assert not any(k.endswith("lora_B") for k in sent)
+    assert {k for k in sent if not k.endswith("lora_A")} == {"classifier.weight", "classifier.bias"}
+
+
+def test_federa_svd_init_keeps_output_and_uses_principal_directions():
+    x = tokens()
+    model = inject_lora(tiny_bert(), LoRAConfig(r=2, target_modules=TARGETS, init="federa-svd"))
+    torch.testing.assert_close(model(x).logits, tiny_bert()(x).logits, rtol=0, atol=1e-4)
+    name = "bert.encoder.layer.0.attention.self.query"
+    W0 = tiny_bert().bert.encoder.layer[0].attention.self.query.weight.detach().double().numpy()
+    s = np.linalg.svd(W0, compute_uv=False)
+    layer = lora_layers(model)[name]
+    BA = (layer.lora_B["default"].weight @ layer.lora_A["default"].weight).detach().double()
+    np.testing.assert_allclose(
+        np.linalg.svd(layer.scaling["default"] * BA.numpy(), compute_uv=False)[:2], s[:2], rtol=1e-4
+    )
+
+
+def test_fold_into_base_dense_equals_factored():
+    rng = np.random.default_rng(1)
+    a = inject_lora(tiny_bert(), LoRAConfig(r=2, target_modules=("value",)))
+    b = inject_lora(tiny_bert(), LoRAConfig(r=2, target_modules=("value",)))
+    P, Q = rng.standard_normal((32, 6)), rng.standard_normal((6, 32))
+    names = list(lora_layers(a))
+    fold_into_base(a, {n: (P, Q) for n in names})
+    fold_into_base(b, {n: P @ Q for n in names})
+    x = tokens()
+    torch.testing.assert_close(a(x).logits, b(x).logits, rtol=0, atol=1e-6)
+    assert (a(x).logits - tiny_bert()(x).logits).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="residual"):
+        fold_into_base(a, {names[0]: np.zeros((3, 3))})
+
+
+def test_lora_bad_input():
+    with pytest.raises(ValueError, match="exceeds k"):
+        inject_lora(tiny_bert(), LoRAConfig(r=40, target_modules=("query",)))
+    with pytest.raises(ValueError, match="match no nn.Linear"):
+        inject_lora(tiny_bert(), LoRAConfig(target_modules=("nope",)))
+    with pytest.raises(ValueError, match="LoRA init"):
+        LoRAConfig(init="pissa")

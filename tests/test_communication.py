@@ -1,0 +1,100 @@
+"""Communication accounting: counts per method, checked against the tensors that travel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from flower_app.adapters.florg_model import FLoRGConfig, get_florg_state, inject_florg
+from flower_app.adapters.lora import LoRAConfig, get_lora_state, inject_lora
+from flower_app.adapters.targets import adapter_layout
+from strategies.communication import round_communication
+from strategies.fedex_lora import aggregate_fedex_lora
+from strategies.methods import METHODS
+
+CONFIG = BertConfig(
+    vocab_size=50,
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=24,
+    num_labels=2,
+)
+TARGETS = ("query", "intermediate.dense")
+
+
+def model():
+    torch.manual_seed(0)
+    return BertForSequenceClassification(CONFIG)
+
+
+def n_params(state: dict[str, np.ndarray]) -> int:
+    return sum(int(v.size) for v in state.values())
+
+
+@pytest.fixture(scope="module")
+def layout():
+    return adapter_layout(model(), TARGETS, None)
+
+
+def test_counts_match_the_tensors_each_method_sends(layout):
+    shapes, head = layout
+    r = 3
+    m = model()
+    inject_florg(m, FLoRGConfig(r=r, target_modules=TARGETS))
+    florg = n_params(get_florg_state(m))
+    lora = inject_lora(model(), LoRAConfig(r=r, target_modules=TARGETS))
+    both = n_params(get_lora_state(lora, ("A", "B")))
+    only_a = n_params(get_lora_state(lora, ("A",)))
+    only_b = n_params(get_lora_state(lora, ("B",)))
+    expected = {
+        "florg": florg,
+        "florg-no-procrustes": florg,
+        "fedit": both,
+        "federa": both,
+        "fedex-lora": both,
+        "ffa-lora": only_b,
+        "fedsa-lora": only_a,
+    }
+    for method in METHODS:
+        c = round_communication(method, shapes, r, head, num_clients=4)
+        assert c.up_params == expected[method], method
+        assert c.up_bytes == 4 * c.up_params
+        if method != "fedex-lora":
+            assert c.down_params == c.up_params
+
+
+def test_fedex_residual_counted_dense_and_factored(layout):
+    shapes, head = layout
+    r, n = 2, 5
+    rng = np.random.default_rng(0)
+    dense_total = fact_total = 0
+    for d_out, d_in in shapes.values():
+        Bs = [rng.standard_normal((d_out, r)) for _ in range(n)]
+        As = [rng.standard_normal((r, d_in)) for _ in range(n)]
+        dense_total += aggregate_fedex_lora(Bs, As, None, "dense")[2].num_params
+        fact_total += aggregate_fedex_lora(Bs, As, None, "factored")[2].num_params
+    base = round_communication("fedit", shapes, r, head).down_params
+    dense = round_communication("fedex-lora", shapes, r, head, n, "dense")
+    fact = round_communication("fedex-lora", shapes, r, head, n, "factored")
+    assert dense.down_params == base + dense_total
+    assert fact.down_params == base + fact_total
+    assert dense.up_params == fact.up_params == base
+
+
+def test_florg_sends_less_than_half_of_fedit_on_square_layers():
+    shapes = {f"l{i}": (1024, 1024) for i in range(48)}  # RoBERTa-large q, v
+    florg = round_communication("florg", shapes, 4, 0)
+    fedit = round_communication("fedit", shapes, 4, 0)
+    assert florg.up_params == 48 * 4 * 1024 and 2 * florg.up_params == fedit.up_params
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="unknown method"):
+        round_communication("fedavg", {"a": (2, 2)}, 1, 0)
+    with pytest.raises(ValueError, match="residual_mode"):
+        round_communication("fedex-lora", {"a": (2, 2)}, 1, 0, residual_mode="sparse")
+    with pytest.raises(ValueError, match="r >= 1"):
+        round_communication("florg", {"a": (2, 2)}, 0, 0)
