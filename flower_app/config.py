@@ -1,0 +1,260 @@
+"""Run settings: one schema for pyproject's [tool.flwr.app.config], conf/ presets and overrides.
+
+Precedence, lowest first: the defaults below (identical to pyproject.toml's
+``[tool.flwr.app.config]``, a test checks it) < the YAML preset named by ``preset``
+(``conf/<preset>.yaml``, read with omegaconf) < values set with ``--run-config``.
+Through plain ``flwr run`` a key counts as set when its value differs from the
+default; ``python -m flower_app.launch --preset P --set key=value`` applies the
+three layers explicitly.  Unknown keys and bad values raise ``ConfigError``
+naming the key, before any model is built or any client trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from strategies.methods import METHODS
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+class ConfigError(ValueError):
+    """A run setting that is unknown or has a bad value; the message names the key."""
+
+
+def _positive(x: float) -> bool:
+    return x > 0
+
+
+def _non_negative(x: float) -> bool:
+    return x >= 0
+
+
+def _fraction(x: float) -> bool:
+    return 0 < x <= 1
+
+
+def _one_of(*options: str) -> Callable[[str], bool]:
+    def check(x: str) -> bool:
+        return x in options
+
+    check.options = options  # type: ignore[attr-defined]
+    return check
+
+
+# key: (default, type, check, help).  Keys follow Flower's kebab-case convention.
+SCHEMA: dict[str, tuple[Any, type, Callable[[Any], bool] | None, str]] = {
+    "preset": ("", str, None, "name of a YAML preset in conf/ ('' = none)"),
+    "method": ("florg", str, _one_of(*METHODS), "federated method"),
+    "model": ("all-MiniLM-L6-v2", str, None, "Hub name, local folder or registered name"),
+    "task": ("snli", str, None, "task name (GLUE, registered local task) or 'local'"),
+    "data-path": ("", str, None, "local data file/folder for task 'local'"),
+    "text-fields": ("", str, None, "comma-separated text columns for task 'local'"),
+    "label-field": ("label", str, None, "label column for task 'local'"),
+    "num-labels": (0, int, _non_negative, "label count for task 'local' (0 = infer)"),
+    "target-modules": ("query,value", str, None, "comma-separated module names to adapt"),
+    "head-modules": ("", str, None, "comma-separated task-head modules ('' = auto)"),
+    "train-head": (True, bool, None, "train and FedAvg the task head"),
+    "rank": (4, int, _positive, "adapter rank r"),
+    "alpha": (16.0, float, _positive, "scaling numerator: s = alpha / r"),
+    "seed": (0, int, _non_negative, "run seed (L, R, A init, partitioning, shuffling)"),
+    "num-server-rounds": (5, int, _positive, "federated rounds"),
+    "fraction-train": (1.0, float, _fraction, "fraction of nodes sampled per round"),
+    "min-train-nodes": (2, int, _positive, "minimum nodes sampled per round"),
+    "min-available-nodes": (2, int, _positive, "nodes to wait for before a round"),
+    "client-eval": ("auto", str, _one_of("auto", "on", "off"), "clients evaluate each round"),
+    "partitioner": ("dirichlet", str, _one_of("dirichlet", "iid"), "how data is split"),
+    "dirichlet-alpha": (0.5, float, _positive, "Dirichlet concentration rho"),
+    "max-train-examples": (4000, int, _non_negative, "training pool size (0 = all)"),
+    "max-eval-examples": (1000, int, _non_negative, "validation subset size (0 = all)"),
+    "local-epochs": (1, int, _positive, "local epochs per round"),
+    "local-steps": (0, int, _non_negative, "local steps per round (0 = use local-epochs)"),
+    "batch-size": (16, int, _positive, "local batch size"),
+    "eval-batch-size": (64, int, _positive, "evaluation batch size"),
+    "learning-rate": (5e-4, float, _positive, "AdamW learning rate"),
+    "weight-decay": (0.0, float, _non_negative, "AdamW weight decay"),
+    "max-seq-length": (128, int, _positive, "tokeniser max length"),
+    "aggregation-weights": ("uniform", str, _one_of("uniform", "num-examples"), "client weights"),
+    "a-init-std": (0.02, float, _positive, "FLoRG: std of the initial A (A = 0 is excluded)"),
+    "projection-init": (
+        "semi-orthogonal",
+        str,
+        _one_of("semi-orthogonal", "kaiming", "svd"),
+        "FLoRG: initialisation of L and R",
+    ),
+    "subtract-init": (False, bool, None, "FLoRG: subtract s L A1^T A1 R from W0"),
+    "lora-init": ("default", str, _one_of("default", "federa-svd"), "LoRA baselines' init"),
+    "fedex-residual": ("dense", str, _one_of("dense", "factored"), "FedEx residual transport"),
+    "device": ("auto", str, _one_of("auto", "cpu", "cuda"), "torch device for training"),
+    "progress-bar": (True, bool, None, "show a progress bar during local training"),
+    "output-dir": ("outputs", str, None, "folder for run outputs"),
+    "save-client-updates": (False, bool, None, "also save every round's client updates (.npz)"),
+    "fault-partition": (-1, int, None, "testing: this partition id misbehaves (-1 = none)"),
+    "fault-kind": ("raise", str, _one_of("raise", "nan", "shape"), "testing: how it misbehaves"),
+    "run-name": ("", str, None, "run folder name ('' = timestamp-method-task)"),
+}
+
+
+def to_attr(key: str) -> str:
+    return key.replace("-", "_")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Validated run settings (attribute names are the keys with '-' -> '_')."""
+
+    preset: str
+    method: str
+    model: str
+    task: str
+    data_path: str
+    text_fields: str
+    label_field: str
+    num_labels: int
+    target_modules: str
+    head_modules: str
+    train_head: bool
+    rank: int
+    alpha: float
+    seed: int
+    num_server_rounds: int
+    fraction_train: float
+    min_train_nodes: int
+    min_available_nodes: int
+    client_eval: str
+    partitioner: str
+    dirichlet_alpha: float
+    max_train_examples: int
+    max_eval_examples: int
+    local_epochs: int
+    local_steps: int
+    batch_size: int
+    eval_batch_size: int
+    learning_rate: float
+    weight_decay: float
+    max_seq_length: int
+    aggregation_weights: str
+    a_init_std: float
+    projection_init: str
+    subtract_init: bool
+    lora_init: str
+    fedex_residual: str
+    device: str
+    progress_bar: bool
+    output_dir: str
+    save_client_updates: bool
+    fault_partition: int
+    fault_kind: str
+    run_name: str
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(t.strip() for t in self.target_modules.split(",") if t.strip())
+
+    @property
+    def heads(self) -> tuple[str, ...] | None:
+        names = tuple(h.strip() for h in self.head_modules.split(",") if h.strip())
+        return names or None
+
+    @property
+    def is_florg(self) -> bool:
+        return self.method.startswith("florg")
+
+    @property
+    def clients_evaluate(self) -> bool:
+        """FedSA-LoRA's personalised models can only be evaluated on the clients."""
+        return self.client_eval == "on" or (
+            self.client_eval == "auto" and self.method == "fedsa-lora"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {key: getattr(self, to_attr(key)) for key in SCHEMA}
+
+
+DEFAULTS: dict[str, Any] = {key: spec[0] for key, spec in SCHEMA.items()}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    _, kind, check, _ = SCHEMA[key]
+    try:
+        if kind is bool:
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                value = value.lower() == "true"
+            if not isinstance(value, bool):
+                raise TypeError
+        elif kind is int:
+            if isinstance(value, bool) or float(value) != int(float(value)):
+                raise TypeError
+            value = int(float(value))
+        elif kind is float:
+            if isinstance(value, bool):
+                raise TypeError
+            value = float(value)
+        else:
+            value = str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}") from None
+    if check is not None and not check(value):
+        options = getattr(check, "options", None)
+        hint = f"one of {', '.join(options)}" if options else check.__name__.strip("_")
+        raise ConfigError(f"{key}: bad value {value!r} (must be {hint})")
+    return value
+
+
+def check_keys(values: Mapping[str, Any], origin: str) -> None:
+    unknown = sorted(set(values) - set(SCHEMA))
+    if unknown:
+        raise ConfigError(
+            f"unknown setting(s) {unknown} in {origin}; known settings: {', '.join(SCHEMA)}"
+        )
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    """The settings of ``conf/<name>.yaml`` (or a YAML path), read with omegaconf."""
+    from omegaconf import OmegaConf
+
+    path = Path(name) if name.endswith((".yaml", ".yml")) else CONF_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
+        raise ConfigError(f"preset: {path} not found; presets in conf/: {known}")
+    values = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    if not isinstance(values, dict):
+        raise ConfigError(f"preset: {path} must hold a mapping of settings")
+    check_keys(values, str(path))
+    return values
+
+
+def resolve_config(
+    run_config: Mapping[str, Any], explicit: Mapping[str, Any] | None = None
+) -> RunConfig:
+    """Validate and layer the settings: defaults < preset < explicit overrides.
+
+    ``run_config`` is what Flower hands the apps (all keys, defaults filled in); a key
+    of it counts as explicitly set when it differs from the default.  ``explicit``
+    adds overrides that always win (the launcher's ``--set``).
+    """
+    check_keys(run_config, "the run config")
+    explicit = dict(explicit or {})
+    check_keys(explicit, "the overrides")
+    values = dict(DEFAULTS)
+    set_by_user = {k: v for k, v in run_config.items() if _coerce(k, v) != DEFAULTS[k]}
+    set_by_user.update(explicit)
+    preset = str(set_by_user.get("preset", "") or "")
+    if preset:
+        values.update(load_preset(preset))
+    values.update(set_by_user)
+    resolved = {to_attr(k): _coerce(k, v) for k, v in values.items()}
+    config = RunConfig(**resolved)
+    if not config.targets:
+        raise ConfigError("target-modules: name at least one module")
+    return config
+
+
+def replace(config: RunConfig, **changes: Any) -> RunConfig:
+    """A copy of ``config`` with attribute changes, validated like everything else."""
+    merged = {k: v for k, v in config.as_dict().items()}
+    merged.update({k.replace("_", "-"): v for k, v in changes.items()})
+    return resolve_config({}, merged)

@@ -1,0 +1,94 @@
+"""Local training (AdamW over the trainable parameters) and evaluation loops."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    loss: float
+    num_examples: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float
+    accuracy: float
+    num_examples: int
+
+
+def _batch_to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def train_local(
+    model: nn.Module,
+    loader: DataLoader,
+    *,
+    epochs: int,
+    max_steps: int,
+    lr: float,
+    weight_decay: float,
+    device: torch.device,
+    progress: bool = False,
+    description: str = "local training",
+) -> TrainResult:
+    """``epochs`` passes over ``loader`` (or exactly ``max_steps`` steps when > 0)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    total = max_steps if max_steps > 0 else epochs * len(loader)
+    model.to(device).train()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc=description, leave=False, dynamic_ncols=True)
+    loss_sum, examples, steps = 0.0, 0, 0
+    while steps < total:
+        for batch in loader:
+            batch = _batch_to(batch, device)
+            out = model(**batch)
+            if not torch.isfinite(out.loss):
+                raise FloatingPointError(f"non-finite training loss at step {steps}")
+            optimizer.zero_grad(set_to_none=True)
+            out.loss.backward()
+            optimizer.step()
+            n = int(batch["labels"].shape[0])
+            loss_sum += float(out.loss.detach()) * n
+            examples += n
+            steps += 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_sum / examples:.4f}")
+            if steps >= total:
+                break
+    if bar is not None:
+        bar.close()
+    model.eval()
+    return TrainResult(loss_sum / max(examples, 1), examples, steps)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> EvalResult:
+    """Mean cross-entropy and accuracy over ``loader``."""
+    model.to(device).eval()
+    loss_sum, correct, examples = 0.0, 0, 0
+    for batch in loader:
+        batch = _batch_to(batch, device)
+        out = model(**batch)
+        n = int(batch["labels"].shape[0])
+        loss_sum += float(out.loss) * n
+        correct += int((out.logits.argmax(dim=-1) == batch["labels"]).sum())
+        examples += n
+    if examples == 0:
+        return EvalResult(math.nan, math.nan, 0)
+    return EvalResult(loss_sum / examples, correct / examples, examples)

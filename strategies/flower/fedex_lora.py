@@ -1,0 +1,84 @@
+"""FedExLoRAStrategy: average B and A, and ship the exact residual so clients fold it into W0.
+
+Every client must fold every round's residual exactly once, including rounds it
+did not take part in.  The server therefore keeps each round's residual and sends
+a node, with its next training message, all residuals after the last round that
+node reported as folded (its ``residual-round`` metric).  These arrays count in
+the round's downlink.  The cumulative dense residual is also kept here so the
+server can evaluate W0 + s (sum of residuals) + s avg(B) avg(A).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, RecordDict
+
+from strategies.fedex_lora import Residual, aggregate_fedex_lora
+from strategies.flower.base import AdapterStrategy
+
+
+class FedExLoRAStrategy(AdapterStrategy):
+    method = "fedex-lora"
+
+    def __init__(self, *args, residual_mode: str = "dense", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.residual_mode = residual_mode
+        self.residuals: dict[int, dict[str, Residual]] = {}
+        self.cumulative: dict[str, np.ndarray] = {}
+        self.node_synced: dict[int, int] = {}
+
+    def extend_train_message(self, server_round: int, message: Message) -> Message:
+        node = message.metadata.dst_node_id
+        since = self.node_synced.get(node, 0)
+        entries: dict[str, Array] = {}
+        for t in sorted(r for r in self.residuals if r > since):
+            for layer, res in self.residuals[t].items():
+                if res.dense is not None:
+                    entries[f"{t}/{layer}/dense"] = Array(res.dense.astype(np.float32))
+                else:
+                    entries[f"{t}/{layer}/P"] = Array(res.P.astype(np.float32))
+                    entries[f"{t}/{layer}/Q"] = Array(res.Q.astype(np.float32))
+        content = RecordDict(dict(message.content.items()))
+        content["residuals"] = ArrayRecord(array_dict=entries)
+        return Message(
+            content=content, message_type=message.metadata.message_type, dst_node_id=node
+        )
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        for msg in replies:
+            if not msg.has_error() and "metrics" in msg.content.metric_records:
+                folded = int(msg.content["metrics"].get("residual-round", 0))
+                self.node_synced[msg.metadata.src_node_id] = folded
+        return super().aggregate_train(server_round, replies)
+
+    def aggregate_adapter(self, server_round, payloads, weights):
+        new: dict[str, np.ndarray] = {}
+        residuals: dict[str, Residual] = {}
+        for layer in self.layers():
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            new[kb], new[ka], residuals[layer] = aggregate_fedex_lora(
+                self.stacked(payloads, kb),
+                self.stacked(payloads, ka),
+                weights,
+                self.residual_mode,
+            )
+            dense = residuals[layer].to_dense()
+            self.cumulative[layer] = self.cumulative.get(layer, 0.0) + dense
+        self.residuals[server_round] = residuals
+        norms = [np.linalg.norm(r.to_dense()) for r in residuals.values()]
+        return new, {"residual_norm": float(np.mean(norms))}
+
+
+def read_residuals(record: ArrayRecord) -> dict[int, dict[str, np.ndarray]]:
+    """Client side: {round: {layer: dense residual}} from a 'residuals' ArrayRecord."""
+    parts: dict[int, dict[str, dict[str, np.ndarray]]] = {}
+    for key, arr in record.items():
+        t, layer, kind = key.split("/")
+        parts.setdefault(int(t), {}).setdefault(layer, {})[kind] = arr.numpy().astype(np.float64)
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for t, layers in parts.items():
+        out[t] = {
+            layer: p["dense"] if "dense" in p else p["P"] @ p["Q"] for layer, p in layers.items()
+        }
+    return out

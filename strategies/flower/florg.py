@@ -1,0 +1,41 @@
+"""FLoRGStrategy: per adapted layer, Gram aggregation + decomposition + Procrustes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strategies.florg import aggregate_florg
+from strategies.flower.base import AdapterStrategy
+
+
+class FLoRGStrategy(AdapterStrategy):
+    """Clients send each layer's A (r x k); the server runs ``aggregate_florg`` on each."""
+
+    method = "florg"
+
+    def __init__(self, *args, procrustes: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.procrustes = procrustes
+        self.layer_info: dict[int, dict[str, dict[str, float]]] = {}
+
+    def aggregate_adapter(self, server_round, payloads, weights):
+        new_state: dict[str, np.ndarray] = {}
+        per_layer: dict[str, dict[str, float]] = {}
+        for layer in self.layers():
+            key = f"{layer}.A"
+            new_state[key], per_layer[layer] = aggregate_florg(
+                self.stacked(payloads, key), weights, self.global_state[key], self.procrustes
+            )
+        self.layer_info[server_round] = per_layer
+        return new_state, summarize_layers(per_layer)
+
+
+def summarize_layers(per_layer: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Mean of each diagnostic over layers, plus the worst case (max / min) of each."""
+    out: dict[str, float] = {}
+    for name in ("rank", "gram_rel_error", "drift", "eigengap"):
+        values = np.array([float(info[name]) for info in per_layer.values()])
+        out[name] = float(values.mean())
+        worst = values.min() if name in ("rank", "eigengap") else values.max()
+        out[f"{name}_{'min' if name in ('rank', 'eigengap') else 'max'}"] = float(worst)
+    return out
