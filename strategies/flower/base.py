@@ -28,7 +28,7 @@ from flwr.serverapp.strategy import FedAvg
 from strategies.averaging import weighted_average
 from strategies.validation import normalize_weights
 
-log = logging.getLogger("florg.strategy")
+log = logging.getLogger("flwr.florg")  # propagates to Flower's console handler
 
 ADAPTER_SUFFIXES: tuple[str, ...] = (".A", ".lora_A", ".lora_B")
 

@@ -1,0 +1,130 @@
+"""The ClientApp: train the method's adapter on this node's partition and send the payload."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from flower_app.config import resolve_config
+from flower_app.modeling import pick_device
+from flower_app.runtime import cached_adapted_model
+from flower_app.task_data import load_task_data, make_loader, tokenized_split
+from flower_app.training import evaluate, train_local
+from strategies.flower.base import from_array_record, to_array_record
+from strategies.flower.fedex_lora import read_residuals
+
+app = ClientApp()
+
+LOCAL_B = "fedsa-local-B"
+FEDEX_CUMULATIVE = "fedex-cumulative-residual"
+FEDEX_ROUND = "fedex-residual-round"
+
+
+def _partition(context: Context) -> tuple[int, int]:
+    """(partition-id, num-partitions) from the node config; a lone node holds everything."""
+    node = context.node_config
+    return int(node.get("partition-id", 0)), int(node.get("num-partitions", 1))
+
+
+def _fold_fedex_residuals(msg: Message, context: Context, adapted) -> int:
+    """Add the residuals of rounds not yet folded to this node's cumulative residual."""
+    state = context.state
+    cumulative = from_array_record(state[FEDEX_CUMULATIVE]) if FEDEX_CUMULATIVE in state else {}
+    done = int(state[FEDEX_ROUND]["round"]) if FEDEX_ROUND in state.metric_records else 0
+    if "residuals" in msg.content.array_records:
+        for t, layers in sorted(read_residuals(msg.content["residuals"]).items()):
+            if t <= done:
+                continue
+            for layer, dense in layers.items():
+                cumulative[layer] = cumulative.get(layer, 0.0) + dense
+            done = t
+    state[FEDEX_CUMULATIVE] = to_array_record(cumulative)
+    state[FEDEX_ROUND] = MetricRecord({"round": done})
+    adapted.set_residual(cumulative)
+    return done
+
+
+def _prepare(msg: Message, context: Context):
+    config = resolve_config(context.run_config)
+    partition_id, num_partitions = _partition(context)
+    data = load_task_data(config)
+    adapted = cached_adapted_model(config, data.num_labels)
+    adapted.load_shared_state(from_array_record(msg.content["arrays"]))
+    local = context.state.array_records.get(LOCAL_B)
+    adapted.load_local_state(from_array_record(local) if local is not None else None)
+    return config, partition_id, num_partitions, adapted
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    config, pid, num_partitions, adapted = _prepare(msg, context)
+    if config.fault_partition == pid and config.fault_kind == "raise":
+        raise RuntimeError(f"fault injected on partition {pid} (run config 'fault-partition')")
+    server_round = int(msg.content["config"].get("server-round", 0))
+    metrics: dict[str, float] = {"partition-id": pid}
+    if config.method == "fedex-lora":
+        metrics["residual-round"] = _fold_fedex_residuals(msg, context, adapted)
+    dataset = tokenized_split(config, "train", pid, num_partitions)
+    loader = make_loader(
+        dataset, config.batch_size, shuffle=True, seed=config.seed + 1000 * server_round + pid
+    )
+    t0 = time.perf_counter()
+    result = train_local(
+        adapted.model,
+        loader,
+        epochs=config.local_epochs,
+        max_steps=config.local_steps,
+        lr=config.learning_rate,
+        weight_decay=config.weight_decay,
+        device=pick_device(config.device),
+        progress=config.progress_bar,
+        description=f"round {server_round} partition {pid}",
+    )
+    adapted.model.to("cpu")
+    payload = adapted.shared_state()
+    local = adapted.local_state()
+    if local:
+        context.state[LOCAL_B] = to_array_record(local)
+    if config.fault_partition == pid:
+        key = next(iter(payload))
+        if config.fault_kind == "nan":
+            payload[key] = np.full_like(payload[key], np.nan)
+        elif config.fault_kind == "shape":
+            payload[key] = payload[key][..., :-1]
+    metrics.update(
+        {
+            "num-examples": result.num_examples,
+            "train-loss": result.loss,
+            "steps": result.steps,
+            "train-seconds": time.perf_counter() - t0,
+        }
+    )
+    content = RecordDict({"arrays": to_array_record(payload), "metrics": MetricRecord(metrics)})
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def personalised_evaluate(msg: Message, context: Context) -> Message:
+    """Evaluate the global arrays plus this node's own state (FedSA-LoRA's B) on its share
+    of the validation split (partitioned like the training data)."""
+    config, pid, num_partitions, adapted = _prepare(msg, context)
+    if config.method == "fedex-lora":
+        _fold_fedex_residuals(msg, context, adapted)
+    dataset = tokenized_split(config, "eval", pid, num_partitions)
+    result = evaluate(
+        adapted.model,
+        make_loader(dataset, config.eval_batch_size, False, 0),
+        pick_device(config.device),
+    )
+    adapted.model.to("cpu")
+    metrics = {
+        "num-examples": result.num_examples,
+        "accuracy": result.accuracy,
+        "loss": result.loss,
+        "partition-id": pid,
+    }
+    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+

@@ -1,0 +1,126 @@
+"""The run folder: resolved config, one metrics row per round, console lines, summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from flwr.common.logger import log as flwr_log
+
+from flower_app.config import RunConfig
+
+INFO = 20
+
+
+def make_run_dir(config: RunConfig) -> Path:
+    name = config.run_name or (
+        f"{datetime.now():%Y%m%d-%H%M%S}-{config.method}-{Path(config.task).stem}"
+    )
+    run_dir = Path(config.output_dir).expanduser().resolve() / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n")
+    return run_dir
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+class RunRecorder:
+    """Writes metrics.jsonl (one JSON row per round, round 0 = before training)."""
+
+    def __init__(self, run_dir: Path, config: RunConfig) -> None:
+        self.run_dir = run_dir
+        self.config = config
+        self.path = run_dir / "metrics.jsonl"
+        self.path.write_text("")
+        self.rows: list[dict[str, Any]] = []
+        self.totals = {"up-params": 0, "down-params": 0}
+        self.t0 = time.perf_counter()
+
+    def record(
+        self, server_round: int, evaluation: dict[str, float], round_metrics: dict[str, float]
+    ) -> dict[str, Any]:
+        up = int(round_metrics.get("up-params", 0))
+        down = int(round_metrics.get("down-params", 0))
+        self.totals["up-params"] += up
+        self.totals["down-params"] += down
+        row: dict[str, Any] = {
+            "round": server_round,
+            "accuracy": evaluation.get("accuracy"),
+            "loss": evaluation.get("loss"),
+            "up-params": up,
+            "down-params": down,
+            "up-bytes": 4 * up,
+            "down-bytes": 4 * down,
+            "cum-up-params": self.totals["up-params"],
+            "cum-down-params": self.totals["down-params"],
+            "cum-up-bytes": 4 * self.totals["up-params"],
+            "cum-down-bytes": 4 * self.totals["down-params"],
+            "elapsed-seconds": time.perf_counter() - self.t0,
+        }
+        for key, value in round_metrics.items():
+            if key not in ("up-params", "down-params"):
+                row[key] = value
+        self.rows.append(row)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row, default=_json_default) + "\n")
+        self._print(row)
+        return row
+
+    def _print(self, row: dict[str, Any]) -> None:
+        rounds = self.config.num_server_rounds
+        parts = [f"[{self.config.method}] round {row['round']}/{rounds}"]
+        if row["accuracy"] is not None:
+            parts.append(f"acc {row['accuracy']:.4f} loss {row['loss']:.4f}")
+        if "personalized-accuracy" in row:
+            parts.append(f"personal acc {row['personalized-accuracy']:.4f}")
+        if "train-loss" in row:
+            parts.append(f"train loss {row['train-loss']:.4f}")
+        total = row["cum-up-params"] + row["cum-down-params"]
+        parts.append(f"comm {_human(total)} params ({_human(4 * total)}B)")
+        if "agg-seconds" in row:
+            parts.append(f"agg {row['agg-seconds'] * 1e3:.1f} ms")
+        if row.get("rejected") or row.get("failures"):
+            parts.append(
+                f"dropped {row.get('failures', 0)} failed, {row.get('rejected', 0)} rejected"
+            )
+        parts.append(f"{row['elapsed-seconds']:.0f}s")
+        flwr_log(INFO, " | ".join(parts))
+
+    def write_summary(self, extra: dict[str, Any]) -> dict[str, Any]:
+        last = self.rows[-1] if self.rows else {}
+        summary = {
+            "method": self.config.method,
+            "task": self.config.task,
+            "model": self.config.model,
+            "rounds": self.config.num_server_rounds,
+            "final-accuracy": last.get("accuracy"),
+            "final-loss": last.get("loss"),
+            "initial-accuracy": self.rows[0].get("accuracy") if self.rows else None,
+            "total-up-params": self.totals["up-params"],
+            "total-down-params": self.totals["down-params"],
+            "total-params": self.totals["up-params"] + self.totals["down-params"],
+            "wall-seconds": time.perf_counter() - self.t0,
+            "status": "finished",
+            **extra,
+        }
+        (self.run_dir / "summary.json").write_text(
+            json.dumps(summary, indent=2, default=_json_default) + "\n"
+        )
+        return summary
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    raise TypeError(f"not JSON serialisable: {type(value)}")

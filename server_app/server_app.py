@@ -1,0 +1,115 @@
+"""The ServerApp: build the method's strategy, run the rounds, evaluate, write the run folder."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.common.logger import log as flwr_log
+from flwr.serverapp import Grid, ServerApp
+
+from flower_app.adapters.florg_model import export_peft_lora
+from flower_app.config import RunConfig, resolve_config
+from flower_app.modeling import pick_device, resolve_model_source
+from flower_app.recorder import INFO, RunRecorder, make_run_dir
+from flower_app.runtime import cached_adapted_model
+from flower_app.task_data import load_task_data, make_loader, tokenized_split
+from flower_app.training import evaluate
+from strategies.flower import AdapterStrategy, build_strategy
+from strategies.flower.base import from_array_record, to_array_record
+
+app = ServerApp()
+
+
+class GlobalEvaluator:
+    """``evaluate_fn`` for Strategy.start: load the global arrays, evaluate, record the row."""
+
+    def __init__(self, config: RunConfig, strategy: AdapterStrategy, recorder: RunRecorder):
+        data = load_task_data(config)
+        self.config = config
+        self.strategy = strategy
+        self.recorder = recorder
+        self.adapted = cached_adapted_model(config, data.num_labels)
+        self.loader = make_loader(
+            tokenized_split(config, "eval"), config.eval_batch_size, shuffle=False, seed=0
+        )
+        self.device = pick_device(config.device)
+
+    def load(self, arrays: ArrayRecord) -> None:
+        self.adapted.load_shared_state(from_array_record(arrays))
+        self.adapted.load_local_state(None)  # FedSA-LoRA: the global model has B = 0
+        if self.config.method == "fedex-lora":
+            self.adapted.set_residual(getattr(self.strategy, "cumulative", {}))
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        self.load(arrays)
+        result = evaluate(self.adapted.model, self.loader, self.device)
+        self.adapted.model.to("cpu")
+        metrics = {"accuracy": result.accuracy, "loss": result.loss}
+        self.recorder.record(
+            server_round, metrics, self.strategy.round_metrics.get(server_round, {})
+        )
+        return MetricRecord(metrics)
+
+
+def save_final(config: RunConfig, evaluator: GlobalEvaluator, arrays: ArrayRecord, run_dir) -> dict:
+    """The final global adapter (safetensors) and, for FLoRG, its PEFT LoRA export."""
+    from safetensors.numpy import save_file
+
+    state = from_array_record(arrays)
+    save_file(
+        {k: np.ascontiguousarray(v) for k, v in state.items()}, str(run_dir / "adapter.safetensors")
+    )
+    outputs = {"adapter": "adapter.safetensors"}
+    if config.is_florg:
+        evaluator.load(arrays)
+        export_peft_lora(
+            evaluator.adapted.model, run_dir / "peft_lora", resolve_model_source(config.model)
+        )
+        outputs["peft-lora"] = "peft_lora"
+    return outputs
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    config = resolve_config(context.run_config)  # unknown keys / bad values fail here
+    run_dir = make_run_dir(config)
+    flwr_log(INFO, "[florg] run folder: %s", run_dir)
+    data = load_task_data(config)
+    adapted = cached_adapted_model(config, data.num_labels)  # rank > k etc. fail here
+    initial_state = adapted.shared_state()
+    strategy = build_strategy(
+        config.method,
+        initial_state,
+        fraction_train=config.fraction_train,
+        min_train_nodes=config.min_train_nodes,
+        min_available_nodes=config.min_available_nodes,
+        weighting=config.aggregation_weights,
+        clients_evaluate=config.clients_evaluate,
+        updates_dir=run_dir / "updates" if config.save_client_updates else None,
+        residual_mode=config.fedex_residual,
+    )
+    recorder = RunRecorder(run_dir, config)
+    evaluator = GlobalEvaluator(config, strategy, recorder)
+    t0 = time.perf_counter()
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=to_array_record(initial_state),
+        num_rounds=config.num_server_rounds,
+        train_config=ConfigRecord({"method": config.method}),
+        evaluate_fn=evaluator,
+    )
+    outputs = save_final(
+        config, evaluator, result.arrays or to_array_record(initial_state), run_dir
+    )
+    summary = recorder.write_summary(
+        {"outputs": outputs, "strategy-seconds": time.perf_counter() - t0}
+    )
+    flwr_log(
+        INFO,
+        "[florg] final accuracy %.4f; summary: %s",
+        summary["final-accuracy"] or float("nan"),
+        json.dumps({k: summary[k] for k in ("total-params", "wall-seconds")}),
+    )
