@@ -47,6 +47,7 @@ def load_classifier(name: str, num_labels: int, seed: int, pad_token_id: int | N
     torch.manual_seed(seed)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the "newly initialized head" notice is expected here
+    hf_logging.disable_progress_bar()
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
             source, num_labels=num_labels, torch_dtype=torch.float32

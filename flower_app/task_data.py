@@ -22,6 +22,8 @@ from flower_app.data.partition import partition_dataset
 from flower_app.data.tasks import TaskSpec, resolve_task
 from flower_app.data.tokenize import tokenize_dataset
 
+datasets.disable_progress_bars()  # one line per round on the console is enough
+
 
 @dataclass(frozen=True)
 class TaskData:
