@@ -1,0 +1,176 @@
+"""Load a task's train and eval splits with ``datasets.load_dataset``, cleaned and subset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flower_app.data.tasks import FILE_FORMATS, TaskSpec
+
+HOLDOUT_SEED = 0  # fixed: the held-out eval split does not move with the training seed
+FETCH_HINT = "run `python -m flower_app.assets fetch` (or check the path)"
+
+
+def _split_file(directory: Path, split: str) -> Path:
+    for ext in FILE_FORMATS:
+        if (path := directory / f"{split}{ext}").is_file():
+            return path
+    tried = ", ".join(f"{split}{ext}" for ext in FILE_FORMATS)
+    raise FileNotFoundError(f"no {tried} in {directory}; {FETCH_HINT}")
+
+
+def _source(spec: TaskSpec) -> tuple[str, str | None, dict[str, str] | None]:
+    """(path, config name, data_files) for ``datasets.load_dataset``."""
+    if spec.hub_path is not None:
+        return spec.hub_path, spec.hub_config, None
+    if spec.data_file is not None:
+        files = {spec.train_split: Path(spec.data_file)}
+    elif spec.local_dir is not None:
+        directory = Path(spec.local_dir)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"data folder {directory} not found; {FETCH_HINT}")
+        splits = [spec.train_split] + ([spec.eval_split] if spec.eval_split else [])
+        files = {s: _split_file(directory, s) for s in splits}
+    else:
+        raise ValueError(f"{spec.name}: unresolved spec; call resolve_task() first")
+    for path in files.values():
+        if not path.is_file():
+            raise FileNotFoundError(f"data file {path} not found; {FETCH_HINT}")
+    formats = {FILE_FORMATS.get(p.suffix) for p in files.values()}
+    if len(formats) != 1 or None in formats:
+        raise ValueError(f"{spec.name}: split files must share one of {', '.join(FILE_FORMATS)}")
+    return formats.pop(), None, {s: str(p) for s, p in files.items()}  # type: ignore[return-value]
+
+
+def _load_raw(spec: TaskSpec) -> datasets.DatasetDict:
+    path, name, data_files = _source(spec)
+    try:
+        return datasets.load_dataset(path, name, data_files=data_files)
+    except ConnectionError as exc:
+        raise ConnectionError(
+            f"{spec.name}: cannot load {path}/{name} from the Hugging Face "
+            f"Hub ({exc}); pass data_path= a local copy instead"
+        ) from exc
+
+
+def _label_to_int(value: Any, names: dict[str, int] | None) -> int:
+    """Integer label; -1 for a missing one (None, "", -1)."""
+    if value is None or value == "":
+        return -1
+    if isinstance(value, str):
+        if names is not None:
+            if value not in names:
+                raise ValueError(f"label {value!r} is not one of {list(names)}")
+            return names[value]
+        value = value.strip()
+    number = float(value)
+    if not number.is_integer() or number < -1:
+        raise ValueError(f"label {value!r} is not -1 or a class index")
+    return int(number)
+
+
+def _label_names(spec: TaskSpec, train: datasets.Dataset) -> dict[str, int] | None:
+    """Name → id mapping when labels are strings that are not integers."""
+    column = train.data.column(spec.label_field)
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return None
+    if spec.label_names is not None:
+        return {n: i for i, n in enumerate(spec.label_names)}
+    values = {v for v in column.to_pylist() if v not in (None, "")}
+    if all(v.strip().lstrip("-").isdigit() for v in values):
+        return None
+    return {n: i for i, n in enumerate(sorted(values))}
+
+
+def _clean(
+    ds: datasets.Dataset, spec: TaskSpec, names: dict[str, int] | None, split: str
+) -> datasets.Dataset:
+    """Keep the text and label columns; labels to int; drop unlabeled rows and missing texts."""
+    columns = [*spec.text_fields, spec.label_field]
+    missing = [c for c in columns if c not in ds.column_names]
+    if missing:
+        raise ValueError(
+            f"{spec.name}/{split}: missing column(s) {missing}; available: {ds.column_names}"
+        )
+    ds = ds.select_columns(columns)
+    label = spec.label_field
+    features = ds.features.copy()
+    features[label] = datasets.Value("int64")
+    for field in spec.text_fields:
+        features[field] = datasets.Value("string")
+
+    def convert(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        labels = [_label_to_int(v, names) for v in batch[label]]
+        keep = [
+            i
+            for i, lab in enumerate(labels)
+            if lab >= 0 and all(batch[f][i] is not None for f in spec.text_fields)
+        ]
+        out = {f: [str(batch[f][i]) for i in keep] for f in spec.text_fields}
+        out[label] = [labels[i] for i in keep]
+        return out
+
+    # One batched pass that may drop rows: the result has no indices mapping.
+    return ds.map(
+        convert,
+        batched=True,
+        features=features,
+        remove_columns=columns,
+        desc=f"{spec.name}/{split} labels",
+    )
+
+
+def _subset(ds: datasets.Dataset, limit: int | None, seed: int) -> datasets.Dataset:
+    if limit is None or limit >= len(ds):
+        return ds
+    if limit < 0:
+        raise ValueError(f"max rows must be >= 0, got {limit}")
+    return ds.shuffle(seed=seed).select(range(limit))
+
+
+def load_task_splits(
+    spec: TaskSpec, max_train: int | None = None, max_eval: int | None = None, seed: int = 0
+) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """(train, eval) datasets with only the text columns and an int ClassLabel column.
+
+    The number of classes is ``ds.features[spec.label_field].num_classes`` (inferred from
+    the training labels when ``spec.num_labels`` is None). Subsets are seeded shuffles.
+    """
+    raw = _load_raw(spec)
+    for split in (spec.train_split, spec.eval_split):
+        if split is not None and split not in raw:
+            raise ValueError(f"{spec.name}: no split {split!r}; available: {list(raw)}")
+    names = _label_names(spec, raw[spec.train_split])
+    train = _clean(raw[spec.train_split], spec, names, spec.train_split)
+    evaluation = None
+    if spec.eval_split is not None:
+        evaluation = _clean(raw[spec.eval_split], spec, names, spec.eval_split)
+    num_labels = spec.num_labels
+    if num_labels is None:
+        num_labels = len(names) if names else _max_label(train, spec.label_field) + 1
+    for split, ds in ((spec.train_split, train), (spec.eval_split, evaluation)):
+        if ds is not None and _max_label(ds, spec.label_field) >= num_labels:
+            raise ValueError(
+                f"{spec.name}/{split}: label {_max_label(ds, spec.label_field)} "
+                f"outside [0, {num_labels})"
+            )
+    if evaluation is None:
+        parts = train.train_test_split(test_size=spec.holdout_fraction, seed=HOLDOUT_SEED)
+        train, evaluation = parts["train"], parts["test"]
+    label_names = list(names) if names else spec.label_names
+    if label_names is not None and len(label_names) != num_labels:
+        raise ValueError(f"{spec.name}: {len(label_names)} label names for {num_labels} labels")
+    class_label = datasets.ClassLabel(num_classes=num_labels, names=label_names)
+    train = _subset(train, max_train, seed).cast_column(spec.label_field, class_label)
+    evaluation = _subset(evaluation, max_eval, seed).cast_column(spec.label_field, class_label)
+    return train, evaluation
+
+
+def _max_label(ds: datasets.Dataset, label_field: str) -> int:
+    """Largest label of a cleaned (index-free) dataset; -1 when empty."""
+    top = pc.max(ds.data.column(label_field)).as_py()
+    return -1 if top is None else int(top)

@@ -1,0 +1,171 @@
+"""Text-classification task specifications: GLUE on the Hub, fetched assets, local files."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from flower_app import assets
+
+FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Where a task's data lives and which columns hold texts and labels.
+
+    Exactly one source: ``hub_path`` (+ ``hub_config``), ``local_dir`` (files named
+    ``<split>.<ext>``), ``data_file`` (one file; a seeded holdout becomes the eval split),
+    or ``asset`` (a fetched dataset, resolved to ``local_dir`` by ``resolve_task``).
+    """
+
+    name: str
+    text_fields: tuple[str, ...]
+    label_field: str = "label"
+    num_labels: int | None = 2  # None: inferred from the training labels
+    train_split: str = "train"
+    eval_split: str | None = "validation"  # None: hold out ``holdout_fraction`` of train
+    hub_path: str | None = None
+    hub_config: str | None = None
+    local_dir: str | None = None
+    data_file: str | None = None
+    asset: str | None = None
+    label_names: tuple[str, ...] | None = None
+    holdout_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.text_fields) <= 2:
+            raise ValueError(f"{self.name}: text_fields must name one or two columns")
+        sources = [self.hub_path, self.local_dir, self.data_file, self.asset]
+        if sum(s is not None for s in sources) != 1:
+            raise ValueError(
+                f"{self.name}: give exactly one of hub_path, local_dir, data_file, asset"
+            )
+
+
+def _glue(
+    name: str, text_fields: tuple[str, ...], num_labels: int = 2, eval_split: str = "validation"
+) -> TaskSpec:
+    return TaskSpec(
+        name,
+        text_fields,
+        num_labels=num_labels,
+        eval_split=eval_split,
+        hub_path="nyu-mll/glue",
+        hub_config=name,
+    )
+
+
+TASKS: dict[str, TaskSpec] = {
+    t.name: t
+    for t in (
+        _glue("mrpc", ("sentence1", "sentence2")),
+        _glue("qqp", ("question1", "question2")),
+        _glue("mnli", ("premise", "hypothesis"), 3, "validation_matched"),
+        _glue("qnli", ("question", "sentence")),
+        _glue("wnli", ("sentence1", "sentence2")),
+        _glue("rte", ("sentence1", "sentence2")),
+        TaskSpec(
+            "snli",
+            ("premise", "hypothesis"),
+            num_labels=3,
+            asset="snli",
+            label_names=("entailment", "neutral", "contradiction"),
+        ),
+        TaskSpec(
+            "squad-qnli",
+            ("question", "sentence"),
+            asset="squad-qnli",
+            label_names=("entailment", "not_entailment"),
+        ),
+        TaskSpec(
+            "movie-sentiment",
+            ("sentence",),
+            asset="movie-sentiment",
+            label_names=("negative", "positive"),
+        ),
+    )
+}
+
+
+def _local_spec(
+    name: str,
+    path: Path,
+    text_fields: tuple[str, ...] | None,
+    label_field: str | None,
+    base: TaskSpec | None,
+    **overrides: object,
+) -> TaskSpec:
+    if not path.exists():
+        raise FileNotFoundError(f"data path {path} does not exist")
+    if path.is_file() and path.suffix not in FILE_FORMATS:
+        raise ValueError(f"{path}: unsupported file type; use one of {', '.join(FILE_FORMATS)}")
+    fields = text_fields or (base.text_fields if base else None)
+    if not fields:
+        raise ValueError(f"{path}: pass text_fields=(column,) or (column_a, column_b)")
+    location = {"local_dir": str(path)} if path.is_dir() else {"data_file": str(path)}
+    if base is None:
+        kwargs = (
+            {
+                "label_field": label_field or "label",
+                "num_labels": None,
+                "eval_split": None if path.is_file() else "validation",
+            }
+            | location
+            | overrides
+        )
+        return TaskSpec(name, tuple(fields), **kwargs)  # type: ignore[arg-type]
+    if path.is_file():
+        overrides.setdefault("eval_split", None)
+    cleared = dict.fromkeys(("hub_path", "hub_config", "asset", "local_dir", "data_file"))
+    changes = (
+        cleared
+        | location
+        | {"text_fields": tuple(fields), "label_field": label_field or base.label_field}
+        | overrides
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def resolve_task(
+    name: str,
+    data_path: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    text_fields: tuple[str, ...] | list[str] | str | None = None,
+    label_field: str | None = None,
+    **overrides: object,
+) -> TaskSpec:
+    """Spec of a known task, or of local data (a folder of ``<split>.<ext>`` files or one
+    json/jsonl/csv/parquet file) given as ``data_path`` or as ``name`` itself.
+
+    ``overrides`` are TaskSpec fields (num_labels, train_split, eval_split, label_names, ...).
+    A known task with ``data_path`` keeps its columns but reads the local data.
+    """
+    if isinstance(text_fields, str):
+        text_fields = (text_fields,)
+    fields = tuple(text_fields) if text_fields else None
+    base = TASKS.get(name)
+    if data_path is None and base is None and Path(name).exists():
+        data_path, name = name, Path(name).stem
+    if data_path is not None:
+        return _local_spec(
+            name, Path(data_path).expanduser(), fields, label_field, base, **overrides
+        )
+    if base is None:
+        raise ValueError(
+            f"unknown task {name!r}; known tasks: {', '.join(TASKS)} "
+            "(or pass a local folder/file as data_path)"
+        )
+    spec = replace(base, **overrides) if overrides else base  # type: ignore[arg-type]
+    if fields or label_field:
+        spec = replace(
+            spec,
+            text_fields=fields or spec.text_fields,
+            label_field=label_field or spec.label_field,
+        )
+    if spec.asset is not None:
+        directory = assets.task_info(spec.asset, cache_dir)["path"]
+        spec = replace(spec, asset=None, local_dir=directory)
+    return spec
