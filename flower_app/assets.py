@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 REGISTRY_FILE = "registry.json"
 STAMP_FILE = ".florg-asset.json"
 SPLIT_SEED = 20240607  # seed of every derived split; changing it changes the data
@@ -76,9 +75,13 @@ class Asset:
 
 
 def default_cache_dir() -> Path:
-    """``$FLORG_CACHE`` if set, else ``<repo root>/.cache/florg``."""
+    """``$FLORG_CACHE`` if set, else ``~/.cache/florg``.
+
+    Not relative to this file: ``flwr run`` installs the app (this module included)
+    under ``$FLWR_HOME/apps``, and the ServerApp and ClientApps must find the same cache.
+    """
     env = os.environ.get("FLORG_CACHE")
-    return Path(env).expanduser().resolve() if env else REPO_ROOT / ".cache" / "florg"
+    return Path(env).expanduser().resolve() if env else Path.home() / ".cache" / "florg"
 
 
 def _cache(cache_dir: str | os.PathLike[str] | None) -> Path:
@@ -622,7 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("fetch", help="download, verify and convert assets")
-    p.add_argument("--cache-dir", default=None, help="default: $FLORG_CACHE or .cache/florg")
+    p.add_argument("--cache-dir", default=None, help="default: $FLORG_CACHE or ~/.cache/florg")
     p.add_argument("--only", nargs="+", metavar="NAME", help=f"any of: {', '.join(ASSETS)}")
     p.add_argument("--all", action="store_true", help="include optional assets (SmolLM2-135M)")
     p.add_argument("--force", action="store_true", help="rebuild even if up to date")
