@@ -1,0 +1,168 @@
+"""The Flower App end to end through the real simulation engine (SuperLink + Ray).
+
+One SuperLink (our own, on a free port) serves every run of this module; each run is
+a tiny random BERT on a small local task, 3 supernodes, 2 rounds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flower_app.adapters.targets import adapter_layout
+from flower_app.launch import run_flower_app
+from strategies.communication import round_communication
+from strategies.florg import aggregate_florg
+from strategies.methods import METHODS
+from tests.fixtures import make_sentiment_task, make_tiny_bert
+from tests.flower_harness import local_simulation_superlink
+
+ROOT = Path(__file__).resolve().parent.parent
+NUM_NODES = 3
+RANK = 2
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    base = tmp_path_factory.mktemp("e2e")
+    return make_tiny_bert(base / "model"), make_sentiment_task(base / "task"), base
+
+
+@pytest.fixture(scope="module")
+def superlink(assets):
+    _, _, base = assets
+    with local_simulation_superlink(base / "superlink", num_supernodes=NUM_NODES) as sim:
+        yield sim
+
+
+def run(superlink, assets, name: str, **settings):
+    model, task, base = assets
+    home, connection = superlink
+    config = {
+        "model": str(model),
+        "task": "local",
+        "data-path": str(task),
+        "text-fields": "sentence",
+        "rank": RANK,
+        "num-server-rounds": 2,
+        "min-available-nodes": NUM_NODES,
+        "batch-size": 16,
+        "learning-rate": 0.005,
+        "output-dir": str(base / "outputs"),
+        "run-name": name,
+        "progress-bar": False,
+        "save-client-updates": True,
+        **settings,
+    }
+    outcome = run_flower_app(ROOT, connection, config, home, timeout=600, stream=None)
+    run_dir = base / "outputs" / name
+    return outcome, run_dir
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def expected_params(method: str, model_dir: Path, n: int) -> tuple[int, int]:
+    """(up, down) per round for n clients from the core's accounting."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
+    shapes, head = adapter_layout(model, ("query", "value"), None)
+    c = round_communication(method, shapes, RANK, head, num_clients=n, residual_mode="dense")
+    return n * c.up_params, n * c.down_params
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_runs_end_to_end(superlink, assets, method):
+    outcome, run_dir = run(superlink, assets, f"e2e-{method}", method=method)
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
+    history = rows(run_dir)
+    assert [r["round"] for r in history] == [0, 1, 2]
+    for r in history:
+        assert isinstance(r["accuracy"], float) and 0.0 <= r["accuracy"] <= 1.0
+        assert np.isfinite(r["loss"])
+    up, down = expected_params(method, assets[0], NUM_NODES)
+    first_down = (
+        expected_params("fedit", assets[0], NUM_NODES)[1] if method == "fedex-lora" else down
+    )
+    assert history[1]["up-params"] == up and history[2]["up-params"] == up
+    # FedEx's residual of round t travels with round t+1's message.
+    assert history[1]["down-params"] == first_down and history[2]["down-params"] == down
+    assert history[2]["cum-up-params"] == 2 * up
+    assert history[2]["clients"] == NUM_NODES
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final-accuracy"] == history[-1]["accuracy"]
+    assert (run_dir / "adapter.safetensors").exists()
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["method"] == method and config["rank"] == RANK
+
+    if method.startswith("florg"):
+        assert (run_dir / "peft_lora" / "adapter_model.safetensors").exists()
+        for key in ("rank", "gram_rel_error", "drift", "eigengap", "agg-seconds"):
+            assert np.isfinite(history[2][key]), key
+        check_florg_round(run_dir / "updates" / "round-2.npz", method == "florg")
+    if method == "fedsa-lora":
+        assert 0.0 <= history[2]["personalized-accuracy"] <= 1.0
+
+
+def check_florg_round(path: Path, procrustes: bool) -> None:
+    """The global A after round 2 equals the core function applied to the clients' replies."""
+    saved = np.load(path)
+    weights = saved["weights"]
+    assert sorted(saved["partitions"].tolist()) == list(range(NUM_NODES))
+    layers = [
+        k[len("new/") : -len(".A")]
+        for k in saved.files
+        if k.startswith("new/") and k.endswith(".A")
+    ]
+    assert layers
+    for layer in layers:
+        key = f"{layer}.A"
+        clients = [saved[f"client{i}/{key}"] for i in range(NUM_NODES)]
+        expected, _ = aggregate_florg(clients, weights, saved[f"prev/{key}"], procrustes=procrustes)
+        np.testing.assert_allclose(saved[f"new/{key}"], expected, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "kind,failures,rejected", [("raise", 1, 0), ("nan", 0, 1), ("shape", 0, 1)]
+)
+def test_bad_clients_are_dropped_and_the_round_survives(
+    superlink, assets, kind, failures, rejected
+):
+    outcome, run_dir = run(
+        superlink,
+        assets,
+        f"fault-{kind}",
+        **{"fault-partition": 1, "fault-kind": kind, "num-server-rounds": 1},
+    )
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
+    last = rows(run_dir)[-1]
+    assert last["failures"] == failures and last["rejected"] == rejected
+    assert last["clients"] == NUM_NODES - 1
+    if kind != "raise":
+        assert "rejected update from partition 1" in outcome.log_text
+    saved = np.load(run_dir / "updates" / "round-1.npz")
+    assert 1 not in saved["partitions"].tolist()
+
+
+def test_bad_config_fails_the_run_naming_the_key(superlink, assets):
+    outcome, run_dir = run(superlink, assets, "bad-config", **{"dirichlet-alpha": -1.0})
+    assert not outcome.ok
+    assert "dirichlet-alpha" in outcome.log_text + (outcome.status_details or "")
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
+def test_launcher_refuses_bad_config_before_launching(tmp_path, capsys):
+    from flower_app.launch import EXIT_USAGE, main
+
+    common = ["--app", str(ROOT), "--flwr-home", str(tmp_path / "home"), "--quiet"]
+    assert main([*common, "--set", "method=fedavg"]) == EXIT_USAGE
+    assert "method" in capsys.readouterr().err
+    assert main([*common, "--set", "fraction-train=0"]) == EXIT_USAGE
+    assert "fraction-train" in capsys.readouterr().err
+    assert main([*common, "--preset", "paper", "--set", "no-such-key=1"]) == EXIT_USAGE
+    assert "no-such-key" in capsys.readouterr().err
