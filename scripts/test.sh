@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The project's test command (README: "Set up and test").
+# README command 2 (after scripts/setup.sh): lint, fetch the offline assets, run the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 ruff check .
-python -m pytest -q
+python -m flower_app.assets fetch
+python -m pytest -q "$@"
