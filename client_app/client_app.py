@@ -64,7 +64,7 @@ def train(msg: Message, context: Context) -> Message:
     if config.fault_partition == pid and config.fault_kind == "raise":
         raise RuntimeError(f"fault injected on partition {pid} (run config 'fault-partition')")
     server_round = int(msg.content["config"].get("server-round", 0))
-    metrics: dict[str, float] = {"partition-id": pid}
+    metrics: dict[str, float] = {"partition-id": pid, "lr-fingerprint": adapted.fingerprint()}
     if config.method == "fedex-lora":
         metrics["residual-round"] = _fold_fedex_residuals(msg, context, adapted)
     dataset = tokenized_split(config, "train", pid, num_partitions)
@@ -127,4 +127,3 @@ def personalised_evaluate(msg: Message, context: Context) -> Message:
         "partition-id": pid,
     }
     return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
-

@@ -99,6 +99,14 @@ class AdaptedModel:
         else:
             set_lora_state(self.model, arrays, SHARED_PARTS[self.method], self.config.train_head)
 
+    def fingerprint(self) -> int:
+        """FLoRG: 48-bit integer of the L/R fingerprint (fits a float64 metric); else 0."""
+        if not self.config.is_florg:
+            return 0
+        from flower_app.adapters.florg_model import florg_fingerprint
+
+        return int(florg_fingerprint(self.model)[:12], 16)
+
     # -- what stays on the client -------------------------------------------------------
     def local_state(self) -> dict[str, np.ndarray]:
         """FedSA-LoRA's personal B matrices (empty for every other method)."""

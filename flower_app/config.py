@@ -251,10 +251,3 @@ def resolve_config(
     if not config.targets:
         raise ConfigError("target-modules: name at least one module")
     return config
-
-
-def replace(config: RunConfig, **changes: Any) -> RunConfig:
-    """A copy of ``config`` with attribute changes, validated like everything else."""
-    merged = {k: v for k, v in config.as_dict().items()}
-    merged.update({k.replace("_", "-"): v for k, v in changes.items()})
-    return resolve_config({}, merged)

@@ -90,6 +90,7 @@ def main(grid: Grid, context: Context) -> None:
         clients_evaluate=config.clients_evaluate,
         updates_dir=run_dir / "updates" if config.save_client_updates else None,
         residual_mode=config.fedex_residual,
+        fingerprint=adapted.fingerprint() if config.is_florg else None,
     )
     recorder = RunRecorder(run_dir, config)
     evaluator = GlobalEvaluator(config, strategy, recorder)

@@ -22,13 +22,15 @@ from strategies.methods import check_method
 def build_strategy(
     method: str, initial_state: Mapping[str, np.ndarray], **kwargs: Any
 ) -> AdapterStrategy:
-    """The strategy for ``method``; kwargs go to AdapterStrategy (and fedex's residual_mode)."""
+    """The strategy for ``method``; kwargs go to AdapterStrategy, plus ``residual_mode``
+    (FedEx-LoRA) and ``fingerprint`` (FLoRG: the server's L/R fingerprint)."""
     check_method(method)
     residual_mode = kwargs.pop("residual_mode", "dense")
-    if method == "florg":
-        return FLoRGStrategy(initial_state, procrustes=True, **kwargs)
-    if method == "florg-no-procrustes":
-        return FLoRGStrategy(initial_state, procrustes=False, **kwargs)
+    fingerprint = kwargs.pop("fingerprint", None)
+    if method in ("florg", "florg-no-procrustes"):
+        return FLoRGStrategy(
+            initial_state, procrustes=method == "florg", fingerprint=fingerprint, **kwargs
+        )
     if method == "fedex-lora":
         return FedExLoRAStrategy(initial_state, residual_mode=residual_mode, **kwargs)
     classes = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from strategies.florg import aggregate_florg
-from strategies.flower.base import AdapterStrategy
+from strategies.flower.base import AdapterStrategy, ReplyRejected
 
 
 class FLoRGStrategy(AdapterStrategy):
@@ -13,10 +13,23 @@ class FLoRGStrategy(AdapterStrategy):
 
     method = "florg"
 
-    def __init__(self, *args, procrustes: bool = True, **kwargs) -> None:
+    def __init__(
+        self, *args, procrustes: bool = True, fingerprint: int | None = None, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.procrustes = procrustes
+        self.fingerprint = fingerprint
         self.layer_info: dict[int, dict[str, dict[str, float]]] = {}
+
+    def check_reply(self, message):
+        """Also reject a client whose fixed L, R differ from the server's (other seed/model)."""
+        arrays, num_examples = super().check_reply(message)
+        theirs = message.content["metrics"].get("lr-fingerprint")
+        if self.fingerprint is not None and theirs is not None and int(theirs) != self.fingerprint:
+            raise ReplyRejected(
+                f"L/R fingerprint {int(theirs):012x} != server's {self.fingerprint:012x}"
+            )
+        return arrays, num_examples
 
     def aggregate_adapter(self, server_round, payloads, weights):
         new_state: dict[str, np.ndarray] = {}
