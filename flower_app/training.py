@@ -51,7 +51,7 @@ def train_local(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total, desc=description, leave=False, dynamic_ncols=True)
+        bar = tqdm(total=total, desc=description, leave=False, mininterval=5.0)
     loss_sum, examples, steps = 0.0, 0, 0
     while steps < total:
         for batch in loader:
