@@ -1,0 +1,1 @@
+"""Evaluation helpers for the experiments: SQuAD metrics and communication cost."""
