@@ -114,7 +114,6 @@ class AdapterStrategy(FedAvg):
             for m in super().configure_train(server_round, arrays, config, grid)
         ]
         self._down_params[server_round] = sum(record_params(m.content) for m in messages)
-        self._sampled = len(messages)
         return messages
 
     def extend_train_message(self, server_round: int, message: Message) -> Message:

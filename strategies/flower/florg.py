@@ -19,7 +19,6 @@ class FLoRGStrategy(AdapterStrategy):
         super().__init__(*args, **kwargs)
         self.procrustes = procrustes
         self.fingerprint = fingerprint
-        self.layer_info: dict[int, dict[str, dict[str, float]]] = {}
 
     def check_reply(self, message):
         """Also reject a client whose fixed L, R differ from the server's (other seed/model)."""
@@ -39,7 +38,6 @@ class FLoRGStrategy(AdapterStrategy):
             new_state[key], per_layer[layer] = aggregate_florg(
                 self.stacked(payloads, key), weights, self.global_state[key], self.procrustes
             )
-        self.layer_info[server_round] = per_layer
         return new_state, summarize_layers(per_layer)
 
 
