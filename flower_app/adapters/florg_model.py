@@ -31,7 +31,7 @@ from flower_app.adapters.projections import (
     seeded_rng,
 )
 from flower_app.adapters.state import load_arrays, module_parameters, to_numpy
-from flower_app.adapters.targets import find_head_modules, find_target_linears
+from flower_app.adapters.targets import check_rank_and_alpha, find_head_modules, find_target_linears
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,7 @@ class FLoRGConfig:
     train_head: bool = True
 
     def __post_init__(self) -> None:
-        if int(self.r) != self.r or self.r < 1:
-            raise ValueError(f"r must be a positive integer, got {self.r!r}")
-        if not self.alpha > 0:
-            raise ValueError(f"alpha must be > 0, got {self.alpha!r}")
+        check_rank_and_alpha(self.r, self.alpha)
         if not self.a_init_std > 0:
             raise ValueError(
                 f"a_init_std must be > 0, got {self.a_init_std!r}: "

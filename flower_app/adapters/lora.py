@@ -27,7 +27,7 @@ from torch import nn
 
 from flower_app.adapters.projections import seeded_rng
 from flower_app.adapters.state import load_arrays, to_numpy
-from flower_app.adapters.targets import find_head_modules, find_target_linears
+from flower_app.adapters.targets import check_rank_and_alpha, find_head_modules, find_target_linears
 
 LORA_INITS: tuple[str, ...] = ("default", "federa-svd")
 
@@ -46,10 +46,7 @@ class LoRAConfig:
     train_head: bool = True
 
     def __post_init__(self) -> None:
-        if int(self.r) != self.r or self.r < 1:
-            raise ValueError(f"r must be a positive integer, got {self.r!r}")
-        if not self.alpha > 0:
-            raise ValueError(f"alpha must be > 0, got {self.alpha!r}")
+        check_rank_and_alpha(self.r, self.alpha)
         if self.init not in LORA_INITS:
             raise ValueError(f"LoRA init {self.init!r} unknown; choose one of {LORA_INITS}")
 

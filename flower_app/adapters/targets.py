@@ -11,6 +11,14 @@ from torch import nn
 HEAD_CANDIDATES: tuple[str, ...] = ("classifier", "score", "qa_outputs")
 
 
+def check_rank_and_alpha(r: int, alpha: float) -> None:
+    """The settings every adapter shares: a positive integer rank and alpha > 0 (s = alpha / r)."""
+    if int(r) != r or r < 1:
+        raise ValueError(f"r must be a positive integer, got {r!r}")
+    if not alpha > 0:
+        raise ValueError(f"alpha must be > 0, got {alpha!r}")
+
+
 def _matches(name: str, targets: str | Sequence[str]) -> bool:
     """PEFT's rule: a string is a full-match regex; a list matches the name or its suffix."""
     if isinstance(targets, str):
