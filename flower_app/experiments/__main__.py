@@ -1,0 +1,101 @@
+"""Command line for experiment grids.
+
+    python -m flower_app.experiments run GRID [--out DIR] [--only TEXT ...] [--max-runs N]
+    python -m flower_app.experiments report GRID [--out DIR]
+    python -m flower_app.experiments list GRID
+
+GRID is a YAML file or the name of one in conf/grids/. ``run`` runs the unfinished runs
+through the Flower simulation engine (finished ones are skipped, so it resumes) and then
+writes the report; ``report`` only aggregates: ``results.csv``, ``results.md`` and
+``plots/*.png`` in the grid's folder (default ``results/<grid name>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from flower_app.experiments.aggregate import collect, markdown_report, write_csv
+from flower_app.experiments.grid import Grid, GridError, load_grid
+from flower_app.experiments.plots import write_plots
+from flower_app.experiments.runner import is_finished, run_dir, run_grid
+
+DEFAULT_RESULTS = Path(__file__).resolve().parents[2] / "results"
+
+
+def write_report(grid: Grid, out: Path) -> Path:
+    """Aggregate the finished runs under ``out``; returns the markdown report's path."""
+    results, missing = collect(grid, out)
+    write_csv(results, grid, out / "results.csv")
+    plots = write_plots(grid, results, out) if results else []
+    report = out / "results.md"
+    report.write_text(markdown_report(grid, results, missing, plots, out) + "\n")
+    return report
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m flower_app.experiments")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (
+        ("run", "run the grid's unfinished runs, then write the report"),
+        ("report", "aggregate finished runs into results.csv, results.md and plots"),
+        ("list", "print the grid's runs and whether each is finished"),
+    ):
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.add_argument("grid", help="grid YAML file, or a name in conf/grids/")
+        cmd.add_argument(
+            "--out", type=Path, default=None, help="grid folder (default: results/<grid name>)"
+        )
+        if name == "run":
+            cmd.add_argument(
+                "--only",
+                nargs="*",
+                default=None,
+                metavar="TEXT",
+                help="run only runs whose id contains one of these",
+            )
+            cmd.add_argument(
+                "--max-runs",
+                type=int,
+                default=None,
+                help="stop after this many runs (the rest resume later)",
+            )
+            cmd.add_argument("--no-report", action="store_true", help="skip the report")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        grid = load_grid(args.grid)
+    except GridError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = (args.out or DEFAULT_RESULTS / grid.name).resolve()
+    if args.command == "list":
+        for run in grid.runs:
+            done = is_finished(run_dir(out, run), run.setting("num-server-rounds"))
+            print(f"{'done' if done else 'todo'}  {run.run_id}  [{'+'.join(run.blocks)}]")
+        return 0
+    code = 0
+    if args.command == "run":
+        t0 = time.monotonic()
+        outcome = run_grid(grid, out, only=args.only, max_runs=args.max_runs)
+        print(
+            f"[grid {grid.name}] {len(outcome.finished)} finished, {len(outcome.skipped)} "
+            f"skipped, {len(outcome.failed)} failed in {(time.monotonic() - t0) / 60:.1f} min"
+        )
+        for run_id, message in outcome.failed.items():
+            print(f"  failed: {run_id}: {message}", file=sys.stderr)
+        code = 0 if outcome.ok else 1
+        if args.no_report:
+            return code
+    report = write_report(grid, out)
+    print(f"[grid {grid.name}] report: {report}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

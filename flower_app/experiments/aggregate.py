@@ -1,0 +1,221 @@
+"""Collect a grid's finished runs into results.csv and a markdown report of tables.
+
+Final-round values are reported (not the best round), as mean ± sample standard deviation
+over the seeds of one setting. A setting is a run's axis values without ``seed``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flower_app.experiments.communication import format_params, load_metrics, params_to_target
+from flower_app.experiments.grid import MAIN_BLOCK, Grid, GridRun
+from flower_app.experiments.runner import is_finished, run_dir
+
+__all__ = ["RunResult", "collect", "markdown_report", "write_csv"]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run: GridRun
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+    @property
+    def setting(self) -> tuple[tuple[str, Any], ...]:
+        return tuple((k, v) for k, v in sorted(self.run.axes.items()) if k != "seed")
+
+    def value(self, metric: str) -> float | None:
+        """The metric at the final round (None if the final round has no value)."""
+        last = max(self.rows, key=lambda r: r["round"], default={})
+        value = last.get(metric)
+        return None if value is None else float(value)
+
+    def best(self, metric: str) -> float | None:
+        values = [float(r[metric]) for r in self.rows if r.get(metric) is not None]
+        return max(values) if values else None
+
+
+def collect(grid: Grid, out: Path) -> tuple[list[RunResult], list[str]]:
+    """Finished runs of ``grid`` under ``out`` and the ids of those not finished."""
+    results, missing = [], []
+    for run in grid.runs:
+        folder = run_dir(out, run)
+        if not is_finished(folder, run.setting("num-server-rounds")):
+            missing.append(run.run_id)
+            continue
+        summary = json.loads((folder / "summary.json").read_text())
+        results.append(RunResult(run, load_metrics(folder / "metrics.jsonl"), summary))
+    return results, missing
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    mean = statistics.fmean(values)
+    return mean, statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _fmt(values: list[float]) -> str:
+    if not values:
+        return "–"
+    mean, std = _mean_std(values)
+    return f"{mean:.4f} ± {std:.4f}" if len(values) > 1 else f"{mean:.4f}"
+
+
+def write_csv(results: Iterable[RunResult], grid: Grid, path: Path) -> Path:
+    """One row per finished run: its axes, final/best/initial metric and communication."""
+    results = list(results)
+    axis_keys = sorted({k for r in results for k in r.run.axes})
+    metric = grid.metric
+    fields = [
+        "run_id",
+        "blocks",
+        *axis_keys,
+        f"final_{metric}",
+        f"best_{metric}",
+        f"initial_{metric}",
+        "rounds",
+        "total_params",
+        "wall_seconds",
+        "params_to_target",
+    ]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        for result in results:
+            run = result.run
+            target = grid.targets.get(str(run.setting("task")))
+            writer.writerow({
+                "run_id": run.run_id,
+                "blocks": "+".join(run.blocks),
+                **{k: run.setting(k) for k in axis_keys},
+                f"final_{metric}": result.value(metric),
+                f"best_{metric}": result.best(metric),
+                f"initial_{metric}": min(result.rows, key=lambda r: r["round"]).get(metric),
+                "rounds": result.summary.get("rounds"),
+                "total_params": result.summary.get("total-params"),
+                "wall_seconds": round(float(result.summary.get("wall-seconds", math.nan)), 1),
+                "params_to_target": (
+                    None if target is None else params_to_target(result.rows, target, metric)
+                ),
+            })  # fmt: skip
+    return path
+
+
+def _by_setting(results: Iterable[RunResult]) -> dict[tuple, list[RunResult]]:
+    groups: dict[tuple, list[RunResult]] = defaultdict(list)
+    for result in results:
+        groups[result.setting].append(result)
+    return groups
+
+
+def _pivot_table(results: list[RunResult], metric: str) -> list[str]:
+    """Methods as rows, tasks as columns (the main block's shape)."""
+    tasks = sorted({str(r.run.setting("task")) for r in results})
+    methods = list(dict.fromkeys(str(r.run.setting("method")) for r in results))
+    lines = ["| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    for method in methods:
+        cells = []
+        for task in tasks:
+            values = [
+                v for r in results
+                if r.run.setting("method") == method and r.run.setting("task") == task
+                and (v := r.value(metric)) is not None
+            ]  # fmt: skip
+            cells.append(f"{_fmt(values)} (n={len(values)})" if values else "–")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _long_table(results: list[RunResult], metric: str) -> list[str]:
+    """One row per setting: its axis values, final metric over seeds, communication, time."""
+    groups = _by_setting(results)
+    keys = sorted({k for setting in groups for k, _ in setting})
+    lines = [
+        "| " + " | ".join(keys) + f" | final {metric} | seeds | params per run | wall s |",
+        "|" + "---|" * (len(keys) + 4),
+    ]
+    for setting, members in groups.items():
+        values = dict(setting)
+        finals = [v for r in members if (v := r.value(metric)) is not None]
+        params = statistics.fmean(float(r.summary.get("total-params", 0)) for r in members)
+        wall = statistics.fmean(float(r.summary.get("wall-seconds", 0)) for r in members)
+        cells = [str(values.get(k, "")) for k in keys]
+        lines.append(
+            "| " + " | ".join(cells)
+            + f" | {_fmt(finals)} | {len(members)} | {params:.3g} | {wall:.0f} |"
+        )  # fmt: skip
+    return lines
+
+
+def communication_lines(results: list[RunResult], grid: Grid) -> list[str]:
+    """Parameters sent (up + down) until the target is first reached, per task and method:
+    the mean over seeds when every seed reached it, else how many seeds did."""
+    if not grid.targets:
+        return []
+    lines = [
+        "| task | target | method | params to target | reached |",
+        "|---|---|---|---|---|",
+    ]
+    for task, target in grid.targets.items():
+        per_method: dict[str, list[int | None]] = defaultdict(list)
+        for result in results:
+            if str(result.run.setting("task")) != task:
+                continue
+            per_method[str(result.run.setting("method"))].append(
+                params_to_target(result.rows, target, grid.metric)
+            )
+        for method, counts in per_method.items():
+            reached = [c for c in counts if c is not None]
+            shown = (
+                format_params(round(statistics.fmean(reached)))
+                if reached and len(reached) == len(counts)
+                else format_params(None)
+            )
+            lines.append(
+                f"| {task} | {target:g} | {method} | {shown} | {len(reached)}/{len(counts)} |"
+            )
+    return lines
+
+
+def markdown_report(
+    grid: Grid, results: list[RunResult], missing: list[str], plots: list[Path], out: Path
+) -> str:
+    metric = grid.metric
+    lines = [f"# Grid `{grid.name}`", ""]
+    if grid.description:
+        lines += [grid.description, ""]
+    lines += [
+        f"Runs finished: {len(results)} of {len(grid.runs)}"
+        + (f" (not finished: {', '.join(missing)})" if missing else "") + ".",
+        f"Values: final-round `{metric}`, mean ± sample standard deviation over seeds.",
+        "",
+    ]  # fmt: skip
+    for block in grid.blocks:
+        members = [r for r in results if block in r.run.blocks]
+        if not members:
+            continue
+        lines += [f"## Block `{block}`", ""]
+        varied = set(grid.blocks[block])
+        if block == MAIN_BLOCK and {"method", "task"} <= varied and len(varied - {"seed"}) == 2:
+            lines += _pivot_table(members, metric)
+        else:
+            lines += _long_table(members, metric)
+        lines.append("")
+    comm = communication_lines([r for r in results if MAIN_BLOCK in r.run.blocks], grid)
+    if comm:
+        lines += ["## Communication to target", "",
+                  "Parameters transmitted (up + down, all clients) until the global "
+                  f"`{metric}` first reaches the target.", "", *comm, ""]  # fmt: skip
+    if plots:
+        lines += ["## Plots", ""]
+        lines += [f"![{p.stem}]({p.relative_to(out).as_posix()})" for p in plots]
+        lines.append("")
+    return "\n".join(lines)

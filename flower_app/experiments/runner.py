@@ -1,0 +1,185 @@
+"""Run every run of a grid through the Flower simulation engine, resuming where it stopped.
+
+One private simulation SuperLink serves the whole grid (started on a free port, stopped
+by PID at the end, also on failure or Ctrl-C); each run is a ``flwr run`` of this app with
+the run's settings, writing ``<out>/runs/<run id>/`` (the ServerApp's run folder).
+
+A run counts as finished when its ``summary.json`` says ``"status": "finished"`` with
+the configured number of rounds; finished runs are skipped, so an interrupted grid
+resumes. The folder of a run that failed or was interrupted is moved, not deleted, to
+``<out>/incomplete/<run id>-<time>/`` before the run starts again. Each run's log is
+in ``<out>/logs/<run id>.log``; ``<out>/grid.json`` records every run's last outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+import tomli_w
+
+from flower_app.experiments.grid import Grid, GridRun
+from flower_app.flwr_home import CONFIG_FILE_NAME
+from flower_app.launch import local_superlink, run_flower_app
+
+__all__ = ["GridOutcome", "is_finished", "run_grid"]
+
+APP_DIR = Path(__file__).resolve().parents[2]
+CONNECTION = "grid-simulation"
+
+
+@dataclass
+class GridOutcome:
+    finished: list[str]
+    skipped: list[str]
+    failed: dict[str, str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def run_dir(out: Path, run: GridRun) -> Path:
+    return out / "runs" / run.run_id
+
+
+def is_finished(folder: Path, rounds: int) -> bool:
+    """Whether ``folder`` holds a finished run of ``rounds`` rounds."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return summary.get("status") == "finished" and summary.get("rounds") == rounds
+
+
+def _set_aside(folder: Path, out: Path) -> Path | None:
+    """Move an incomplete run folder to ``<out>/incomplete/`` (kept for inspection)."""
+    if not folder.exists():
+        return None
+    target = out / "incomplete" / f"{folder.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(folder), str(target))
+    return target
+
+
+def _write_connection(flwr_home: Path, address: str, grid: Grid) -> None:
+    connection = {
+        "address": address,
+        "insecure": True,  # the grid's SuperLink listens on loopback only
+        "options": {
+            "num-supernodes": grid.num_supernodes,
+            "backend": {
+                "client-resources": {
+                    "num-cpus": grid.num_cpus_per_client,
+                    "num-gpus": grid.num_gpus_per_client,
+                }
+            },
+        },
+    }
+    document = {"superlink": {"default": CONNECTION, CONNECTION: connection}}
+    (flwr_home / CONFIG_FILE_NAME).write_text(tomli_w.dumps(document), encoding="utf-8")
+
+
+def _record(out: Path, run: GridRun, status: str, seconds: float, message: str) -> None:
+    path = out / "grid.json"
+    try:
+        state: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        state = {}
+    state[run.run_id] = {
+        "status": status,
+        "seconds": round(seconds, 1),
+        "message": message,
+        "blocks": list(run.blocks),
+        "overrides": run.overrides,
+        "at": datetime.now().isoformat(timespec="seconds"),
+    }
+    path.write_text(json.dumps(state, indent=2) + "\n")
+
+
+def run_grid(
+    grid: Grid,
+    out: Path,
+    *,
+    only: list[str] | None = None,
+    max_runs: int | None = None,
+    stream: IO[str] | None = sys.stdout,
+    app_dir: Path = APP_DIR,
+) -> GridOutcome:
+    """Run the unfinished runs of ``grid`` (those whose id contains one of ``only``, if
+    given; at most ``max_runs`` of them) and return what happened."""
+    out = Path(out).resolve()
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    selected = [r for r in grid.runs if not only or any(s in r.run_id for s in only)]
+    pending, skipped = [], []
+    for run in selected:
+        rounds = run.setting("num-server-rounds")
+        (skipped if is_finished(run_dir(out, run), rounds) else pending).append(run)
+    if max_runs is not None:
+        pending = pending[:max_runs]
+
+    def say(text: str) -> None:
+        if stream is not None:
+            print(f"[grid {grid.name}] {text}", file=stream, flush=True)
+
+    say(f"{len(selected)} runs: {len(skipped)} already finished, {len(pending)} to run -> {out}")
+    outcome = GridOutcome([], [r.run_id for r in skipped], {})
+    if not pending:
+        return outcome
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="florg-grid-home-") as tmp:
+        flwr_home = Path(tmp)
+        with local_superlink(flwr_home, cwd=out, log_path=out / "logs" / "superlink.log") as link:
+            _write_connection(flwr_home, link.address, grid)
+            for index, run in enumerate(pending, start=1):
+                folder = run_dir(out, run)
+                moved = _set_aside(folder, out)
+                if moved is not None:
+                    say(f"kept the incomplete folder of {run.run_id} as {moved}")
+                say(f"{index}/{len(pending)} {run.run_id} ...")
+                t0 = time.monotonic()
+                config = {**run.overrides, "output-dir": str(out / "runs"), "run-name": run.run_id}
+                with (out / "logs" / f"{run.run_id}.log").open("w") as log:
+                    result = run_flower_app(
+                        app_dir, CONNECTION, config, flwr_home, grid.run_timeout, stream=log,
+                    )  # fmt: skip
+                seconds = time.monotonic() - t0
+                done = result.ok and is_finished(folder, run.setting("num-server-rounds"))
+                if done:
+                    outcome.finished.append(run.run_id)
+                    summary = json.loads((folder / "summary.json").read_text())
+                    headline = summary.get("final-accuracy")
+                    shown = "n/a" if headline is None else f"{headline:.4f}"
+                    say(
+                        f"{index}/{len(pending)} {run.run_id} finished in {seconds:.0f}s "
+                        f"(final accuracy {shown})"
+                    )
+                else:
+                    message = result.message if not result.ok else "no finished summary.json"
+                    outcome.failed[run.run_id] = message
+                    say(
+                        f"{index}/{len(pending)} {run.run_id} FAILED after {seconds:.0f}s: "
+                        f"{message} (log: {out / 'logs' / (run.run_id + '.log')})"
+                    )
+                _record(
+                    out,
+                    run,
+                    "finished" if done else "failed",
+                    seconds,
+                    "" if done else outcome.failed[run.run_id],
+                )
+                elapsed = time.monotonic() - started
+                left = len(pending) - index
+                if left:
+                    say(
+                        f"{elapsed / 60:.1f} min so far; about {elapsed / index * left / 60:.0f} "
+                        f"min left for {left} runs"
+                    )
+    return outcome
