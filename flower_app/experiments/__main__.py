@@ -13,6 +13,7 @@ writes the report; ``report`` only aggregates: ``results.csv``, ``results.md`` a
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -66,8 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt_on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # run the same clean-up as Ctrl-C: stop the run and the SuperLink
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     try:
         grid = load_grid(args.grid)
     except GridError as err:

@@ -24,7 +24,7 @@ optional)::
       targets: {snli: 0.40}        # communication-to-target, per task
       compare: [procrustes]        # blocks whose FLoRG diagnostics are plotted
 
-A run's id names only the axis values that differ from ``base`` (``method=fedit,seed=1``),
+A run's id names its axis values except those equal to ``base`` (``method=fedit,seed=1``),
 so the same setting reached from two blocks is one run, run once.
 """
 
@@ -96,11 +96,13 @@ def _format_value(value: Any) -> str:
 
 
 def run_id_for(axes: Mapping[str, Any], base: Mapping[str, Any]) -> str:
-    """``k=v`` for every axis value differing from the base (sorted by key); ``base`` if none."""
+    """``k=v`` for every axis value, sorted by key, except values equal to the one ``base``
+    sets for that key (so a block re-visiting the base setting names the same run);
+    ``base`` if nothing is left."""
     parts = [
         f"{key}={_format_value(value)}"
         for key, value in sorted(axes.items())
-        if base.get(key, DEFAULTS.get(key)) != value
+        if key not in base or base[key] != value
     ]
     return ",".join(parts) or "base"
 
