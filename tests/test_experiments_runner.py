@@ -1,0 +1,215 @@
+"""The experiment-grid runner: grid files, a 2-run grid through the real simulation engine
+(resume included), the aggregation, the communication-to-target table and the plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from flower_app.experiments.__main__ import main as grid_cli
+from flower_app.experiments.__main__ import write_report
+from flower_app.experiments.aggregate import RunResult, collect, communication_lines
+from flower_app.experiments.grid import GridError, GridRun, load_grid
+from flower_app.experiments.runner import is_finished, run_dir, run_grid
+from tests.fixtures import make_sentiment_task, make_tiny_bert
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_grid(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------- grid files
+
+
+def test_blocks_share_runs_and_ids_name_non_base_values(tmp_path):
+    grid = load_grid(
+        write_grid(
+            tmp_path / "g.yaml",
+            """
+name: ablate
+base: {method: florg, rank: 4, task: movie-sentiment}
+grid: {seed: [0, 1]}
+blocks:
+  rank: {rank: [2, 4, 8]}
+  procrustes: {method: [florg, florg-no-procrustes]}
+report: {compare: [procrustes], targets: {movie-sentiment: 0.6}}
+""",
+        )
+    )
+    ids = [run.run_id for run in grid.runs]
+    assert ids == ["seed=0", "seed=1", "rank=2", "base", "rank=8", "method=florg-no-procrustes"]
+    shared = next(run for run in grid.runs if run.run_id == "base")
+    assert shared.blocks == ("rank", "procrustes")  # rank=4 and method=florg: one run
+    assert shared.overrides == {"method": "florg", "rank": 4, "task": "movie-sentiment"}
+    assert grid.targets == {"movie-sentiment": 0.6}
+    assert grid.compare == ("procrustes",)
+    assert [r.run_id for r in grid.runs_in("rank")] == ["rank=2", "base", "rank=8"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("base: {rnak: 4}\ngrid: {seed: [0]}", "rnak"),
+        ("grid: {rank: [0]}", "rank"),
+        ("grid: {method: [florg, fedavg]}", "method"),
+        ("base: {output-dir: x}\ngrid: {seed: [0]}", "output-dir"),
+        ("grid: {seed: []}", "empty"),
+        ("blocks: {main: {seed: [0]}}", "reserved"),
+        ("name: x", "needs `grid` or `blocks`"),
+        ("grid: {seed: [0]}\nsimulation: {num-cpus-per-client: 1.5}", "num-cpus-per-client"),
+        ("grid: {seed: [0]}\nbase: {min-available-nodes: 9}", "num-supernodes"),
+        ("grid: {seed: [0]}\nreport: {compare: [nope]}", "nope"),
+        ("grid: {seed: [0]}\nrepot: {}", "repot"),
+    ],
+)
+def test_bad_grid_files_are_refused_naming_the_key(tmp_path, text, message):
+    with pytest.raises(GridError, match=message):
+        load_grid(write_grid(tmp_path / "bad.yaml", text))
+
+
+def test_missing_grid_file_lists_the_known_grids(tmp_path):
+    with pytest.raises(GridError, match="main"):
+        load_grid(tmp_path / "nothing.yaml")
+
+
+def test_shipped_grids_load():
+    grids = sorted((Path(__file__).resolve().parent.parent / "conf" / "grids").glob("*.yaml"))
+    assert grids
+    for path in grids:
+        grid = load_grid(path)
+        assert grid.runs, path
+
+
+# ---------------------------------------------------------------- communication to target
+
+
+def fake_result(method: str, seed: int, accuracies: list[float], per_round: int) -> RunResult:
+    rows = [
+        {
+            "round": r,
+            "accuracy": acc,
+            "cum-up-params": per_round * r,
+            "cum-down-params": per_round * r,
+        }
+        for r, acc in enumerate(accuracies)
+    ]
+    run = GridRun(
+        f"method={method},seed={seed}",
+        {"method": method, "seed": seed, "task": "t"},
+        {"method": method, "seed": seed},
+        ("main",),
+    )
+    return RunResult(run, rows, {"rounds": len(accuracies) - 1})
+
+
+def test_communication_table_on_hand_made_runs(tmp_path):
+    grid = load_grid(
+        write_grid(
+            tmp_path / "g.yaml",
+            "grid: {method: [florg, fedit], seed: [0, 1]}\nreport: {targets: {t: 0.5}}",
+        )
+    )
+    results = [
+        # florg reaches 0.5 at round 2 (seed 0: 2 * 2 * 10) and round 1 (seed 1: 2 * 10)
+        fake_result("florg", 0, [0.3, 0.4, 0.5, 0.6], 10),
+        fake_result("florg", 1, [0.3, 0.55, 0.5, 0.6], 10),
+        # fedit reaches it with one seed only: "not reached" with 1/2
+        fake_result("fedit", 0, [0.3, 0.4, 0.45, 0.7], 100),
+        fake_result("fedit", 1, [0.3, 0.4, 0.45, 0.49], 100),
+    ]
+    lines = communication_lines(results, grid)
+    assert lines[2] == "| t | 0.5 | florg | 3.00e+01 | 2/2 |"  # mean of 40 and 20
+    assert lines[3] == "| t | 0.5 | fedit | not reached | 1/2 |"
+
+
+# ---------------------------------------------------------------- the runner, end to end
+
+
+@pytest.fixture(scope="module")
+def tiny_grid(tmp_path_factory):
+    base = tmp_path_factory.mktemp("grid")
+    model = make_tiny_bert(base / "model")
+    task = make_sentiment_task(base / "task", n_train=120, n_eval=40)
+    path = write_grid(
+        base / "tiny.yaml",
+        f"""
+name: tiny
+simulation: {{num-supernodes: 2, num-cpus-per-client: 1}}
+run-timeout: 400
+base:
+  model: {model}
+  task: local
+  data-path: {task}
+  text-fields: sentence
+  rank: 2
+  num-server-rounds: 2
+  batch-size: 16
+  learning-rate: 0.005
+grid:
+  method: [florg, fedit]
+report:
+  targets: {{local: 0.0}}
+""",
+    )
+    return load_grid(path), base / "out"
+
+
+def test_grid_runs_resumes_and_reports(tiny_grid):
+    grid, out = tiny_grid
+    outcome = run_grid(grid, out, stream=None)
+    assert outcome.ok, outcome.failed
+    assert sorted(outcome.finished) == ["method=fedit", "method=florg"]
+    for run in grid.runs:
+        assert is_finished(run_dir(out, run), 2)
+    state = json.loads((out / "grid.json").read_text())
+    assert {v["status"] for v in state.values()} == {"finished"}
+
+    # Resume: nothing left to run, so no SuperLink is even started.
+    again = run_grid(grid, out, stream=None)
+    assert again.finished == [] and sorted(again.skipped) == ["method=fedit", "method=florg"]
+
+    # An interrupted run (no summary) is set aside, kept, and run again; the other is skipped.
+    florg = run_dir(out, grid.runs[0])
+    (florg / "summary.json").unlink()
+    third = run_grid(grid, out, stream=None)
+    assert third.finished == ["method=florg"] and third.skipped == ["method=fedit"]
+    kept = list((out / "incomplete").iterdir())
+    assert len(kept) == 1 and (kept[0] / "metrics.jsonl").exists()
+    assert not (kept[0] / "summary.json").exists()
+
+    report = write_report(grid, out)
+    text = report.read_text()
+    assert "| method | final accuracy | seeds |" in text and "fedit" in text
+    with (out / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {row["method"] for row in rows} == {"florg", "fedit"}
+    results, missing = collect(grid, out)
+    assert missing == []
+    for row in rows:
+        result = next(r for r in results if r.run.run_id == row["run_id"])
+        assert float(row["final_accuracy"]) == result.rows[-1]["accuracy"]
+        assert row["params_to_target"] == "0"  # target 0.0 is met before training
+    for name in ("metric_vs_round", "metric_vs_communication", "final_metric"):
+        png = out / "plots" / f"{name}.png"
+        assert png.read_bytes()[:8] == PNG_MAGIC, name
+        assert f"plots/{name}.png" in text
+
+
+def test_report_command_and_missing_runs(tiny_grid, capsys):
+    grid, out = tiny_grid
+    copy = out.parent / "partial"
+    shutil.copytree(out, copy, dirs_exist_ok=True)
+    shutil.rmtree(copy / "runs" / "method=fedit")
+    assert grid_cli(["report", str(grid.path), "--out", str(copy)]) == 0
+    text = (copy / "results.md").read_text()
+    assert "Runs finished: 1 of 2 (not finished: method=fedit)" in text
+    assert grid_cli(["list", str(grid.path), "--out", str(copy)]) == 0
+    listed = capsys.readouterr().out
+    assert "done  method=florg" in listed and "todo  method=fedit" in listed
