@@ -158,6 +158,26 @@ def test_check_cli_catches_a_hand_edit(tmp_path):
     assert compose_gen.main(["--check", str(tmp_path)]) == 1
 
 
+def test_connection_cli_writes_the_demo_connection_without_stealing_the_default(tmp_path):
+    from flower_app.flwr_home import read_flower_config, write_local_simulation_connection
+
+    home = tmp_path / "home"
+    write_local_simulation_connection(
+        home, num_supernodes=2, num_cpus_per_client=1, num_gpus_per_client=0.0
+    )
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    argv = ["connection", "--flwr-home", str(home), "--root-certificates", str(ca)]
+    assert compose_gen.main(argv) == 0
+    superlink = read_flower_config(home)["superlink"]
+    assert superlink["default"] == "local-simulation"
+    assert superlink["docker-tls"] == {
+        "address": f"127.0.0.1:{LAYOUT.superlink_port}",
+        "root-certificates": str(ca.resolve()),
+    }
+    assert compose_gen.main([*argv[:3], "--root-certificates", str(tmp_path / "no")]) == 2
+
+
 def test_layout_scales_and_rejects_nonsense():
     specs = {s.name: s.argv for s in service_specs(DockerLayout(num_supernodes=5), tls=True)}
     configs = [

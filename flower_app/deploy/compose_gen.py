@@ -325,6 +325,11 @@ def _connection_main(argv: list[str]) -> int:
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--root-certificates", type=Path)
     group.add_argument("--insecure", action="store_true")
+    p.add_argument(
+        "--set-default",
+        action="store_true",
+        help="make it [superlink].default (otherwise the current default stays)",
+    )
     args = p.parse_args(argv)
     from flower_app.flwr_home import write_tls_connection
 
@@ -335,7 +340,7 @@ def _connection_main(argv: list[str]) -> int:
             args.address,
             root_certificates=args.root_certificates,
             insecure=args.insecure,
-            set_default=True,
+            set_default=args.set_default,
         )
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
