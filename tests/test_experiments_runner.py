@@ -207,8 +207,15 @@ def test_report_command_and_missing_runs(tiny_grid, capsys):
     copy = out.parent / "partial"
     shutil.copytree(out, copy, dirs_exist_ok=True)
     shutil.rmtree(copy / "runs" / "method=fedit")
-    assert grid_cli(["report", str(grid.path), "--out", str(copy)]) == 0
+    docs = out.parent / "docs"
+    assert grid_cli(["report", str(grid.path), "--out", str(copy), "--publish", str(docs)]) == 0
     text = (copy / "results.md").read_text()
+    assert (docs / "results.md").read_text() == text
+    assert (docs / "plots" / "final_metric.png").exists()
+    assert sorted(p.name for p in (docs / "runs" / "method=florg").iterdir()) == [
+        "config.json", "metrics.jsonl", "summary.json"
+    ]  # fmt: skip
+    assert not (docs / "runs" / "method=fedit").exists()
     assert "Runs finished: 1 of 2 (not finished: method=fedit)" in text
     assert grid_cli(["list", str(grid.path), "--out", str(copy)]) == 0
     listed = capsys.readouterr().out

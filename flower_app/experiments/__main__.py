@@ -13,6 +13,7 @@ writes the report; ``report`` only aggregates: ``results.csv``, ``results.md`` a
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import time
@@ -34,6 +35,24 @@ def write_report(grid: Grid, out: Path) -> Path:
     report = out / "results.md"
     report.write_text(markdown_report(grid, results, missing, plots, out) + "\n")
     return report
+
+
+def publish(grid: Grid, out: Path, target: Path) -> Path:
+    """Copy the report, the CSV, the plots and each finished run's config, metrics and
+    summary (not its weights or logs) to ``target``, e.g. docs/results/<grid>."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("results.md", "results.csv"):
+        shutil.copy2(out / name, target / name)
+    if (out / "plots").is_dir():
+        shutil.copytree(out / "plots", target / "plots", dirs_exist_ok=True)
+    for run in grid.runs:
+        folder = run_dir(out, run)
+        if is_finished(folder, run.setting("num-server-rounds")):
+            dest = target / "runs" / run.run_id
+            dest.mkdir(parents=True, exist_ok=True)
+            for name in ("config.json", "metrics.jsonl", "summary.json"):
+                shutil.copy2(folder / name, dest / name)
+    return target
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,6 +83,15 @@ def _parser() -> argparse.ArgumentParser:
                 help="stop after this many runs (the rest resume later)",
             )
             cmd.add_argument("--no-report", action="store_true", help="skip the report")
+        if name in ("run", "report"):
+            cmd.add_argument(
+                "--publish",
+                type=Path,
+                default=None,
+                metavar="DIR",
+                help="also copy the report, plots and per-run metrics to DIR (e.g. "
+                "docs/results/<grid>)",
+            )
     return parser
 
 
@@ -100,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             return code
     report = write_report(grid, out)
     print(f"[grid {grid.name}] report: {report}")
+    if args.publish is not None:
+        print(f"[grid {grid.name}] published to {publish(grid, out, args.publish.resolve())}")
     return code
 
 

@@ -185,6 +185,33 @@ def communication_lines(results: list[RunResult], grid: Grid) -> list[str]:
     return lines
 
 
+def machine_description() -> str:
+    import os
+    import platform
+
+    import flwr
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return (
+        f"{os.cpu_count()} CPU cores ({cpu}){gpu}, Python {platform.python_version()}, "
+        f"torch {torch.__version__}, flwr {flwr.__version__}"
+    )
+
+
+def _wall_time(out: Path) -> str:
+    """Sum of the runs' wall times as the runner measured them (flwr run to final status,
+    start-up included), from ``grid.json``."""
+    try:
+        state = json.loads((out / "grid.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return "unknown (no grid.json)"
+    seconds = sum(float(v.get("seconds", 0)) for v in state.values() if v["status"] == "finished")
+    count = sum(1 for v in state.values() if v["status"] == "finished")
+    return f"{seconds / 60:.1f} min for {count} runs ({seconds / max(count, 1):.0f} s per run)"
+
+
 def markdown_report(
     grid: Grid, results: list[RunResult], missing: list[str], plots: list[Path], out: Path
 ) -> str:
@@ -193,6 +220,11 @@ def markdown_report(
     if grid.description:
         lines += [grid.description, ""]
     lines += [
+        f"Produced by `python -m flower_app.experiments run {grid.path.stem}` (grid file "
+        f"`conf/grids/{grid.path.name}`); machine: {machine_description()}.",
+        "",
+        f"Wall time: {_wall_time(out)}.",
+        "",
         f"Runs finished: {len(results)} of {len(grid.runs)}"
         + (f" (not finished: {', '.join(missing)})" if missing else "") + ".",
         f"Values: final-round `{metric}`, mean ± sample standard deviation over seeds.",
