@@ -167,7 +167,7 @@ def test_grid_runs_resumes_and_reports(tiny_grid):
     assert outcome.ok, outcome.failed
     assert sorted(outcome.finished) == ["method=fedit", "method=florg"]
     for run in grid.runs:
-        assert is_finished(run_dir(out, run), 2)
+        assert is_finished(run_dir(out, run), run)
     state = json.loads((out / "grid.json").read_text())
     assert {v["status"] for v in state.values()} == {"finished"}
 
@@ -220,3 +220,14 @@ def test_report_command_and_missing_runs(tiny_grid, capsys):
     assert grid_cli(["list", str(grid.path), "--out", str(copy)]) == 0
     listed = capsys.readouterr().out
     assert "done  method=florg" in listed and "todo  method=fedit" in listed
+
+
+def test_a_finished_run_with_other_settings_is_not_finished(tmp_path):
+    run = GridRun("method=florg", {"method": "florg", "learning-rate": 0.002}, {}, ("main",))
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "finished", "rounds": 2}))
+    (tmp_path / "config.json").write_text(json.dumps({"method": "florg", "learning-rate": 0.001}))
+    assert not is_finished(tmp_path, run)  # the grid file changed since: run it again
+    (tmp_path / "config.json").write_text(json.dumps({"method": "florg", "learning-rate": 0.002}))
+    assert is_finished(tmp_path, run)
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "failed"}))
+    assert not is_finished(tmp_path, run)

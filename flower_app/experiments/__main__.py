@@ -47,7 +47,7 @@ def publish(grid: Grid, out: Path, target: Path) -> Path:
         shutil.copytree(out / "plots", target / "plots", dirs_exist_ok=True)
     for run in grid.runs:
         folder = run_dir(out, run)
-        if is_finished(folder, run.setting("num-server-rounds")):
+        if is_finished(folder, run):
             dest = target / "runs" / run.run_id
             dest.mkdir(parents=True, exist_ok=True)
             for name in ("config.json", "metrics.jsonl", "summary.json"):
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.out or DEFAULT_RESULTS / grid.name).resolve()
     if args.command == "list":
         for run in grid.runs:
-            done = is_finished(run_dir(out, run), run.setting("num-server-rounds"))
+            done = is_finished(run_dir(out, run), run)
             print(f"{'done' if done else 'todo'}  {run.run_id}  [{'+'.join(run.blocks)}]")
         return 0
     code = 0

@@ -49,7 +49,7 @@ def collect(grid: Grid, out: Path) -> tuple[list[RunResult], list[str]]:
     results, missing = [], []
     for run in grid.runs:
         folder = run_dir(out, run)
-        if not is_finished(folder, run.setting("num-server-rounds")):
+        if not is_finished(folder, run):
             missing.append(run.run_id)
             continue
         summary = json.loads((folder / "summary.json").read_text())

@@ -4,9 +4,10 @@ One private simulation SuperLink serves the whole grid (started on a free port, 
 by PID at the end, also on failure or Ctrl-C); each run is a ``flwr run`` of this app with
 the run's settings, writing ``<out>/runs/<run id>/`` (the ServerApp's run folder).
 
-A run counts as finished when its ``summary.json`` says ``"status": "finished"`` with
-the configured number of rounds; finished runs are skipped, so an interrupted grid
-resumes. The folder of a run that failed or was interrupted is moved, not deleted, to
+A run counts as finished when its ``summary.json`` says ``"status": "finished"`` and its
+``config.json`` has the run's settings; finished runs are skipped, so an interrupted grid
+resumes (and a grid file edited since reruns exactly the runs whose settings changed).
+The folder of a run that failed or was interrupted is moved, not deleted, to
 ``<out>/incomplete/<run id>-<time>/`` before the run starts again. Each run's log is
 in ``<out>/logs/<run id>.log``; ``<out>/grid.json`` records every run's last outcome.
 """
@@ -50,13 +51,17 @@ def run_dir(out: Path, run: GridRun) -> Path:
     return out / "runs" / run.run_id
 
 
-def is_finished(folder: Path, rounds: int) -> bool:
-    """Whether ``folder`` holds a finished run of ``rounds`` rounds."""
+def is_finished(folder: Path, run: GridRun) -> bool:
+    """Whether ``folder`` holds a finished run with ``run``'s settings (its config.json
+    agrees with every override, so editing a grid file reruns the runs it changed)."""
     try:
         summary = json.loads((folder / "summary.json").read_text())
+        config = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return summary.get("status") == "finished" and summary.get("rounds") == rounds
+    if summary.get("status") != "finished":
+        return False
+    return all(config.get(key) == value for key, value in run.overrides.items())
 
 
 def _set_aside(folder: Path, out: Path) -> Path | None:
@@ -120,8 +125,7 @@ def run_grid(
     selected = [r for r in grid.runs if not only or any(s in r.run_id for s in only)]
     pending, skipped = [], []
     for run in selected:
-        rounds = run.setting("num-server-rounds")
-        (skipped if is_finished(run_dir(out, run), rounds) else pending).append(run)
+        (skipped if is_finished(run_dir(out, run), run) else pending).append(run)
     if max_runs is not None:
         pending = pending[:max_runs]
 
@@ -151,7 +155,7 @@ def run_grid(
                         app_dir, CONNECTION, config, flwr_home, grid.run_timeout, stream=log,
                     )  # fmt: skip
                 seconds = time.monotonic() - t0
-                done = result.ok and is_finished(folder, run.setting("num-server-rounds"))
+                done = result.ok and is_finished(folder, run)
                 if done:
                     outcome.finished.append(run.run_id)
                     summary = json.loads((folder / "summary.json").read_text())
