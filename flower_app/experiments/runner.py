@@ -26,6 +26,7 @@ from typing import IO, Any
 
 import tomli_w
 
+from flower_app.experiments.communication import load_metrics
 from flower_app.experiments.grid import Grid, GridRun
 from flower_app.flwr_home import CONFIG_FILE_NAME
 from flower_app.launch import local_superlink, run_flower_app
@@ -72,6 +73,12 @@ def _set_aside(folder: Path, out: Path) -> Path | None:
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(folder), str(target))
     return target
+
+
+def _final_value(folder: Path, metric: str) -> float | None:
+    rows = load_metrics(folder / "metrics.jsonl")
+    value = max(rows, key=lambda r: r["round"], default={}).get(metric)
+    return None if value is None else float(value)
 
 
 def _write_connection(flwr_home: Path, address: str, grid: Grid) -> None:
@@ -158,12 +165,11 @@ def run_grid(
                 done = result.ok and is_finished(folder, run)
                 if done:
                     outcome.finished.append(run.run_id)
-                    summary = json.loads((folder / "summary.json").read_text())
-                    headline = summary.get("final-accuracy")
+                    headline = _final_value(folder, grid.metric)
                     shown = "n/a" if headline is None else f"{headline:.4f}"
                     say(
                         f"{index}/{len(pending)} {run.run_id} finished in {seconds:.0f}s "
-                        f"(final accuracy {shown})"
+                        f"(final {grid.metric} {shown})"
                     )
                 else:
                     message = result.message if not result.ok else "no finished summary.json"
