@@ -10,9 +10,11 @@ from flwr.clientapp import ClientApp
 
 from flower_app.config import resolve_config
 from flower_app.modeling import pick_device
+from flower_app.node_config import use_node_data
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, make_loader, tokenized_split
-from flower_app.training import evaluate, train_local
+from flower_app.task_eval import evaluate_task
+from flower_app.training import train_local
 from strategies.flower.base import from_array_record, to_array_record
 from strategies.flower.fedex_lora import read_residuals
 
@@ -50,8 +52,9 @@ def _fold_fedex_residuals(msg: Message, context: Context, adapted) -> int:
 def _prepare(msg: Message, context: Context):
     config = resolve_config(context.run_config)
     partition_id, num_partitions = _partition(context)
+    config, num_partitions = use_node_data(config, context.node_config, num_partitions)
     data = load_task_data(config)
-    adapted = cached_adapted_model(config, data.num_labels)
+    adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)
     adapted.load_shared_state(from_array_record(msg.content["arrays"]))
     local = context.state.array_records.get(LOCAL_B)
     adapted.load_local_state(from_array_record(local) if local is not None else None)
@@ -109,21 +112,12 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def personalised_evaluate(msg: Message, context: Context) -> Message:
     """Evaluate the global arrays plus this node's own state (FedSA-LoRA's B) on its share
-    of the validation split (partitioned like the training data)."""
+    of the validation split (partitioned like the training data): the task's metrics
+    (accuracy, or exact-match and f1), loss, score and num-examples."""
     config, pid, num_partitions, adapted = _prepare(msg, context)
     if config.method == "fedex-lora":
         _fold_fedex_residuals(msg, context, adapted)
-    dataset = tokenized_split(config, "eval", pid, num_partitions)
-    result = evaluate(
-        adapted.model,
-        make_loader(dataset, config.eval_batch_size, False, 0),
-        pick_device(config.device),
-    )
+    metrics = evaluate_task(config, adapted.model, pick_device(config.device), pid, num_partitions)
     adapted.model.to("cpu")
-    metrics = {
-        "num-examples": result.num_examples,
-        "accuracy": result.accuracy,
-        "loss": result.loss,
-        "partition-id": pid,
-    }
+    metrics["partition-id"] = pid
     return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

@@ -77,6 +77,7 @@ SCHEMA: dict[str, tuple[Any, type, Callable[[Any], bool] | None, str]] = {
     "learning-rate": (1e-3, float, _positive, "AdamW learning rate"),
     "weight-decay": (0.0, float, _non_negative, "AdamW weight decay"),
     "max-seq-length": (128, int, _positive, "tokeniser max length"),
+    "doc-stride": (64, int, _non_negative, "extractive QA: token overlap of context windows"),
     "aggregation-weights": ("uniform", str, _one_of("uniform", "num-examples"), "client weights"),
     "a-init-std": (0.02, float, _positive, "FLoRG: std of the initial A (A = 0 is excluded)"),
     "projection-init": (
@@ -136,6 +137,7 @@ class RunConfig:
     learning_rate: float
     weight_decay: float
     max_seq_length: int
+    doc_stride: int
     aggregation_weights: str
     a_init_std: float
     projection_init: str

@@ -38,9 +38,10 @@ def load_tokenizer(name: str):
     return tokenizer
 
 
-def load_classifier(name: str, num_labels: int, seed: int, pad_token_id: int | None) -> nn.Module:
-    """The base model with a sequence-classification head; the head's init is seeded."""
-    from transformers import AutoModelForSequenceClassification
+def _load_with_head(
+    auto_class, name: str, seed: int, pad_token_id: int | None, **kwargs: object
+) -> nn.Module:
+    """``auto_class.from_pretrained`` in float32 with a seeded, freshly initialised head."""
     from transformers.utils import logging as hf_logging
 
     source = resolve_model_source(name)
@@ -49,9 +50,7 @@ def load_classifier(name: str, num_labels: int, seed: int, pad_token_id: int | N
     hf_logging.set_verbosity_error()  # the "newly initialized head" notice is expected here
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            source, num_labels=num_labels, torch_dtype=torch.float32
-        )
+        model = auto_class.from_pretrained(source, torch_dtype=torch.float32, **kwargs)
     except OSError as err:
         raise OSError(_not_found(name, source, err)) from err
     finally:
@@ -61,9 +60,67 @@ def load_classifier(name: str, num_labels: int, seed: int, pad_token_id: int | N
     return model
 
 
+def load_classifier(name: str, num_labels: int, seed: int, pad_token_id: int | None) -> nn.Module:
+    """The base model with a sequence-classification head; the head's init is seeded."""
+    from transformers import AutoModelForSequenceClassification
+
+    return _load_with_head(
+        AutoModelForSequenceClassification, name, seed, pad_token_id, num_labels=num_labels
+    )
+
+
+def load_question_answerer(name: str, seed: int, pad_token_id: int | None) -> nn.Module:
+    """The base model with an extractive-QA span head (``qa_outputs``: start and end logits,
+    hence ``num_labels=2`` whatever the checkpoint's config says); the head's init is seeded."""
+    from transformers import AutoModelForQuestionAnswering
+
+    try:
+        return _load_with_head(
+            AutoModelForQuestionAnswering, name, seed, pad_token_id, num_labels=2
+        )
+    except ValueError as err:  # an architecture without a QA head
+        raise ValueError(f"model {name!r} has no question-answering head: {err}") from err
+
+
+def load_task_model(
+    name: str, kind: str, num_labels: int, seed: int, pad_token_id: int | None
+) -> nn.Module:
+    """The base model with the head of the task ``kind`` (classification / extractive-qa)."""
+    from flower_app.data.tasks import EXTRACTIVE_QA
+
+    if kind == EXTRACTIVE_QA:
+        return load_question_answerer(name, seed, pad_token_id)
+    return load_classifier(name, num_labels, seed, pad_token_id)
+
+
 def pick_device(setting: str) -> torch.device:
-    if setting == "cuda" or (setting == "auto" and torch.cuda.is_available()):
+    """The torch device for the run-config key ``device``.
+
+    ``auto``: CUDA when this process sees a GPU, else the CPU; ``cuda`` insists on a GPU
+    and raises ``RuntimeError`` (saying why) when there is none; ``cpu``: the CPU. In the
+    simulation every ClientApp runs in a Ray actor that sees only the GPUs Ray gave it:
+    with ``client-resources`` ``num-gpus = 0`` Ray 2.x sets ``CUDA_VISIBLE_DEVICES=""``
+    for the actor, so ``auto`` trains on the CPU even on a GPU machine; ``num-gpus > 0``
+    (0.25 packs four ClientApps on one GPU) exposes its GPU as ``cuda:0``.
+    """
+    if setting == "cpu":
+        return torch.device("cpu")
+    if setting not in ("auto", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {setting!r}")
+    if torch.cuda.is_available():
         return torch.device("cuda")
+    if setting == "cuda":
+        if torch.version.cuda is None:
+            why = f"this torch build ({torch.__version__}) has no CUDA support"
+        else:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            why = "no CUDA device is visible to this process" + (
+                f" (CUDA_VISIBLE_DEVICES={visible!r}; in the simulation set the "
+                "connection's client-resources num-gpus > 0)"
+                if visible is not None
+                else ""
+            )
+        raise RuntimeError(f"device='cuda' but {why}; use device='auto' or 'cpu'")
     return torch.device("cpu")
 
 

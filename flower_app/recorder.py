@@ -14,6 +14,7 @@ from flwr.common.logger import log as flwr_log
 from flower_app.config import RunConfig
 
 INFO = 20
+QA_METRICS = ("exact-match", "f1")
 
 
 def make_run_dir(config: RunConfig) -> Path:
@@ -34,11 +35,18 @@ def _human(n: float) -> str:
 
 
 class RunRecorder:
-    """Writes metrics.jsonl (one JSON row per round, round 0 = before training)."""
+    """Writes metrics.jsonl (one JSON row per round, round 0 = before training).
 
-    def __init__(self, run_dir: Path, config: RunConfig) -> None:
+    Every row has ``score``, the task's headline metric as a fraction in [0, 1], and
+    ``score-metric`` naming it: ``accuracy`` for classification (``score`` = accuracy),
+    ``f1`` for extractive QA (``score`` = F1 / 100; the row's ``f1`` and ``exact-match``
+    are percentages as in the official SQuAD script, and its ``accuracy`` is null).
+    """
+
+    def __init__(self, run_dir: Path, config: RunConfig, score_metric: str = "accuracy") -> None:
         self.run_dir = run_dir
         self.config = config
+        self.score_metric = score_metric
         self.path = run_dir / "metrics.jsonl"
         self.path.write_text("")
         self.rows: list[dict[str, Any]] = []
@@ -56,6 +64,8 @@ class RunRecorder:
             "round": server_round,
             "accuracy": evaluation.get("accuracy"),
             "loss": evaluation.get("loss"),
+            "score": evaluation.get("score"),
+            "score-metric": self.score_metric,
             "up-params": up,
             "down-params": down,
             "up-bytes": 4 * up,
@@ -66,6 +76,9 @@ class RunRecorder:
             "cum-down-bytes": 4 * self.totals["down-params"],
             "elapsed-seconds": time.perf_counter() - self.t0,
         }
+        for key in QA_METRICS:
+            if key in evaluation:
+                row[key] = evaluation[key]
         for key, value in round_metrics.items():
             if key not in ("up-params", "down-params"):
                 row[key] = value
@@ -78,9 +91,13 @@ class RunRecorder:
     def _print(self, row: dict[str, Any]) -> None:
         rounds = self.config.num_server_rounds
         parts = [f"[{self.config.method}] round {row['round']}/{rounds}"]
-        if row["accuracy"] is not None:
+        if row.get("f1") is not None:
+            parts.append(f"EM {row['exact-match']:.2f} F1 {row['f1']:.2f} loss {row['loss']:.4f}")
+        elif row["accuracy"] is not None:
             parts.append(f"acc {row['accuracy']:.4f} loss {row['loss']:.4f}")
-        if "personalized-accuracy" in row:
+        if "personalized-f1" in row:
+            parts.append(f"personal F1 {row['personalized-f1']:.2f}")
+        elif "personalized-accuracy" in row:
             parts.append(f"personal acc {row['personalized-accuracy']:.4f}")
         if "train-loss" in row:
             parts.append(f"train loss {row['train-loss']:.4f}")
@@ -97,6 +114,7 @@ class RunRecorder:
 
     def write_summary(self, extra: dict[str, Any]) -> dict[str, Any]:
         last = self.rows[-1] if self.rows else {}
+        first = self.rows[0] if self.rows else {}
         summary = {
             "method": self.config.method,
             "task": self.config.task,
@@ -104,7 +122,11 @@ class RunRecorder:
             "rounds": self.config.num_server_rounds,
             "final-accuracy": last.get("accuracy"),
             "final-loss": last.get("loss"),
-            "initial-accuracy": self.rows[0].get("accuracy") if self.rows else None,
+            "initial-accuracy": first.get("accuracy"),
+            "score-metric": self.score_metric,
+            "final-score": last.get("score"),
+            "initial-score": first.get("score"),
+            **{f"final-{k}": last[k] for k in QA_METRICS if k in last},
             "total-up-params": self.totals["up-params"],
             "total-down-params": self.totals["down-params"],
             "total-params": self.totals["up-params"] + self.totals["down-params"],

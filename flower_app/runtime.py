@@ -11,7 +11,9 @@ from functools import lru_cache
 
 from flower_app.adapted import AdaptedModel
 from flower_app.config import ConfigError, RunConfig
-from flower_app.modeling import load_classifier, load_tokenizer
+from flower_app.data.tasks import CLASSIFICATION
+from flower_app.disk_cache import disk_cached_model
+from flower_app.modeling import load_task_model, load_tokenizer
 
 
 @lru_cache(maxsize=4)
@@ -20,10 +22,17 @@ def cached_tokenizer(model_name: str):
 
 
 @lru_cache(maxsize=2)
-def cached_adapted_model(config: RunConfig, num_labels: int) -> AdaptedModel:
-    """The base model with the run's adapter; bad adapter settings raise ConfigError."""
+@disk_cached_model  # a SuperNode starts a fresh ClientApp process per message
+def cached_adapted_model(
+    config: RunConfig, num_labels: int, kind: str = CLASSIFICATION
+) -> AdaptedModel:
+    """The base model with the head of the task ``kind`` and the run's adapter; bad
+    adapter settings raise ConfigError."""
     tokenizer = cached_tokenizer(config.model)
-    model = load_classifier(config.model, num_labels, config.seed, tokenizer.pad_token_id)
+    try:
+        model = load_task_model(config.model, kind, num_labels, config.seed, tokenizer.pad_token_id)
+    except ValueError as err:
+        raise ConfigError(f"model: {err}") from err
     try:
         return AdaptedModel(model, config)
     except ValueError as err:

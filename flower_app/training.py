@@ -40,7 +40,10 @@ def train_local(
     progress: bool = False,
     description: str = "local training",
 ) -> TrainResult:
-    """``epochs`` passes over ``loader`` (or exactly ``max_steps`` steps when > 0)."""
+    """``epochs`` passes over ``loader`` (or exactly ``max_steps`` steps when > 0).
+
+    The batches carry the model's own targets (``labels``, or ``start_positions`` /
+    ``end_positions`` for extractive QA), so ``model(**batch).loss`` is the task loss."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
@@ -62,7 +65,7 @@ def train_local(
             optimizer.zero_grad(set_to_none=True)
             out.loss.backward()
             optimizer.step()
-            n = int(batch["labels"].shape[0])
+            n = int(batch["input_ids"].shape[0])  # examples, or QA features (windows)
             loss_sum += float(out.loss.detach()) * n
             examples += n
             steps += 1

@@ -15,8 +15,8 @@ from flower_app.config import RunConfig, resolve_config
 from flower_app.modeling import pick_device, resolve_model_source
 from flower_app.recorder import INFO, RunRecorder, make_run_dir
 from flower_app.runtime import cached_adapted_model
-from flower_app.task_data import load_task_data, make_loader, tokenized_split
-from flower_app.training import evaluate
+from flower_app.task_data import load_task_data
+from flower_app.task_eval import evaluate_task
 from strategies.flower import AdapterStrategy, build_strategy
 from strategies.flower.base import from_array_record, to_array_record
 
@@ -24,17 +24,17 @@ app = ServerApp()
 
 
 class GlobalEvaluator:
-    """``evaluate_fn`` for Strategy.start: load the global arrays, evaluate, record the row."""
+    """``evaluate_fn`` for Strategy.start: load the global arrays, evaluate, record the row.
+
+    Classification rows hold ``accuracy``; extractive-QA rows ``exact-match`` and ``f1``;
+    every row ``loss`` and ``score`` (the headline metric in [0, 1], see RunRecorder)."""
 
     def __init__(self, config: RunConfig, strategy: AdapterStrategy, recorder: RunRecorder):
         data = load_task_data(config)
         self.config = config
         self.strategy = strategy
         self.recorder = recorder
-        self.adapted = cached_adapted_model(config, data.num_labels)
-        self.loader = make_loader(
-            tokenized_split(config, "eval"), config.eval_batch_size, shuffle=False, seed=0
-        )
+        self.adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)
         self.device = pick_device(config.device)
 
     def load(self, arrays: ArrayRecord) -> None:
@@ -45,9 +45,8 @@ class GlobalEvaluator:
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         self.load(arrays)
-        result = evaluate(self.adapted.model, self.loader, self.device)
+        metrics = evaluate_task(self.config, self.adapted.model, self.device)
         self.adapted.model.to("cpu")
-        metrics = {"accuracy": result.accuracy, "loss": result.loss}
         self.recorder.record(
             server_round, metrics, self.strategy.round_metrics.get(server_round, {})
         )
@@ -78,7 +77,7 @@ def main(grid: Grid, context: Context) -> None:
     run_dir = make_run_dir(config)
     flwr_log(INFO, "[florg] run folder: %s", run_dir)
     data = load_task_data(config)
-    adapted = cached_adapted_model(config, data.num_labels)  # rank > k etc. fail here
+    adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)  # rank > k etc.
     initial_state = adapted.shared_state()
     strategy = build_strategy(
         config.method,
@@ -92,7 +91,7 @@ def main(grid: Grid, context: Context) -> None:
         residual_mode=config.fedex_residual,
         fingerprint=adapted.fingerprint() if config.is_florg else None,
     )
-    recorder = RunRecorder(run_dir, config)
+    recorder = RunRecorder(run_dir, config, score_metric=data.score_metric)
     evaluator = GlobalEvaluator(config, strategy, recorder)
     t0 = time.perf_counter()
     result = strategy.start(
@@ -110,7 +109,8 @@ def main(grid: Grid, context: Context) -> None:
     )
     flwr_log(
         INFO,
-        "[florg] final accuracy %.4f; summary: %s",
-        summary["final-accuracy"] or float("nan"),
+        "[florg] final %s %.4f; summary: %s",
+        data.score_metric,
+        summary[f"final-{data.score_metric}"] or float("nan"),
         json.dumps({k: summary[k] for k in ("total-params", "wall-seconds")}),
     )

@@ -1,4 +1,5 @@
-"""Text-classification task specifications: GLUE on the Hub, fetched assets, local files."""
+"""Task specifications (text classification and extractive QA): the Hub, fetched assets,
+local files."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from pathlib import Path
 from flower_app import assets
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+CLASSIFICATION = "classification"
+EXTRACTIVE_QA = "extractive-qa"
+KINDS = (CLASSIFICATION, EXTRACTIVE_QA)
 
 
 @dataclass(frozen=True)
@@ -17,7 +21,12 @@ class TaskSpec:
 
     Exactly one source: ``hub_path`` (+ ``hub_config``), ``local_dir`` (files named
     ``<split>.<ext>``), ``data_file`` (one file; a seeded holdout becomes the eval split),
-    or ``asset`` (a fetched dataset, resolved to ``local_dir`` by ``resolve_task``).
+    or ``asset`` (a fetched dataset, resolved to ``local_dir`` by ``resolve_task``; when it
+    is not fetched, ``hub_fallback`` names the Hub dataset to read instead).
+
+    ``kind`` is ``classification`` (texts + an integer label) or ``extractive-qa`` (SQuAD
+    schema: ``text_fields`` = (question, context) and ``label_field`` = the answers column
+    ``{"text": [...], "answer_start": [...]}``; ``num_labels`` is unused).
     """
 
     name: str
@@ -33,8 +42,14 @@ class TaskSpec:
     asset: str | None = None
     label_names: tuple[str, ...] | None = None
     holdout_fraction: float = 0.1
+    kind: str = CLASSIFICATION
+    hub_fallback: str | None = None
 
     def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.name}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == EXTRACTIVE_QA and len(self.text_fields) != 2:
+            raise ValueError(f"{self.name}: extractive QA needs text_fields=(question, context)")
         if not 1 <= len(self.text_fields) <= 2:
             raise ValueError(f"{self.name}: text_fields must name one or two columns")
         sources = [self.hub_path, self.local_dir, self.data_file, self.asset]
@@ -54,6 +69,18 @@ def _glue(
         eval_split=eval_split,
         hub_path="nyu-mll/glue",
         hub_config=name,
+    )
+
+
+def _squad(name: str, **source: str) -> TaskSpec:
+    """SQuAD v1.1 (HF ``squad`` schema: id, title, context, question, answers)."""
+    return TaskSpec(
+        name,
+        ("question", "context"),
+        label_field="answers",
+        num_labels=None,
+        kind=EXTRACTIVE_QA,
+        **source,  # type: ignore[arg-type]
     )
 
 
@@ -85,6 +112,8 @@ TASKS: dict[str, TaskSpec] = {
             asset="movie-sentiment",
             label_names=("negative", "positive"),
         ),
+        _squad("squad", asset="squad", hub_fallback="rajpurkar/squad"),
+        _squad("rajpurkar/squad", hub_path="rajpurkar/squad"),
     )
 }
 
@@ -118,7 +147,9 @@ def _local_spec(
         return TaskSpec(name, tuple(fields), **kwargs)  # type: ignore[arg-type]
     if path.is_file():
         overrides.setdefault("eval_split", None)
-    cleared = dict.fromkeys(("hub_path", "hub_config", "asset", "local_dir", "data_file"))
+    cleared = dict.fromkeys(
+        ("hub_path", "hub_config", "asset", "local_dir", "data_file", "hub_fallback")
+    )
     changes = (
         cleared
         | location
@@ -166,6 +197,11 @@ def resolve_task(
             label_field=label_field or spec.label_field,
         )
     if spec.asset is not None:
-        directory = assets.task_info(spec.asset, cache_dir)["path"]
-        spec = replace(spec, asset=None, local_dir=directory)
+        try:
+            directory = assets.task_info(spec.asset, cache_dir)["path"]
+        except FileNotFoundError:
+            if spec.hub_fallback is None or os.environ.get("HF_HUB_OFFLINE") == "1":
+                raise
+            return replace(spec, asset=None, hub_path=spec.hub_fallback, hub_fallback=None)
+        spec = replace(spec, asset=None, local_dir=directory, hub_fallback=None)
     return spec

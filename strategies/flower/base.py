@@ -26,11 +26,13 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from strategies.averaging import weighted_average
+from strategies.flower.participation import NodeLedger
 from strategies.validation import normalize_weights
 
 log = logging.getLogger("flwr.florg")  # propagates to Flower's console handler
 
 ADAPTER_SUFFIXES: tuple[str, ...] = (".A", ".lora_A", ".lora_B")
+_NOT_AVERAGED = frozenset({"num-examples", "partition-id"})  # of clients' evaluation metrics
 
 
 class ReplyRejected(ValueError):
@@ -104,6 +106,7 @@ class AdapterStrategy(FedAvg):
         self.updates_dir = Path(updates_dir) if updates_dir else None
         self.round_metrics: dict[int, dict[str, float]] = {}
         self._down_params: dict[int, int] = {}
+        self.ledger = NodeLedger()  # node id -> partition id; lost nodes per round
 
     # -- sending ------------------------------------------------------------------------
     def configure_train(
@@ -114,6 +117,7 @@ class AdapterStrategy(FedAvg):
             for m in super().configure_train(server_round, arrays, config, grid)
         ]
         self._down_params[server_round] = sum(record_params(m.content) for m in messages)
+        self.ledger.sent(server_round, messages)
         return messages
 
     def extend_train_message(self, server_round: int, message: Message) -> Message:
@@ -147,6 +151,7 @@ class AdapterStrategy(FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
+        nodes = self.ledger.settle(server_round, replies)
         payloads: list[dict[str, np.ndarray]] = []
         sizes: list[float] = []
         losses: list[float] = []
@@ -158,9 +163,10 @@ class AdapterStrategy(FedAvg):
             if msg.has_error():
                 failures += 1
                 log.warning(
-                    "round %d: node %s failed, reply dropped: %s",
+                    "round %d: node %s (partition %s) failed, reply dropped: %s",
                     server_round,
                     node,
+                    self.ledger.partition_of(node),
                     msg.error.reason,
                 )
                 continue
@@ -193,6 +199,7 @@ class AdapterStrategy(FedAvg):
             "rejected": rejected,
             "up-params": up_params,
             "down-params": self._down_params.get(server_round, 0),
+            **nodes.metrics(),
         }
         if not payloads:
             log.warning(
@@ -226,7 +233,9 @@ class AdapterStrategy(FedAvg):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Clients' own (personalised) evaluation, weighted by their example counts."""
+        """Clients' own (personalised) evaluation, weighted by their example counts: every
+        metric a client reports (accuracy or exact-match / f1, loss, score) becomes
+        ``personalized-<metric>``."""
         rows = []
         for msg in replies:
             if msg.has_error():
@@ -239,15 +248,24 @@ class AdapterStrategy(FedAvg):
                 continue
             m = msg.content["metrics"]
             if float(m.get("num-examples", 0)) > 0:
-                rows.append((float(m["num-examples"]), float(m["accuracy"]), float(m["loss"])))
+                rows.append(
+                    (
+                        float(m["num-examples"]),
+                        {
+                            k: float(v)
+                            for k, v in m.items()
+                            if k not in _NOT_AVERAGED and isinstance(v, int | float)
+                        },
+                    )
+                )
         if not rows:
             return None
         n = np.array([r[0] for r in rows])
-        result = {
-            "personalized-accuracy": float(np.dot(n, [r[1] for r in rows]) / n.sum()),
-            "personalized-loss": float(np.dot(n, [r[2] for r in rows]) / n.sum()),
-            "personalized-clients": len(rows),
+        keys = sorted(set.intersection(*(set(r[1]) for r in rows)))
+        result: dict[str, float] = {
+            f"personalized-{k}": float(np.dot(n, [r[1][k] for r in rows]) / n.sum()) for k in keys
         }
+        result["personalized-clients"] = len(rows)
         self.round_metrics.setdefault(server_round, {}).update(result)
         return MetricRecord(result)
 
