@@ -1,0 +1,251 @@
+"""On-disk caches of what a fresh process would otherwise rebuild: the tokenised partitions
+and the adapted model.
+
+In simulation a ClientApp worker lives through the whole run and ``functools.lru_cache``
+suffices. A SuperNode (deployment) starts a fresh ``flwr-clientapp`` process for every
+message, so without these caches every round re-reads and re-tokenises the node's data and
+rebuilds the model, including FLoRG's fixed L and R (a QR per projection). With them, the
+first process of a node builds and saves; later ones load:
+
+* ``disk_cached_dataset`` (``tokenized_split``): ``datasets`` ``save_to_disk`` /
+  ``load_from_disk`` (memory-mapped Arrow);
+* ``disk_cached_model`` (``cached_adapted_model``): the freshly built ``AdaptedModel``
+  (before any state is loaded into it) with ``torch.save``; loaded with ``torch.load``.
+
+Keys are SHA-256 hashes of everything the result depends on: the run settings (all of
+them except the ones listed as irrelevant below, so a new setting can only cause a miss),
+the identity (name, size, mtime) of the model and data files, the library versions, and
+the source code of the modules that build the result. The cache lives in
+``$FLORG_DERIVED_CACHE``, else ``<$FLORG_CACHE or ~/.cache/florg>/derived``; entries are
+written atomically (temporary name, then rename), so concurrent processes are safe.
+``FLORG_DISK_CACHE=0`` turns it off. Delete the folder to reclaim space.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = [
+    "DISABLE_ENV_VAR",
+    "DIR_ENV_VAR",
+    "STATS",
+    "cache_root",
+    "disk_cached_dataset",
+    "disk_cached_model",
+]
+
+DIR_ENV_VAR = "FLORG_DERIVED_CACHE"
+DISABLE_ENV_VAR = "FLORG_DISK_CACHE"
+STATS: dict[str, int] = {"hits": 0, "misses": 0, "stores": 0, "errors": 0}
+
+# Settings that never change how a model is built / a split is tokenised.
+_RUN_ONLY = frozenset(
+    {
+        "preset", "num-server-rounds", "fraction-train", "min-train-nodes",
+        "min-available-nodes", "client-eval", "local-epochs", "local-steps", "batch-size",
+        "eval-batch-size", "learning-rate", "weight-decay", "aggregation-weights", "device",
+        "progress-bar", "output-dir", "save-client-updates", "fault-partition", "fault-kind",
+        "run-name",
+    }
+)  # fmt: skip
+_NOT_FOR_MODEL = _RUN_ONLY | {
+    "task", "data-path", "text-fields", "label-field", "num-labels", "partitioner",
+    "dirichlet-alpha", "max-train-examples", "max-eval-examples", "max-seq-length",
+}  # fmt: skip
+_NOT_FOR_DATA = _RUN_ONLY | {
+    "method", "rank", "alpha", "target-modules", "head-modules", "train-head", "a-init-std",
+    "projection-init", "subtract-init", "lora-init", "fedex-residual",
+}  # fmt: skip
+
+_PACKAGE = Path(__file__).resolve().parent
+_MODEL_CODE = ("adapted.py", "adapters", "modeling.py", "runtime.py", "config.py")
+_DATA_CODE = ("task_data.py", "data", "modeling.py", "runtime.py", "config.py", "assets.py")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def cache_root() -> Path | None:
+    """The cache folder, or None when ``FLORG_DISK_CACHE=0``."""
+    if os.environ.get(DISABLE_ENV_VAR, "1").strip().lower() in ("0", "false", "off", "no"):
+        return None
+    if os.environ.get(DIR_ENV_VAR):
+        return Path(os.environ[DIR_ENV_VAR]).expanduser().resolve()
+    from flower_app.assets import default_cache_dir
+
+    return default_cache_dir() / "derived"
+
+
+@functools.lru_cache(maxsize=8)
+def _code_hash(parts: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        root = _PACKAGE / part
+        files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
+        for path in files:
+            if path.is_file():
+                h.update(str(path.relative_to(_PACKAGE)).encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _path_identity(path: str | os.PathLike[str] | None) -> Any:
+    """(name, size, mtime) of a file or of every file under a folder; a name that is not a
+    local path (a Hub id) stands for itself."""
+    if not path:
+        return None
+    p = Path(path).expanduser()
+    if not p.exists():
+        return str(path)
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    return [
+        [str(f.relative_to(p)) if p.is_dir() else str(f.resolve()), st.st_size, st.st_mtime_ns]
+        for f in files
+        for st in [f.stat()]
+    ]
+
+
+def _versions() -> dict[str, str]:
+    import datasets
+    import torch
+    import transformers
+
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    versions["datasets"] = datasets.__version__
+    with contextlib.suppress(ImportError):
+        import peft
+
+        versions["peft"] = peft.__version__
+    return versions
+
+
+def _settings(config: Any, drop: Iterable[str]) -> dict[str, Any]:
+    dropped = set(drop)
+    return {k: v for k, v in config.as_dict().items() if k not in dropped}
+
+
+def _key(kind: str, parts: dict[str, Any]) -> str:
+    text = json.dumps({"kind": kind, **parts}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _model_identity(model: str) -> Any:
+    from flower_app.modeling import resolve_model_source
+
+    return _path_identity(resolve_model_source(model))
+
+
+def _replace_into(tmp: Path, final: Path) -> None:
+    try:
+        os.replace(tmp, final)
+    except OSError:  # a folder written by a concurrent process is already there
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def disk_cached_dataset(func: F) -> F:
+    """Cache ``func(config, split, partition_id=0, num_partitions=1) -> datasets.Dataset``."""
+
+    @functools.wraps(func)
+    def wrapper(config: Any, split: str, partition_id: int = 0, num_partitions: int = 1) -> Any:
+        root = cache_root()
+        if root is None:
+            return func(config, split, partition_id, num_partitions)
+        import datasets
+
+        from flower_app.task_data import task_spec
+
+        spec = task_spec(config)
+        key = _key(
+            "tokenized-split",
+            {
+                "settings": _settings(config, _NOT_FOR_DATA),
+                "spec": repr(spec),
+                "data": _path_identity(spec.local_dir or spec.data_file),
+                "tokenizer": _model_identity(config.model),
+                "split": [split, int(partition_id), int(num_partitions)],
+                "code": _code_hash(_DATA_CODE),
+                "versions": _versions(),
+            },
+        )
+        final = root / "tokenized" / key
+        if (final / "dataset_info.json").is_file():
+            try:
+                ds = datasets.load_from_disk(str(final))
+                STATS["hits"] += 1
+                return ds
+            except Exception:  # a damaged entry: rebuild it
+                STATS["errors"] += 1
+                shutil.rmtree(final, ignore_errors=True)
+        STATS["misses"] += 1
+        ds = func(config, split, partition_id, num_partitions)
+        try:
+            tmp = final.with_name(f".{key}.{uuid.uuid4().hex}")
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            ds.save_to_disk(str(tmp))
+            _replace_into(tmp, final)
+            STATS["stores"] += 1
+            if final.is_dir():
+                return datasets.load_from_disk(str(final))  # memory-mapped, like a hit
+        except OSError:
+            STATS["errors"] += 1
+        return ds
+
+    return wrapper  # type: ignore[return-value]
+
+
+def disk_cached_model(func: F) -> F:
+    """Cache ``func(config, num_labels, *args) -> AdaptedModel`` (a freshly built one)."""
+
+    @functools.wraps(func)
+    def wrapper(config: Any, num_labels: int, *args: Any, **kwargs: Any) -> Any:
+        root = cache_root()
+        if root is None:
+            return func(config, num_labels, *args, **kwargs)
+        import torch
+
+        key = _key(
+            "adapted-model",
+            {
+                "settings": _settings(config, _NOT_FOR_MODEL),
+                "model": _model_identity(config.model),
+                "num-labels": int(num_labels),
+                "args": [str(a) for a in args] + sorted(f"{k}={v}" for k, v in kwargs.items()),
+                "code": _code_hash(_MODEL_CODE),
+                "versions": _versions(),
+            },
+        )
+        final = root / "models" / f"{key}.pt"
+        if final.is_file():
+            try:
+                adapted = torch.load(final, map_location="cpu", weights_only=False)
+                if hasattr(adapted, "config"):
+                    adapted.config = config  # equal in every setting the model depends on
+                STATS["hits"] += 1
+                return adapted
+            except Exception:  # a damaged or unreadable entry: rebuild it
+                STATS["errors"] += 1
+                with contextlib.suppress(OSError):
+                    final.unlink()
+        STATS["misses"] += 1
+        adapted = func(config, num_labels, *args, **kwargs)
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex}")
+            torch.save(adapted, tmp)
+            os.replace(tmp, final)
+            STATS["stores"] += 1
+        except Exception:  # not picklable (an exotic model) or no space: just don't cache
+            STATS["errors"] += 1
+            with contextlib.suppress(OSError, UnboundLocalError):
+                tmp.unlink()
+        return adapted
+
+    return wrapper  # type: ignore[return-value]
