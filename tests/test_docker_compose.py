@@ -483,3 +483,78 @@ def test_demo_script_uses_the_generated_files_and_checks_them():
     assert "compose_gen --check docker" in script
     assert f"127.0.0.1:{LAYOUT.superlink_port}" in script
     assert "python -m flower_app.launch --connection" in script
+
+
+# --------------------------------------------------------------------------- opt-in run
+
+
+@pytest.mark.skipif(
+    os.environ.get("FLORG_DOCKER_SMOKE") != "1",
+    reason="a real FLoRG run (minutes); set FLORG_DOCKER_SMOKE=1",
+)
+def test_tls_service_argv_run_florg_as_local_processes(tmp_path):
+    """The merged TLS services' exact argv, docker-only flags included, started as local
+    processes (``superlink``/``supernode-I`` -> 127.0.0.1, bind 0.0.0.0 -> 127.0.0.1, each
+    mounted certificate copied to a per-service folder), run one FLoRG round to
+    ``finished:completed``. The closest this machine, without a Docker engine, gets to
+    the containers."""
+    from flower_app.deploy.processes import start_process, wait_for_log, wait_healthy
+    from flower_app.flwr_home import write_tls_connection
+    from flower_app.launch import find_free_port
+
+    layout = DockerLayout(
+        num_supernodes=2, superlink_port=find_free_port(), first_runtime_port=find_free_port()
+    )
+    files = compose_files(layout)
+    merged = {k: dict(v) for k, v in files["compose.yml"]["services"].items()}
+    for name, svc in files["with-tls.yml"]["services"].items():
+        target = merged.setdefault(name, {})
+        target.update({k: v for k, v in svc.items() if k != "volumes"})
+        target["volumes"] = [*target.get("volumes", []), *svc.get("volumes", [])]
+    certs = merged["certs"]
+    host_dir, container_dir = certs["volumes"][0].split(":")[:2]
+    out = tmp_path / "certificates"
+    for step in certs["command"][0].split("&&")[:-1]:
+        argv = shlex.split(step.replace(container_dir, str(out)))
+        subprocess.run([sys.executable, *argv[1:]], check=True, capture_output=True)
+    ca = out / "superlink" / "ca.crt"
+    procs = []
+    try:
+        for spec in service_specs(layout, tls=True):
+            sdir = tmp_path / spec.name
+            sdir.mkdir()
+            local = {}
+            for target, host in _mount_targets(merged[spec.name]).items():
+                local[target] = str(sdir / Path(target).name)
+                shutil.copy(out / host.removeprefix(host_dir + "/"), local[target])
+            argv = [
+                re.sub(r"^(superlink|supernode-\d+):", "127.0.0.1:", local.get(tok, tok))
+                for tok in spec.argv
+            ]
+            argv = ["127.0.0.1" if tok == "0.0.0.0" else tok for tok in argv]
+            proc = start_process(
+                argv,
+                name=spec.name,
+                log_path=tmp_path / "logs" / f"{spec.name}.log",
+                flwr_home=sdir / "flwr_home",
+                cwd=sdir,
+            )
+            procs.append(proc)
+            if spec.name == "superlink":
+                address = f"127.0.0.1:{layout.superlink_port}"
+                wait_healthy(proc, address, ca_cert=ca, timeout=120)
+            elif spec.name.startswith("supernode-"):
+                wait_for_log(proc, re.compile(r"SuperNode ID: (\d+)"), 180)
+        home = tmp_path / "cli"
+        write_tls_connection(home, "docker-tls", address, root_certificates=ca)
+        sets = ["num-server-rounds=1", "max-train-examples=64", "max-eval-examples=64"]
+        sets.append(f"output-dir={tmp_path / 'outputs'}")
+        cmd = [sys.executable, "-m", "flower_app.launch", "--connection", "docker-tls"]
+        cmd += ["--flwr-home", str(home), "--timeout", "900", "--quiet"]
+        cmd += [arg for s in sets for arg in ("--set", s)]
+        run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        logs = "\n".join(p.log_text()[-1500:] for p in procs)
+        assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}\n{logs}"
+    finally:
+        survivors = [info for proc in reversed(procs) for info in proc.stop()]
+    assert not survivors, survivors
