@@ -31,13 +31,28 @@ still honoured: it is sent as the per-run simulation config override.
 Command line::
 
     python -m flower_app.flwr_home setup [--flwr-home DIR] [--num-supernodes N]
+        [--num-cpus-per-client N] [--num-gpus-per-client F] [--ray-address HOST:PORT|auto]
+
+Ray cluster (``--ray-address``, see ``docs/deploy-ray.md``). The simulation's Ray
+backend calls ``ray.init(**init_args)``, and Flower 1.41 forwards only ``num-cpus``,
+``num-gpus``, ``logging-level`` and ``log-to-driver`` of
+``options.backend.init-args`` (its ``SimulationConfig`` protobuf has no address field;
+other keys are dropped without a word). Ray itself reads the ``RAY_ADDRESS`` environment
+variable when ``ray.init`` gets no address, and ``flwr-simulation`` inherits the
+environment of the SuperLink that started it. So ``--ray-address`` records the address
+in the connection (``[superlink.NAME.options.backend.init-args] address``, where Flower
+would take it; ``ray_address_env`` reads it back) and prints ``export RAY_ADDRESS=...``
+for the shell that starts the SuperLink.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import os
+import re
+import shlex
 import sys
 import tomllib
 from pathlib import Path
@@ -49,10 +64,14 @@ __all__ = [
     "CONFIG_FILE_NAME",
     "DEFAULT_CONNECTION_NAME",
     "LOCAL_SUPERLINK_ADDRESS",
+    "RAY_ADDRESS_ENV_VAR",
     "default_flwr_home",
     "detect_defaults",
     "main",
+    "ray_address_env",
     "read_flower_config",
+    "set_ray_address",
+    "validate_ray_address",
     "write_local_simulation_connection",
 ]
 
@@ -184,6 +203,147 @@ def _default_first(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, "superlink": ordered}
 
 
+# --------------------------------------------------------------------------------------
+# Ray cluster address
+# --------------------------------------------------------------------------------------
+
+RAY_ADDRESS_ENV_VAR = "RAY_ADDRESS"
+_INIT_ARGS_KEY = "init-args"
+_RAY_ADDRESS_KEY = "address"
+_HOSTNAME_RE = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+
+
+def validate_ray_address(address: str) -> str:
+    """Check a Ray cluster address for ``--ray-address``; return it without blanks.
+
+    Accepted: ``auto`` (the cluster last started with ``ray start`` on the machine that
+    runs the simulation, found through ``/tmp/ray/ray_current_cluster``) or the head's
+    GCS address ``HOST:PORT`` (``ray start --head --port PORT``; HOST a host name, an
+    IPv4 address or a bracketed ``[IPv6]``). Refused with a ``ValueError``: Ray Client
+    addresses (``ray://``; the simulation must run on a machine of the cluster), ``local``
+    (a private Ray instance: leave ``--ray-address`` out), a missing or bad port.
+    """
+    if not isinstance(address, str):
+        raise ValueError(f"ray address must be a string, got {address!r}")
+    text = address.strip()
+    if text == "auto":
+        return text
+    if not text:
+        raise ValueError("ray address is empty; give HOST:PORT of the Ray head or 'auto'")
+    if text == "local":
+        raise ValueError(
+            "ray address 'local' means a private Ray instance per run, which is the "
+            "default: leave --ray-address out"
+        )
+    if "://" in text:
+        raise ValueError(
+            f"ray address {text!r}: Ray Client (ray://) and URL addresses are not supported; "
+            "run the SuperLink on a machine of the cluster (usually the head) and give the "
+            "head's GCS address HOST:PORT (the --port of `ray start --head`, default 6379)"
+        )
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"ray address {text!r} has no port: expected HOST:PORT or 'auto'")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"ray address {text!r}: port must be an integer in 1..65535")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError as err:
+            raise ValueError(f"ray address {text!r}: bad IPv6 address {host}") from err
+    elif ":" in host:
+        raise ValueError(f"ray address {text!r}: write an IPv6 host in brackets, [::1]:6379")
+    elif not _HOSTNAME_RE.fullmatch(host):
+        raise ValueError(f"ray address {text!r}: {host!r} is not a host name or IP address")
+    return text
+
+
+def set_ray_address(flwr_home: Path, name: str, address: str | None) -> Path:
+    """Record (or with ``None`` remove) the Ray cluster address of connection ``name``.
+
+    It is kept as ``[superlink.NAME.options.backend.init-args] address``, the place of
+    Ray's ``ray.init`` arguments; ``flwr`` 1.41 ignores that key (see the module
+    docstring), ``ray_address_env`` turns it into ``RAY_ADDRESS`` for the SuperLink.
+    """
+    path = Path(flwr_home).expanduser() / CONFIG_FILE_NAME
+    config = read_flower_config(Path(flwr_home).expanduser())
+    connection = config.get("superlink", {}).get(name)
+    if not isinstance(connection, dict):
+        raise ValueError(f"{path} has no connection '{name}'")
+    options = connection.setdefault("options", {})
+    if not isinstance(options, dict):
+        raise ValueError(f"{path}: [superlink.{name}.options] must be a table")
+    backend = options.setdefault("backend", {})
+    if not isinstance(backend, dict):
+        raise ValueError(f"{path}: [superlink.{name}.options.backend] must be a table")
+    init_args = backend.setdefault(_INIT_ARGS_KEY, {})
+    if not isinstance(init_args, dict):
+        raise ValueError(f"{path}: [superlink.{name}.options.backend.init-args] must be a table")
+    if address is None:
+        init_args.pop(_RAY_ADDRESS_KEY, None)
+        if not init_args:
+            backend.pop(_INIT_ARGS_KEY)
+    else:
+        init_args[_RAY_ADDRESS_KEY] = validate_ray_address(address)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(tomli_w.dumps(_default_first(config)), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def ray_address_env(flwr_home: Path, name: str | None = None) -> dict[str, str]:
+    """``{"RAY_ADDRESS": ...}`` for connection ``name`` (default: the file's default
+    connection) when it records a Ray cluster address, else ``{}``. Merge it into the
+    environment of the SuperLink: its ``flwr-simulation`` then attaches to that cluster."""
+    superlink = read_flower_config(Path(flwr_home).expanduser()).get("superlink", {})
+    if not isinstance(superlink, dict):
+        return {}
+    if name is None:
+        name = superlink.get("default") if isinstance(superlink.get("default"), str) else None
+    connection = superlink.get(name) if name else None
+    try:
+        address = connection["options"]["backend"][_INIT_ARGS_KEY][_RAY_ADDRESS_KEY]
+    except (KeyError, TypeError):
+        return {}
+    return {RAY_ADDRESS_ENV_VAR: validate_ray_address(address)}
+
+
+def _positive_int_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number >= 1, got {text!r} (Flower 1.41 stores "
+            "client-resources num-cpus as an integer)"
+        )
+    return value
+
+
+def _non_negative_float_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a number >= 0, got {text!r} (a fraction such as 0.25 packs four "
+            "ClientApps on one GPU)"
+        )
+    return value
+
+
+def _ray_address_arg(text: str) -> str:
+    try:
+        return validate_ray_address(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
 def _cuda_device_count() -> int:
     try:
         import torch
@@ -233,8 +393,32 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     setup.add_argument("--name", default=DEFAULT_CONNECTION_NAME, help="connection name")
     setup.add_argument("--num-supernodes", type=int, default=None, help="default: 2")
-    setup.add_argument("--num-cpus", type=int, default=None, help="CPUs per ClientApp")
-    setup.add_argument("--num-gpus", type=float, default=None, help="GPUs per ClientApp")
+    setup.add_argument(
+        "--num-cpus-per-client",
+        "--num-cpus",
+        dest="num_cpus",
+        type=_positive_int_arg,
+        default=None,
+        help="CPUs Ray reserves per ClientApp, a whole number >= 1 (default: this "
+        "machine's CPUs / supernodes)",
+    )
+    setup.add_argument(
+        "--num-gpus-per-client",
+        "--num-gpus",
+        dest="num_gpus",
+        type=_non_negative_float_arg,
+        default=None,
+        help="GPUs Ray reserves per ClientApp, >= 0; fractions share a GPU (default: "
+        "this machine's CUDA devices / supernodes, at most 1)",
+    )
+    setup.add_argument(
+        "--ray-address",
+        type=_ray_address_arg,
+        default=None,
+        metavar="HOST:PORT|auto",
+        help="attach the simulation to this existing Ray cluster (the head's GCS "
+        "address); recorded in the connection and printed as `export RAY_ADDRESS=...`",
+    )
     setup.add_argument(
         "--address",
         default=None,
@@ -277,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.ray_address is not None:
+        set_ray_address(flwr_home, args.name, args.ray_address)
     conn = read_flower_config(flwr_home)["superlink"][args.name]
     print(
         f"# wrote connection '{args.name}' to {path} "
@@ -284,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     print(f"export FLWR_HOME={flwr_home}")
+    if args.ray_address is not None:
+        print(f"export {RAY_ADDRESS_ENV_VAR}={shlex.quote(args.ray_address)}")
     return 0
 
 
