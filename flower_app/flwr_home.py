@@ -73,6 +73,7 @@ __all__ = [
     "set_ray_address",
     "validate_ray_address",
     "write_local_simulation_connection",
+    "write_tls_connection",
 ]
 
 CONFIG_FILE_NAME = "config.toml"
@@ -179,6 +180,67 @@ def write_local_simulation_connection(
     if set_default or is_new or not isinstance(superlink.get("default"), str):
         superlink["default"] = name
 
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(tomli_w.dumps(_default_first(config)), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def write_tls_connection(
+    flwr_home: Path,
+    name: str,
+    address: str,
+    *,
+    root_certificates: Path | str | None,
+    insecure: bool = False,
+    set_default: bool = False,
+) -> Path:
+    """Write or replace the connection ``name`` to a SuperLink you run (deployment)::
+
+        [superlink.NAME]
+        address = "HOST:PORT"
+        root-certificates = "/abs/path/ca.crt"   # the CA that signed the SuperLink's cert
+
+    ``flwr run . NAME`` (or ``python -m flower_app.launch --connection NAME``) then submits
+    runs to that SuperLink over TLS. ``insecure=True`` (no ``root_certificates``) writes
+    ``insecure = true`` instead, refused unless HOST is a loopback address. Other tables of
+    ``config.toml`` are kept; ``set_default`` (or a file without a default) makes NAME the
+    default. Returns the path of ``config.toml``.
+    """
+    from flower_app.deploy.commands import is_loopback, split_address
+
+    if not name or any(ch in name for ch in ".[]\"' \t\n"):
+        raise ValueError(f"invalid connection name {name!r} (no dots, quotes or spaces)")
+    host, _ = split_address(address)
+    connection: dict[str, Any] = {"address": address}
+    if insecure:
+        if root_certificates is not None:
+            raise ValueError("give root_certificates or insecure=True, not both")
+        if not is_loopback(host):
+            raise ValueError(
+                f"refusing an insecure connection to {address}: not a loopback address; "
+                "pass the CA certificate (root_certificates) to use TLS"
+            )
+        connection["insecure"] = True
+    else:
+        if root_certificates is None:
+            raise ValueError(f"connection {name!r}: root_certificates (the CA file) is required")
+        ca = Path(root_certificates).expanduser().resolve()
+        if not ca.is_file():
+            raise ValueError(f"connection {name!r}: root certificate file {ca} does not exist")
+        connection["root-certificates"] = str(ca)  # flwr requires an absolute path
+
+    flwr_home = Path(flwr_home).expanduser()
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    path = flwr_home / CONFIG_FILE_NAME
+    is_new = not path.exists()
+    config = _copy(_FLWR_DEFAULT_CONFIG) if is_new else read_flower_config(flwr_home)
+    superlink = config.setdefault("superlink", {})
+    if not isinstance(superlink, dict):
+        raise ValueError(f"{path}: [superlink] must be a table")
+    superlink[name] = connection
+    if set_default or is_new or not isinstance(superlink.get("default"), str):
+        superlink["default"] = name
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(tomli_w.dumps(_default_first(config)), encoding="utf-8")
     os.replace(tmp, path)
