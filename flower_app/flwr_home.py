@@ -379,11 +379,17 @@ def _positive_int_arg(text: str) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"must be a whole number >= 1, got {text!r} (Flower 1.41 stores "
-            "client-resources num-cpus as an integer)"
-        )
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
     return value
+
+
+def _cpus_arg(text: str) -> int:
+    try:
+        return _positive_int_arg(text)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(
+            f"{err} (Flower 1.41 stores client-resources num-cpus as an integer)"
+        ) from None
 
 
 def _non_negative_float_arg(text: str) -> float:
@@ -454,12 +460,15 @@ def _build_parser() -> argparse.ArgumentParser:
         help="Flower home directory (default: $FLWR_HOME if set, else <repo>/.flwr_home)",
     )
     setup.add_argument("--name", default=DEFAULT_CONNECTION_NAME, help="connection name")
-    setup.add_argument("--num-supernodes", type=int, default=None, help="default: 2")
+    setup.add_argument(
+        "--num-supernodes", type=_positive_int_arg, default=None, metavar="N", help="default: 2"
+    )
     setup.add_argument(
         "--num-cpus-per-client",
         "--num-cpus",
         dest="num_cpus",
-        type=_positive_int_arg,
+        type=_cpus_arg,
+        metavar="N",
         default=None,
         help="CPUs Ray reserves per ClientApp, a whole number >= 1 (default: this "
         "machine's CPUs / supernodes)",
@@ -468,6 +477,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--num-gpus-per-client",
         "--num-gpus",
         dest="num_gpus",
+        metavar="F",
         type=_non_negative_float_arg,
         default=None,
         help="GPUs Ray reserves per ClientApp, >= 0; fractions share a GPU (default: "

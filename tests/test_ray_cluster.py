@@ -130,6 +130,7 @@ def test_flwr_reads_the_connection_but_drops_the_ray_address(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     "args,message",
     [
+        (["--num-supernodes", "0"], "whole number >= 1"),
         (["--num-cpus-per-client", "1.5"], "whole number >= 1"),
         (["--num-cpus-per-client", "0"], "whole number >= 1"),
         (["--num-cpus-per-client", "two"], "whole number >= 1"),
@@ -278,7 +279,14 @@ class RayCluster:
 def two_node_ray_cluster(root: Path, worker_cpus: int = 2) -> Iterator[RayCluster]:
     """A head without CPUs (it schedules nothing) and one node that joins it with
     ``ray start --address``; both stopped by pid on exit, and checked to be gone."""
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # No idle Python workers started ahead of time: the ClientApp actors need workers with
+    # the runtime env flwr-simulation asks for, so prestarted ones would only cost CPU.
+    env = {
+        **os.environ,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_enable_worker_prestart": "0",
+        "RAY_prestart_worker_first_driver": "0",
+    }
     env.pop(RAY_ADDRESS_ENV_VAR, None)
     nodes: list[RayNode] = []
     failed = True
