@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from flower_app.data.qa_features import (
 from flower_app.data.qa_loading import TITLE_BUCKET, TITLE_BUCKETS, load_qa_splits
 from flower_app.data.tasks import EXTRACTIVE_QA, resolve_task
 from flower_app.qa_eval import best_span, postprocess_predictions
+from strategies.methods import METHODS
 from tests.fixtures import NEGATIVE, NEUTRAL, POSITIVE, make_tiny_bert
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -345,23 +347,41 @@ def test_partitions_split_examples_never_features(tiny, scheme):
         assert len(part.features) == len(part.example_index) >= len(part.examples) > 0
         assert len(tokenized_split(config, "eval", pid, 3)) == len(part.features)
     assert sorted(ids) == sorted(data.eval["id"])  # disjoint, covering, by example
-    if scheme == "dirichlet":  # the skew is over article-title buckets
-        buckets = [
-            sorted(set(qa_eval_set(config, pid, 3).examples[TITLE_BUCKET])) for pid in range(3)
-        ]
-        assert all(buckets)
+    if scheme == "dirichlet":  # the skew is over the article-title buckets
+        from flower_app.data.partition import partition_dataset
+
+        for pid in range(3):
+            by_title = partition_dataset(
+                data.eval, 3, pid, "dirichlet", 0.3, config.seed, label_field=TITLE_BUCKET
+            )
+            assert qa_eval_set(config, pid, 3).examples["id"] == by_title["id"]
 
 
 # --------------------------------------------------------------------------- end to end
 
 
-def test_florg_trains_a_span_head_through_the_flower_simulation(tiny, tmp_path):
-    from flower_app.launch import run_flower_app
+# FLoRG always; every method with FLORG_QA_E2E_METHODS=all (or a comma-separated list).
+E2E_METHODS = os.environ.get("FLORG_QA_E2E_METHODS", "florg")
+
+
+@pytest.fixture(scope="module")
+def superlink(tmp_path_factory):
     from tests.flower_harness import local_simulation_superlink
 
+    with local_simulation_superlink(tmp_path_factory.mktemp("qa-sim"), num_supernodes=2) as sim:
+        yield sim
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_span_head_trains_through_the_flower_simulation(tiny, superlink, tmp_path, method):
+    if E2E_METHODS != "all" and method not in E2E_METHODS.split(","):
+        pytest.skip(f"{method}: set FLORG_QA_E2E_METHODS=all (CI runs florg only)")
+    from flower_app.launch import run_flower_app
+
     model, task = tiny
+    home, connection = superlink
     config = {
-        "method": "florg",
+        "method": method,
         "model": str(model),
         "task": "squad",
         "data-path": str(task),
@@ -374,12 +394,11 @@ def test_florg_trains_a_span_head_through_the_flower_simulation(tiny, tmp_path):
         "learning-rate": 0.01,
         "client-eval": "on",
         "output-dir": str(tmp_path / "outputs"),
-        "run-name": "qa-florg",
+        "run-name": f"qa-{method}",
     }
-    with local_simulation_superlink(tmp_path / "superlink", num_supernodes=2) as (home, conn):
-        outcome = run_flower_app(ROOT, conn, config, home, timeout=600, stream=None)
+    outcome = run_flower_app(ROOT, connection, config, home, timeout=600, stream=None)
     assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
-    run_dir = tmp_path / "outputs" / "qa-florg"
+    run_dir = tmp_path / "outputs" / f"qa-{method}"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [0, 1, 2]
     for r in rows:
@@ -391,10 +410,40 @@ def test_florg_trains_a_span_head_through_the_flower_simulation(tiny, tmp_path):
     assert rows[2]["personalized-score"] == pytest.approx(rows[2]["personalized-f1"] / 100)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final-f1"] == rows[-1]["f1"] and summary["score-metric"] == "f1"
-    assert (run_dir / "adapter.safetensors").exists()
-    assert (run_dir / "peft_lora" / "adapter_model.safetensors").exists()
     from safetensors.numpy import load_file
 
     adapter = load_file(str(run_dir / "adapter.safetensors"))
-    assert {"qa_outputs.weight", "qa_outputs.bias"} <= set(adapter)
-    assert any(k.endswith("query.A") for k in adapter)
+    assert {"qa_outputs.weight", "qa_outputs.bias"} <= set(adapter)  # the head travels
+    if method.startswith("florg"):
+        assert any(k.endswith("query.A") for k in adapter)
+        assert (run_dir / "peft_lora" / "adapter_model.safetensors").exists()
+
+
+# --------------------------------------------------------------------------- metrics rows
+
+
+def test_rows_carry_the_headline_score(tmp_path):
+    from flower_app.recorder import RunRecorder
+
+    config = resolve_config({})
+    (tmp_path / "cls").mkdir()
+    cls = RunRecorder(tmp_path / "cls", config)
+    row = cls.record(0, {"accuracy": 0.75, "loss": 0.5, "score": 0.75}, {})
+    assert (row["score"], row["score-metric"], row["accuracy"]) == (0.75, "accuracy", 0.75)
+    assert "f1" not in row
+    (tmp_path / "qa").mkdir()
+    qa = RunRecorder(tmp_path / "qa", config, score_metric="f1")
+    qa.record(0, {"exact-match": 10.0, "f1": 20.0, "loss": 3.0, "score": 0.2}, {})
+    qa.record(1, {"exact-match": 30.0, "f1": 45.0, "loss": 2.0, "score": 0.45}, {"up-params": 8})
+    rows = [
+        json.loads(line) for line in (tmp_path / "qa" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert rows[1]["f1"] == 45.0 and rows[1]["exact-match"] == 30.0 and rows[1]["score"] == 0.45
+    assert rows[1]["accuracy"] is None and rows[1]["score-metric"] == "f1"
+    summary = qa.write_summary({})
+    assert (summary["final-f1"], summary["final-exact-match"], summary["final-score"]) == (
+        45.0,
+        30.0,
+        0.45,
+    )
+    assert summary["initial-score"] == 0.2 and summary["score-metric"] == "f1"
