@@ -66,6 +66,7 @@ from flower_app.flwr_home import (
     DEFAULT_CONNECTION_NAME,
     LOCAL_SUPERLINK_ADDRESS,
     default_flwr_home,
+    ray_address_env,
     read_flower_config,
 )
 
@@ -1047,7 +1048,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.ephemeral_superlink:
             with tempfile.TemporaryDirectory(prefix="flwr-home-") as tmp:
                 name, conn = _ephemeral_connection(flwr_home, args.connection)
-                with local_superlink(Path(tmp), cwd=Path.cwd()) as superlink:
+                # A Ray cluster address recorded in the connection reaches flwr-simulation
+                # only through the SuperLink's environment (RAY_ADDRESS; docs/deploy-ray.md).
+                ray_env = ray_address_env(flwr_home, name)
+                with local_superlink(Path(tmp), cwd=Path.cwd(), extra_env=ray_env) as superlink:
                     conn.update(address=superlink.address, insecure=True)
                     (Path(tmp) / CONFIG_FILE_NAME).write_text(
                         tomli_w.dumps({"superlink": {"default": name, name: conn}}),
