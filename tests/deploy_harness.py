@@ -62,9 +62,7 @@ def rows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def deployment(
-    base: Path, certs: CertificateSet | None, **kwargs: Any
-) -> Iterator[Deployment]:
+def deployment(base: Path, certs: CertificateSet | None, **kwargs: Any) -> Iterator[Deployment]:
     """A Deployment under ``base``; on exit -- also when the test failed -- every process
     it started is stopped by pid, then none of the processes seen may still be alive."""
     dep = Deployment(base / "deployment", certs=certs, extra_env=node_env(base), **kwargs)
@@ -88,6 +86,4 @@ def deployment(
 
 def logs(dep: Deployment) -> str:
     """Every process log of the deployment, for failure messages."""
-    return "\n".join(
-        f"===== {p.name} =====\n{p.log_text()[-2500:]}" for p in dep.processes()
-    )
+    return "\n".join(f"===== {p.name} =====\n{p.log_text()[-2500:]}" for p in dep.processes())

@@ -45,9 +45,7 @@ def test_tls_deployment_with_node_auth_runs_florg(tmp_path):
             for i in range(NODES)
         }
         for i in range(NODES):
-            dep.start_supernode(
-                i, NODES, auth_key=keys[i], data_path=own_data if i == 2 else None
-            )
+            dep.start_supernode(i, NODES, auth_key=keys[i], data_path=own_data if i == 2 else None)
         assert dep.node_ids() == {node: i for i, node in registered.items()}
         # A key nobody registered is turned away (Flower exits with code 305).
         with pytest.raises(LaunchError, match="Failed to activate SuperNode"):

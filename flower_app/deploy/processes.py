@@ -373,10 +373,11 @@ class Deployment:
         )
         name = f"supernode-{partition_id}"
         home = self.directory / "nodes" / name
+        restarts = sum(p.name == name for p in self.retired) + (old is not None)
         process = start_process(
             argv,
             name=name,
-            log_path=self.logs / f"{name}.log",
+            log_path=self.logs / (f"{name}.log" if not restarts else f"{name}.{restarts}.log"),
             flwr_home=home,
             cwd=self.cwd or self.directory,
             extra_env={**self.extra_env, **(env or {})},
@@ -395,6 +396,13 @@ class Deployment:
             node_id = wait_for_log(process, _NODE_ID_RE, timeout)
             process.info["node-id"] = int(node_id)
         return process
+
+    def wait_registered(self, timeout: float = 90.0) -> dict[int, int]:
+        """Wait until every running SuperNode has registered; {partition id: node id}."""
+        for proc in self.supernodes.values():
+            if proc.alive() and "node-id" not in proc.info:
+                proc.info["node-id"] = int(wait_for_log(proc, _NODE_ID_RE, timeout))
+        return {pid: p.info["node-id"] for pid, p in self.supernodes.items() if p.alive()}
 
     def node_ids(self) -> dict[int, int]:
         """{node id: partition id} of every SuperNode started (also stopped ones)."""
