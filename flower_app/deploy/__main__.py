@@ -1,8 +1,9 @@
 """Command line for deployments: certificates, a SuperLink with SuperNodes, one SuperNode.
 
     python -m flower_app.deploy certs --out DIR --san HOST [--san ...] [--node-keys N]
-    python -m flower_app.deploy up --nodes 3 [--certs DIR | --insecure] [--host 0.0.0.0]
-        [--port 9093] [--san HOST ...] [--node-auth] [--isolation process] [--netns]
+    python -m flower_app.deploy up --nodes 3 [--num-partitions N] [--certs DIR | --insecure]
+        [--host 0.0.0.0] [--port 9093] [--san HOST ...] [--node-auth] [--isolation process]
+        [--netns]
         [--data-path-template 'data/node-{i}'] [--dir .deploy] [--connection NAME]
         [--flwr-home DIR] [--threads-per-node T]
     python -m flower_app.deploy superlink --certs DIR [--host 0.0.0.0] [--port 9093]
@@ -129,10 +130,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     spaces = namespaces.create() if namespaces is not None else []
     certs: CertificateSet | None = None
     try:
+        cert_dir = (args.certs or directory / "certs").expanduser().resolve()
         if not args.insecure:
             sans = [*args.san, args.host, *(ns.host_address for ns in spaces)]
-            certs = generate_certificates(args.certs or directory / "certs", sans)
-        keys = generate_node_keys(directory / "node-keys", args.nodes) if args.node_auth else []
+            certs = generate_certificates(cert_dir, sans)
+        # Existing pairs (e.g. from `python -m flower_app.deploy.certs --node-keys N`) are kept.
+        keys = generate_node_keys(cert_dir / "node-keys", args.nodes) if args.node_auth else []
         env = thread_env(args.threads_per_node or max(1, (os.cpu_count() or 1) // args.nodes))
         with Deployment(
             directory,
@@ -152,7 +155,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 data_path = args.data_path_template.format(i=i) if args.data_path_template else None
                 deployment.start_supernode(
                     i,
-                    args.nodes,
+                    args.num_partitions or args.nodes,
                     superlink_host=spaces[i].host_address if spaces else None,
                     netns=spaces[i].name if spaces else None,
                     data_path=Path(data_path).resolve() if data_path else None,
@@ -197,6 +200,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="SuperLink + N SuperNodes on this machine")
     up.add_argument("--nodes", type=int, required=True)
+    up.add_argument(
+        "--num-partitions",
+        type=int,
+        default=None,
+        help="partitions in the federation (default: --nodes); more when other machines "
+        "run the remaining partitions with `node`",
+    )
     up.add_argument("--certs", type=Path, default=None, help="cert folder (made if missing)")
     up.add_argument("--insecure", action="store_true", help="no TLS (loopback --host only)")
     up.add_argument("--tls", action="store_true", help="TLS (the default; for clarity)")

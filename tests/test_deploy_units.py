@@ -1,0 +1,166 @@
+"""Pieces of the deployment work that need no Flower processes: the on-disk caches a fresh
+ClientApp process relies on, a node's own data-path, the lost-node ledger on hand-built
+messages (as the SuperLink answers for a dead node), the device choice, the TLS
+connection writer and the demo certificates."""
+
+from __future__ import annotations
+
+import ssl
+import tomllib
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Message, MessageType, MetricRecord, RecordDict
+from flwr.server.superlink.linkstate.utils import (
+    NODE_UNAVAILABLE_ERROR_REASON,
+    create_message_error_unavailable_res_message,
+)
+from flwr.supercore.task_identity import TaskIdentity
+
+from flower_app import disk_cache
+from flower_app.config import ConfigError, resolve_config
+from flower_app.deploy.certs import certificate_sans, generate_certificates, generate_node_keys
+from flower_app.deploy.commands import DeployConfigError
+from flower_app.flwr_home import write_tls_connection
+from flower_app.modeling import pick_device
+from flower_app.node_config import use_node_data
+from flower_app.runtime import cached_adapted_model
+from flower_app.task_data import load_task_data, tokenized_split
+from strategies.flower.participation import NodeLedger
+from tests.fixtures import make_sentiment_task, make_tiny_bert
+
+TaskIdentity.run_id = 1
+TaskIdentity.task_id = 1
+TaskIdentity.node_id = 1
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tiny")
+    return make_tiny_bert(base / "model"), make_sentiment_task(base / "task")
+
+
+def _config(tiny, **extra):
+    model, task = tiny
+    settings = {"model": str(model), "task": "local", "data-path": str(task)}
+    return resolve_config({}, {**settings, "text-fields": "sentence", "rank": 2, **extra})
+
+
+def test_model_cache_hits_with_identical_model_and_misses_on_a_relevant_change(
+    tiny, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(disk_cache.DIR_ENV_VAR, str(tmp_path))
+    build = cached_adapted_model.__wrapped__  # the disk-cached builder, below lru_cache
+    config = _config(tiny)
+    labels = load_task_data(config).num_labels
+    before = dict(disk_cache.STATS)
+    first, second = build(config, labels), build(config, labels)
+    assert disk_cache.STATS["misses"] - before["misses"] == 1
+    assert disk_cache.STATS["hits"] - before["hits"] == 1
+    assert first is not second and first.fingerprint() == second.fingerprint()
+    a, b = first.model.state_dict(), second.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # A learning rate does not change the model; a rank does.
+    build(_config(tiny, **{"learning-rate": 0.1}), labels)
+    assert disk_cache.STATS["hits"] - before["hits"] == 2
+    other = build(_config(tiny, rank=3), labels)
+    assert disk_cache.STATS["misses"] - before["misses"] == 2
+    assert next(iter(other.shared_state().values())).shape[0] == 3
+
+
+def test_dataset_cache_round_trips_and_can_be_disabled(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv(disk_cache.DIR_ENV_VAR, str(tmp_path / "on"))
+    split = tokenized_split.__wrapped__
+    config = _config(tiny)
+    fresh, cached = split(config, "train", 1, 3), split(config, "train", 1, 3)
+    assert cached.format == fresh.format and len(cached) == len(fresh) == 80
+    for key in ("input_ids", "attention_mask", "labels"):
+        assert torch.equal(cached[:][key], fresh[:][key])
+    assert len(split(config, "train", 2, 3)) == 80
+    assert len(list((tmp_path / "on" / "tokenized").iterdir())) == 2
+    monkeypatch.setenv(disk_cache.DISABLE_ENV_VAR, "0")
+    monkeypatch.setenv(disk_cache.DIR_ENV_VAR, str(tmp_path / "off"))
+    split(config, "train", 0, 3)
+    assert not (tmp_path / "off").exists()
+
+
+def test_node_data_path_replaces_the_run_data(tiny, tmp_path):
+    config = _config(tiny)
+    assert use_node_data(config, {"partition-id": 1}, 3) == (config, 3)
+    own = make_sentiment_task(tmp_path / "own", n_train=30)
+    mine, parts = use_node_data(config, {"partition-id": 1, "data-path": str(own)}, 3)
+    assert parts == 1 and mine.data_path == str(own.resolve())
+    assert len(tokenized_split.__wrapped__.__wrapped__(mine, "train", 1, parts)) == 30
+    with pytest.raises(ConfigError, match=r"data-path: .*nowhere does not exist on this node"):
+        use_node_data(config, {"partition-id": 1, "data-path": str(tmp_path / "nowhere")}, 3)
+
+
+def _train(node: int) -> Message:
+    msg = Message(content=RecordDict(), dst_node_id=node, message_type=MessageType.TRAIN)
+    msg.metadata.__dict__["_message_id"] = msg.object_id  # what the Grid does on push
+    return msg
+
+
+def _reply(instruction: Message, pid: int) -> Message:
+    content = RecordDict({"metrics": MetricRecord({"partition-id": pid, "num-examples": 5})})
+    return Message(content=content, reply_to=instruction)
+
+
+def _unavailable(instruction: Message) -> Message:
+    """The error reply the SuperLink itself sends for a node whose heartbeats stopped."""
+    return create_message_error_unavailable_res_message(instruction.metadata, "node_unavail")
+
+
+def test_ledger_names_a_lost_node_by_its_earlier_partition(caplog):
+    ledger = NodeLedger()
+    round1 = [_train(n) for n in (11, 22, 33)]
+    ledger.sent(1, round1)
+    first = ledger.settle(1, [_reply(m, pid) for m, pid in zip(round1, (0, 1, 2), strict=True)])
+    assert first.metrics() == {"partitions": [0, 1, 2], "lost-partitions": [], "lost-nodes": 0}
+    round2 = [_train(n) for n in (11, 22, 33)]
+    ledger.sent(2, round2)
+    second = ledger.settle(2, [_reply(round2[0], 0), _unavailable(round2[1])])
+    assert second.metrics() == {"partitions": [0], "lost-partitions": [1, 2], "lost-nodes": 2}
+    reasons = {n.node_id: n.reason for n in second.lost}
+    assert reasons == {22: NODE_UNAVAILABLE_ERROR_REASON, 33: "no reply before timeout"}
+    assert "round 2: lost node 22 (partition 1): Error: Node Unavailable" in caplog.text
+
+
+def test_client_picks_cuda_when_present_else_cpu():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert pick_device("auto").type == expected
+    assert pick_device("cpu").type == "cpu"
+
+
+def test_tls_connection_and_certificates(tmp_path):
+    certs = generate_certificates(tmp_path / "c", ["10.200.3.1", "superlink"])
+    assert {"127.0.0.1", "::1", "localhost", "10.200.3.1", "superlink"} <= set(
+        certificate_sans(certs.server_cert)
+    )
+    ctx = ssl.create_default_context(cafile=str(certs.ca_cert))
+    ctx.load_cert_chain(certs.server_cert, certs.server_key)  # key matches the certificate
+    assert oct(certs.server_key.stat().st_mode & 0o777) == "0o600"
+    key = generate_node_keys(tmp_path / "k", 1)[0]
+    assert key.public_key.read_text().startswith("ecdsa-sha2-nistp384 ")
+    with pytest.raises(DeployConfigError, match="not valid for 10.9.9.9"):
+        generate_certificates(tmp_path / "c", ["10.9.9.9"])
+
+    path = write_tls_connection(
+        tmp_path / "home", "lan", "10.0.0.5:9093", root_certificates=certs.ca_cert
+    )
+    conn = tomllib.loads(path.read_text())["superlink"]
+    assert conn["lan"] == {"address": "10.0.0.5:9093", "root-certificates": str(certs.ca_cert)}
+    assert conn["default"] == "lan" and "local" in conn  # flwr's own entries are kept
+    with pytest.raises(ValueError, match="not a loopback address"):
+        write_tls_connection(tmp_path / "home", "x", "10.0.0.5:9093", root_certificates=None,
+                             insecure=True)  # fmt: skip
+    with pytest.raises(ValueError, match="does not exist"):
+        write_tls_connection(tmp_path / "home", "x", "10.0.0.5:9093",
+                             root_certificates=tmp_path / "missing.crt")  # fmt: skip
+    np.testing.assert_equal(
+        tomllib.loads(write_tls_connection(tmp_path / "home", "lo", "127.0.0.1:1",
+                                           root_certificates=None, insecure=True).read_text()
+                      )["superlink"]["lo"],
+        {"address": "127.0.0.1:1", "insecure": True},
+    )  # fmt: skip
