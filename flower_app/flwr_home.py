@@ -156,16 +156,6 @@ def write_local_simulation_connection(
     if not math.isfinite(num_gpus) or num_gpus < 0:
         raise ValueError(f"num_gpus_per_client must be >= 0, got {num_gpus_per_client!r}")
 
-    flwr_home = Path(flwr_home).expanduser()
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    path = flwr_home / CONFIG_FILE_NAME
-    is_new = not path.exists()
-    config = _copy(_FLWR_DEFAULT_CONFIG) if is_new else read_flower_config(flwr_home)
-
-    superlink = config.setdefault("superlink", {})
-    if not isinstance(superlink, dict):
-        raise ValueError(f"{path}: [superlink] must be a table")
-
     connection: dict[str, Any] = {}
     if address is None:
         connection["address"] = LOCAL_SUPERLINK_ADDRESS
@@ -176,10 +166,26 @@ def write_local_simulation_connection(
         "num-supernodes": num_supernodes,
         "backend": {"client-resources": {"num-cpus": num_cpus, "num-gpus": num_gpus}},
     }
+    return _store_connection(flwr_home, name, connection, set_default)
+
+
+def _store_connection(
+    flwr_home: Path, name: str, connection: dict[str, Any], set_default: bool
+) -> Path:
+    """Write ``[superlink.<name>]`` into ``<flwr_home>/config.toml`` atomically, keeping
+    every other table; a new file is seeded with flwr's own defaults. ``name`` becomes the
+    default with ``set_default``, in a new file, or when the file names none."""
+    flwr_home = Path(flwr_home).expanduser()
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    path = flwr_home / CONFIG_FILE_NAME
+    is_new = not path.exists()
+    config = _copy(_FLWR_DEFAULT_CONFIG) if is_new else read_flower_config(flwr_home)
+    superlink = config.setdefault("superlink", {})
+    if not isinstance(superlink, dict):
+        raise ValueError(f"{path}: [superlink] must be a table")
     superlink[name] = connection
     if set_default or is_new or not isinstance(superlink.get("default"), str):
         superlink["default"] = name
-
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(tomli_w.dumps(_default_first(config)), encoding="utf-8")
     os.replace(tmp, path)
@@ -229,22 +235,7 @@ def write_tls_connection(
         if not ca.is_file():
             raise ValueError(f"connection {name!r}: root certificate file {ca} does not exist")
         connection["root-certificates"] = str(ca)  # flwr requires an absolute path
-
-    flwr_home = Path(flwr_home).expanduser()
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    path = flwr_home / CONFIG_FILE_NAME
-    is_new = not path.exists()
-    config = _copy(_FLWR_DEFAULT_CONFIG) if is_new else read_flower_config(flwr_home)
-    superlink = config.setdefault("superlink", {})
-    if not isinstance(superlink, dict):
-        raise ValueError(f"{path}: [superlink] must be a table")
-    superlink[name] = connection
-    if set_default or is_new or not isinstance(superlink.get("default"), str):
-        superlink["default"] = name
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(tomli_w.dumps(_default_first(config)), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return _store_connection(flwr_home, name, connection, set_default)
 
 
 def _copy(obj: Any) -> Any:

@@ -45,16 +45,9 @@ from flower_app.deploy.commands import (
     superlink_argv,
     supernode_argv,
 )
-from flower_app.flwr_home import default_flwr_home, write_tls_connection
+from flower_app.flwr_home import write_tls_connection
 from flower_app.launch import LaunchError, _console_script
-
-
-def _flwr_home(arg: Path | None) -> Path:
-    if arg is not None:
-        return arg.expanduser().resolve()
-    if os.environ.get("FLWR_HOME"):
-        return Path(os.environ["FLWR_HOME"]).expanduser().resolve()
-    return default_flwr_home()
+from flower_app.launch import _resolve_flwr_home as _flwr_home
 
 
 def _exec(argv: list[str]) -> int:
