@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
+import subprocess
+import time
+import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +20,7 @@ from typing import Any
 
 from flower_app.deploy.certs import CertificateSet
 from flower_app.deploy.processes import Deployment, thread_env
+from flower_app.launch import SuperLinkProcess
 from tests.fixtures import make_sentiment_task, make_tiny_bert
 from tests.flower_harness import LeakedProcessesError, live_processes
 
@@ -87,3 +93,64 @@ def deployment(base: Path, certs: CertificateSet | None, **kwargs: Any) -> Itera
 def logs(dep: Deployment) -> str:
     """Every process log of the deployment, for failure messages."""
     return "\n".join(f"===== {p.name} =====\n{p.log_text()[-2500:]}" for p in dep.processes())
+
+
+class CliProcesses:
+    """Command-line processes started by a test (``bash scripts/deploy_local.sh ...``), each
+    tracked with everything it spawns; ``stop_all`` stops them by pid (SIGINT first, as a
+    user's Ctrl-C) and returns what survived."""
+
+    def __init__(self, base: Path, env: dict[str, str]) -> None:
+        self.base, self.env = base, env
+        self.started: list[tuple[str, SuperLinkProcess]] = []
+
+    def start(self, name: str, argv: list[str]) -> SuperLinkProcess:
+        log = self.base / f"{name}.log"
+        with log.open("ab") as fh:
+            popen = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        tracker = SuperLinkProcess(popen, "", 0, uuid.uuid4().hex, self.base, log)
+        tracker.start_tracking()
+        self.started.append((name, tracker))
+        return tracker
+
+    def interrupt(self, tracker: SuperLinkProcess, wait: float = 60.0) -> int | None:
+        """SIGINT (Ctrl-C) to the process itself; its exit code, None if still running."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(tracker.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return tracker.popen.wait(timeout=wait)
+        return None
+
+    def stop_all(self) -> list[str]:
+        for _, tracker in reversed(self.started):
+            if tracker.popen.poll() is None:
+                self.interrupt(tracker, wait=30.0)
+            tracker.stop()
+        return live_processes([info for _, t in self.started for info in t.recorded()])
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"===== {name} =====\n{t.log_path.read_text(errors='replace')[-3000:]}"
+            for name, t in self.started
+        )
+
+
+def wait_for_text(tracker: SuperLinkProcess, text: str, timeout: float) -> str:
+    """The tracked process's log once it contains ``text``; AssertionError otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = tracker.log_path.read_text(errors="replace")
+        if text in log:
+            return log
+        if tracker.popen.poll() is not None:
+            break
+        time.sleep(0.5)
+    raise AssertionError(f"{text!r} not in the log of {tracker.popen.args}:\n{log[-3000:]}")

@@ -1,77 +1,132 @@
-"""Deployment on loopback: a TLS SuperLink with SuperNode authentication and three
-SuperNodes (real Flower processes on free ports), a full FLoRG run of the tiny model.
+"""Deployment on loopback through the documented commands (docs/deploy-superlink.md), real
+Flower processes on free ports, TLS and SuperNode authentication, a full FLoRG run of the
+tiny model:
 
-Checks the run's outputs, that TLS and node authentication are enforced (plain HTTP and
-an unregistered key are refused), that a node-config ``data-path`` makes a node train on
-its own data, and that every process is stopped by pid with none left alive.
+1. ``python -m flower_app.deploy.certs --out certs --node-keys 4``: CA, server cert, keys;
+2. ``scripts/deploy_local.sh up --nodes 2 --num-partitions 3 --certs certs --node-auth``:
+   the "server machine" -- a TLS SuperLink and the SuperNodes of partitions 0 and 1,
+   their keys registered, the connection written into its FLWR_HOME;
+3. ``flwr supernode register certs/node-keys/node-2.pub NAME``, then
+   ``scripts/deploy_local.sh node --superlink ... --partition-id 2 --num-partitions 3
+   --root-certificates certs/ca.crt --auth-key certs/node-keys/node-2 --data-path OWN``:
+   a "client machine" node training on its own data;
+4. an unregistered key is refused; plain HTTP gets no answer;
+5. ``scripts/deploy_local.sh connection --name ... --root-certificates certs/ca.crt`` and
+   ``python -m flower_app.launch --connection ...``: the run, checked to completion;
+6. Ctrl-C (SIGINT by pid) to every command; none of the processes seen may survive.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import tomllib
 import urllib.request
 
 import pytest
 
-from flower_app.deploy.certs import generate_certificates, generate_node_keys
-from flower_app.deploy.processes import register_node
-from flower_app.launch import LaunchError, run_flower_app
-from tests.deploy_harness import ROOT, deployment, logs, rows, run_settings, tiny_assets
+from flower_app.launch import find_free_port, flwr_env
+from tests.deploy_harness import (
+    CliProcesses,
+    node_env,
+    rows,
+    run_settings,
+    tiny_assets,
+    wait_for_text,
+)
 from tests.fixtures import make_sentiment_task
+from tests.flower_harness import LeakedProcessesError
 
-NODES = 3
-OWN_DATA_EXAMPLES = 60  # node 2 trains on its own 60 examples instead of its 80-example share
+OWN_DATA_EXAMPLES = 60  # partition 2 trains on its own 60 examples, not an 80-example share
+SCRIPT = ["bash", "scripts/deploy_local.sh"]
 
 
-def test_tls_deployment_with_node_auth_runs_florg(tmp_path):
+def test_documented_commands_run_florg_over_tls_with_node_auth(tmp_path):
     model, task = tiny_assets(tmp_path)
     own_data = make_sentiment_task(tmp_path / "node2-data", n_train=OWN_DATA_EXAMPLES, seed=7)
-    certs = generate_certificates(tmp_path / "certs")
-    keys = generate_node_keys(tmp_path / "node-keys", NODES + 1)
-    with deployment(tmp_path, certs, node_auth=True, connection="loopback-tls") as dep:
-        dep.start_superlink()
-        assert "--insecure" not in dep.superlink.argv
+    certs = tmp_path / "certs"
+    env = flwr_env(tmp_path / "unused-home", extra=node_env(tmp_path))
+    made = subprocess.run(
+        [sys.executable, "-m", "flower_app.deploy.certs", "--out", str(certs), "--san",
+         "localhost", "--node-keys", "4"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    port, home = find_free_port(), tmp_path / "home"
+    procs = CliProcesses(tmp_path, env)
+    failed = True
+    try:
+        up = procs.start(
+            "up",
+            [*SCRIPT, "up", "--nodes", "2", "--num-partitions", "3", "--certs", str(certs),
+             "--node-auth", "--port", str(port), "--dir", str(tmp_path / "deploy"),
+             "--flwr-home", str(home), "--connection", "loopback-tls",
+             "--threads-per-node", "1"],
+        )  # fmt: skip
+        wait_for_text(up, "Ctrl-C stops everything.", timeout=300)
+        conn = tomllib.loads((home / "config.toml").read_text())["superlink"]["loopback-tls"]
+        assert conn == {"address": f"127.0.0.1:{port}", "root-certificates": str(certs / "ca.crt")}
         with pytest.raises(OSError):  # TLS only: plain HTTP gets no answer
-            urllib.request.urlopen(f"http://{dep.address}/health", timeout=5)
-        conn = tomllib.loads((dep.flwr_home / "config.toml").read_text())["superlink"]
-        assert conn["loopback-tls"] == {
-            "address": dep.address,
-            "root-certificates": str(certs.ca_cert),
-        }
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
 
-        registered = {
-            i: register_node(dep.flwr_home, dep.connection, keys[i].public_key)
-            for i in range(NODES)
-        }
-        for i in range(NODES):
-            dep.start_supernode(i, NODES, auth_key=keys[i], data_path=own_data if i == 2 else None)
-        assert dep.node_ids() == {node: i for i, node in registered.items()}
-        # A key nobody registered is turned away (Flower exits with code 305).
-        with pytest.raises(LaunchError, match="Failed to activate SuperNode"):
-            dep.start_supernode(0 + NODES, NODES + 1, auth_key=keys[NODES], timeout=60)
+        reg = subprocess.run(
+            ["flwr", "supernode", "register", str(certs / "node-keys" / "node-2.pub"),
+             "loopback-tls", "--format", "json"],
+            env={**env, "FLWR_HOME": str(home)}, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        node_id = json.loads(reg.stdout[reg.stdout.index("{") :])["node-id"]
+        node_args = [*SCRIPT, "node", "--superlink", f"127.0.0.1:{port}", "--num-partitions",
+                     "3", "--root-certificates", str(certs / "ca.crt")]  # fmt: skip
+        node = procs.start(
+            "node-2",
+            [*node_args, "--partition-id", "2", "--data-path", str(own_data), "--auth-key",
+             str(certs / "node-keys" / "node-2"), "--runtime-port", str(find_free_port())],
+        )  # fmt: skip
+        assert f"SuperNode ID: {node_id}" in wait_for_text(node, "SuperNode ID:", timeout=120)
+        refused = procs.start(
+            "unregistered",
+            [*node_args, "--partition-id", "1", "--auth-key", str(certs / "node-keys" / "node-3"),
+             "--runtime-port", str(find_free_port())],
+        )  # fmt: skip
+        assert refused.popen.wait(timeout=180) != 0
+        assert "Failed to activate SuperNode" in refused.log_path.read_text()
 
+        home2 = tmp_path / "cli-home"
+        wrote = subprocess.run(
+            [*SCRIPT, "connection", "--name", "lan", "--address", f"127.0.0.1:{port}",
+             "--root-certificates", str(certs / "ca.crt"), "--flwr-home", str(home2)],
+            env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert wrote.returncode == 0, wrote.stderr
         out = tmp_path / "outputs"
-        outcome = run_flower_app(
-            ROOT,
-            dep.connection,
-            run_settings(model, task, out, "loopback"),
-            dep.flwr_home,
-            timeout=420,
-            stream=None,
-        )
-        assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-3000:]}\n{logs(dep)}"
+        settings = run_settings(model, task, out, "loopback")
+        sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+        launched = subprocess.run(
+            [sys.executable, "-m", "flower_app.launch", "--flwr-home", str(home2),
+             "--connection", "lan", "--quiet", *sets],
+            env=env, capture_output=True, text=True, check=False, timeout=480,
+        )  # fmt: skip
+        assert launched.returncode == 0, f"{launched.stderr[-3000:]}\n{procs.logs()}"
+        assert re.search(r"OK: run \d+ finished:completed", launched.stderr)
+
+        assert procs.interrupt(node) is not None and procs.interrupt(up) == 0
+        failed = False
+    finally:
+        leaked = procs.stop_all()
+        if leaked and not failed:
+            raise LeakedProcessesError("processes survived Ctrl-C:\n" + "\n".join(leaked))
 
     history = rows(out / "loopback")
     assert [r["round"] for r in history] == [0, 1, 2]
     for r in history[1:]:
         assert r["partitions"] == [0, 1, 2] and r["lost-partitions"] == []
-        assert r["clients"] == NODES and r["failures"] == 0
+        assert r["clients"] == 3 and r["failures"] == 0
         # 240 training examples split IID over 3 partitions, but node 2 reads its own 60.
         assert r["examples"] == 80 + 80 + OWN_DATA_EXAMPLES
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in history)
     summary = json.loads((out / "loopback" / "summary.json").read_text())
-    assert summary["final-accuracy"] == history[-1]["accuracy"]
-    assert summary["rounds"] == 2
+    assert summary["final-accuracy"] == history[-1]["accuracy"] and summary["rounds"] == 2
     assert (out / "loopback" / "adapter.safetensors").stat().st_size > 0
     assert (out / "loopback" / "peft_lora" / "adapter_model.safetensors").exists()
