@@ -212,6 +212,13 @@ def _wall_time(out: Path) -> str:
     return f"{seconds / 60:.1f} min for {count} runs ({seconds / max(count, 1):.0f} s per run)"
 
 
+def _missing_note(missing: list[str], shown: int = 6) -> str:
+    if not missing:
+        return ""
+    more = f", and {len(missing) - shown} more" if len(missing) > shown else ""
+    return f" (not finished: {', '.join(missing[:shown])}{more})"
+
+
 def markdown_report(
     grid: Grid, results: list[RunResult], missing: list[str], plots: list[Path], out: Path
 ) -> str:
@@ -225,8 +232,7 @@ def markdown_report(
         "",
         f"Wall time: {_wall_time(out)}.",
         "",
-        f"Runs finished: {len(results)} of {len(grid.runs)}"
-        + (f" (not finished: {', '.join(missing)})" if missing else "") + ".",
+        f"Runs finished: {len(results)} of {len(grid.runs)}" + _missing_note(missing) + ".",
         f"Values: final-round `{metric}`, mean ± sample standard deviation over seeds.",
         "",
     ]  # fmt: skip
