@@ -42,6 +42,7 @@ from flower_app.deploy.commands import (
     DeployConfigError,
     ServerTLS,
     deployment_env,
+    is_loopback,
     superlink_argv,
     supernode_argv,
 )
@@ -119,13 +120,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     from flower_app.deploy.processes import Deployment, register_node, thread_env
 
     directory = args.dir.expanduser().resolve()
+    if args.netns and is_loopback(args.host):
+        # The nodes dial the host side of their veth: the SuperLink must listen there too.
+        print("[deploy] --netns: the SuperLink binds 0.0.0.0 (TLS)", file=sys.stderr)
+        args.host = "0.0.0.0"
     namespaces = Namespaces(args.nodes) if args.netns else None
     spaces = namespaces.create() if namespaces is not None else []
     certs: CertificateSet | None = None
     try:
         cert_dir = (args.certs or directory / "certs").expanduser().resolve()
         if not args.insecure:
-            sans = [*args.san, args.host, *(ns.host_address for ns in spaces)]
+            bound = [] if args.host in ("0.0.0.0", "::") else [args.host]
+            sans = [*args.san, *bound, *(ns.host_address for ns in spaces)]
             certs = generate_certificates(cert_dir, sans)
         # Existing pairs (e.g. from `python -m flower_app.deploy.certs --node-keys N`) are kept.
         keys = generate_node_keys(cert_dir / "node-keys", args.nodes) if args.node_auth else []
