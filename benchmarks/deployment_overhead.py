@@ -101,13 +101,63 @@ def run_deployment(
         )
 
 
+_STARTUP_PROBE = """
+import json, resource, sys, time
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+t0 = time.perf_counter()
+import client_app.client_app, peft, transformers.models.bert.modeling_bert
+from flower_app.config import resolve_config
+from flower_app.runtime import cached_adapted_model
+from flower_app.task_data import load_task_data, tokenized_split
+c0 = cpu()
+config = resolve_config({}, json.loads(sys.argv[1]))
+data = load_task_data(config)
+c1 = cpu()
+cached_adapted_model(config, data.num_labels, data.spec.kind)
+c2 = cpu()
+tokenized_split(config, "train", 0, int(sys.argv[2]))
+c3 = cpu()
+print(json.dumps({"imports": c0, "task-data": c1 - c0, "model": c2 - c1,
+                  "tokenised-partition": c3 - c2, "wall": time.perf_counter() - t0}))
+"""
+
+
+def startup_breakdown(settings: dict[str, Any], clients: int, work: Path) -> dict[str, Any]:
+    """CPU seconds of what every fresh ClientApp process does before training, in a new
+    interpreter (1 thread, as the deployment's nodes): imports, then model and tokenised
+    partition -- cold (cache miss, stored), warm (cache hit) and with the cache off."""
+    import subprocess
+
+    out: dict[str, Any] = {}
+    cases = (("cold", "1"), ("warm", "1"), ("no-cache", "0"))
+    for name, enabled in cases:
+        env = {**os.environ, "FLORG_DERIVED_CACHE": str(work / "startup-cache"),
+               "FLORG_DISK_CACHE": enabled, "OMP_NUM_THREADS": "1",
+               "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # fmt: skip
+        keep = {k: v for k, v in settings.items() if k not in ("output-dir", "run-name")}
+        proc = subprocess.run(
+            [sys.executable, "-c", _STARTUP_PROBE, json.dumps(keep), str(clients)],
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        out[name] = {k: round(v, 2) for k, v in json.loads(proc.stdout.splitlines()[-1]).items()}
+        print(f"[bench] ClientApp start-up, {name}: {out[name]} (CPU s; wall s)", flush=True)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="tiny model, 2 rounds")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset")
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help="comma-separated subset ('' for none)"
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="per mode, seconds")
+    parser.add_argument(
+        "--no-startup", action="store_true", help="skip the ClientApp start-up breakdown"
+    )
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     if unknown := sorted(set(modes) - set(MODES)):
@@ -148,7 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "total-wall": round(wall, 1),
             }
             print(f"[bench] {mode}: {results[mode]}", flush=True)
+        if not args.no_startup:
+            settings = {**run_settings(sizes, work / "startup"), **extra}
+            results["clientapp-startup"] = startup_breakdown(settings, sizes.clients, work)
     print(f"[bench] load average after: {os.getloadavg()}", flush=True)
+    startup = results.pop("clientapp-startup", None)
     base = results.get("simulation", {}).get("steady-mean")
     print("\n| mode | round 1 (s) | rounds 2..R mean (s) | / simulation | whole run (s) |")
     print("|---|---|---|---|---|")
@@ -156,7 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ratio = f"{r['steady-mean'] / base:.2f}" if base else "-"
         r["ratio-vs-simulation"] = None if not base else round(r["steady-mean"] / base, 3)
         print(f"| {mode} | {r['round-1']} | {r['steady-mean']} | {ratio} | {r['total-wall']} |")
-    print(json.dumps({"sizes": sizes.__dict__, "quick": args.quick, "results": results}))
+    if startup:
+        print("\n| ClientApp process start-up (CPU s) | imports | model | tokenised partition |")
+        print("|---|---|---|---|")
+        for name, r in startup.items():
+            print(f"| {name} | {r['imports']} | {r['model']} | {r['tokenised-partition']} |")
+    summary = {"sizes": sizes.__dict__, "quick": args.quick, "results": results}
+    print(json.dumps({**summary, "clientapp-startup": startup}))
     return 0
 
 

@@ -1,6 +1,8 @@
 """Deployment of the Flower App on a SuperLink and SuperNodes (TLS, node auth, netns).
 
-``commands``: the argv of every process; ``certs``: demo CA, server certificate and node
-keys; ``processes``: start/stop a SuperLink + SuperNodes by pid; ``__main__``: the CLI
-(``python -m flower_app.deploy up ...``).
+``commands``: the argv of every process (the single source of truth); ``certs``: demo CA,
+server certificate and node keys; ``processes``: start/stop a SuperLink + SuperNodes (+
+SuperExecs) by pid; ``netns``: network namespaces with veth pairs; ``__main__``: the CLI
+(``python -m flower_app.deploy up|superlink|node|connection|certs``). See
+``docs/deploy-superlink.md``.
 """
