@@ -52,8 +52,11 @@ def test_supernodes_in_network_namespaces_run_florg_over_tls(tmp_path, namespace
         dep.start_superlink()
         assert dep.superlink.argv[dep.superlink.argv.index("--host") + 1] == "0.0.0.0"
         for i, ns in enumerate(namespaces):
-            node = dep.start_supernode(i, NODES, superlink_host=ns.host_address, netns=ns.name)
+            node = dep.start_supernode(
+                i, NODES, superlink_host=ns.host_address, netns=ns.name, wait=False
+            )
             assert f"{ns.host_address}:{dep.port}" in node.argv
+        assert sorted(dep.wait_registered()) == list(range(NODES))
         out = tmp_path / "outputs"
         outcome = run_flower_app(
             ROOT,

@@ -159,7 +159,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                     netns=spaces[i].name if spaces else None,
                     data_path=Path(data_path).resolve() if data_path else None,
                     auth_key=keys[i] if keys else None,
+                    wait=False,
                 )
+            deployment.wait_registered()
             home = _flwr_home(args.flwr_home)
             write_tls_connection(
                 home,
