@@ -18,7 +18,9 @@ the identity (name, size, mtime) of the model and data files, the library versio
 the source code of the modules that build the result. The cache lives in
 ``$FLORG_DERIVED_CACHE``, else ``<$FLORG_CACHE or ~/.cache/florg>/derived``; entries are
 written atomically (temporary name, then rename), so concurrent processes are safe.
-``FLORG_DISK_CACHE=0`` turns it off. Delete the folder to reclaim space.
+``FLORG_DISK_CACHE=0`` turns it off. The folder is kept under ``$FLORG_DERIVED_CACHE_MAX_MB``
+(default 4096): after each store the least recently used entries (a hit refreshes an
+entry's mtime) are deleted until it fits. Deleting the folder is always safe.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any, TypeVar
 __all__ = [
     "DISABLE_ENV_VAR",
     "DIR_ENV_VAR",
+    "MAX_MB_ENV_VAR",
     "STATS",
     "cache_root",
     "disk_cached_dataset",
@@ -45,6 +48,8 @@ __all__ = [
 
 DIR_ENV_VAR = "FLORG_DERIVED_CACHE"
 DISABLE_ENV_VAR = "FLORG_DISK_CACHE"
+MAX_MB_ENV_VAR = "FLORG_DERIVED_CACHE_MAX_MB"
+DEFAULT_MAX_MB = 4096.0
 STATS: dict[str, int] = {"hits": 0, "misses": 0, "stores": 0, "errors": 0}
 
 # Settings that never change how a model is built / a split is tokenised.
@@ -150,6 +155,45 @@ def _replace_into(tmp: Path, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _entry_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _touch(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
+def _evict(root: Path, keep: Path) -> None:
+    """Delete least recently used entries until the cache fits its size limit."""
+    try:
+        limit = float(os.environ.get(MAX_MB_ENV_VAR, DEFAULT_MAX_MB)) * 1e6
+    except ValueError:
+        limit = DEFAULT_MAX_MB * 1e6
+    entries = []
+    for kind in ("models", "tokenized"):
+        folder = root / kind
+        if folder.is_dir():
+            for entry in folder.iterdir():
+                if not entry.name.startswith("."):  # skip writes in progress
+                    with contextlib.suppress(OSError):
+                        entries.append((entry.stat().st_mtime, _entry_size(entry), entry))
+    total = sum(size for _, size, _ in entries)
+    for _, size, entry in sorted(entries, key=lambda e: e[0]):
+        if total <= limit:
+            break
+        if entry == keep:
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        total -= size
+
+
 def disk_cached_dataset(func: F) -> F:
     """Cache ``func(config, split, partition_id=0, num_partitions=1) -> datasets.Dataset``."""
 
@@ -180,6 +224,7 @@ def disk_cached_dataset(func: F) -> F:
             try:
                 ds = datasets.load_from_disk(str(final))
                 STATS["hits"] += 1
+                _touch(final)
                 return ds
             except Exception:  # a damaged entry: rebuild it
                 STATS["errors"] += 1
@@ -192,6 +237,7 @@ def disk_cached_dataset(func: F) -> F:
             ds.save_to_disk(str(tmp))
             _replace_into(tmp, final)
             STATS["stores"] += 1
+            _evict(root, final)
             if final.is_dir():
                 return datasets.load_from_disk(str(final))  # memory-mapped, like a hit
         except OSError:
@@ -229,6 +275,7 @@ def disk_cached_model(func: F) -> F:
                 if hasattr(adapted, "config"):
                     adapted.config = config  # equal in every setting the model depends on
                 STATS["hits"] += 1
+                _touch(final)
                 return adapted
             except Exception:  # a damaged or unreadable entry: rebuild it
                 STATS["errors"] += 1
@@ -242,6 +289,7 @@ def disk_cached_model(func: F) -> F:
             torch.save(adapted, tmp)
             os.replace(tmp, final)
             STATS["stores"] += 1
+            _evict(root, final)
         except Exception:  # not picklable (an exotic model) or no space: just don't cache
             STATS["errors"] += 1
             with contextlib.suppress(OSError, UnboundLocalError):

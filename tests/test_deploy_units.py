@@ -85,6 +85,18 @@ def test_dataset_cache_round_trips_and_can_be_disabled(tiny, tmp_path, monkeypat
     assert not (tmp_path / "off").exists()
 
 
+def test_cache_evicts_least_recently_used_entries_beyond_its_limit(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv(disk_cache.DIR_ENV_VAR, str(tmp_path))
+    build = cached_adapted_model.__wrapped__
+    labels = load_task_data(_config(tiny)).num_labels
+    build(_config(tiny), labels)
+    (entry,) = (tmp_path / "models").iterdir()
+    monkeypatch.setenv(disk_cache.MAX_MB_ENV_VAR, str(1.5 * entry.stat().st_size / 1e6))
+    build(_config(tiny, rank=3), labels)  # two entries exceed 1.5 entries: the older goes
+    assert [p.name for p in (tmp_path / "models").iterdir()] != [entry.name]
+    assert len(list((tmp_path / "models").iterdir())) == 1
+
+
 def test_node_data_path_replaces_the_run_data(tiny, tmp_path):
     config = _config(tiny)
     assert use_node_data(config, {"partition-id": 1}, 3) == (config, 3)
