@@ -12,7 +12,12 @@ import pytest
 
 from flower_app.experiments.__main__ import main as grid_cli
 from flower_app.experiments.__main__ import write_report
-from flower_app.experiments.aggregate import RunResult, collect, communication_lines
+from flower_app.experiments.aggregate import (
+    RunResult,
+    collect,
+    communication_lines,
+    markdown_report,
+)
 from flower_app.experiments.grid import GridError, GridRun, load_grid
 from flower_app.experiments.runner import is_finished, run_dir, run_grid
 from tests.fixtures import make_sentiment_task, make_tiny_bert
@@ -127,6 +132,40 @@ def test_communication_table_on_hand_made_runs(tmp_path):
     lines = communication_lines(results, grid)
     assert lines[2] == "| t | 0.5 | florg | 3.00e+01 | 2/2 |"  # mean of 40 and 20
     assert lines[3] == "| t | 0.5 | fedit | not reached | 1/2 |"
+
+
+def test_report_shows_the_change_from_round_0(tmp_path):
+    grid = load_grid(
+        write_grid(
+            tmp_path / "g.yaml",
+            "grid: {seed: [0, 1], task: [snli, movie-sentiment], method: [florg, fedit]}",
+        )
+    )
+
+    def result(method: str, task: str, seed: int, accuracies: list[float]) -> RunResult:
+        run = next(
+            r for r in grid.runs
+            if r.axes == {"method": method, "task": task, "seed": seed}
+        )  # fmt: skip
+        rows = [{"round": i, "accuracy": a} for i, a in enumerate(accuracies)]
+        return RunResult(run, rows, {"rounds": len(rows) - 1})
+
+    results = [
+        result("florg", "snli", 0, [0.30, 0.50, 0.40]),  # gain +0.10
+        result("florg", "snli", 1, [0.30, 0.45, 0.60]),  # gain +0.30
+        result("fedit", "snli", 0, [0.40, 0.35, 0.35]),  # gain -0.05
+        result("florg", "movie-sentiment", 0, [0.5, 0.7]),  # gain +0.20
+    ]
+    assert results[0].initial("accuracy") == 0.30 and results[0].best("accuracy") == 0.50
+    assert results[2].gain("accuracy") == pytest.approx(-0.05)
+    text = markdown_report(grid, results, [], [], tmp_path)
+    finals, gains = text.split("Change from round 0")
+    # final accuracy: mean ± sample std over the two florg seeds (0.4, 0.6)
+    assert "| florg | 0.7000 (n=1) | 0.5000 ± 0.1414 (n=2) |" in finals
+    assert "| fedit | – | 0.3500 (n=1) |" in finals
+    # change from round 0: +0.1 and +0.3 -> +0.2000 ± 0.1414; fedit -0.05
+    assert "| florg | +0.2000 (n=1) | +0.2000 ± 0.1414 (n=2) |" in gains
+    assert "| fedit | – | -0.0500 (n=1) |" in gains
 
 
 # ---------------------------------------------------------------- the runner, end to end

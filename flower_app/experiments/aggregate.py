@@ -11,7 +11,7 @@ import json
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,17 @@ class RunResult:
         value = last.get(metric)
         return None if value is None else float(value)
 
+    def initial(self, metric: str) -> float | None:
+        """The metric at round 0: the global model before any federated training."""
+        first = min(self.rows, key=lambda r: r["round"], default={})
+        value = first.get(metric)
+        return None if value is None else float(value)
+
+    def gain(self, metric: str) -> float | None:
+        """Final minus round-0 metric: what the federated training changed."""
+        final, initial = self.value(metric), self.initial(metric)
+        return None if final is None or initial is None else final - initial
+
     def best(self, metric: str) -> float | None:
         values = [float(r[metric]) for r in self.rows if r.get(metric) is not None]
         return max(values) if values else None
@@ -62,11 +73,12 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return mean, statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _fmt(values: list[float]) -> str:
+def _fmt(values: list[float], signed: bool = False) -> str:
     if not values:
         return "–"
     mean, std = _mean_std(values)
-    return f"{mean:.4f} ± {std:.4f}" if len(values) > 1 else f"{mean:.4f}"
+    head = f"{mean:+.4f}" if signed else f"{mean:.4f}"
+    return f"{head} ± {std:.4f}" if len(values) > 1 else head
 
 
 def write_csv(results: Iterable[RunResult], grid: Grid, path: Path) -> Path:
@@ -98,7 +110,7 @@ def write_csv(results: Iterable[RunResult], grid: Grid, path: Path) -> Path:
                 **{k: run.setting(k) for k in axis_keys},
                 f"final_{metric}": result.value(metric),
                 f"best_{metric}": result.best(metric),
-                f"initial_{metric}": min(result.rows, key=lambda r: r["round"]).get(metric),
+                f"initial_{metric}": result.initial(metric),
                 "rounds": result.summary.get("rounds"),
                 "total_params": result.summary.get("total-params"),
                 "wall_seconds": round(float(result.summary.get("wall-seconds", math.nan)), 1),
@@ -116,8 +128,13 @@ def _by_setting(results: Iterable[RunResult]) -> dict[tuple, list[RunResult]]:
     return groups
 
 
-def _pivot_table(results: list[RunResult], metric: str) -> list[str]:
-    """Methods as rows, tasks as columns (the main block's shape)."""
+def _pivot_table(
+    results: list[RunResult],
+    value: Callable[[RunResult], float | None],
+    signed: bool = False,
+) -> list[str]:
+    """Methods as rows, tasks as columns (the main block's shape); ``value`` of each run,
+    mean ± std over seeds."""
     tasks = sorted({str(r.run.setting("task")) for r in results})
     methods = list(dict.fromkeys(str(r.run.setting("method")) for r in results))
     lines = ["| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
@@ -127,9 +144,9 @@ def _pivot_table(results: list[RunResult], metric: str) -> list[str]:
             values = [
                 v for r in results
                 if r.run.setting("method") == method and r.run.setting("task") == task
-                and (v := r.value(metric)) is not None
+                and (v := value(r)) is not None
             ]  # fmt: skip
-            cells.append(f"{_fmt(values)} (n={len(values)})" if values else "–")
+            cells.append(f"{_fmt(values, signed)} (n={len(values)})" if values else "–")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
 
@@ -139,18 +156,22 @@ def _long_table(results: list[RunResult], metric: str) -> list[str]:
     groups = _by_setting(results)
     keys = sorted({k for setting in groups for k, _ in setting})
     lines = [
-        "| " + " | ".join(keys) + f" | final {metric} | seeds | params per run | wall s |",
-        "|" + "---|" * (len(keys) + 4),
+        "| "
+        + " | ".join(keys)
+        + f" | final {metric} | change from round 0 | seeds | params per run | wall s |",
+        "|" + "---|" * (len(keys) + 5),
     ]
     for setting, members in groups.items():
         values = dict(setting)
         finals = [v for r in members if (v := r.value(metric)) is not None]
+        gains = [v for r in members if (v := r.gain(metric)) is not None]
         params = statistics.fmean(float(r.summary.get("total-params", 0)) for r in members)
         wall = statistics.fmean(float(r.summary.get("wall-seconds", 0)) for r in members)
         cells = [str(values.get(k, "")) for k in keys]
         lines.append(
             "| " + " | ".join(cells)
-            + f" | {_fmt(finals)} | {len(members)} | {params:.3g} | {wall:.0f} |"
+            + f" | {_fmt(finals)} | {_fmt(gains, signed=True)} | {len(members)}"
+            + f" | {params:.3g} | {wall:.0f} |"
         )  # fmt: skip
     return lines
 
@@ -243,7 +264,14 @@ def markdown_report(
         lines += [f"## Block `{block}`", ""]
         varied = set(grid.blocks[block])
         if block == MAIN_BLOCK and {"method", "task"} <= varied and len(varied - {"seed"}) == 2:
-            lines += _pivot_table(members, metric)
+            lines += _pivot_table(members, lambda r: r.value(metric))
+            lines += [
+                "",
+                f"Change from round 0 (final minus round-0 `{metric}` of the same "
+                "run; near 0 means the federated training did not move the model):",
+                "",
+            ]
+            lines += _pivot_table(members, lambda r: r.gain(metric), signed=True)
         else:
             lines += _long_table(members, metric)
         lines.append("")
