@@ -227,7 +227,7 @@ def test_grid_runs_resumes_and_reports(tiny_grid, capfd):
 
     report = write_report(grid, out)
     text = report.read_text()
-    assert "| method | final accuracy | seeds |" in text and "fedit" in text
+    assert "| method | final accuracy | change from round 0 | seeds |" in text and "fedit" in text
     with (out / "results.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert {row["method"] for row in rows} == {"florg", "fedit"}
