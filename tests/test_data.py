@@ -363,3 +363,20 @@ def test_smollm2_when_fetched(registry: dict[str, Any]) -> None:
     assert weight.dtype == torch.float32 and weight.shape == (config.vocab_size, 576)
     tok = AutoTokenizer.from_pretrained(path)
     assert tok.decode(tok("The capital of France")["input_ids"]).endswith("The capital of France")
+
+
+def test_client_app_import_leaves_flwr_datasets_unloaded():
+    """A deployed ClientApp process whose partition comes from the disk cache never needs
+    flwr_datasets' partitioners, whose import pulls seaborn and scipy.stats."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, client_app.client_app, flower_app.data.partition; "
+        "print(sorted(m for m in ('flwr_datasets', 'seaborn', 'scipy.stats') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

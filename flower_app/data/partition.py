@@ -7,7 +7,10 @@ from collections import OrderedDict
 from typing import Literal
 
 import datasets
-from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
+
+# flwr_datasets.partitioner is imported where it is used: importing it pulls
+# flwr_datasets.visualization (seaborn, scipy.stats), seconds of start-up that every
+# deployed ClientApp process would pay even when its partition comes from the disk cache.
 
 Scheme = Literal["dirichlet", "iid"]
 _INDEX = "__florg_row__"
@@ -34,6 +37,8 @@ def _dirichlet_draw(
     label_field: str,
     min_size: int,
 ) -> list[list[int]]:
+    from flwr_datasets.partitioner import DirichletPartitioner
+
     partitioner = DirichletPartitioner(
         num_partitions,
         label_field,
@@ -112,6 +117,8 @@ def partition_indices(
     if scheme == "dirichlet" and label_field not in ds.column_names:
         raise ValueError(f"label column {label_field!r} not in {ds.column_names}")
     if scheme == "iid":
+        from flwr_datasets.partitioner import IidPartitioner
+
         rows = datasets.Dataset.from_dict({_INDEX: list(range(len(ds)))}).shuffle(seed=seed)
         iid = IidPartitioner(num_partitions)
         iid.dataset = rows.with_format("arrow")
