@@ -1,0 +1,122 @@
+"""Centralised reference: each method's adapter trained on ALL the training data in one
+process (no federation, no partitioning), evaluated every few steps.
+
+    python benchmarks/centralized_baseline.py                           # movie sentiment
+    python benchmarks/centralized_baseline.py --task snli --steps 240 --methods florg,fedit
+
+It answers the question a federated grid cannot: does this model, task, learning rate and
+step budget learn at all?  A federated run whose clients together take S local steps per
+round for R rounds cannot beat a centralised run of about R x (local steps) steps of the
+same batch size, so when this script shows chance-level accuracy after that many steps,
+a grid at that size measures noise, not methods.
+
+Everything is the app's own code: ``resolve_config`` with the grid's settings,
+``cached_adapted_model`` (so FLoRG's L, R and A and the LoRA baselines' seeded A are built
+exactly as a client builds them), ``tokenized_split`` of the whole training split,
+``train_local`` (AdamW, fresh per chunk as in a round) and ``evaluate`` on the validation
+split the ServerApp uses.  Methods that differ only in aggregation (FedIT, FeDeRA without
+``lora-init=federa-svd``, FedEx-LoRA, FedSA-LoRA) are the same model here.  One torch
+thread, as a simulation actor uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="all-MiniLM-L6-v2")
+    parser.add_argument("--task", default="movie-sentiment")
+    parser.add_argument("--methods", default="florg,fedit,ffa-lora")
+    parser.add_argument("--steps", type=int, default=120, help="total AdamW steps")
+    parser.add_argument("--eval-every", type=int, default=30, help="steps between evaluations")
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-train-examples", type=int, default=1600)
+    parser.add_argument("--max-eval-examples", type=int, default=200)
+    parser.add_argument("--rank", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.eval_every < 1:
+        parser.error("--steps and --eval-every must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    from flower_app.config import ConfigError, resolve_config
+    from flower_app.runtime import cached_adapted_model
+    from flower_app.task_data import load_task_data, make_loader, tokenized_split
+    from flower_app.training import evaluate, train_local
+
+    torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    print(
+        f"centralised: {args.model} on {args.task}, {args.max_train_examples} training / "
+        f"{args.max_eval_examples} validation examples, batch {args.batch_size}, "
+        f"lr {args.learning_rate:g}, r = {args.rank}, {args.steps} steps, seed {args.seed}",
+        flush=True,
+    )
+    table: dict[str, list[tuple[int, float, float]]] = {}
+    for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
+        try:
+            config = resolve_config(
+                {},
+                {
+                    "method": method, "model": args.model, "task": args.task,
+                    "partitioner": "iid", "seed": args.seed, "rank": args.rank,
+                    "max-train-examples": args.max_train_examples,
+                    "max-eval-examples": args.max_eval_examples,
+                    "batch-size": args.batch_size, "learning-rate": args.learning_rate,
+                    "weight-decay": 0.0, "device": "cpu", "progress-bar": False,
+                },
+            )  # fmt: skip
+        except ConfigError as err:
+            print(f"centralised: {err}", file=sys.stderr)
+            return 2
+        data = load_task_data(config)
+        if data.is_qa:
+            print("centralised: extractive QA is not supported here", file=sys.stderr)
+            return 2
+        model = cached_adapted_model(config, data.num_labels).model
+        train = make_loader(tokenized_split(config, "train", 0, 1), args.batch_size, True, 0)
+        held_out = make_loader(tokenized_split(config, "eval"), 64, shuffle=False, seed=0)
+        start = time.perf_counter()
+        first = evaluate(model, held_out, device)
+        rows = [(0, first.accuracy, first.loss)]
+        done = 0
+        while done < args.steps:
+            chunk = min(args.eval_every, args.steps - done)
+            train_local(
+                model, train, epochs=1, max_steps=chunk, lr=args.learning_rate,
+                weight_decay=0.0, device=device,
+            )  # fmt: skip
+            done += chunk
+            result = evaluate(model, held_out, device)
+            rows.append((done, result.accuracy, result.loss))
+            print(
+                f"[{method}] step {done:>4} | acc {result.accuracy:.4f} loss {result.loss:.4f}"
+                f" | {time.perf_counter() - start:.0f}s",
+                flush=True,
+            )
+        table[method] = rows
+    steps = [s for s, _, _ in next(iter(table.values()))]
+    print("\n| method | " + " | ".join(f"step {s}" for s in steps) + " |")
+    print("|---|" + "---|" * len(steps))
+    for method, rows in table.items():
+        print(f"| {method} | " + " | ".join(f"{acc:.3f}" for _, acc, _ in rows) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
