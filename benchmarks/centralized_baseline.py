@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1:
         parser.error("--steps and --eval-every must be >= 1")
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not args.methods:
+        parser.error("--methods names no method")
     return args
 
 
@@ -67,33 +70,41 @@ def main(argv: list[str] | None = None) -> int:
         f"lr {args.learning_rate:g}, r = {args.rank}, {args.steps} steps, seed {args.seed}",
         flush=True,
     )
+
+    def settings(method: str) -> dict[str, object]:
+        return {
+            "method": method, "model": args.model, "task": args.task, "partitioner": "iid",
+            "seed": args.seed, "rank": args.rank,
+            "max-train-examples": args.max_train_examples,
+            "max-eval-examples": args.max_eval_examples, "batch-size": args.batch_size,
+            "learning-rate": args.learning_rate, "weight-decay": 0.0, "device": "cpu",
+            "progress-bar": False,
+        }  # fmt: skip
+
+    try:
+        configs = {m: resolve_config({}, settings(m)) for m in args.methods}
+    except ConfigError as err:
+        print(f"centralised: {err}", file=sys.stderr)
+        return 2
+    # The data and its tokenisation do not depend on the method: built once.
+    first = next(iter(configs.values()))
+    data = load_task_data(first)
+    if data.is_qa:
+        print("centralised: extractive QA is not supported here", file=sys.stderr)
+        return 2
+    train_split = tokenized_split(first, "train", 0, 1)
+    held_out = make_loader(
+        tokenized_split(first, "eval"), first.eval_batch_size, shuffle=False, seed=0
+    )
+
     table: dict[str, list[tuple[int, float, float]]] = {}
-    for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
-        try:
-            config = resolve_config(
-                {},
-                {
-                    "method": method, "model": args.model, "task": args.task,
-                    "partitioner": "iid", "seed": args.seed, "rank": args.rank,
-                    "max-train-examples": args.max_train_examples,
-                    "max-eval-examples": args.max_eval_examples,
-                    "batch-size": args.batch_size, "learning-rate": args.learning_rate,
-                    "weight-decay": 0.0, "device": "cpu", "progress-bar": False,
-                },
-            )  # fmt: skip
-        except ConfigError as err:
-            print(f"centralised: {err}", file=sys.stderr)
-            return 2
-        data = load_task_data(config)
-        if data.is_qa:
-            print("centralised: extractive QA is not supported here", file=sys.stderr)
-            return 2
+    for method, config in configs.items():
         model = cached_adapted_model(config, data.num_labels).model
-        train = make_loader(tokenized_split(config, "train", 0, 1), args.batch_size, True, 0)
-        held_out = make_loader(tokenized_split(config, "eval"), 64, shuffle=False, seed=0)
+        # A fresh loader per method, so that every method sees the same batches.
+        train = make_loader(train_split, args.batch_size, shuffle=True, seed=0)
         start = time.perf_counter()
-        first = evaluate(model, held_out, device)
-        rows = [(0, first.accuracy, first.loss)]
+        initial = evaluate(model, held_out, device)
+        rows = [(0, initial.accuracy, initial.loss)]
         done = 0
         while done < args.steps:
             chunk = min(args.eval_every, args.steps - done)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -368,9 +370,6 @@ def test_smollm2_when_fetched(registry: dict[str, Any]) -> None:
 def test_client_app_import_leaves_flwr_datasets_unloaded():
     """A deployed ClientApp process whose partition comes from the disk cache never needs
     flwr_datasets' partitioners, whose import pulls seaborn and scipy.stats."""
-    import subprocess
-    import sys
-
     probe = (
         "import sys, client_app.client_app, flower_app.data.partition; "
         "print(sorted(m for m in ('flwr_datasets', 'seaborn', 'scipy.stats') if m in sys.modules))"
