@@ -70,6 +70,18 @@ SCHEMA: dict[str, tuple[Any, type, Callable[[Any], bool] | None, str]] = {
     "dirichlet-alpha": (0.5, float, _positive, "Dirichlet concentration rho"),
     "max-train-examples": (2000, int, _non_negative, "training pool size (0 = all)"),
     "max-eval-examples": (1000, int, _non_negative, "validation subset size (0 = all)"),
+    "max-test-examples": (
+        0,
+        int,
+        _non_negative,
+        "held-out test subset scored by the server (0 = no test)",
+    ),
+    "test-every": (
+        5,
+        int,
+        _non_negative,
+        "test rounds: 0, every N-th and the last 3 (0 = last 3 only)",
+    ),
     "local-epochs": (1, int, _positive, "local epochs per round"),
     "local-steps": (0, int, _non_negative, "local steps per round (0 = use local-epochs)"),
     "batch-size": (16, int, _positive, "local batch size"),
@@ -130,6 +142,8 @@ class RunConfig:
     dirichlet_alpha: float
     max_train_examples: int
     max_eval_examples: int
+    max_test_examples: int
+    test_every: int
     local_epochs: int
     local_steps: int
     batch_size: int
@@ -171,6 +185,15 @@ class RunConfig:
         return self.client_eval == "on" or (
             self.client_eval == "auto" and self.method == "fedsa-lora"
         )
+
+    def tests_round(self, server_round: int) -> bool:
+        """Whether the server scores the held-out test split after ``server_round``:
+        round 0, every ``test-every``-th round and the last three (the reported ones)."""
+        if self.max_test_examples <= 0:
+            return False
+        last = self.num_server_rounds
+        every = self.test_every > 0 and server_round % self.test_every == 0
+        return server_round == 0 or every or server_round > last - 3
 
     def as_dict(self) -> dict[str, Any]:
         return {key: getattr(self, to_attr(key)) for key in SCHEMA}

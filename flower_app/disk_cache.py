@@ -59,12 +59,13 @@ _RUN_ONLY = frozenset(
         "min-available-nodes", "client-eval", "local-epochs", "local-steps", "batch-size",
         "eval-batch-size", "learning-rate", "weight-decay", "aggregation-weights", "device",
         "progress-bar", "output-dir", "save-client-updates", "fault-partition", "fault-kind",
-        "run-name",
+        "run-name", "test-every",
     }
 )  # fmt: skip
 _NOT_FOR_MODEL = _RUN_ONLY | {
     "task", "data-path", "text-fields", "label-field", "num-labels", "partitioner",
     "dirichlet-alpha", "max-train-examples", "max-eval-examples", "max-seq-length",
+    "max-test-examples",
 }  # fmt: skip
 _NOT_FOR_DATA = _RUN_ONLY | {
     "method", "rank", "alpha", "target-modules", "head-modules", "train-head", "a-init-std",

@@ -76,9 +76,9 @@ class RunRecorder:
             "cum-down-bytes": 4 * self.totals["down-params"],
             "elapsed-seconds": time.perf_counter() - self.t0,
         }
-        for key in QA_METRICS:
-            if key in evaluation:
-                row[key] = evaluation[key]
+        for key, value in evaluation.items():
+            if key in QA_METRICS or key.startswith("test-"):
+                row[key] = value
         for key, value in round_metrics.items():
             if key not in ("up-params", "down-params"):
                 row[key] = value
@@ -95,6 +95,8 @@ class RunRecorder:
             parts.append(f"EM {row['exact-match']:.2f} F1 {row['f1']:.2f} loss {row['loss']:.4f}")
         elif row["accuracy"] is not None:
             parts.append(f"acc {row['accuracy']:.4f} loss {row['loss']:.4f}")
+        if row.get("test-score") is not None:
+            parts.append(f"test {self.score_metric} {row['test-score']:.4f}")
         if "personalized-f1" in row:
             parts.append(f"personal F1 {row['personalized-f1']:.2f}")
         elif "personalized-accuracy" in row:
@@ -112,6 +114,22 @@ class RunRecorder:
         parts.append(f"{row['elapsed-seconds']:.0f}s")
         flwr_log(INFO, " | ".join(parts))
 
+    def _test_summary(self) -> dict[str, Any]:
+        """The held-out test score of the final round and its mean over the last three
+        rounds (less round-to-round noise); absent when the run scored no test split."""
+        tested = [r for r in self.rows if r.get("test-score") is not None]
+        if not tested:
+            return {}
+        last_round = self.config.num_server_rounds
+        last3 = [r["test-score"] for r in tested if r["round"] > last_round - 3]
+        final = tested[-1] if tested[-1]["round"] == last_round else {}
+        return {
+            "final-test-score": final.get("test-score"),
+            "final-test-loss": final.get("test-loss"),
+            "test-last3": _mean(last3) if len(last3) == 3 else None,
+            "test-examples": tested[-1].get("test-num-examples"),
+        }
+
     def write_summary(self, extra: dict[str, Any]) -> dict[str, Any]:
         last = self.rows[-1] if self.rows else {}
         first = self.rows[0] if self.rows else {}
@@ -127,6 +145,7 @@ class RunRecorder:
             "final-score": last.get("score"),
             "initial-score": first.get("score"),
             **{f"final-{k}": last[k] for k in QA_METRICS if k in last},
+            **self._test_summary(),
             "total-up-params": self.totals["up-params"],
             "total-down-params": self.totals["down-params"],
             "total-params": self.totals["up-params"] + self.totals["down-params"],
@@ -138,6 +157,10 @@ class RunRecorder:
             json.dumps(summary, indent=2, default=_json_default) + "\n"
         )
         return summary
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _json_default(value: Any) -> Any:

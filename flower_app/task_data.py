@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from flower_app.config import DEFAULTS, ConfigError, RunConfig
-from flower_app.data.loading import load_task_splits
+from flower_app.data.loading import load_task_splits, load_task_test
 from flower_app.data.partition import partition_dataset
 from flower_app.data.qa_features import CONTEXT_OFFSETS, EXAMPLE_INDEX, check_window, qa_features
 from flower_app.data.qa_loading import TITLE_BUCKET, load_qa_splits
@@ -95,6 +95,18 @@ def load_task_data(config: RunConfig) -> TaskData:
     return TaskData(spec, train, evaluation, num_labels)
 
 
+@lru_cache(maxsize=4)
+def load_test_data(config: RunConfig) -> datasets.Dataset:
+    """The held-out test subset (``max-test-examples`` rows, the same for every seed)."""
+    spec = task_spec(config)
+    if spec.kind == EXTRACTIVE_QA:
+        raise ConfigError("max-test-examples: extractive-QA tasks have no test split yet")
+    try:
+        return load_task_test(spec, config.max_test_examples or None)
+    except ValueError as err:
+        raise ConfigError(f"max-test-examples: {err}") from err
+
+
 def trim_collate(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Stack a batch and cut the padding columns no example in it uses (static -> dynamic)."""
     out = {k: torch.stack([ex[k] for ex in batch]) for k in batch[0]}
@@ -151,16 +163,19 @@ def _qa_features(config: RunConfig, examples: datasets.Dataset, keep_mapping: bo
 def tokenized_split(
     config: RunConfig, split: str, partition_id: int = 0, num_partitions: int = 1
 ) -> datasets.Dataset:
-    """Tokenised ``split`` ('train' or 'eval'), optionally one client's partition of it.
+    """Tokenised ``split`` ('train', 'eval' or 'test'), optionally one client's partition
+    of it (the test split is never partitioned: only the server scores it).
 
     Classification: inputs + ``labels``; extractive QA: the features (windows) of the
     partition's examples, inputs + ``start_positions`` / ``end_positions``."""
     from flower_app.runtime import cached_tokenizer
 
     data = load_task_data(config)
-    ds = _partition(
-        config, data, data.train if split == "train" else data.eval, partition_id, num_partitions
-    )
+    if split == "test":
+        ds = load_test_data(config)
+    else:
+        source = data.train if split == "train" else data.eval
+        ds = _partition(config, data, source, partition_id, num_partitions)
     if data.is_qa:
         features = _qa_features(config, ds, keep_mapping=False)
         return features.with_format("torch")

@@ -23,8 +23,10 @@ def evaluate_task(
     device: torch.device,
     partition_id: int = 0,
     num_partitions: int = 1,
+    split: str = "eval",
 ) -> dict[str, float]:
-    """The task's metrics of ``model`` on (a partition of) the validation split."""
+    """The task's metrics of ``model`` on (a partition of) the validation split, or on
+    the held-out test split with ``split="test"``."""
     if load_task_data(config).is_qa:
         eval_set = qa_eval_set(config, partition_id, num_partitions)
         loader = make_loader(eval_set.features, config.eval_batch_size, shuffle=False, seed=0)
@@ -36,7 +38,7 @@ def evaluate_task(
             "score": qa.f1 / 100.0,
             "num-examples": qa.num_examples,
         }
-    dataset = tokenized_split(config, "eval", partition_id, num_partitions)
+    dataset = tokenized_split(config, split, partition_id, num_partitions)
     result = evaluate(
         model, make_loader(dataset, config.eval_batch_size, shuffle=False, seed=0), device
     )

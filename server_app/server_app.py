@@ -15,7 +15,7 @@ from flower_app.config import RunConfig, resolve_config
 from flower_app.modeling import pick_device, resolve_model_source
 from flower_app.recorder import INFO, RunRecorder, make_run_dir
 from flower_app.runtime import cached_adapted_model
-from flower_app.task_data import load_task_data
+from flower_app.task_data import load_task_data, load_test_data
 from flower_app.task_eval import evaluate_task
 from strategies.flower import AdapterStrategy, build_strategy
 from strategies.flower.base import from_array_record, to_array_record
@@ -46,6 +46,9 @@ class GlobalEvaluator:
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         self.load(arrays)
         metrics = evaluate_task(self.config, self.adapted.model, self.device)
+        if self.config.tests_round(server_round):  # the held-out test split: reported scores
+            test = evaluate_task(self.config, self.adapted.model, self.device, split="test")
+            metrics |= {f"test-{key}": value for key, value in test.items()}
         self.adapted.model.to("cpu")
         self.recorder.record(
             server_round, metrics, self.strategy.round_metrics.get(server_round, {})
@@ -77,6 +80,8 @@ def main(grid: Grid, context: Context) -> None:
     run_dir = make_run_dir(config)
     flwr_log(INFO, "[florg] run folder: %s", run_dir)
     data = load_task_data(config)
+    if config.max_test_examples > 0:
+        load_test_data(config)  # a task without a test split fails here, before training
     adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)  # rank > k etc.
     initial_state = adapted.shared_state()
     strategy = build_strategy(

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from flower_app.data.tasks import FILE_FORMATS, TaskSpec
 
 HOLDOUT_SEED = 0  # fixed: the held-out eval split does not move with the training seed
+TEST_SEED = 1  # fixed: the carved test split and its subset do not move with the run seed
 FETCH_HINT = "run `python -m flower_app.assets fetch` (or check the path)"
 
 
@@ -34,6 +35,7 @@ def _source(spec: TaskSpec) -> tuple[str, str | None, dict[str, str] | None]:
         if not directory.is_dir():
             raise FileNotFoundError(f"data folder {directory} not found; {FETCH_HINT}")
         splits = [spec.train_split] + ([spec.eval_split] if spec.eval_split else [])
+        splits += [spec.test_split] if spec.test_split else []
         files = {s: _split_file(directory, s) for s in splits}
     else:
         raise ValueError(f"{spec.name}: unresolved spec; call resolve_task() first")
@@ -132,16 +134,25 @@ def _subset(ds: datasets.Dataset, limit: int | None, seed: int) -> datasets.Data
     return ds.shuffle(seed=seed).select(range(limit))
 
 
-def load_task_splits(
-    spec: TaskSpec, max_train: int | None = None, max_eval: int | None = None, seed: int = 0
+def _carve(
+    ds: datasets.Dataset, size: int, where: str
 ) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """(train, eval) datasets with only the text columns and an int ClassLabel column.
+    """(rest, carved): ``size`` rows of ``ds`` drawn with the fixed TEST_SEED."""
+    if len(ds) < 2 * size:
+        raise ValueError(f"{where}: {len(ds)} rows are too few to carve a test split of {size}")
+    parts = ds.train_test_split(test_size=size, seed=TEST_SEED)
+    return parts["train"], parts["test"]
 
-    The number of classes is ``ds.features[spec.label_field].num_classes`` (inferred from
-    the training labels when ``spec.num_labels`` is None). Subsets are seeded shuffles.
-    """
+
+def _cleaned_splits(
+    spec: TaskSpec,
+) -> tuple[datasets.Dataset, datasets.Dataset, datasets.Dataset | None, datasets.ClassLabel]:
+    """(train, eval, test or None, class label), cleaned, disjoint, before any subsetting.
+
+    The test rows are set aside first (their own split, or carved from train or eval with
+    a fixed seed), then the eval split is held out of train when the task has none."""
     raw = _load_raw(spec)
-    for split in (spec.train_split, spec.eval_split):
+    for split in (spec.train_split, spec.eval_split, spec.test_split):
         if split is not None and split not in raw:
             raise ValueError(f"{spec.name}: no split {split!r}; available: {list(raw)}")
     names = _label_names(spec, raw[spec.train_split])
@@ -149,15 +160,26 @@ def load_task_splits(
     evaluation = None
     if spec.eval_split is not None:
         evaluation = _clean(raw[spec.eval_split], spec, names, spec.eval_split)
+    test = None
+    if spec.test_split is not None:
+        test = _clean(raw[spec.test_split], spec, names, spec.test_split)
     num_labels = spec.num_labels
     if num_labels is None:
         num_labels = len(names) if names else _max_label(train, spec.label_field) + 1
-    for split, ds in ((spec.train_split, train), (spec.eval_split, evaluation)):
+    for split, ds in (
+        (spec.train_split, train), (spec.eval_split, evaluation), (spec.test_split, test)
+    ):  # fmt: skip
         if ds is not None and _max_label(ds, spec.label_field) >= num_labels:
             raise ValueError(
                 f"{spec.name}/{split}: label {_max_label(ds, spec.label_field)} "
                 f"outside [0, {num_labels})"
             )
+    if spec.test_from == "train":
+        train, test = _carve(train, spec.test_size, f"{spec.name}/{spec.train_split}")
+    elif spec.test_from == "eval":
+        if evaluation is None:
+            raise ValueError(f"{spec.name}: test_from='eval' needs an eval split")
+        evaluation, test = _carve(evaluation, spec.test_size, f"{spec.name}/{spec.eval_split}")
     if evaluation is None:
         parts = train.train_test_split(test_size=spec.holdout_fraction, seed=HOLDOUT_SEED)
         train, evaluation = parts["train"], parts["test"]
@@ -165,9 +187,35 @@ def load_task_splits(
     if label_names is not None and len(label_names) != num_labels:
         raise ValueError(f"{spec.name}: {len(label_names)} label names for {num_labels} labels")
     class_label = datasets.ClassLabel(num_classes=num_labels, names=label_names)
+    return train, evaluation, test, class_label
+
+
+def load_task_splits(
+    spec: TaskSpec, max_train: int | None = None, max_eval: int | None = None, seed: int = 0
+) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """(train, eval) datasets with only the text columns and an int ClassLabel column.
+
+    The number of classes is ``ds.features[spec.label_field].num_classes`` (inferred from
+    the training labels when ``spec.num_labels`` is None). Subsets are seeded shuffles.
+    Rows of the task's test split (``load_task_test``) are in neither.
+    """
+    train, evaluation, _, class_label = _cleaned_splits(spec)
     train = _subset(train, max_train, seed).cast_column(spec.label_field, class_label)
     evaluation = _subset(evaluation, max_eval, seed).cast_column(spec.label_field, class_label)
     return train, evaluation
+
+
+def load_task_test(spec: TaskSpec, max_test: int | None = None) -> datasets.Dataset:
+    """The held-out test split (a subset of ``max_test`` rows drawn with a fixed seed, so
+    every run seed and every method is scored on the same examples)."""
+    if spec.test_split is None and spec.test_from is None:
+        raise ValueError(
+            f"{spec.name}: no held-out test split (the task names neither test_split nor "
+            "test_from; a local folder needs a test.<ext> file)"
+        )
+    _, _, test, class_label = _cleaned_splits(spec)
+    assert test is not None
+    return _subset(test, max_test, TEST_SEED).cast_column(spec.label_field, class_label)
 
 
 def _max_label(ds: datasets.Dataset, label_field: str) -> int:

@@ -27,6 +27,12 @@ class TaskSpec:
     ``kind`` is ``classification`` (texts + an integer label) or ``extractive-qa`` (SQuAD
     schema: ``text_fields`` = (question, context) and ``label_field`` = the answers column
     ``{"text": [...], "answer_start": [...]}``; ``num_labels`` is unused).
+
+    The held-out test split (reported scores; never trained on, never used for tuning):
+    ``test_split`` names a labelled split of its own (SNLI's ``test``); otherwise
+    ``test_from`` (``"train"`` or ``"eval"``) names the split that ``test_size`` rows are
+    carved from, with a fixed seed, before anything else is drawn from it, so the test
+    rows never reach training or validation. A task with neither has no test split.
     """
 
     name: str
@@ -44,6 +50,9 @@ class TaskSpec:
     holdout_fraction: float = 0.1
     kind: str = CLASSIFICATION
     hub_fallback: str | None = None
+    test_split: str | None = None
+    test_from: str | None = None  # "train" or "eval": carve the test split from it
+    test_size: int = 2000
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -52,6 +61,10 @@ class TaskSpec:
             raise ValueError(f"{self.name}: extractive QA needs text_fields=(question, context)")
         if not 1 <= len(self.text_fields) <= 2:
             raise ValueError(f"{self.name}: text_fields must name one or two columns")
+        if self.test_from not in (None, "train", "eval"):
+            raise ValueError(f"{self.name}: test_from must be 'train' or 'eval'")
+        if self.test_split is not None and self.test_from is not None:
+            raise ValueError(f"{self.name}: give test_split or test_from, not both")
         sources = [self.hub_path, self.local_dir, self.data_file, self.asset]
         if sum(s is not None for s in sources) != 1:
             raise ValueError(
@@ -98,18 +111,21 @@ TASKS: dict[str, TaskSpec] = {
             ("premise", "hypothesis"),
             num_labels=3,
             asset="snli",
+            test_split="test",
             label_names=("entailment", "neutral", "contradiction"),
         ),
         TaskSpec(
             "squad-qnli",
             ("question", "sentence"),
             asset="squad-qnli",
+            test_from="eval",  # SQuAD dev articles: disjoint from the training articles
             label_names=("entailment", "not_entailment"),
         ),
         TaskSpec(
             "movie-sentiment",
             ("sentence",),
             asset="movie-sentiment",
+            test_from="train",
             label_names=("negative", "positive"),
         ),
         _squad("squad", asset="squad", hub_fallback="rajpurkar/squad"),
@@ -133,7 +149,12 @@ def _local_spec(
     fields = text_fields or (base.text_fields if base else None)
     if not fields:
         raise ValueError(f"{path}: pass text_fields=(column,) or (column_a, column_b)")
-    location = {"local_dir": str(path)} if path.is_dir() else {"data_file": str(path)}
+    location: dict[str, object] = (
+        {"local_dir": str(path)} if path.is_dir() else {"data_file": str(path)}
+    )
+    # Local data has a test split only when a folder holds a test.<ext> file (no carving).
+    has_test = path.is_dir() and any((path / f"test{ext}").is_file() for ext in FILE_FORMATS)
+    location |= {"test_split": "test" if has_test else None, "test_from": None}
     if base is None:
         kwargs = (
             {

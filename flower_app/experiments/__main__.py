@@ -23,6 +23,7 @@ from flower_app.experiments.aggregate import collect, markdown_report, write_csv
 from flower_app.experiments.grid import Grid, GridError, load_grid
 from flower_app.experiments.plots import write_plots
 from flower_app.experiments.runner import is_finished, run_dir, run_grid
+from flower_app.experiments.tuning import load_choices
 
 DEFAULT_RESULTS = Path(__file__).resolve().parents[2] / "results"
 
@@ -108,10 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = (args.out or DEFAULT_RESULTS / grid.name).resolve()
+    if grid.tuning is not None:
+        grid = load_grid(grid.path, load_choices(out))
     if args.command == "list":
         for run in grid.runs:
             done = is_finished(run_dir(out, run), run)
             print(f"{'done' if done else 'todo'}  {run.run_id}  [{'+'.join(run.blocks)}]")
+        for combo in grid.pending_combos:
+            print(f"wait  {combo}: its grid runs follow its tuning runs")
         return 0
     code = 0
     if args.command == "run":

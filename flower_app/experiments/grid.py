@@ -23,9 +23,22 @@ optional)::
       metric: accuracy             # headline metric column of metrics.jsonl
       targets: {snli: 0.40}        # communication-to-target, per task
       compare: [procrustes]        # blocks whose FLoRG diagnostics are plotted
+    tuning:                        # optional: choose one setting per (task, method) first
+      key: learning-rate           # the setting tuned; `grid` must not vary it
+      values: [0.0005, 0.001, 0.002]
+      seed: 0                      # the one seed the tuning runs use
+      per: [task, method]          # `grid` axes the choice depends on
 
 A run's id names its axis values except those equal to ``base`` (``method=fedit,seed=1``),
 so the same setting reached from two blocks is one run, run once.
+
+With ``tuning``, the block ``tuning`` runs every value of ``key`` for each combination
+of the ``per`` axes at ``seed``; the choice is the value with the best validation
+``score`` (mean over the last three rounds; ties go to the earlier value), written to
+``<out>/tuning.json`` by ``choose_tuned``. The ``grid`` runs of a combination exist once
+its choice does (``load_grid(path, choices)``), with ``key`` set to it, so the tuning
+run at the chosen value is also the grid's run for ``seed``. Runs are ordered by the
+first ``per`` axis, each value's tuning runs before its grid runs.
 """
 
 from __future__ import annotations
@@ -38,13 +51,17 @@ from typing import Any
 
 from flower_app.config import CONF_DIR, DEFAULTS, ConfigError, resolve_config
 
-__all__ = ["Grid", "GridError", "GridRun", "load_grid"]
+__all__ = ["Grid", "GridError", "GridRun", "Tuning", "load_grid"]
 
 GRIDS_DIR = CONF_DIR / "grids"
 MAIN_BLOCK = "main"
 _TOP_KEYS = {
     "name", "description", "simulation", "run-timeout", "base", "grid", "blocks", "report",
+    "tuning",
 }  # fmt: skip
+_TUNING_KEYS = {"key", "values", "seed", "per"}
+TUNING_BLOCK = "tuning"
+TUNING_FILE = "tuning.json"
 _SIMULATION_KEYS = {"num-supernodes", "num-cpus-per-client", "num-gpus-per-client"}
 _REPORT_KEYS = {"metric", "targets", "compare"}
 # Settings the runner owns: every run writes into the grid's folder under its own id.
@@ -70,6 +87,21 @@ class GridRun:
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """One setting chosen per combination of the ``per`` axes (the paper's protocol:
+    the same candidate values for every method, chosen on validation with one seed)."""
+
+    key: str
+    values: tuple[Any, ...]
+    seed: int
+    per: tuple[str, ...]
+
+    def combo(self, assignment: Mapping[str, Any]) -> str:
+        """The id of the combination an assignment belongs to (``method=fedit,task=snli``)."""
+        return ",".join(f"{k}={_format_value(assignment[k])}" for k in sorted(self.per))
+
+
+@dataclass(frozen=True)
 class Grid:
     name: str
     path: Path
@@ -84,6 +116,9 @@ class Grid:
     metric: str = "accuracy"
     targets: dict[str, float] = field(default_factory=dict)
     compare: tuple[str, ...] = ()
+    tuning: Tuning | None = None
+    pending_combos: tuple[str, ...] = ()  # tuning combinations without a choice yet
+    expected_runs: int = 0  # runs once every choice is made
 
     def runs_in(self, block: str) -> list[GridRun]:
         return [run for run in self.runs if block in run.blocks]
@@ -155,9 +190,74 @@ def _expand(
     return list(by_id.values())
 
 
-def load_grid(path: str | Path) -> Grid:
+def _tuning(raw: Any, blocks: dict[str, dict[str, list[Any]]], base: dict, path: Path) -> Tuning:
+    where = f"{path}: tuning"
+    if not isinstance(raw, Mapping):
+        raise GridError(f"{where}: expected a mapping with key, values, seed, per")
+    _check_keys(raw, _TUNING_KEYS, where)
+    missing = sorted(_TUNING_KEYS - set(raw))
+    if missing:
+        raise GridError(f"{where}: missing {', '.join(missing)}")
+    key, per = str(raw["key"]), tuple(str(p) for p in raw["per"])
+    values = tuple(raw["values"]) if isinstance(raw["values"], list | tuple) else ()
+    if key not in DEFAULTS or key in _RUNNER_KEYS or key == "seed":
+        raise GridError(f"{where}.key: '{key}' is not a run-config key that can be tuned")
+    if not values:
+        raise GridError(f"{where}.values: give a non-empty list")
+    main = blocks.get(MAIN_BLOCK)
+    if main is None:
+        raise GridError(f"{where}: needs `grid` (the runs that use the choices)")
+    if key in main or key in base:
+        raise GridError(f"{where}: `grid` and `base` must not set the tuned key '{key}'")
+    if not set(per) <= set(main) or not set(main) <= {*per, "seed"}:
+        raise GridError(f"{where}.per: must name the axes of `grid` other than seed")
+    return Tuning(key, values, int(raw["seed"]), per)
+
+
+def _tuned_blocks(
+    tuning: Tuning, blocks: dict[str, dict[str, list[Any]]], choices: Mapping[str, Any]
+) -> tuple[dict[str, dict[str, list[Any]]], list[str], int]:
+    """The tuning block, and the `grid` block split into one block per combination that
+    has a choice; also the combinations still waiting and the run count once all are made."""
+    main = blocks.pop(MAIN_BLOCK)
+    per_axes = {k: main[k] for k in tuning.per}
+    seeds = main.get("seed", [DEFAULTS["seed"]])
+    tuned = {TUNING_BLOCK: {**per_axes, tuning.key: list(tuning.values), "seed": [tuning.seed]}}
+    pending, combos = [], 0
+    for values in itertools.product(*per_axes.values()):
+        assignment = dict(zip(per_axes, values, strict=True))
+        combos += 1
+        combo = tuning.combo(assignment)
+        if combo not in choices:
+            pending.append(combo)
+            continue
+        chosen = {k: [v] for k, v in assignment.items()}
+        tuned[f"{MAIN_BLOCK}:{combo}"] = {**chosen, tuning.key: [choices[combo]], "seed": seeds}
+    shared = 1 if tuning.seed in seeds else 0
+    expected = combos * (len(tuning.values) + len(seeds) - shared)
+    return {**tuned, **blocks}, pending, expected
+
+
+def _ordered(runs: list[GridRun], tuning: Tuning, first_axis: list[Any]) -> list[GridRun]:
+    """Each value of the first ``per`` axis: its tuning runs, then its grid runs."""
+    axis = tuning.per[0]
+
+    def rank(run: GridRun) -> tuple[int, int]:
+        value = run.axes.get(axis)
+        position = first_axis.index(value) if value in first_axis else len(first_axis)
+        return position, 0 if TUNING_BLOCK in run.blocks else 1
+
+    return sorted(runs, key=rank)
+
+
+def _main_name(name: str) -> str:
+    return MAIN_BLOCK if name.startswith(f"{MAIN_BLOCK}:") else name
+
+
+def load_grid(path: str | Path, choices: Mapping[str, Any] | None = None) -> Grid:
     """Read and check a grid file (a path, or a name in conf/grids/); every run's settings
-    are validated with the app's schema before anything runs."""
+    are validated with the app's schema before anything runs. ``choices`` maps a tuning
+    combination (``Tuning.combo``) to its chosen value (``<out>/tuning.json``)."""
     from omegaconf import OmegaConf
 
     path = Path(path)
@@ -199,6 +299,15 @@ def load_grid(path: str | Path) -> Grid:
         if name not in blocks:
             raise GridError(f"{path}: report.compare: no block named '{name}'")
 
+    tuning = None
+    pending: list[str] = []
+    expected = 0
+    if raw.get("tuning") is not None:
+        tuning = _tuning(raw["tuning"], blocks, base, path)
+        main_axes = dict(blocks[MAIN_BLOCK])
+        first_axis = list(main_axes[tuning.per[0]])
+        blocks, pending, expected = _tuned_blocks(tuning, blocks, dict(choices or {}))
+
     num_supernodes = int(simulation.get("num-supernodes", 2))
     num_cpus = simulation.get("num-cpus-per-client", 1)
     if not isinstance(num_cpus, int) or num_cpus < 1:
@@ -207,6 +316,16 @@ def load_grid(path: str | Path) -> Grid:
     if num_supernodes < 1 or num_gpus < 0:
         raise GridError(f"{path}: simulation: num-supernodes >= 1, num-gpus-per-client >= 0")
     runs = _expand(base, blocks, path)
+    if tuning is not None:
+        runs = _ordered(runs, tuning, first_axis)
+        runs = [
+            GridRun(r.run_id, r.overrides, r.axes, tuple(dict.fromkeys(map(_main_name, r.blocks))))
+            for r in runs
+        ]
+        blocks = {
+            MAIN_BLOCK: main_axes,
+            **{k: v for k, v in blocks.items() if not k.startswith(f"{MAIN_BLOCK}:")},
+        }
     for run in runs:
         if run.setting("min-available-nodes") > num_supernodes:
             raise GridError(
@@ -228,4 +347,7 @@ def load_grid(path: str | Path) -> Grid:
         metric=str(report.get("metric", "accuracy")),
         targets={str(k): float(v) for k, v in (report.get("targets") or {}).items()},
         compare=compare,
+        tuning=tuning,
+        pending_combos=tuple(pending),
+        expected_runs=expected or len(runs),
     )

@@ -27,7 +27,7 @@ from typing import IO, Any
 import tomli_w
 
 from flower_app.experiments.communication import load_metrics
-from flower_app.experiments.grid import Grid, GridRun
+from flower_app.experiments.grid import Grid, GridRun, load_grid
 from flower_app.flwr_home import CONFIG_FILE_NAME
 from flower_app.launch import local_superlink, run_flower_app
 
@@ -116,6 +116,26 @@ def _record(out: Path, run: GridRun, status: str, seconds: float, message: str) 
     path.write_text(json.dumps(state, indent=2) + "\n")
 
 
+def _pending(grid: Grid, out: Path, only: list[str] | None, tried: set[str]) -> tuple[list, list]:
+    selected = [r for r in grid.runs if not only or any(s in r.run_id for s in only)]
+    pending, skipped = [], []
+    for run in selected:
+        if is_finished(run_dir(out, run), run):
+            skipped.append(run)
+        elif run.run_id not in tried:
+            pending.append(run)
+    return pending, skipped
+
+
+def _with_choices(grid: Grid, out: Path) -> Grid:
+    """A grid with a tuning stage, re-read with the choices its finished tuning runs make."""
+    if grid.tuning is None:
+        return grid
+    from flower_app.experiments.tuning import choose_tuned
+
+    return load_grid(grid.path, choose_tuned(grid, out)["choices"])
+
+
 def run_grid(
     grid: Grid,
     out: Path,
@@ -126,35 +146,44 @@ def run_grid(
     app_dir: Path = APP_DIR,
 ) -> GridOutcome:
     """Run the unfinished runs of ``grid`` (those whose id contains one of ``only``, if
-    given; at most ``max_runs`` of them) and return what happened."""
+    given; at most ``max_runs`` of them) and return what happened.
+
+    A grid with a tuning stage is re-read after every run: once the tuning runs of a
+    combination have finished, its choice is made and its grid runs join the queue."""
     out = Path(out).resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    selected = [r for r in grid.runs if not only or any(s in r.run_id for s in only)]
-    pending, skipped = [], []
-    for run in selected:
-        (skipped if is_finished(run_dir(out, run), run) else pending).append(run)
-    if max_runs is not None:
-        pending = pending[:max_runs]
+    grid = _with_choices(grid, out)
+    tried: set[str] = set()
+    pending, skipped = _pending(grid, out, only, tried)
 
     def say(text: str) -> None:
         if stream is not None:
             print(f"[grid {grid.name}] {text}", file=stream, flush=True)
 
-    say(f"{len(selected)} runs: {len(skipped)} already finished, {len(pending)} to run -> {out}")
+    waiting = f", {len(grid.pending_combos)} combinations await tuning" if grid.tuning else ""
+    say(
+        f"{grid.expected_runs} runs: {len(skipped)} already finished, {len(pending)} to run"
+        f"{waiting} -> {out}"
+    )
     outcome = GridOutcome([], [r.run_id for r in skipped], {})
     if not pending:
         return outcome
     started = time.monotonic()
+    done_here = 0
     with tempfile.TemporaryDirectory(prefix="florg-grid-home-") as tmp:
         flwr_home = Path(tmp)
         with local_superlink(flwr_home, cwd=out, log_path=out / "logs" / "superlink.log") as link:
             _write_connection(flwr_home, link.address, grid)
-            for index, run in enumerate(pending, start=1):
+            while pending and (max_runs is None or done_here < max_runs):
+                run = pending[0]
+                tried.add(run.run_id)
+                done_here += 1
+                index = f"{len(skipped) + done_here}/{grid.expected_runs}"
                 folder = run_dir(out, run)
                 moved = _set_aside(folder, out)
                 if moved is not None:
                     say(f"kept the incomplete folder of {run.run_id} as {moved}")
-                say(f"{index}/{len(pending)} {run.run_id} ...")
+                say(f"{index} {run.run_id} ...")
                 t0 = time.monotonic()
                 config = {**run.overrides, "output-dir": str(out / "runs"), "run-name": run.run_id}
                 with (out / "logs" / f"{run.run_id}.log").open("w") as log:
@@ -167,15 +196,12 @@ def run_grid(
                     outcome.finished.append(run.run_id)
                     headline = _final_value(folder, grid.metric)
                     shown = "n/a" if headline is None else f"{headline:.4f}"
-                    say(
-                        f"{index}/{len(pending)} {run.run_id} finished in {seconds:.0f}s "
-                        f"(final {grid.metric} {shown})"
-                    )
+                    say(f"{index} {run.run_id} finished in {seconds:.0f}s ({grid.metric} {shown})")
                 else:
                     message = result.message if not result.ok else "no finished summary.json"
                     outcome.failed[run.run_id] = message
                     say(
-                        f"{index}/{len(pending)} {run.run_id} FAILED after {seconds:.0f}s: "
+                        f"{index} {run.run_id} FAILED after {seconds:.0f}s: "
                         f"{message} (log: {out / 'logs' / (run.run_id + '.log')})"
                     )
                 _record(
@@ -185,11 +211,13 @@ def run_grid(
                     seconds,
                     "" if done else outcome.failed[run.run_id],
                 )
+                grid = _with_choices(grid, out)
+                pending, finished_before = _pending(grid, out, only, tried)
                 elapsed = time.monotonic() - started
-                left = len(pending) - index
-                if left:
+                left = grid.expected_runs - len(finished_before) - len(outcome.failed)
+                if left > 0:
                     say(
-                        f"{elapsed / 60:.1f} min so far; about {elapsed / index * left / 60:.0f} "
-                        f"min left for {left} runs"
+                        f"{elapsed / 60:.1f} min so far; about "
+                        f"{elapsed / done_here * left / 60:.0f} min left for {left} runs"
                     )
     return outcome
