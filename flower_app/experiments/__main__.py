@@ -3,11 +3,14 @@
     python -m flower_app.experiments run GRID [--out DIR] [--only TEXT ...] [--max-runs N]
     python -m flower_app.experiments report GRID [--out DIR]
     python -m flower_app.experiments list GRID
+    python -m flower_app.experiments evidence GRID [--ablations GRID ...] [--publish DIR]
 
 GRID is a YAML file or the name of one in conf/grids/. ``run`` runs the unfinished runs
 through the Flower simulation engine (finished ones are skipped, so it resumes) and then
 writes the report; ``report`` only aggregates: ``results.csv``, ``results.md`` and
-``plots/*.png`` in the grid's folder (default ``results/<grid name>``).
+``plots/*.png`` in the grid's folder (default ``results/<grid name>``); ``evidence``
+writes the evidence report of a tuned, seeded grid (``flower_app.experiments.evidence``:
+``evidence.md``, ``evidence/summary.json``, paired intervals, verdicts, plots).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 
 from flower_app.experiments.aggregate import collect, markdown_report, write_csv
+from flower_app.experiments.evidence import write_evidence
 from flower_app.experiments.grid import Grid, GridError, load_grid
 from flower_app.experiments.plots import write_plots
 from flower_app.experiments.runner import is_finished, run_dir, run_grid
@@ -56,6 +60,32 @@ def publish(grid: Grid, out: Path, target: Path) -> Path:
     return target
 
 
+def publish_evidence(
+    grid: Grid, out: Path, target: Path, ablations: list[tuple[Grid, Path]]
+) -> Path:
+    """Copy the evidence report (evidence.md as README.md, summary.json, tuning.json,
+    centralised.json, the evidence plots) and every finished run's config, metrics and
+    summary (the main grid's and the ablations') to ``target``."""
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(out / "evidence.md", target / "README.md")
+    shutil.copy2(out / "evidence" / "summary.json", target / "summary.json")
+    for name in ("tuning.json", "centralised.json"):
+        if (out / name).is_file():
+            shutil.copy2(out / name, target / name)
+    (target / "plots").mkdir(exist_ok=True)
+    for plot in (out / "plots").glob("evidence_*.png"):
+        shutil.copy2(plot, target / "plots" / plot.name)
+    for source_grid, source_out in [(grid, out), *ablations]:
+        for run in source_grid.runs:
+            folder = run_dir(source_out, run)
+            if is_finished(folder, run):
+                dest = target / "runs" / source_grid.name / run.run_id
+                dest.mkdir(parents=True, exist_ok=True)
+                for name in ("config.json", "metrics.jsonl", "summary.json"):
+                    shutil.copy2(folder / name, dest / name)
+    return target
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m flower_app.experiments")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -63,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
         ("run", "run the grid's unfinished runs, then write the report"),
         ("report", "aggregate finished runs into results.csv, results.md and plots"),
         ("list", "print the grid's runs and whether each is finished"),
+        ("evidence", "the evidence report: test scores, paired intervals, verdicts"),
     ):
         cmd = sub.add_parser(name, help=help_text)
         cmd.add_argument("grid", help="grid YAML file, or a name in conf/grids/")
@@ -84,7 +115,15 @@ def _parser() -> argparse.ArgumentParser:
                 help="stop after this many runs (the rest resume later)",
             )
             cmd.add_argument("--no-report", action="store_true", help="skip the report")
-        if name in ("run", "report"):
+        if name == "evidence":
+            cmd.add_argument(
+                "--ablations",
+                nargs="*",
+                default=[],
+                metavar="GRID",
+                help="ablation grids whose runs join the comparison (their default folders)",
+            )
+        if name in ("run", "report", "evidence"):
             cmd.add_argument(
                 "--publish",
                 type=Path,
@@ -117,6 +156,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'done' if done else 'todo'}  {run.run_id}  [{'+'.join(run.blocks)}]")
         for combo in grid.pending_combos:
             print(f"wait  {combo}: its grid runs follow its tuning runs")
+        return 0
+    if args.command == "evidence":
+        ablations = []
+        for name in args.ablations:
+            other = load_grid(name)
+            ablations.append((other, (DEFAULT_RESULTS / other.name).resolve()))
+        report = write_evidence(grid, out, ablations)
+        print(f"[grid {grid.name}] evidence: {report}")
+        if args.publish is not None:
+            target = publish_evidence(grid, out, args.publish.resolve(), ablations)
+            print(f"[grid {grid.name}] published to {target}")
         return 0
     code = 0
     if args.command == "run":

@@ -1,0 +1,299 @@
+"""The evidence report of a tuned, seeded grid (conf/grids/evidence.yaml).
+
+From the finished runs under ``<out>`` (and, optionally, an ablation grid's runs and a
+centralised reference) it writes:
+
+- ``evidence/summary.json``: per task the chance level (the test split's majority-class
+  share), the centralised reference's test score, the test-set size and, per method, the
+  chosen learning rate, the seeds and, in the same seed order, the final-round test score
+  and the mean test score of the last three rounds;
+- ``evidence.md``: the tuning table, per task a table of every method's test score (mean
+  and 95% t interval over seeds) with the paired difference FLoRG − method (95% t interval
+  over the shared seeds, win count), and a verdict table, one row per claim of the paper;
+- ``plots/evidence_test_per_round.png`` (test score per round, mean over seeds with the
+  95% band) and ``plots/evidence_forest.png`` (the paired differences with their intervals).
+
+Paired differences use only the seeds both methods finished. Nothing is tuned here: the
+numbers are what the runs produced.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flower_app.experiments.communication import load_metrics
+from flower_app.experiments.grid import MAIN_BLOCK, Grid
+from flower_app.experiments.runner import is_finished, run_dir
+from flower_app.experiments.stats import mean_interval, paired_difference, verdict
+from flower_app.experiments.tuning import tuning_markdown
+
+__all__ = ["REFERENCE", "MethodRuns", "collect_methods", "evidence_summary", "write_evidence"]
+
+REFERENCE = "florg"
+CENTRALISED_FILE = "centralised.json"
+
+
+@dataclass
+class MethodRuns:
+    """One (task, method) of the grid: per seed, the final and last-3 test scores and the
+    test score at every tested round."""
+
+    lr: float | None
+    seeds: list[int]
+    test_final: list[float]
+    test_last3: list[float]
+    curves: dict[int, list[tuple[int, float]]]  # seed -> [(round, test score)]
+    params_per_round: float | None
+
+
+def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str], MethodRuns]:
+    found: dict[tuple[str, str], MethodRuns] = {}
+    runs = sorted(grid.runs_in(block), key=lambda r: r.setting("seed"))
+    for run in runs:
+        folder = run_dir(out, run)
+        if not is_finished(folder, run):
+            continue
+        summary = json.loads((folder / "summary.json").read_text())
+        if summary.get("final-test-score") is None or summary.get("test-last3") is None:
+            continue
+        key = (str(run.setting("task")), _label(run.overrides))
+        entry = found.setdefault(key, MethodRuns(None, [], [], [], {}, None))
+        entry.lr = float(run.setting("learning-rate"))
+        seed = int(run.setting("seed"))
+        entry.seeds.append(seed)
+        entry.test_final.append(float(summary["final-test-score"]))
+        entry.test_last3.append(float(summary["test-last3"]))
+        rows = load_metrics(folder / "metrics.jsonl")
+        entry.curves[seed] = [
+            (int(r["round"]), float(r["test-score"]))
+            for r in rows
+            if r.get("test-score") is not None
+        ]
+        rounds = max(1, int(summary.get("rounds") or 1))
+        entry.params_per_round = float(summary.get("total-params", 0)) / rounds
+    return found
+
+
+def _label(overrides: dict[str, Any]) -> str:
+    """The method, plus the FLoRG variant an ablation sets (``florg rank-mismatch=truncate``)."""
+    label = str(overrides.get("method", "florg"))
+    for key in ("rank-mismatch", "projection-sharing"):
+        if key in overrides:
+            label += f" {key}={overrides[key]}"
+    return label
+
+
+def collect_methods(
+    grid: Grid, out: Path, ablations: Iterable[tuple[Grid, Path]] = ()
+) -> dict[str, dict[str, MethodRuns]]:
+    """task -> method label -> its runs (the grid's main block, then the ablation grids)."""
+    by_task: dict[str, dict[str, MethodRuns]] = defaultdict(dict)
+    sources = [(grid, out), *ablations]
+    for source_grid, source_out in sources:
+        for block in source_grid.blocks:
+            if source_grid.tuning is not None and block != MAIN_BLOCK:
+                continue
+            for (task, label), runs in _runs_by_setting(source_grid, source_out, block).items():
+                by_task[task].setdefault(label, runs)
+    return by_task
+
+
+def _chance(task: str, max_test: int) -> float:
+    """The majority-class share of the task's test subset: what always guessing it scores."""
+    from flower_app.data.loading import load_task_test
+    from flower_app.data.tasks import resolve_task
+
+    spec = resolve_task(task)
+    labels = load_task_test(spec, max_test or None)[spec.label_field]
+    return max(Counter(labels).values()) / len(labels)
+
+
+def evidence_summary(
+    grid: Grid, methods: dict[str, dict[str, MethodRuns]], centralised: dict[str, Any]
+) -> dict[str, Any]:
+    """The machine-readable summary (docs/results/evidence/summary.json's schema)."""
+    max_test = int(grid.base.get("max-test-examples", 0))
+    tasks = {}
+    for task, by_method in methods.items():
+        tasks[task] = {
+            "chance": _chance(task, max_test),
+            "centralised": centralised.get(task, {}).get("test-score"),
+            "test_examples": max_test,
+            "methods": {
+                label: {
+                    "lr": runs.lr,
+                    "seeds": runs.seeds,
+                    "test_final": runs.test_final,
+                    "test_last3": runs.test_last3,
+                }
+                for label, runs in by_method.items()
+            },
+        }
+    return {"grid": grid.name, "reference": REFERENCE, "tasks": tasks}
+
+
+def _paired(ref: MethodRuns, other: MethodRuns, field: str):
+    common = [s for s in ref.seeds if s in other.seeds]
+    if len(common) < 2:
+        return None, common
+    a = [getattr(ref, field)[ref.seeds.index(s)] for s in common]
+    b = [getattr(other, field)[other.seeds.index(s)] for s in common]
+    return paired_difference(a, b), common
+
+
+def _task_lines(task: str, info: dict[str, Any], by_method: dict[str, MethodRuns]) -> list[str]:
+    lines = [
+        f"### {task}",
+        "",
+        f"Chance (majority class of the {info['test_examples']} test examples): "
+        f"{info['chance']:.4f}; centralised reference: "
+        + ("not measured" if info["centralised"] is None else f"{info['centralised']:.4f}"),
+        "",
+        "| method | lr | seeds | test, final round | test, mean of last 3 | "
+        f"{REFERENCE} − method, final [95% CI] | wins of {REFERENCE} |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    ref = by_method.get(REFERENCE)
+    for label, runs in by_method.items():
+        diff, wins = "–", "–"
+        if ref is not None and label != REFERENCE:
+            paired, common = _paired(ref, runs, "test_final")
+            if paired is not None:
+                diff = str(paired.difference)
+                wins = f"{paired.wins}/{len(common)}"
+        lines.append(
+            f"| {label} | {runs.lr:g} | {len(runs.seeds)} | {mean_interval(runs.test_final)} | "
+            f"{mean_interval(runs.test_last3)} | {diff} | {wins} |"
+        )
+    return lines + [""]
+
+
+def _verdict_rows(methods: dict[str, dict[str, MethodRuns]]) -> list[str]:
+    rows = [
+        "| claim | task | measure | interval (95%) | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for task, by_method in methods.items():
+        ref = by_method.get(REFERENCE)
+        if ref is None:
+            continue
+        for label, runs in by_method.items():
+            if label == REFERENCE:
+                continue
+            for field, name in (("test_final", "final"), ("test_last3", "last 3")):
+                paired, common = _paired(ref, runs, field)
+                if paired is None:
+                    rows.append(f"| FLoRG beats {label} | {task} | {name} | too few seeds | – |")
+                    continue
+                claim = (
+                    "Procrustes helps (FLoRG − no Procrustes)"
+                    if label == "florg-no-procrustes"
+                    else f"FLoRG beats {label}"
+                )
+                rows.append(
+                    f"| {claim} | {task} | test {name}, {len(common)} seeds | "
+                    f"{paired.difference} | {verdict(paired.difference)} |"
+                )
+        fedit = by_method.get("fedit")
+        if fedit is not None and ref.params_per_round and fedit.params_per_round:
+            ratio = ref.params_per_round / fedit.params_per_round
+            rows.append(
+                f"| FLoRG sends less than half of FedIT | {task} | parameters per round, "
+                f"FLoRG / FedIT | {ratio:.3f} (exact count) | "
+                f"{'holds' if ratio <= 0.5 else 'does not hold'} |"
+            )
+    return rows
+
+
+def _plots(methods: dict[str, dict[str, MethodRuns]], folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tasks = list(methods)
+    if not tasks:
+        return []
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for label, runs in methods[task].items():
+            by_round: dict[int, list[float]] = defaultdict(list)
+            for points in runs.curves.values():
+                for round_, score in points:
+                    by_round[round_].append(score)
+            rounds = sorted(by_round)
+            stats = [mean_interval(by_round[r]) for r in rounds]
+            means = [s.mean for s in stats]
+            (line,) = ax.plot(rounds, means, marker="o", ms=3, label=label)
+            if all(s.n > 1 for s in stats):
+                ax.fill_between(
+                    rounds, [s.low for s in stats], [s.high for s in stats],
+                    color=line.get_color(), alpha=0.15,
+                )  # fmt: skip
+        ax.set_title(task)
+        ax.set_xlabel("round")
+        ax.set_ylabel("test score (mean over seeds, 95% band)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    curve_path = folder / "evidence_test_per_round.png"
+    fig.savefig(curve_path, dpi=120)
+    plt.close(fig)
+
+    entries = []
+    for task, by_method in methods.items():
+        ref = by_method.get(REFERENCE)
+        for label, runs in by_method.items():
+            if ref is None or label == REFERENCE:
+                continue
+            paired, _ = _paired(ref, runs, "test_final")
+            if paired is not None and paired.difference.n > 1:
+                entries.append((f"{task}: vs {label}", paired.difference))
+    forest_path = folder / "evidence_forest.png"
+    fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(entries), 2) + 1))
+    for y, (_name, interval) in enumerate(reversed(entries)):
+        ax.errorbar(
+            interval.mean, y,
+            xerr=[[interval.mean - interval.low], [interval.high - interval.mean]],
+            fmt="o", color="black", capsize=3,
+        )  # fmt: skip
+    ax.axvline(0.0, color="grey", ls="--")
+    ax.set_yticks(range(len(entries)), [n for n, _ in reversed(entries)], fontsize=8)
+    ax.set_xlabel(f"{REFERENCE} − method, final-round test score (95% CI over seeds)")
+    fig.tight_layout()
+    fig.savefig(forest_path, dpi=120)
+    plt.close(fig)
+    return [curve_path, forest_path]
+
+
+def write_evidence(grid: Grid, out: Path, ablations: Iterable[tuple[Grid, Path]] = ()) -> Path:
+    """Write summary.json, evidence.md and the two plots under ``out``; returns the md."""
+    centralised: dict[str, Any] = {}
+    if (out / CENTRALISED_FILE).is_file():
+        centralised = json.loads((out / CENTRALISED_FILE).read_text()).get("tasks", {})
+    methods = collect_methods(grid, out, ablations)
+    summary = evidence_summary(grid, methods, centralised)
+    (out / "evidence").mkdir(parents=True, exist_ok=True)
+    (out / "evidence" / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = [f"# Evidence: {grid.name}", "", grid.description, ""]
+    tuning_path = out / "tuning.json"
+    if tuning_path.is_file():
+        lines += ["## Tuning (validation score, seed 0)", ""]
+        lines += tuning_markdown(json.loads(tuning_path.read_text())) + [""]
+    lines += ["## Test scores", ""]
+    for task, by_method in methods.items():
+        lines += _task_lines(task, summary["tasks"][task], by_method)
+    lines += ["## Verdicts", ""] + _verdict_rows(methods) + [""]
+    plots = _plots(methods, out / "plots")
+    lines += [f"![{p.stem}](plots/{p.name})" for p in plots]
+    done = sum(len(r.seeds) for m in methods.values() for r in m.values())
+    lines += ["", f"Runs with test scores: {done}; scores are fractions in [0, 1]."]
+    path = out / "evidence.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,181 @@
+"""The evidence protocol: the grid's tuning stage, the held-out test split, the test
+rounds and the evidence report (summary.json schema, paired intervals, verdicts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flower_app.config import resolve_config
+from flower_app.data.loading import load_task_splits, load_task_test
+from flower_app.data.tasks import resolve_task
+from flower_app.experiments.evidence import write_evidence
+from flower_app.experiments.grid import TUNING_BLOCK, GridError, load_grid
+from flower_app.experiments.runner import is_finished, run_dir
+from flower_app.experiments.tuning import choose_tuned, load_choices, selection_score
+
+GRID = """
+name: ev
+simulation: {num-supernodes: 2}
+base: {max-test-examples: 40, num-server-rounds: 4}
+tuning: {key: learning-rate, values: [0.001, 0.002], seed: 0, per: [task, method]}
+grid:
+  task: [movie-sentiment]
+  method: [florg, fedit]
+  seed: [0, 1, 2]
+"""
+
+
+def _fake_run(out: Path, run, val: list[float], test: list[float]) -> None:
+    """A finished run folder as the ServerApp writes it (rounds 0..4)."""
+    folder = run_dir(out, run)
+    folder.mkdir(parents=True)
+    config = resolve_config({}, run.overrides).as_dict()
+    (folder / "config.json").write_text(json.dumps(config))
+    rows = [
+        {
+            "round": i,
+            "score": v,
+            "test-score": t,
+            "cum-up-params": 10 * i,
+            "cum-down-params": 10 * i,
+        }
+        for i, (v, t) in enumerate(zip(val, test, strict=True))
+    ]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {
+        "status": "finished",
+        "final-test-score": test[-1],
+        "test-last3": sum(test[-3:]) / 3,
+        "rounds": 4,
+        "total-params": 80 if run.overrides["method"] == "florg" else 160,
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_tuning_stage_chooses_on_validation_and_unlocks_the_seeds(tmp_path):
+    path = tmp_path / "ev.yaml"
+    path.write_text(GRID)
+    grid = load_grid(path)
+    assert [r.run_id for r in grid.runs] == [
+        "learning-rate=0.001,method=florg,seed=0,task=movie-sentiment",
+        "learning-rate=0.002,method=florg,seed=0,task=movie-sentiment",
+        "learning-rate=0.001,method=fedit,seed=0,task=movie-sentiment",
+        "learning-rate=0.002,method=fedit,seed=0,task=movie-sentiment",
+    ]
+    assert all(r.blocks == (TUNING_BLOCK,) for r in grid.runs)
+    assert len(grid.pending_combos) == 2 and grid.expected_runs == 2 * (2 + 3 - 1)
+    out = tmp_path / "out"
+    # florg: 0.002 is better on validation's last 3 rounds, though worse on test (never used)
+    scores = {
+        ("florg", 0.001): ([0.5, 0.6, 0.6, 0.6, 0.6], [0.5, 0.9, 0.9, 0.9, 0.9]),
+        ("florg", 0.002): ([0.5, 0.1, 0.7, 0.7, 0.7], [0.5, 0.6, 0.6, 0.6, 0.6]),
+        ("fedit", 0.001): ([0.5, 0.6, 0.6, 0.6, 0.6], [0.5, 0.6, 0.6, 0.6, 0.6]),
+    }
+    for run in grid.runs:
+        key = (run.overrides["method"], run.overrides["learning-rate"])
+        if key in scores:
+            _fake_run(out, run, *scores[key])
+    document = choose_tuned(grid, out)
+    assert document["choices"] == {"method=florg,task=movie-sentiment": 0.002}  # fedit waits
+    assert load_choices(out) == document["choices"]
+    tuned = load_grid(path, load_choices(out))
+    florg_runs = [r for r in tuned.runs if r.overrides["method"] == "florg"]
+    main = [r for r in florg_runs if "main" in r.blocks]
+    assert [r.overrides["seed"] for r in main] == [0, 1, 2]
+    assert all(r.overrides["learning-rate"] == 0.002 for r in main)
+    # the tuning run at the chosen value is seed 0's grid run: one run, two blocks
+    assert main[0].blocks == (TUNING_BLOCK, "main") and is_finished(run_dir(out, main[0]), main[0])
+    assert tuned.pending_combos == ("method=fedit,task=movie-sentiment",)
+
+
+def test_selection_score_needs_three_scored_rounds():
+    assert selection_score([{"round": 0, "score": 0.9}, {"round": 1, "score": 0.5}]) is None
+    rows = [{"round": i, "score": s} for i, s in enumerate([0.9, 0.1, 0.2, 0.3, 0.4])]
+    assert selection_score(rows) == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(
+    ("tuning", "message"),
+    [
+        ("{key: learning-rate, values: [], seed: 0, per: [task, method]}", "non-empty"),
+        ("{key: seed, values: [1], seed: 0, per: [task, method]}", "that can be tuned"),
+        ("{key: learning-rate, values: [0.1], seed: 0, per: [task]}", "per"),
+        ("{key: learning-rate, values: [0.1], per: [task, method]}", "missing seed"),
+    ],
+)
+def test_bad_tuning_sections_are_refused(tmp_path, tuning, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(GRID.replace(GRID.split("\n")[4], f"tuning: {tuning}"))
+    with pytest.raises(GridError, match=message):
+        load_grid(path)
+
+
+def test_evidence_report_pairs_seeds_and_writes_the_schema(tmp_path):
+    path = tmp_path / "ev.yaml"
+    path.write_text(GRID)
+    out = tmp_path / "out"
+    grid = load_grid(path)
+    for run in grid.runs:  # every tuning run: florg wins on validation at 0.001, fedit too
+        good = run.overrides["learning-rate"] == 0.001
+        val = [0.5, 0.7, 0.7, 0.7, 0.7] if good else [0.5, 0.6, 0.6, 0.6, 0.6]
+        test = (
+            [0.5, 0.8, 0.8, 0.8, 0.8] if run.overrides["method"] == "florg" else [0.5] + [0.7] * 4
+        )
+        _fake_run(out, run, val, test)
+    grid = load_grid(path, choose_tuned(grid, out)["choices"])
+    offsets = {1: 0.01, 2: -0.02}
+    for run in grid.runs:
+        seed = run.overrides["seed"]
+        if seed == 0:
+            continue
+        base = 0.8 if run.overrides["method"] == "florg" else 0.7
+        test = [0.5] + [base + offsets[seed]] * 4
+        _fake_run(out, run, [0.5, 0.6, 0.6, 0.6, 0.6], test)
+    report = write_evidence(grid, out).read_text()
+    summary = json.loads((out / "evidence" / "summary.json").read_text())
+    task = summary["tasks"]["movie-sentiment"]
+    assert task["test_examples"] == 40
+    assert 0.5 <= task["chance"] < 1.0
+    florg = task["methods"]["florg"]
+    assert florg == {
+        "lr": 0.001,
+        "seeds": [0, 1, 2],
+        "test_final": [0.8, 0.81, 0.78],
+        "test_last3": pytest.approx([0.8, 0.81, 0.78]),
+    }
+    assert task["methods"]["fedit"]["seeds"] == [0, 1, 2]
+    # paired differences are exactly 0.1 on every seed: a zero-width interval above 0
+    row = "| FLoRG beats fedit | movie-sentiment | test final, 3 seeds | 0.1000 [0.1000, 0.1000] |"
+    assert f"{row} holds |" in report
+    assert "FLoRG sends less than half of FedIT" in report
+    assert (out / "plots" / "evidence_forest.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_test_split_is_disjoint_from_training_and_validation():
+    spec = resolve_task("movie-sentiment")
+    train, validation = load_task_splits(spec, seed=0)
+    test = load_task_test(spec, 500)
+    texts = {row["sentence"] for row in test}
+    assert len(test) == 500
+    assert not texts & {row["sentence"] for row in train}
+    assert not texts & {row["sentence"] for row in validation}
+    # the same examples whatever the run seed; and a task without a test split says so
+    assert load_task_test(spec, 500)["sentence"] == test["sentence"]
+    assert load_task_splits(spec, max_train=50, seed=1)[0]["sentence"] != train["sentence"][:50]
+    with pytest.raises(ValueError, match="no held-out test split"):
+        load_task_test(resolve_task("mrpc"), 10)
+
+
+@pytest.mark.parametrize(
+    ("every", "rounds", "tested"),
+    [(5, 20, [0, 5, 10, 15, 18, 19, 20]), (0, 4, [0, 2, 3, 4]), (3, 6, [0, 3, 4, 5, 6])],
+)
+def test_test_rounds(every, rounds, tested):
+    config = resolve_config(
+        {}, {"max-test-examples": 10, "test-every": every, "num-server-rounds": rounds}
+    )
+    assert [r for r in range(rounds + 1) if config.tests_round(r)] == tested
+    assert not resolve_config({}, {}).tests_round(0)  # max-test-examples = 0: no test
