@@ -3,6 +3,9 @@ process (no federation, no partitioning), evaluated every few steps.
 
     python benchmarks/centralized_baseline.py                           # movie sentiment
     python benchmarks/centralized_baseline.py --task snli --steps 240 --methods florg,fedit
+    python benchmarks/centralized_baseline.py --steps 300 --eval-every 15 \
+        --max-train-examples 2400 --max-test-examples 1000 \
+        --json results/evidence/centralised.json          # the evidence grid's reference
 
 It answers the question a federated grid cannot: does this model, task, learning rate and
 step budget learn at all?  A federated run whose clients together take S local steps per
@@ -43,6 +46,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--max-test-examples",
+        type=int,
+        default=0,
+        help="also score the held-out test split after the last step (0 = no test)",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="merge the test scores into this file ({'tasks': {TASK: {'test-score': best "
+        "method's, 'methods': {...}}}}; the evidence report reads results/<grid>/"
+        "centralised.json)",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1:
         parser.error("--steps and --eval-every must be >= 1")
@@ -78,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             "max-train-examples": args.max_train_examples,
             "max-eval-examples": args.max_eval_examples, "batch-size": args.batch_size,
             "learning-rate": args.learning_rate, "weight-decay": 0.0, "device": "cpu",
-            "progress-bar": False,
+            "progress-bar": False, "max-test-examples": args.max_test_examples,
         }  # fmt: skip
 
     try:
@@ -97,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         tokenized_split(first, "eval"), first.eval_batch_size, shuffle=False, seed=0
     )
 
+    tested = None
+    if args.max_test_examples > 0:
+        tested = make_loader(
+            tokenized_split(first, "test"), first.eval_batch_size, shuffle=False, seed=0
+        )
+    test_scores: dict[str, float] = {}
     table: dict[str, list[tuple[int, float, float]]] = {}
     for method, config in configs.items():
         model = cached_adapted_model(config, data.num_labels).model
@@ -121,12 +144,45 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         table[method] = rows
+        if tested is not None:
+            test_scores[method] = evaluate(model, tested, device).accuracy
+            print(f"[{method}] test accuracy {test_scores[method]:.4f}", flush=True)
     steps = [s for s, _, _ in next(iter(table.values()))]
     print("\n| method | " + " | ".join(f"step {s}" for s in steps) + " |")
     print("|---|" + "---|" * len(steps))
     for method, rows in table.items():
         print(f"| {method} | " + " | ".join(f"{acc:.3f}" for _, acc, _ in rows) + " |")
+    if args.json is not None and test_scores:
+        write_json(args, test_scores, {m: rows[-1][1] for m, rows in table.items()})
     return 0
+
+
+def write_json(
+    args: argparse.Namespace, test_scores: dict[str, float], validation: dict[str, float]
+) -> None:
+    """Merge this task's centralised test scores into ``args.json``."""
+    import json
+
+    try:
+        document = json.loads(args.json.read_text())
+    except (OSError, ValueError):
+        document = {"tasks": {}}
+    document.setdefault("tasks", {})[args.task] = {
+        "test-score": max(test_scores.values()),
+        "methods": {
+            m: {"test-score": test_scores[m], "validation-score": validation[m]}
+            for m in test_scores
+        },
+        "steps": args.steps,
+        "learning-rate": args.learning_rate,
+        "batch-size": args.batch_size,
+        "max-train-examples": args.max_train_examples,
+        "test-examples": args.max_test_examples,
+        "command": "python benchmarks/centralized_baseline.py " + " ".join(sys.argv[1:]),
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"centralised: test scores written to {args.json}")
 
 
 if __name__ == "__main__":
