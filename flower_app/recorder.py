@@ -77,7 +77,7 @@ class RunRecorder:
             "elapsed-seconds": time.perf_counter() - self.t0,
         }
         for key, value in evaluation.items():
-            if key in QA_METRICS or key.startswith("test-"):
+            if key in QA_METRICS or key.startswith("test-") or key == "eval-seconds":
                 row[key] = value
         for key, value in round_metrics.items():
             if key not in ("up-params", "down-params"):

@@ -45,10 +45,14 @@ class GlobalEvaluator:
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         self.load(arrays)
+        t0 = time.perf_counter()
         metrics = evaluate_task(self.config, self.adapted.model, self.device)
+        metrics["eval-seconds"] = time.perf_counter() - t0
         if self.config.tests_round(server_round):  # the held-out test split: reported scores
+            t0 = time.perf_counter()
             test = evaluate_task(self.config, self.adapted.model, self.device, split="test")
             metrics |= {f"test-{key}": value for key, value in test.items()}
+            metrics["test-seconds"] = time.perf_counter() - t0
         self.adapted.model.to("cpu")
         self.recorder.record(
             server_round, metrics, self.strategy.round_metrics.get(server_round, {})
