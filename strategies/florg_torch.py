@@ -332,10 +332,10 @@ def _group_step(
     Returns per layer: A_new, r', Q's spectrum (descending), ||A_new^T A_new - Q||_F^2.
     """
     B, rows, k = T.shape
-    R = rows - r
-    A, prev = T[:, :R], T[:, R:]
+    nr = rows - r
+    A, prev = T[:, :nr], T[:, nr:]
     truncate = rank_mismatch == "truncate"
-    if R > k:
+    if nr > k:
         # More stacked rows than columns: Q (k x k) is the smaller matrix (as the reference).
         M = A * d[None, :, None]
         lam, P = _descending_eigh(M.mT @ M, vectors=True)
@@ -349,8 +349,8 @@ def _group_step(
         new, err_sq = _from_factor(factor, use, lam, prev, procrustes)
         return new, rank, lam, err_sq
 
-    GX = _gram_and_cross(T, R)
-    G = GX[:, :R] * (d[:, None] * d[None, :])  # M M^T, eq. (Gram_agg) in the small space
+    GX = _gram_and_cross(T, nr)
+    G = GX[:, :nr] * (d[:, None] * d[None, :])  # M M^T, eq. (Gram_agg) in the small space
     need_vectors = truncate or not procrustes
     lam, U = _descending_eigh(G, vectors=need_vectors)
     rank = _numerical_rank(lam, rtol)
@@ -362,10 +362,10 @@ def _group_step(
         new, err_sq = _from_factor(factor, use, lam, prev, procrustes)
         return new, rank, lam, err_sq
 
-    X = GX[:, R:] * d[None, None, :]  # A_prev M^T (r x Nr)
+    X = GX[:, nr:] * d[None, None, :]  # A_prev M^T (r x Nr)
     new = torch.empty_like(prev)
     err_sq = torch.empty(B, dtype=F64, device=T.device)
-    full = rank == R
+    full = rank == nr
     direct = torch.nonzero(full).flatten()
     if direct.numel():
         # Theorem 1 applied to M itself (M = U A~ with U orthogonal): see the module doc.
@@ -382,14 +382,16 @@ def _group_step(
     deficient = torch.nonzero(~full).flatten()
     if deficient.numel():
         # r' < Nr: A~ = U_{r'}^T M, so that the eigenvalues below the tolerance are dropped.
-        As, rank_s = A[deficient], rank[deficient]
+        # The eigenvalues are taken again from this eigh, so that they match its vectors.
         lam_s, U_s = _descending_eigh(G[deficient], vectors=True)
         assert U_s is not None
+        rank_s = _numerical_rank(lam_s, rtol[deficient])
+        lam[deficient], rank[deficient] = lam_s, rank_s
         n = max(int(rank_s.max()), 1)
-        factor = _times(U_s[:, :, :n].mT * d[None, None, :], As)
+        factor = _times(U_s[:, :, :n].mT * d[None, None, :], A[deficient])
         factor = factor * _index_mask(rank_s, n)[:, :, None]
         new[deficient], err_sq[deficient] = _from_factor(
-            factor, rank_s, lam[deficient], prev[deficient], True
+            factor, rank_s, lam_s, prev[deficient], True
         )
     return new, rank, lam, err_sq
 
