@@ -60,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "method's, 'methods': {...}}}}; the evidence report reads results/<grid>/"
         "centralised.json)",
     )
+    parser.add_argument(
+        "--projection-sharing",
+        default="shape",
+        choices=("shape", "module"),
+        help="FLoRG's L, R: one pair per layer shape (default) or per module",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1:
         parser.error("--steps and --eval-every must be >= 1")
@@ -84,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"centralised: {args.model} on {args.task}, {args.max_train_examples} training / "
         f"{args.max_eval_examples} validation examples, batch {args.batch_size}, "
-        f"lr {args.learning_rate:g}, r = {args.rank}, {args.steps} steps, seed {args.seed}",
+        f"lr {args.learning_rate:g}, r = {args.rank}, {args.steps} steps, seed {args.seed}, "
+        f"projection-sharing {args.projection_sharing}",
         flush=True,
     )
 
@@ -96,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             "max-eval-examples": args.max_eval_examples, "batch-size": args.batch_size,
             "learning-rate": args.learning_rate, "weight-decay": 0.0, "device": "cpu",
             "progress-bar": False, "max-test-examples": args.max_test_examples,
+            "projection-sharing": args.projection_sharing,
         }  # fmt: skip
 
     try:

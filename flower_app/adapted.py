@@ -59,6 +59,7 @@ class AdaptedModel:
                     seed=config.seed,
                     a_init_std=config.a_init_std,
                     projection_init=config.projection_init,
+                    projection_sharing=config.projection_sharing,
                     subtract_init=config.subtract_init,
                     head_modules=config.heads,
                     train_head=config.train_head,

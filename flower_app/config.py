@@ -99,6 +99,20 @@ SCHEMA: dict[str, tuple[Any, type, Callable[[Any], bool] | None, str]] = {
         "FLoRG: initialisation of L and R",
     ),
     "subtract-init": (False, bool, None, "FLoRG: subtract s L A1^T A1 R from W0"),
+    # FLoRG, issue 12 / 11: L/R sharing, the server step's device and rank-mismatch policy
+    "projection-sharing": (
+        "shape",
+        str,
+        _one_of("shape", "module"),
+        "FLoRG: one L, R per layer shape (from seed + shape) or per module (seed + name)",
+    ),
+    "server-device": ("auto", str, _one_of("auto", "cpu", "cuda"), "FLoRG server step device"),
+    "rank-mismatch": (
+        "procrustes",
+        str,
+        _one_of("procrustes", "truncate"),
+        "FLoRG when r' > r: Procrustes over all r' rows, or top-r eigenpairs then Procrustes",
+    ),
     "lora-init": ("default", str, _one_of("default", "federa-svd"), "LoRA baselines' init"),
     "fedex-residual": ("dense", str, _one_of("dense", "factored"), "FedEx residual transport"),
     "device": ("auto", str, _one_of("auto", "cpu", "cuda"), "torch device for training"),
@@ -156,6 +170,9 @@ class RunConfig:
     a_init_std: float
     projection_init: str
     subtract_init: bool
+    projection_sharing: str
+    server_device: str
+    rank_mismatch: str
     lora_init: str
     fedex_residual: str
     device: str

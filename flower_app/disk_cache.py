@@ -59,7 +59,7 @@ _RUN_ONLY = frozenset(
         "min-available-nodes", "client-eval", "local-epochs", "local-steps", "batch-size",
         "eval-batch-size", "learning-rate", "weight-decay", "aggregation-weights", "device",
         "progress-bar", "output-dir", "save-client-updates", "fault-partition", "fault-kind",
-        "run-name", "test-every",
+        "run-name", "test-every", "server-device", "rank-mismatch",
     }
 )  # fmt: skip
 _NOT_FOR_MODEL = _RUN_ONLY | {
@@ -69,7 +69,7 @@ _NOT_FOR_MODEL = _RUN_ONLY | {
 }  # fmt: skip
 _NOT_FOR_DATA = _RUN_ONLY | {
     "method", "rank", "alpha", "target-modules", "head-modules", "train-head", "a-init-std",
-    "projection-init", "subtract-init", "lora-init", "fedex-residual",
+    "projection-init", "subtract-init", "lora-init", "fedex-residual", "projection-sharing",
 }  # fmt: skip
 
 _PACKAGE = Path(__file__).resolve().parent

@@ -99,6 +99,8 @@ def main(grid: Grid, context: Context) -> None:
         updates_dir=run_dir / "updates" if config.save_client_updates else None,
         residual_mode=config.fedex_residual,
         fingerprint=adapted.fingerprint() if config.is_florg else None,
+        server_device=config.server_device,
+        rank_mismatch=config.rank_mismatch,
     )
     recorder = RunRecorder(run_dir, config, score_metric=data.score_metric)
     evaluator = GlobalEvaluator(config, strategy, recorder)

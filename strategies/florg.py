@@ -26,17 +26,32 @@ Numerical rank: r' = #{i : lambda_i > rtol * lambda_1}, with the default
 rtol = max(k, N r) * eps_float64 (eigenvalues below it are rounding noise of
 the decomposition and are dropped, which also clamps tiny negative ones).
 
-Rank mismatch: S = U V^T from the thin SVD of the r x r' matrix A_prev A~^T is
-the Procrustes optimum in all three cases.  For r' <= r it has orthonormal
-columns (S^T S = I_r'), so A_new^T A_new = Q exactly; for r' > r it has
-orthonormal rows (S S^T = I_r) and projects A~ onto the r-dimensional subspace
-nearest A_prev, so the Gram matrix is approximated (reported as gram_rel_error).
+Rank mismatch (r' != r), the run setting ``rank-mismatch``:
+
+- ``procrustes`` (default, the paper's Theorem 1 as written): S = U V^T from the thin SVD
+  of the r x r' matrix A_prev A~^T, applied to all r' rows of A~.  For r' <= r, S has
+  orthonormal columns (S^T S = I_r'), ||S A~||_F = ||A~||_F is fixed, so S minimises
+  ||S A~ - A_prev||_F (problem P1) and A_new^T A_new = Q exactly.  For r' > r, S has
+  orthonormal rows (S S^T = I_r): it maximises the trace alignment tr(A_prev A~^T S^T)
+  (problem P2) over such S, but it does NOT minimise ||S A~ - A_prev||_F then, because
+  ||S A~||_F depends on S (P1 and P2 are equivalent only when S^T S = I, the paper's
+  constraint (c11), which no r x r' matrix with r' > r satisfies).  It projects A~ onto
+  the r-dimensional row subspace best aligned with A_prev; the Gram matrix is approximated
+  (reported as gram_rel_error), not necessarily by its best rank-r approximation.
+- ``truncate``: keep the top-r eigenpairs of Q, A~_r = Lambda_r^{1/2} P_r (the
+  Eckart-Young best rank-r approximation of Q, error sqrt(sum_{i>r} lambda_i^2)), then the
+  r x r Procrustes rotation S = U V^T of A_prev A~_r^T (orthogonal, so here it does
+  minimise ||S A~_r - A_prev||_F).  For r' <= r both policies are the same computation.
+
+``aggregate_florg_layers`` runs the same step for many layers at once in torch (float64,
+batched over layers of equal shape, on CPU or CUDA); see ``strategies.florg_torch``.
+This module's numpy ``aggregate_florg`` is its reference.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,6 +66,14 @@ from strategies.validation import (
 log = logging.getLogger(__name__)
 
 EPS64 = float(np.finfo(np.float64).eps)
+RANK_MISMATCH_POLICIES: tuple[str, ...] = ("procrustes", "truncate")
+
+
+def check_rank_mismatch(policy: str) -> str:
+    """The policy name, or ValueError naming the allowed ones."""
+    if policy not in RANK_MISMATCH_POLICIES:
+        raise ValueError(f"rank_mismatch must be one of {RANK_MISMATCH_POLICIES}, got {policy!r}")
+    return policy
 
 
 def default_rtol(k: int, stacked_rows: int) -> float:
@@ -80,8 +103,10 @@ def _validated_inputs(
 def procrustes_rotation(prev_A: np.ndarray, A_tilde: np.ndarray) -> np.ndarray:
     """Theorem 1: S = U V^T from the thin SVD of A_prev A~^T (r x r').
 
-    S minimises ||S A~ - A_prev||_F over matrices with orthonormal columns (r' <= r)
-    or orthonormal rows (r' > r).
+    S maximises the trace alignment tr(A_prev A~^T S^T) (problem P2) over r x r' matrices
+    with orthonormal columns (r' <= r) or orthonormal rows (r' > r).  For r' <= r that is
+    the same as minimising ||S A~ - A_prev||_F (P1); for r' > r it is not, since
+    ||S A~||_F then depends on S (see the module docstring).
     """
     r, r_prime = prev_A.shape[0], A_tilde.shape[0]
     if r_prime == 0:
@@ -144,6 +169,7 @@ def aggregate_florg(
     prev_A: np.ndarray,
     procrustes: bool = True,
     rtol: float | None = None,
+    rank_mismatch: str = "procrustes",
 ) -> tuple[np.ndarray, dict[str, float | int]]:
     """One FLoRG server step for one layer (thin path; never forms the k x k Gram matrix).
 
@@ -153,12 +179,16 @@ def aggregate_florg(
         prev_A: the previous global A (r x k), the Procrustes anchor.
         procrustes: False gives the paper's ablation (top-r rows of A~, zero-padded).
         rtol: relative eigenvalue tolerance for the numerical rank r' (see module doc).
+        rank_mismatch: what to do when r' > r: 'procrustes' (Procrustes over all r' rows)
+            or 'truncate' (top-r eigenpairs, then an r x r Procrustes rotation); see the
+            module docstring.  Ignored by the ablation (procrustes=False).
 
     Returns:
         new_A (r x k, float64) and diagnostics ``rank`` (r'), ``gram_rel_error``
         (||A_new^T A_new - Q||_F / ||Q||_F), ``drift`` (||A_new - A_prev||_F),
         ``eigengap`` (lambda_r - lambda_{r+1}) and ``eigengap_rel`` (that over lambda_1).
     """
+    check_rank_mismatch(rank_mismatch)
     mats, w, prev = _validated_inputs(client_As, weights, prev_A)
     r, k = prev.shape
     M = stack_weighted(mats, w)
@@ -173,8 +203,12 @@ def aggregate_florg(
     # A_new = Y Lambda^{-1/2} A~ with Y (r x r') its coordinates in the orthonormal rows
     # Lambda^{-1/2} A~; then ||A_new^T A_new - Q||_F = ||[Y^T Y - Lambda_{r'}, dropped]||_F.
     if procrustes:
-        S = procrustes_rotation(prev, A_tilde)
-        new_A, Y = S @ A_tilde, S * sqrt_lam
+        # 'truncate' keeps the top-r rows of A~ (Eckart-Young); Theorem 1 on what is kept.
+        m = min(r, r_prime) if rank_mismatch == "truncate" else r_prime
+        S = procrustes_rotation(prev, A_tilde[:m])
+        new_A = S @ A_tilde[:m]
+        Y = np.zeros((r, r_prime))
+        Y[:, :m] = S * sqrt_lam[:m]
     else:
         new_A, Y = _top_rows(A_tilde, r), _top_rows(np.diag(sqrt_lam), r)
     kept = Y.T @ Y - np.diag(eigenvalues[:r_prime])
@@ -191,18 +225,57 @@ def aggregate_florg(
     return new_A, info
 
 
+def aggregate_florg_layers(
+    client_As: Mapping[str, Sequence[np.ndarray]],
+    weights: Sequence[float] | np.ndarray | None,
+    prev_As: Mapping[str, np.ndarray],
+    procrustes: bool = True,
+    device: str = "auto",
+    rank_mismatch: str = "procrustes",
+    rtol: float | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, dict[str, float | int]]]:
+    """The FLoRG server step for every layer at once: torch, float64, batched, on ``device``.
+
+    Args:
+        client_As: layer name -> the clients' A_n (r x k each, same client order per layer).
+        weights: client weights (normalised here; None means uniform 1/N), one per client.
+        prev_As: layer name -> the previous global A (r x k).
+        procrustes, rank_mismatch, rtol: as for ``aggregate_florg``.
+        device: 'auto' (CUDA when torch sees a GPU), 'cpu' or 'cuda'.
+
+    Returns:
+        (layer name -> new A as float64 numpy, layer name -> the diagnostics
+        ``aggregate_florg`` returns for that layer).  Equal to ``aggregate_florg`` layer by
+        layer up to rounding (tests: 1e-12); layers of equal (r, k) share one batched
+        eigendecomposition and SVD (see ``strategies.florg_torch``).
+    """
+    from strategies.florg_torch import aggregate_layers_torch
+
+    return aggregate_layers_torch(
+        client_As,
+        weights,
+        prev_As,
+        procrustes=procrustes,
+        device=device,
+        rank_mismatch=rank_mismatch,
+        rtol=rtol,
+    )
+
+
 def aggregate_florg_reference(
     client_As: Sequence[np.ndarray],
     weights: Sequence[float] | np.ndarray | None,
     prev_A: np.ndarray,
     procrustes: bool = True,
     rtol: float | None = None,
+    rank_mismatch: str = "procrustes",
 ) -> tuple[np.ndarray, dict[str, float | int]]:
     """The paper's straightforward path: form Q (k x k), ``eigh`` it, then Procrustes.
 
     O(k^3) per layer; kept for tests and the benchmark.  Same tolerance rule as
     ``aggregate_florg``; diagnostics are computed densely.
     """
+    check_rank_mismatch(rank_mismatch)
     mats, w, prev = _validated_inputs(client_As, weights, prev_A)
     r, k = prev.shape
     Q = sum(wn * (a.T @ a) for wn, a in zip(w, mats, strict=True))
@@ -211,7 +284,11 @@ def aggregate_florg_reference(
     lam, vecs = np.clip(lam[::-1], 0.0, None), vecs[:, ::-1]
     r_prime = _numerical_rank(lam, tol)
     A_tilde = _canonical_signs(np.sqrt(lam[:r_prime])[:, None] * vecs[:, :r_prime].T)
-    new_A = procrustes_rotation(prev, A_tilde) @ A_tilde if procrustes else _top_rows(A_tilde, r)
+    if procrustes:
+        kept = A_tilde[: min(r, r_prime)] if rank_mismatch == "truncate" else A_tilde
+        new_A = procrustes_rotation(prev, kept) @ kept
+    else:
+        new_A = _top_rows(A_tilde, r)
     q_norm = float(np.linalg.norm(Q))
     gap, gap_rel = _eigengap(lam, r)
     info: dict[str, float | int] = {

@@ -11,7 +11,7 @@ import torch
 from peft import PeftModel
 from transformers import BertConfig, BertForSequenceClassification
 
-from flower_app.adapters.florg_layer import FLoRGLinear
+from flower_app.adapters.florg_layer import FLoRGLinear, FLoRGProjections
 from flower_app.adapters.florg_model import (
     FLoRGConfig,
     export_peft_lora,
@@ -29,7 +29,7 @@ from flower_app.adapters.lora import (
     lora_layers,
     set_lora_state,
 )
-from flower_app.adapters.projections import fingerprint, make_projections
+from flower_app.adapters.projections import fingerprint, make_projections, projection_key
 from flower_app.adapters.targets import adapter_layout
 
 TINY = BertConfig(
@@ -187,11 +187,19 @@ def test_subtract_init_leaves_output_unchanged():
     assert (plain(x).logits - reference).abs().max() > 1e-4  # the paper's default does move it
 
 
-@pytest.mark.parametrize("subtract_init", [False, True])
-def test_peft_export_reproduces_logits(tmp_path, subtract_init):
+@pytest.mark.parametrize(
+    "subtract_init,sharing", [(False, "shape"), (True, "shape"), (False, "module")]
+)
+def test_peft_export_reproduces_logits(tmp_path, subtract_init, sharing):
     x = tokens()
     model = tiny_bert()
-    config = FLoRGConfig(r=3, target_modules=TARGETS, subtract_init=subtract_init, a_init_std=0.1)
+    config = FLoRGConfig(
+        r=3,
+        target_modules=TARGETS,
+        subtract_init=subtract_init,
+        a_init_std=0.1,
+        projection_sharing=sharing,
+    )
     inject_florg(model, config)
     perturb_As(model)
     with torch.no_grad():
@@ -310,3 +318,97 @@ def test_lora_bad_input():
         inject_lora(tiny_bert(), LoRAConfig(target_modules=("nope",)))
     with pytest.raises(ValueError, match="LoRA init"):
         LoRAConfig(init="pissa")
+
+
+# --- L/R sharing (projection-sharing) ---------------------------------------------------
+
+
+def test_shape_sharing_holds_one_pair_per_shape():
+    model = tiny_bert()
+    layers = inject_florg(model, FLoRGConfig(target_modules=TARGETS, seed=4))
+    by_shape: dict[tuple[int, int], list[FLoRGLinear]] = {}
+    for layer in layers.values():
+        by_shape.setdefault(tuple(layer.base_layer.weight.shape), []).append(layer)
+    assert sorted(by_shape) == [(32, 32), (32, 48), (48, 32)]
+    for (d_out, d_in), group in by_shape.items():
+        assert len(group) >= 2
+        assert all(g.projections is group[0].projections for g in group)
+        assert all(g.L.data_ptr() == group[0].L.data_ptr() for g in group)
+        L, R = make_projections(d_out, d_in, seed=4, name=f"shape:{d_out}x{d_in}")
+        np.testing.assert_array_equal(group[0].L.numpy(), L.astype(np.float32))
+        np.testing.assert_array_equal(group[0].R.numpy(), R.astype(np.float32))
+        k = min(d_out, d_in)
+        np.testing.assert_allclose(L.T @ L, np.eye(k), atol=1e-13)
+        np.testing.assert_allclose(R @ R.T, np.eye(k), atol=1e-13)
+    # Buffers are counted once: 3 shapes x (L + R), not 16 layers x (L + R).
+    assert len(list(model.buffers())) == len(list(tiny_bert().buffers())) + 6
+    # The A matrices still differ per module (seeded by name).
+    A = [layer.A.detach().numpy() for layer in by_shape[(32, 32)]]
+    assert not np.allclose(A[0], A[1])
+
+
+def test_module_sharing_is_the_per_module_derivation():
+    model = tiny_bert()
+    layers = inject_florg(
+        model, FLoRGConfig(target_modules=TARGETS, seed=4, projection_sharing="module")
+    )
+    holders = {id(layer.projections) for layer in layers.values()}
+    assert len(holders) == len(layers)
+    for name, layer in layers.items():
+        d_out, d_in = layer.base_layer.weight.shape
+        L, R = make_projections(d_out, d_in, seed=4, name=name)
+        np.testing.assert_array_equal(layer.L.numpy(), L.astype(np.float32))
+        np.testing.assert_array_equal(layer.R.numpy(), R.astype(np.float32))
+    assert projection_key("m", 3, 4, "module", "semi-orthogonal") == "m"
+    assert projection_key("m", 3, 4, "shape", "semi-orthogonal") == "shape:3x4"
+    assert projection_key("m", 3, 4, "shape", "svd") == "m"  # W0-dependent: per module
+    with pytest.raises(ValueError, match="projection sharing"):
+        projection_key("m", 3, 4, "layer", "semi-orthogonal")
+    with pytest.raises(ValueError, match="projection_sharing"):
+        FLoRGConfig(projection_sharing="layer")
+
+
+def test_shared_projections_keep_the_dense_formula_and_survive_conversion():
+    torch.manual_seed(0)
+    d_out, d_in, r, s = 12, 7, 3, 2.0
+    L, R = make_projections(d_out, d_in, seed=1, name="shape:12x7")
+    holder = FLoRGProjections(L, R, torch.float64, torch.device("cpu"))
+    bases = [torch.nn.Linear(d_in, d_out).double() for _ in range(2)]
+    rng = np.random.default_rng(2)
+    As = [rng.standard_normal((r, d_in)) for _ in range(2)]
+    layers = torch.nn.ModuleList(
+        FLoRGLinear(b, L, R, a, s, projections=holder) for b, a in zip(bases, As, strict=True)
+    )
+    x = torch.randn(5, d_in, dtype=torch.float64)
+    for layer, base, A in zip(layers, bases, As, strict=True):
+        W = base.weight.detach().numpy() + s * L @ A.T @ A @ R
+        expected = x.numpy() @ W.T + base.bias.detach().numpy()
+        np.testing.assert_allclose(layer(x).detach().numpy(), expected, rtol=1e-12, atol=1e-12)
+    layers.float()  # converts the shared holder once, in place: still one pair
+    assert layers[0].L.dtype == torch.float32
+    assert layers[0].L.data_ptr() == layers[1].L.data_ptr()
+    with pytest.raises(ValueError, match="do not fit"):
+        FLoRGLinear(torch.nn.Linear(5, 5), L, R, As[0], s, projections=holder)
+
+
+def test_fingerprint_covers_the_sharing_mode():
+    prints = {}
+    for sharing in ("shape", "module"):
+        a, b = tiny_bert(), tiny_bert()
+        for m in (a, b):
+            inject_florg(m, FLoRGConfig(target_modules=TARGETS, projection_sharing=sharing))
+        assert florg_fingerprint(a) == florg_fingerprint(b)
+        prints[sharing] = florg_fingerprint(a)
+    assert prints["shape"] != prints["module"]
+    # The mode is hashed too: svd L, R are per module in both modes, yet the prints differ.
+    svd = {}
+    for sharing in ("shape", "module"):
+        m = tiny_bert()
+        inject_florg(
+            m,
+            FLoRGConfig(
+                target_modules=("query",), projection_init="svd", projection_sharing=sharing
+            ),
+        )
+        svd[sharing] = florg_fingerprint(m)
+    assert svd["shape"] != svd["module"]

@@ -62,6 +62,9 @@ def test_precedence_defaults_preset_explicit():
         ({"train-head": "maybe"}, "train-head"),
         ({"target-modules": " , "}, "target-modules"),
         ({"preset": "nonexistent"}, "preset"),
+        ({"server-device": "gpu"}, "server-device"),
+        ({"rank-mismatch": "svd"}, "rank-mismatch"),
+        ({"projection-sharing": "layer"}, "projection-sharing"),
     ],
 )
 def test_bad_values_name_the_key(values, key):

@@ -19,6 +19,7 @@ from flwr.server.superlink.linkstate.utils import (
 from flwr.supercore.task_identity import TaskIdentity
 
 from flower_app import disk_cache
+from flower_app.adapters.florg_model import florg_layers
 from flower_app.config import ConfigError, resolve_config
 from flower_app.deploy.certs import certificate_sans, generate_certificates, generate_node_keys
 from flower_app.deploy.commands import DeployConfigError
@@ -67,6 +68,15 @@ def test_model_cache_hits_with_identical_model_and_misses_on_a_relevant_change(
     other = build(_config(tiny, rank=3), labels)
     assert disk_cache.STATS["misses"] - before["misses"] == 2
     assert next(iter(other.shared_state().values())).shape[0] == 3
+    # The server step's device and rank policy do not change the model; L/R sharing does.
+    build(_config(tiny, **{"server-device": "cpu", "rank-mismatch": "truncate"}), labels)
+    assert disk_cache.STATS["hits"] - before["hits"] == 3
+    per_module = build(_config(tiny, **{"projection-sharing": "module"}), labels)
+    assert disk_cache.STATS["misses"] - before["misses"] == 3
+    assert per_module.fingerprint() != first.fingerprint()
+    # The copy loaded from disk still shares one L, R pair between same-shape layers.
+    holders = {id(m.projections) for m in florg_layers(second.model).values()}
+    assert len(florg_layers(second.model)) > len(holders) == 1
 
 
 def test_dataset_cache_round_trips_and_can_be_disabled(tiny, tmp_path, monkeypatch):

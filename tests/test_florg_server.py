@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strategies.florg import aggregate_florg, aggregate_florg_reference
+from strategies.florg import aggregate_florg, aggregate_florg_reference, procrustes_rotation
 
 
 def dense_gram(As: list[np.ndarray], w: np.ndarray) -> np.ndarray:
@@ -78,7 +78,8 @@ def test_gram_error_diagnostic_matches_dense_when_truncated():
 
 @pytest.mark.parametrize("n,r,k", [(1, 4, 12), (3, 4, 30), (8, 2, 10)])
 def test_procrustes_is_optimal(n, r, k):
-    """No feasible S (orthonormal rows or columns) beats S* in ||S A~ - A_prev||."""
+    """Theorem 1: S* maximises tr(A_prev A~^T S^T) over S with orthonormal rows or columns;
+    for r' <= r that is also the minimum of ||S A~ - A_prev||_F (problem P1)."""
     rng = np.random.default_rng(n * 100 + k)
     As, prev = clients(rng, n, r, k)
     new_A, info = aggregate_florg(As, None, prev)
@@ -87,16 +88,31 @@ def test_procrustes_is_optimal(n, r, k):
     keep = lam > 1e-12 * lam.max()
     A_tilde = np.sqrt(lam[keep])[:, None] * vecs[:, keep].T  # any valid factor of Q
     r_prime = A_tilde.shape[0]
-    best = np.linalg.norm(new_A - prev)
+    best_align = np.trace(prev @ new_A.T)
+    best_dist = np.linalg.norm(new_A - prev)
     for _ in range(2000):
         G = rng.standard_normal((max(r, r_prime), min(r, r_prime)))
         orth, _ = np.linalg.qr(G)
         S = orth if r >= r_prime else orth.T  # r x r'
-        assert np.linalg.norm(S @ A_tilde - prev) >= best - 1e-12
+        assert np.trace(prev @ (S @ A_tilde).T) <= best_align + 1e-12
+        if r_prime <= r:
+            assert np.linalg.norm(S @ A_tilde - prev) >= best_dist - 1e-12
     # And new_A is S* A~ for Theorem 1's S* = U V^T computed from this independent factor.
     U, _, Vt = np.linalg.svd(prev @ A_tilde.T, full_matrices=False)
     S_star = U @ Vt
     np.testing.assert_allclose(S_star @ A_tilde, new_A, atol=1e-10)
+
+
+def test_procrustes_does_not_minimise_the_distance_when_r_prime_exceeds_r():
+    """For r' > r, ||S A~||_F depends on S, so the trace optimum S* = U V^T is not the
+    distance optimum (the docstring's correction): a counterexample with r = 1, r' = 2."""
+    A_tilde = np.array([[10.0, 0.0], [0.0, 1.0]])  # rows orthogonal, norms^2 = eigenvalues
+    prev = np.array([[1.0, 1.0]])
+    S_star = procrustes_rotation(prev, A_tilde)
+    np.testing.assert_allclose(S_star @ S_star.T, np.eye(1), atol=1e-15)
+    other = np.array([[0.0, 1.0]])  # also orthonormal rows
+    assert np.trace(prev @ (S_star @ A_tilde).T) > np.trace(prev @ (other @ A_tilde).T)
+    assert np.linalg.norm(other @ A_tilde - prev) < np.linalg.norm(S_star @ A_tilde - prev) - 1
 
 
 @pytest.mark.parametrize("n,r,k", [(2, 4, 16), (1, 3, 9), (5, 2, 7)])
@@ -221,3 +237,82 @@ def test_uses_more_rows_than_columns_path():
     ref, _ = aggregate_florg_reference(As, w, prev)
     assert info["rank"] == 12
     assert rel(thin, ref) < 1e-10
+
+
+# --- rank-mismatch policies ('procrustes', the paper's; 'truncate', Eckart-Young) -----------
+
+
+def heterogeneous(rng: np.random.Generator, n: int, r: int, k: int):
+    """Clients far from A_prev and from each other: r' = min(n r, k) > r."""
+    return [rng.standard_normal((r, k)) for _ in range(n)], rng.standard_normal((r, k))
+
+
+@pytest.mark.parametrize("n,r,k", [(3, 2, 12), (5, 4, 30), (4, 3, 9)])
+def test_truncate_gives_the_best_rank_r_gram(n, r, k):
+    rng = np.random.default_rng(n + r + k)
+    As, prev = heterogeneous(rng, n, r, k)
+    w = rng.random(n) + 0.2
+    new_A, info = aggregate_florg(As, w, prev, rank_mismatch="truncate")
+    Q = dense_gram(As, w)
+    lam, vecs = np.linalg.eigh(Q)
+    lam, vecs = lam[::-1], vecs[:, ::-1]
+    optimum = np.sqrt(np.sum(lam[r:] ** 2)) / np.sqrt(np.sum(lam**2))  # Eckart-Young
+    assert info["rank"] == min(n * r, k) > r
+    assert info["gram_rel_error"] == pytest.approx(optimum, rel=1e-9)
+    assert rel(new_A.T @ new_A, Q) == pytest.approx(optimum, rel=1e-9)
+    best = (vecs[:, :r] * lam[:r]) @ vecs[:, :r].T
+    assert rel(new_A.T @ new_A, best) < 1e-10
+    # ... aligned to A_prev by an r x r rotation: no orthogonal matrix beats it in distance.
+    for _ in range(200):
+        rot = np.linalg.qr(rng.standard_normal((r, r)))[0]
+        assert np.linalg.norm(rot @ new_A - prev) >= info["drift"] - 1e-12
+    # The 'procrustes' policy approximates the Gram no better, but moves no farther.
+    aligned, aligned_info = aggregate_florg(As, w, prev, rank_mismatch="procrustes")
+    assert aligned_info["gram_rel_error"] >= info["gram_rel_error"] - 1e-12
+    assert aligned_info["drift"] <= info["drift"] + 1e-12
+    ref, ref_info = aggregate_florg_reference(As, w, prev, rank_mismatch="truncate")
+    assert rel(new_A, ref) < 1e-10
+    assert ref_info["gram_rel_error"] == pytest.approx(optimum, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes)
+def test_policies_are_identical_when_the_rank_fits(shape):
+    n, r, k, seed = shape
+    rng = np.random.default_rng(seed)
+    r_true = int(rng.integers(1, r + 1))  # r' <= r
+    basis = rng.standard_normal((r_true, k))
+    As = [rng.standard_normal((r, r_true)) @ basis for _ in range(n)]
+    prev = rng.standard_normal((r, k))
+    w = rng.random(n) + 0.1
+    a, info_a = aggregate_florg(As, w, prev, rank_mismatch="procrustes")
+    b, info_b = aggregate_florg(As, w, prev, rank_mismatch="truncate")
+    assert info_a["rank"] <= r
+    np.testing.assert_array_equal(a, b)
+    assert info_a == info_b
+
+
+def test_policies_agree_near_a_prev_and_differ_for_heterogeneous_clients():
+    rng = np.random.default_rng(21)
+    n, r, k = 6, 4, 40
+    # Clients a small step from A_prev: A_prev's row space carries almost all of Q, so
+    # aligning over all r' rows or truncating to the top r first lands on (nearly) the same A.
+    prev = rng.standard_normal((r, k))
+    near = [prev + 1e-4 * rng.standard_normal((r, k)) for _ in range(n)]
+    a, info_a = aggregate_florg(near, None, prev, rank_mismatch="procrustes")
+    b, info_b = aggregate_florg(near, None, prev, rank_mismatch="truncate")
+    assert info_a["rank"] == n * r > r
+    assert rel(a, b) < 1e-6
+    # Heterogeneous clients: the policies give different A (and Grams).
+    As, prev = heterogeneous(rng, n, r, k)
+    a, info_a = aggregate_florg(As, None, prev, rank_mismatch="procrustes")
+    b, info_b = aggregate_florg(As, None, prev, rank_mismatch="truncate")
+    assert rel(a, b) > 0.1
+    assert rel(a.T @ a, b.T @ b) > 0.1
+    assert info_b["gram_rel_error"] < info_a["gram_rel_error"]
+
+
+def test_unknown_rank_mismatch_policy_is_rejected():
+    prev = np.ones((2, 5))
+    with pytest.raises(ValueError, match="rank_mismatch"):
+        aggregate_florg([prev], None, prev, rank_mismatch="svd")

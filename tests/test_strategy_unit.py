@@ -49,6 +49,33 @@ def test_florg_aggregates_like_the_core_and_fedavgs_the_head():
     assert metrics["clients"] == 3 and metrics["rank"] == info["rank"]
 
 
+@pytest.mark.parametrize("rank_mismatch", ["procrustes", "truncate"])
+def test_florg_strategy_passes_device_and_rank_policy(rank_mismatch):
+    state = {**PREV, "enc.v.A": rng.standard_normal((2, 6))}
+    strategy = build_strategy("florg", state, server_device="cpu", rank_mismatch=rank_mismatch)
+    assert strategy.server_device.type == "cpu" and strategy.rank_mismatch == rank_mismatch
+    clients = [{k: v + 0.5 * rng.standard_normal(v.shape) for k, v in state.items()}]
+    clients.append({k: rng.standard_normal(v.shape) for k, v in state.items()})
+    arrays, metrics = strategy.aggregate_train(1, [reply(c) for c in clients])
+    new = from_array_record(arrays)
+    for key in ("enc.q.A", "enc.v.A"):
+        As = [c[key].astype(np.float32) for c in clients]
+        expected, info = aggregate_florg(As, None, state[key], rank_mismatch=rank_mismatch)
+        np.testing.assert_allclose(new[key], expected, rtol=1e-6)
+        assert info["rank"] == 4 > 2  # r' > r: the policies differ here
+    other = "truncate" if rank_mismatch == "procrustes" else "procrustes"
+    differ, _ = aggregate_florg(
+        [c["enc.q.A"].astype(np.float32) for c in clients], None, state["enc.q.A"],
+        rank_mismatch=other,
+    )  # fmt: skip
+    assert np.linalg.norm(new["enc.q.A"] - differ) > 1e-3
+    assert metrics["rank"] == 4
+    with pytest.raises(ValueError, match="rank_mismatch"):
+        build_strategy("florg", state, rank_mismatch="svd")
+    # The FLoRG keys are ignored by the other methods.
+    build_strategy("fedit", {"l.lora_A": np.ones((2, 3))}, server_device="cpu")
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -18,8 +18,28 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class FLoRGProjections(nn.Module):
+    """The fixed L and R as non-persistent buffers.  One instance may be the child of many
+    FLoRGLinear layers (``projection-sharing=shape``): ``model.to(...)`` then converts it
+    once, in place, so the layers keep sharing it on every device."""
+
+    def __init__(
+        self, L: np.ndarray, R: np.ndarray, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        super().__init__()
+        self.register_buffer("L", torch.as_tensor(L, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("R", torch.as_tensor(R, dtype=dtype, device=device), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"L={tuple(self.L.shape)}, R={tuple(self.R.shape)}"
+
+
 class FLoRGLinear(nn.Module):
-    """Wraps ``base_layer`` (frozen) with the trainable FLoRG matrix ``A`` (r x k)."""
+    """Wraps ``base_layer`` (frozen) with the trainable FLoRG matrix ``A`` (r x k).
+
+    ``projections``: an existing FLoRGProjections holding these L and R (shared with other
+    layers); by default the layer gets its own.
+    """
 
     def __init__(
         self,
@@ -29,6 +49,7 @@ class FLoRGLinear(nn.Module):
         A_init: np.ndarray,
         scaling: float,
         subtract_init: bool = False,
+        projections: FLoRGProjections | None = None,
     ) -> None:
         super().__init__()
         d_out, d_in = base_layer.weight.shape
@@ -44,8 +65,14 @@ class FLoRGLinear(nn.Module):
         self.scaling = float(scaling)
         self.r, self.k = r, k
         dtype, device = base_layer.weight.dtype, base_layer.weight.device
-        self.register_buffer("L", torch.as_tensor(L, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("R", torch.as_tensor(R, dtype=dtype, device=device), persistent=False)
+        if projections is None:
+            projections = FLoRGProjections(L, R, dtype, device)
+        elif projections.L.shape != (d_out, k) or projections.R.shape != (k, d_in):
+            raise ValueError(
+                f"shared projections L {tuple(projections.L.shape)}, R "
+                f"{tuple(projections.R.shape)} do not fit W0 {(d_out, d_in)}"
+            )
+        self.projections = projections
         self.A = nn.Parameter(torch.as_tensor(A_init, dtype=dtype, device=device).clone())
         # Option: W0 <- W0 - s L A1^T A1 R (float64), so the output is unchanged before training.
         self.subtract_init = bool(subtract_init)
@@ -57,6 +84,14 @@ class FLoRGLinear(nn.Module):
             self.register_buffer("A_init", torch.as_tensor(A_init, dtype=dtype, device=device))
         else:
             self.A_init = None
+
+    @property
+    def L(self) -> torch.Tensor:  # noqa: N802 (the paper's name)
+        return self.projections.L
+
+    @property
+    def R(self) -> torch.Tensor:  # noqa: N802 (the paper's name)
+        return self.projections.R
 
     @property
     def in_features(self) -> int:

@@ -1,7 +1,9 @@
 """Injecting FLoRG into a Hugging Face model, its trainable state, and export to PEFT LoRA.
 
 ``inject_florg`` replaces every targeted nn.Linear by a FLoRGLinear whose L, R come
-from (seed, module name) and whose A starts as seeded N(0, a_init_std^2) entries:
+from (seed, layer shape) -- one FLoRGProjections shared by all modules of that shape --
+or, with ``projection_sharing='module'``, from (seed, module name), and whose A starts as
+seeded N(0, a_init_std^2) entries (seeded by module name in both modes):
 A = 0 is excluded because grad_A = A (H + H^T) vanishes there (paper, eq. gradient_A).
 Everything but the A matrices (and, if ``train_head``, the task head) is frozen.
 
@@ -23,11 +25,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from flower_app.adapters.florg_layer import FLoRGLinear
+from flower_app.adapters.florg_layer import FLoRGLinear, FLoRGProjections
 from flower_app.adapters.projections import (
     PROJECTION_INITS,
+    PROJECTION_SHARINGS,
     fingerprint,
     make_projections,
+    projection_key,
     seeded_rng,
 )
 from flower_app.adapters.state import load_arrays, module_parameters, to_numpy
@@ -44,6 +48,7 @@ class FLoRGConfig:
     seed: int = 0
     a_init_std: float = 0.02
     projection_init: str = "semi-orthogonal"
+    projection_sharing: str = "shape"
     subtract_init: bool = False
     head_modules: tuple[str, ...] | None = None
     train_head: bool = True
@@ -59,6 +64,11 @@ class FLoRGConfig:
             raise ValueError(
                 f"projection_init {self.projection_init!r} unknown; "
                 f"choose one of {PROJECTION_INITS}"
+            )
+        if self.projection_sharing not in PROJECTION_SHARINGS:
+            raise ValueError(
+                f"projection_sharing {self.projection_sharing!r} unknown; "
+                f"choose one of {PROJECTION_SHARINGS}"
             )
 
     @property
@@ -80,15 +90,27 @@ def inject_florg(model: nn.Module, config: FLoRGConfig) -> dict[str, FLoRGLinear
             )
     model.requires_grad_(False)
     layers: dict[str, FLoRGLinear] = {}
+    # key -> (L, R, their buffers); with sharing 'shape' one entry per layer shape and dtype.
+    shared: dict[tuple, tuple[np.ndarray, np.ndarray, FLoRGProjections]] = {}
     for name, linear in targets.items():
         d_out, d_in = linear.weight.shape
         k = min(d_in, d_out)
-        weight = linear.weight.detach().to(torch.float64).cpu().numpy()
-        L, R = make_projections(
-            d_out, d_in, seed=config.seed, name=name, init=config.projection_init, weight=weight
-        )
+        key = projection_key(name, d_out, d_in, config.projection_sharing, config.projection_init)
+        cache_key = (key, linear.weight.dtype, linear.weight.device)
+        if cache_key not in shared:
+            weight = None
+            if config.projection_init == "svd":
+                weight = linear.weight.detach().to(torch.float64).cpu().numpy()
+            L, R = make_projections(
+                d_out, d_in, seed=config.seed, name=key, init=config.projection_init, weight=weight
+            )
+            holder = FLoRGProjections(L, R, linear.weight.dtype, linear.weight.device)
+            shared[cache_key] = (L, R, holder)
+        L, R, holder = shared[cache_key]
         A1 = seeded_rng(config.seed, name, "A").standard_normal((config.r, k)) * config.a_init_std
-        layer = FLoRGLinear(linear, L, R, A1, config.scaling, config.subtract_init)
+        layer = FLoRGLinear(
+            linear, L, R, A1, config.scaling, config.subtract_init, projections=holder
+        )
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
         layers[name] = layer
@@ -122,11 +144,17 @@ def set_florg_state(model: nn.Module, state: dict[str, np.ndarray]) -> None:
 
 
 def florg_fingerprint(model: nn.Module) -> str:
-    """One hash over every layer's L and R (float32), for nodes to compare."""
+    """One hash over the sharing mode and every layer's L and R (float32), for nodes to
+    compare: a node with another seed, model, initialisation or sharing mode differs."""
     h = hashlib.sha256()
+    h.update(f"projection-sharing={model.florg_config.projection_sharing}".encode())
+    per_holder: dict[int, str] = {}  # a shared L, R pair is hashed once
     for name, layer in sorted(florg_layers(model).items()):
+        holder = layer.projections
+        if id(holder) not in per_holder:
+            per_holder[id(holder)] = fingerprint(layer.L.cpu().numpy(), layer.R.cpu().numpy())
         h.update(name.encode())
-        h.update(fingerprint(layer.L.cpu().numpy(), layer.R.cpu().numpy()).encode())
+        h.update(per_holder[id(holder)].encode())
     return h.hexdigest()[:16]
 
 

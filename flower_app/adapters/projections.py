@@ -1,9 +1,19 @@
 """The fixed matrices L (d_out x k) and R (k x d_in) of a FLoRG layer, k = min(d_in, d_out).
 
-They are never trained and never sent: every node derives them from (run seed,
-module name) alone, in float64, so they are bit-identical everywhere the same
-NumPy runs.  ``fingerprint`` hashes their float32 values so nodes can check
-that they agree.  Three initialisations (paper, Table "Matrix Initialization"):
+They are never trained and never sent: every node derives them from the run seed and a
+key, in float64, so they are bit-identical everywhere the same NumPy runs.  The key is
+set by ``projection-sharing`` (``projection_key``):
+
+- ``shape`` (default): the layer shape, "shape:<d_out>x<d_in>", so every module of the
+  same shape uses the same L and R and a model holds one pair per shape (RoBERTa-large's
+  48 query/value modules: 8 MiB instead of 384 MiB of float32 buffers).
+- ``module``: the module name (the original derivation: one pair per module).
+
+Either way L and R are fixed and identical on every node, semi-orthogonal with the
+default initialisation (the paper asks for that; nothing in section 3.1 needs different
+modules to differ).  The ``svd`` initialisation depends on each module's own W0 and is
+always per module.  ``fingerprint`` hashes their float32 values so nodes can check that
+they agree.  Three initialisations (paper, Table "Matrix Initialization"):
 
 - ``semi-orthogonal`` (default): Q factor of a seeded Gaussian, signs fixed by
   making the diagonal of the triangular factor positive, so L^T L = R R^T = I_k.
@@ -22,6 +32,21 @@ import numpy as np
 
 ProjectionInit = Literal["semi-orthogonal", "kaiming", "svd"]
 PROJECTION_INITS: tuple[str, ...] = ("semi-orthogonal", "kaiming", "svd")
+PROJECTION_SHARINGS: tuple[str, ...] = ("shape", "module")
+
+
+def projection_key(name: str, d_out: int, d_in: int, sharing: str, init: str) -> str:
+    """The key L and R are derived from: the layer shape ('shape') or module name ('module').
+
+    The 'svd' initialisation is always keyed by module (it reads that module's W0).
+    """
+    if sharing not in PROJECTION_SHARINGS:
+        raise ValueError(
+            f"unknown projection sharing {sharing!r}; choose one of {PROJECTION_SHARINGS}"
+        )
+    if sharing == "module" or init == "svd":
+        return name
+    return f"shape:{int(d_out)}x{int(d_in)}"
 
 
 def seeded_rng(seed: int, name: str, purpose: str) -> np.random.Generator:
@@ -47,7 +72,7 @@ def make_projections(
     init: str = "semi-orthogonal",
     weight: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """L (d_out x k) and R (k x d_in) in float64 for the layer called ``name``."""
+    """L (d_out x k) and R (k x d_in) in float64 for the key ``name`` (see ``projection_key``)."""
     k = min(d_in, d_out)
     if init == "semi-orthogonal":
         L = _orthonormal_columns(seeded_rng(seed, name, "L"), d_out, k)

@@ -23,14 +23,18 @@ def build_strategy(
     method: str, initial_state: Mapping[str, np.ndarray], **kwargs: Any
 ) -> AdapterStrategy:
     """The strategy for ``method``; kwargs go to AdapterStrategy, plus ``residual_mode``
-    (FedEx-LoRA) and ``fingerprint`` (FLoRG: the server's L/R fingerprint)."""
+    (FedEx-LoRA) and, for FLoRG, ``fingerprint`` (the server's L/R fingerprint),
+    ``server_device`` ('auto' | 'cpu' | 'cuda') and ``rank_mismatch`` ('procrustes' |
+    'truncate'); the FLoRG keys are ignored by the other methods."""
     check_method(method)
     residual_mode = kwargs.pop("residual_mode", "dense")
-    fingerprint = kwargs.pop("fingerprint", None)
+    florg_kwargs = {
+        "fingerprint": kwargs.pop("fingerprint", None),
+        "server_device": kwargs.pop("server_device", "auto"),
+        "rank_mismatch": kwargs.pop("rank_mismatch", "procrustes"),
+    }
     if method in ("florg", "florg-no-procrustes"):
-        return FLoRGStrategy(
-            initial_state, procrustes=method == "florg", fingerprint=fingerprint, **kwargs
-        )
+        return FLoRGStrategy(initial_state, procrustes=method == "florg", **florg_kwargs, **kwargs)
     if method == "fedex-lora":
         return FedExLoRAStrategy(initial_state, residual_mode=residual_mode, **kwargs)
     classes = {

@@ -1,24 +1,39 @@
-"""FLoRGStrategy: per adapted layer, Gram aggregation + decomposition + Procrustes."""
+"""FLoRGStrategy: Gram aggregation + decomposition + Procrustes for every adapted layer,
+batched over layers of equal shape on the server's device (``aggregate_florg_layers``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from strategies.florg import aggregate_florg
+from strategies.florg import aggregate_florg_layers, check_rank_mismatch
 from strategies.flower.base import AdapterStrategy, ReplyRejected
 
 
 class FLoRGStrategy(AdapterStrategy):
-    """Clients send each layer's A (r x k); the server runs ``aggregate_florg`` on each."""
+    """Clients send each layer's A (r x k); the server runs the FLoRG step on all of them.
+
+    ``server_device``: 'auto' (CUDA when the ServerApp sees a GPU), 'cpu' or 'cuda'.
+    ``rank_mismatch``: 'procrustes' (the paper) or 'truncate' (see ``strategies.florg``).
+    """
 
     method = "florg"
 
     def __init__(
-        self, *args, procrustes: bool = True, fingerprint: int | None = None, **kwargs
+        self,
+        *args,
+        procrustes: bool = True,
+        fingerprint: int | None = None,
+        server_device: str = "auto",
+        rank_mismatch: str = "procrustes",
+        **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
+        from strategies.florg_torch import resolve_server_device
+
         self.procrustes = procrustes
         self.fingerprint = fingerprint
+        self.rank_mismatch = check_rank_mismatch(rank_mismatch)
+        self.server_device = resolve_server_device(server_device)  # 'cuda' without a GPU fails
 
     def check_reply(self, message):
         """Also reject a client whose fixed L, R differ from the server's (other seed/model)."""
@@ -31,14 +46,17 @@ class FLoRGStrategy(AdapterStrategy):
         return arrays, num_examples
 
     def aggregate_adapter(self, server_round, payloads, weights):
-        new_state: dict[str, np.ndarray] = {}
-        per_layer: dict[str, dict[str, float]] = {}
-        for layer in self.layers():
-            key = f"{layer}.A"
-            new_state[key], per_layer[layer] = aggregate_florg(
-                self.stacked(payloads, key), weights, self.global_state[key], self.procrustes
-            )
-        return new_state, summarize_layers(per_layer)
+        keys = [f"{layer}.A" for layer in self.layers()]
+        # The replies' float32 arrays go in as they are (widened exactly on the device).
+        new_As, per_layer = aggregate_florg_layers(
+            {key: [p[key] for p in payloads] for key in keys},
+            weights,
+            {key: self.global_state[key] for key in keys},
+            self.procrustes,
+            device=str(self.server_device),
+            rank_mismatch=self.rank_mismatch,
+        )
+        return dict(new_As), summarize_layers(per_layer)
 
 
 def summarize_layers(per_layer: dict[str, dict[str, float]]) -> dict[str, float]:
