@@ -3,7 +3,7 @@
     python -m flower_app.experiments run GRID [--out DIR] [--only TEXT ...] [--max-runs N]
     python -m flower_app.experiments report GRID [--out DIR]
     python -m flower_app.experiments list GRID
-    python -m flower_app.experiments evidence GRID [--ablations GRID ...] [--publish DIR]
+    python -m flower_app.experiments evidence GRID [--with GRID ...] [--publish DIR]
 
 GRID is a YAML file or the name of one in conf/grids/. ``run`` runs the unfinished runs
 through the Flower simulation engine (finished ones are skipped, so it resumes) and then
@@ -69,9 +69,10 @@ def publish_evidence(
     target.mkdir(parents=True, exist_ok=True)
     shutil.copy2(out / "evidence.md", target / "README.md")
     shutil.copy2(out / "evidence" / "summary.json", target / "summary.json")
-    for name in ("tuning.json", "centralised.json"):
-        if (out / name).is_file():
-            shutil.copy2(out / name, target / name)
+    for source_grid, source_out in [(grid, out), *ablations]:
+        for name in ("tuning.json", "centralised.json"):
+            if (source_out / name).is_file():
+                shutil.copy2(source_out / name, target / f"{source_grid.name}-{name}")
     (target / "plots").mkdir(exist_ok=True)
     for plot in (out / "plots").glob("evidence_*.png"):
         shutil.copy2(plot, target / "plots" / plot.name)
@@ -117,11 +118,13 @@ def _parser() -> argparse.ArgumentParser:
             cmd.add_argument("--no-report", action="store_true", help="skip the report")
         if name == "evidence":
             cmd.add_argument(
-                "--ablations",
+                "--with",
+                dest="others",
                 nargs="*",
                 default=[],
                 metavar="GRID",
-                help="ablation grids whose runs join the comparison (their default folders)",
+                help="more grids whose runs join the report (other tasks, ablations; read "
+                "from their default folders results/<name>)",
             )
         if name in ("run", "report", "evidence"):
             cmd.add_argument(
@@ -159,9 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "evidence":
         ablations = []
-        for name in args.ablations:
+        for name in args.others:
             other = load_grid(name)
-            ablations.append((other, (DEFAULT_RESULTS / other.name).resolve()))
+            other_out = (DEFAULT_RESULTS / other.name).resolve()
+            if other.tuning is not None:
+                other = load_grid(other.path, load_choices(other_out))
+            ablations.append((other, other_out))
         report = write_evidence(grid, out, ablations)
         print(f"[grid {grid.name}] evidence: {report}")
         if args.publish is not None:

@@ -274,18 +274,23 @@ def _plots(methods: dict[str, dict[str, MethodRuns]], folder: Path) -> list[Path
 
 def write_evidence(grid: Grid, out: Path, ablations: Iterable[tuple[Grid, Path]] = ()) -> Path:
     """Write summary.json, evidence.md and the two plots under ``out``; returns the md."""
+    ablations = list(ablations)
+    sources = [(grid, out), *ablations]
     centralised: dict[str, Any] = {}
-    if (out / CENTRALISED_FILE).is_file():
-        centralised = json.loads((out / CENTRALISED_FILE).read_text()).get("tasks", {})
+    for _, source_out in sources:  # each grid's folder may hold its tasks' reference
+        if (source_out / CENTRALISED_FILE).is_file():
+            document = json.loads((source_out / CENTRALISED_FILE).read_text())
+            centralised.update(document.get("tasks", {}))
     methods = collect_methods(grid, out, ablations)
     summary = evidence_summary(grid, methods, centralised)
     (out / "evidence").mkdir(parents=True, exist_ok=True)
     (out / "evidence" / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = [f"# Evidence: {grid.name}", "", grid.description, ""]
-    tuning_path = out / "tuning.json"
-    if tuning_path.is_file():
-        lines += ["## Tuning (validation score, seed 0)", ""]
-        lines += tuning_markdown(json.loads(tuning_path.read_text())) + [""]
+    for source_grid, source_out in sources:
+        tuning_path = source_out / "tuning.json"
+        if source_grid.tuning is not None and tuning_path.is_file():
+            lines += [f"## Tuning of `{source_grid.name}` (validation score, seed 0)", ""]
+            lines += tuning_markdown(json.loads(tuning_path.read_text())) + [""]
     lines += ["## Test scores", ""]
     for task, by_method in methods.items():
         lines += _task_lines(task, summary["tasks"][task], by_method)
