@@ -356,3 +356,65 @@ def _run_demo(
     ).stdout.strip()  # fmt: skip
     assert app_base == images[standins["superexec"]], "the app image is not FROM the stand-in"
     timings["cached-engine"] = float(cached)
+
+
+# --------------------------------------------------------------------------- no engine needed
+
+
+def test_debian_mirror_is_read_from_both_apt_formats(tmp_path, monkeypatch):
+    monkeypatch.delenv(docker_offline.MIRROR_ENV, raising=False)
+    apt = tmp_path / "apt"
+    (apt / "sources.list.d").mkdir(parents=True)
+    (apt / "sources.list.d" / "other.list.disabled").write_text("deb http://x/ bookworm main\n")
+    (apt / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n"
+        "Components: main\n\n"
+        "Types: deb deb-src\nURIs: http://mirror.example/debian/\n"
+        "Suites: bookworm bookworm-updates\nComponents: main\n"
+    )
+    assert docker_offline.debian_mirror(apt_dir=apt) == "http://mirror.example/debian"
+    (apt / "sources.list.d" / "debian.sources").unlink()
+    (apt / "sources.list").write_text(
+        "# comment\ndeb-src http://src.example/debian bookworm main\n"
+        "deb [signed-by=/k.gpg arch=amd64] http://one.example/debian bookworm main\n"
+    )
+    assert docker_offline.debian_mirror(apt_dir=apt) == "http://one.example/debian"
+    monkeypatch.setenv(docker_offline.MIRROR_ENV, "http://override.example/debian")
+    assert docker_offline.debian_mirror(apt_dir=apt) == "http://override.example/debian"
+    monkeypatch.delenv(docker_offline.MIRROR_ENV)
+    (apt / "sources.list").write_text("deb http://one.example/debian trixie main\n")
+    with pytest.raises(docker_offline.DockerOfflineError, match="bookworm"):
+        docker_offline.debian_mirror(apt_dir=apt)
+
+
+def test_sync_and_clear_wheelhouse_keep_only_the_readme(tmp_path):
+    root = tmp_path / "repo"
+    dest = root / docker_offline.WHEELHOUSE_DIR
+    dest.mkdir(parents=True)
+    (dest / "README.md").write_text("keep")
+    (dest / "stale-1.0-py3-none-any.whl").write_text("old")
+    src = tmp_path / "cache"
+    src.mkdir()
+    (src / "a-1.0-py3-none-any.whl").write_text("a")
+    (src / "b-2.0.tar.gz").write_text("bb")
+    (src / docker_offline.STAMP).write_text("{}")
+    docker_offline.sync_wheelhouse(src, root)
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "README.md",
+        "a-1.0-py3-none-any.whl",
+        "b-2.0.tar.gz",
+    ]
+    assert docker_offline.wheelhouse_has_wheels(root)
+    docker_offline.clear_wheelhouse(root)
+    assert [p.name for p in dest.iterdir()] == ["README.md"]
+    assert not docker_offline.wheelhouse_has_wheels(root)
+
+
+def test_engine_refuses_what_it_cannot_do(tmp_path):
+    too_long = tmp_path / ("x" * 120)
+    engine = PrivateDockerd(too_long, tmp_path / "data")
+    with pytest.raises(DockerEngineError, match="too long"):
+        engine.start()
+    assert engine.stop() == []  # never started: nothing to stop
+    with pytest.raises(DockerEngineError, match="not running"):
+        engine.netns()
