@@ -8,9 +8,15 @@
 #   bash scripts/docker_demo.sh                         # FLoRG, the pyproject defaults
 #   bash scripts/docker_demo.sh --set method=fedit      # launcher options pass through
 #   KEEP_UP=1 bash scripts/docker_demo.sh               # leave the containers running
+#   OUTPUTS_DIR=/tmp/out bash scripts/docker_demo.sh    # where the outputs are copied
+#   FLORG_VENV=/path/venv bash scripts/docker_demo.sh   # another Python env with flwr
 #
 # Needs Docker with the compose plugin (or docker-compose), and this repository's .venv
 # on the host for the `flwr` CLI (created by scripts/setup.sh when missing).
+# On an ordinary machine compose pulls Flower's official images. On a machine that
+# reaches package indexes but no image registry, run `bash scripts/docker_standin.sh`
+# first: stand-ins with the official names, and docker/wheelhouse/ for an offline build
+# (docs/deploy-docker.md); tests/test_docker_engine.py runs this script that way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,8 +35,13 @@ FILES=(-f docker/compose.yml -f docker/with-tls.yml)
 CA=docker/certificates/superlink/ca.crt
 CONNECTION=docker-tls
 
-[ -x .venv/bin/python ] || bash scripts/setup.sh
-. .venv/bin/activate
+VENV="${FLORG_VENV:-.venv}"
+OUTPUTS_DIR="${OUTPUTS_DIR:-outputs/docker}"
+if [ ! -x "$VENV/bin/python" ]; then
+  [ "$VENV" = .venv ] || { echo "docker_demo: no Python env at $VENV" >&2; exit 2; }
+  bash scripts/setup.sh
+fi
+. "$VENV/bin/activate"
 export FLWR_HOME="${FLWR_HOME:-$PWD/.flwr_home}"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_TELEMETRY_ENABLED=0
 
@@ -41,9 +52,9 @@ cleanup() {
   local cid
   cid=$("${COMPOSE[@]}" "${FILES[@]}" ps -q superexec-serverapp 2>/dev/null || true)
   if [ -n "$cid" ]; then
-    mkdir -p outputs/docker
-    docker cp "$cid:/app/outputs/." outputs/docker/ >/dev/null 2>&1 \
-      && echo "docker_demo: run outputs copied to outputs/docker/"
+    mkdir -p "$OUTPUTS_DIR"
+    docker cp "$cid:/app/outputs/." "$OUTPUTS_DIR/" >/dev/null 2>&1 \
+      && echo "docker_demo: run outputs copied to $OUTPUTS_DIR/"
   fi
   if [ "${KEEP_UP:-0}" != 1 ]; then
     "${COMPOSE[@]}" "${FILES[@]}" down --remove-orphans

@@ -558,3 +558,95 @@ def test_tls_service_argv_run_florg_as_local_processes(tmp_path):
     finally:
         survivors = [info for proc in reversed(procs) for info in proc.stop()]
     assert not survivors, survivors
+
+
+# --------------------------------------------------------------------------- offline build
+
+
+def _runs_with_pip() -> list[str]:
+    return [
+        i
+        for i in _instructions()
+        if i.startswith("RUN ") and ("pip install" in i or "flower_app.assets fetch" in i)
+    ]
+
+
+def test_every_pip_step_reads_only_the_wheelhouse_when_it_holds_wheels():
+    runs = _runs_with_pip()
+    assert len(runs) == 4  # torch, requirements, the app, the assets
+    mount = "RUN --mount=type=bind,source=docker/wheelhouse,target=/tmp/wheelhouse "
+    switch = (
+        "if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then "
+        "export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/wheelhouse; fi"
+    )
+    for run in runs:
+        assert run.startswith(mount), run[:120]
+        assert " ".join(run.split())[len(mount) :].startswith(switch), run[:200]
+    # The mount's source is in the build context, and only its README is committed.
+    ignore = (DOCKER / "Dockerfile.dockerignore").read_text().split()
+    assert "!docker/wheelhouse/" in ignore
+    assert (DOCKER / "wheelhouse" / "README.md").is_file()
+    gitignore = (DOCKER / ".gitignore").read_text().split()
+    assert "wheelhouse/*" in gitignore and "!wheelhouse/README.md" in gitignore
+    # Nothing of the wheelhouse is copied into a layer.
+    assert not any("wheelhouse" in i for i in _instructions() if i.startswith(("COPY", "ADD")))
+
+
+def test_the_wheelhouse_requirements_are_the_images():
+    from flower_app.deploy.docker_offline import wheel_requirements
+
+    reqs = wheel_requirements(ROOT)
+    assert f"torch=={_arg_default('TORCH_VERSION')}" in reqs
+    assert f"flwr=={FLWR_VERSION}" in reqs
+    run = next(i for i in _instructions() if "> requirements.txt" in i)
+    code = re.search(r'python -c "(.*?)" > requirements\.txt', run)
+    assert code
+    proc = subprocess.run(
+        [sys.executable, "-c", code.group(1)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert set(proc.stdout.split()) <= set(reqs)  # every requirement of the image's step
+
+
+def _standin_instructions() -> list[str]:
+    lines, current = [], ""
+    for raw in (DOCKER / "standin" / "Dockerfile").read_text().splitlines():
+        line = raw.strip()
+        if not current and (not line or line.startswith("#")):
+            continue
+        current += (" " if current else "") + line.rstrip("\\").strip()
+        if not line.endswith("\\"):
+            lines.append(current)
+            current = ""
+    return lines
+
+
+def test_standins_have_the_official_names_entrypoints_user_and_paths():
+    from flower_app.deploy.docker_offline import standin_images
+
+    ins = _standin_instructions()
+    stages: dict[str, list[str]] = {}
+    stage = ""
+    for i in ins:
+        if i.startswith("FROM "):
+            stage = i.split()[-1]
+            stages[stage] = []
+        elif stage:
+            stages[stage].append(i)
+    for target, image in standin_images().items():
+        assert image == f"flwr/{target}:{FLWR_VERSION}"
+        assert stages[target] == [f'ENTRYPOINT ["flower-{target}"]'], target
+        if image in ENTRYPOINTS:  # the compose files' images: the entrypoint they assume
+            assert ENTRYPOINTS[image] == f"flower-{target}"
+    assert "FROM base AS superexec" in ins and "FROM base AS superlink" in ins
+    base = " ".join(stages["base"])
+    assert f"--uid {compose_gen.APP_UID} app" in base
+    assert "COPY --from=python --chown=app:app /python/venv /python/venv" in base
+    assert "PATH=/python/venv/bin:$PATH" in base
+    for step in ("WORKDIR /app", "USER app", "ENV HOME=/app"):
+        assert step in stages["base"], step
+    python = " ".join(stages["python"])
+    assert "python3 -m venv /python/venv" in python
+    assert "PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheelhouse" in python
+    assert '"${FLWR_PACKAGE}==${FLWR_VERSION}"' in python
+    assert f"ARG FLWR_VERSION={FLWR_VERSION}" in ins
