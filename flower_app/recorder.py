@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from datetime import datetime
 from pathlib import Path
@@ -12,16 +13,21 @@ from typing import Any
 from flwr.common.logger import log as flwr_log
 
 from flower_app.config import RunConfig
+from flower_app.paths import run_folder
 
 INFO = 20
 QA_METRICS = ("exact-match", "f1")
 
 
 def make_run_dir(config: RunConfig) -> Path:
-    name = config.run_name or (
-        f"{datetime.now():%Y%m%d-%H%M%S}-{config.method}-{Path(config.task).stem}"
-    )
-    run_dir = Path(config.output_dir).expanduser().resolve() / name
+    """The run folder inside the operator's output root (flower_app/paths.py), with the
+    resolved settings in ``config.json``; with ``resume``, the existing folder it names
+    (its ``config.json`` is kept)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(config.task).stem).strip("._-") or "task"
+    default = f"{datetime.now():%Y%m%d-%H%M%S}-{config.method}-{stem}"
+    run_dir = run_folder(config, default)
+    if config.resume:
+        return run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n")
     return run_dir
