@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -15,7 +16,7 @@ from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, make_loader, tokenized_split
 from flower_app.task_eval import evaluate_task
 from flower_app.training import train_local
-from strategies.flower.base import from_array_record, to_array_record
+from strategies.flower.base import ADAPTER_SUFFIXES, from_array_record, to_array_record
 from strategies.flower.fedex_lora import read_residuals
 
 app = ClientApp()
@@ -74,6 +75,10 @@ def train(msg: Message, context: Context) -> Message:
     loader = make_loader(
         dataset, config.batch_size, shuffle=True, seed=config.seed + 1000 * server_round + pid
     )
+    # Dropout draws from torch's global generator: seed it per (run seed, round, partition) so
+    # a round trains the same wherever and whenever it runs (a resumed run equals the
+    # uninterrupted one; issue 15).
+    torch.manual_seed(config.seed + 1000 * server_round + pid)
     t0 = time.perf_counter()
     result = train_local(
         adapted.model,
@@ -91,15 +96,22 @@ def train(msg: Message, context: Context) -> Message:
     local = adapted.local_state()
     if local:
         context.state[LOCAL_B] = to_array_record(local)
+    num_examples: float = result.num_examples
     if config.fault_partition == pid:
         key = next(iter(payload))
         if config.fault_kind == "nan":
             payload[key] = np.full_like(payload[key], np.nan)
         elif config.fault_kind == "shape":
             payload[key] = payload[key][..., :-1]
+        elif config.fault_kind == "scale":  # poisoning: every adapter tensor x fault-scale
+            for name in payload:
+                if name.endswith(ADAPTER_SUFFIXES):
+                    payload[name] = payload[name] * config.fault_scale
+        elif config.fault_kind == "claim":  # poisoning: claims fault-scale examples
+            num_examples = config.fault_scale
     metrics.update(
         {
-            "num-examples": result.num_examples,
+            "num-examples": num_examples,
             "train-loss": result.loss,
             "steps": result.steps,
             "train-seconds": time.perf_counter() - t0,

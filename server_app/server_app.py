@@ -94,6 +94,8 @@ def main(grid: Grid, context: Context) -> None:
         clients_evaluate=config.clients_evaluate,
         updates_dir=run_dir / "updates" if config.save_client_updates else None,
         residual_mode=config.fedex_residual,
+        screen_updates=config.screen_updates,
+        screen_kappa=config.screen_kappa,
         fingerprint=adapted.fingerprint() if config.is_florg else None,
     )
     recorder = RunRecorder(run_dir, config, score_metric=data.score_metric)

@@ -10,6 +10,8 @@ server can evaluate W0 + s (sum of residuals) + s avg(B) avg(A).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
@@ -48,8 +50,10 @@ class FedExLoRAStrategy(AdapterStrategy):
         replies = list(replies)
         for msg in replies:
             if not msg.has_error() and "metrics" in msg.content.metric_records:
-                folded = int(msg.content["metrics"].get("residual-round", 0))
-                self.node_synced[msg.metadata.src_node_id] = folded
+                folded = msg.content["metrics"].get("residual-round", 0)
+                if isinstance(folded, int | float) and math.isfinite(folded):
+                    # a node that claims more than the server has only starves itself
+                    self.node_synced[msg.metadata.src_node_id] = int(folded)
         return super().aggregate_train(server_round, replies)
 
     def aggregate_adapter(self, server_round, payloads, weights):
