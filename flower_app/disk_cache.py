@@ -12,7 +12,8 @@ first process of a node builds and saves; later ones load:
 * ``disk_cached_model`` (``cached_adapted_model``): every tensor of the freshly built
   ``AdaptedModel`` (before any state is loaded into it) as safetensors, its metadata as
   JSON; a hit rebuilds the skeleton with the same code, skipping FLoRG's L/R computation,
-  and copies the tensors in.
+  and copies the tensors in. (``.pt`` pickles left by older versions are never read; the
+  size limit below evicts them like any other entry.)
 
 Nothing here is unpickled: whoever can write to the cache folder can change what a model
 computes (so keep it private to the node), but cannot run code (safetensors, JSON and
@@ -397,9 +398,6 @@ def disk_cached_model(func: F) -> F:
         adapted = func(config, num_labels, *args, **kwargs)
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
-            for legacy in final.parent.glob("*.pt"):  # pickles of older versions: never read
-                with contextlib.suppress(OSError):
-                    legacy.unlink()
             _store_model(adapted, final, {"key": key})
             STATS["stores"] += 1
             _evict(root, final)

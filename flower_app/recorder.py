@@ -113,10 +113,13 @@ class RunRecorder:
         parts.append(f"comm {_human(total)} params ({_human(4 * total)}B)")
         if "agg-seconds" in row:
             parts.append(f"agg {row['agg-seconds'] * 1e3:.1f} ms")
-        if row.get("rejected") or row.get("failures"):
+        if row.get("rejected") or row.get("failures") or row.get("screened"):
             parts.append(
-                f"dropped {row.get('failures', 0)} failed, {row.get('rejected', 0)} rejected"
+                f"dropped {row.get('failures', 0)} failed, {row.get('rejected', 0)} rejected, "
+                f"{row.get('screened', 0)} screened"
             )
+        if row.get("clipped"):
+            parts.append(f"{row['clipped']} example claims clipped")
         parts.append(f"{row['elapsed-seconds']:.0f}s")
         flwr_log(INFO, " | ".join(parts))
 

@@ -261,7 +261,7 @@ class AdapterStrategy(FedAvg):
         replies, their (clipped) example counts and the metrics."""
         metrics: dict[str, float] = {"screened": 0, "clipped": 0}
         sizes = [r.num_examples for r in replies]
-        if not self.screen_updates or len(replies) < 2:
+        if len(replies) < 2:
             return replies, sizes, metrics
         head = split_state(self.global_state)[1]
         adapter_keys = [k for k in self.global_state if k not in head]
@@ -288,7 +288,9 @@ class AdapterStrategy(FedAvg):
                     f"{group} update distance {d[i]:.4g} = {ratios[i]:.1f} x the round's "
                     f"median {median:.4g} (kappa {self.screen_kappa:g})",
                 )
-        metrics["screen-ratio-max"] = worst
+        metrics["screen-ratio-max"] = worst  # measured also with screening off
+        if not self.screen_updates:
+            return replies, sizes, metrics
         kept: list[Reply] = []
         for i, r in enumerate(replies):
             if i in reasons:
