@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from datetime import datetime
@@ -49,15 +50,35 @@ class RunRecorder:
     are percentages as in the official SQuAD script, and its ``accuracy`` is null).
     """
 
-    def __init__(self, run_dir: Path, config: RunConfig, score_metric: str = "accuracy") -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        config: RunConfig,
+        score_metric: str = "accuracy",
+        resumed: dict[str, Any] | None = None,
+    ) -> None:
+        """``resumed`` (a checkpoint's ``state()``) continues a run: its rows are written
+        back to metrics.jsonl (dropping any row of a round after the checkpoint), totals and
+        elapsed seconds go on from there."""
         self.run_dir = run_dir
         self.config = config
         self.score_metric = score_metric
         self.path = run_dir / "metrics.jsonl"
-        self.path.write_text("")
-        self.rows: list[dict[str, Any]] = []
-        self.totals = {"up-params": 0, "down-params": 0}
-        self.t0 = time.perf_counter()
+        resumed = resumed or {}
+        self.rows: list[dict[str, Any]] = list(resumed.get("rows", []))
+        self.totals = dict(resumed.get("totals", {"up-params": 0, "down-params": 0}))
+        self.t0 = time.perf_counter() - float(resumed.get("elapsed-seconds", 0.0))
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text("".join(json.dumps(r, default=_json_default) + "\n" for r in self.rows))
+        os.replace(tmp, self.path)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the recorder."""
+        return {
+            "rows": self.rows,
+            "totals": self.totals,
+            "elapsed-seconds": time.perf_counter() - self.t0,
+        }
 
     def record(
         self, server_round: int, evaluation: dict[str, float], round_metrics: dict[str, float]

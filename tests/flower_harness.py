@@ -118,6 +118,7 @@ def local_simulation_superlink(
     startup_timeout: float = 60.0,
     cwd: Path | None = None,
     output_root: Path | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[SimulationSuperLink]:
     """A private simulation SuperLink; yields ``(flwr_home, connection_name)``.
 
@@ -125,7 +126,8 @@ def local_simulation_superlink(
     installed under ``apps/`` there); the ServerApp runs with ``cwd`` (default ``tmp_dir``)
     as its working directory; the SuperLink log is ``<tmp_dir>/superlink.log``. The
     ServerApp's output root (``$FLORG_OUTPUT_ROOT``, flower_app/paths.py) is ``output_root``,
-    by default the parent of ``tmp_dir`` (the test's own temporary folder).
+    by default the parent of ``tmp_dir`` (the test's own temporary folder); ``extra_env``
+    goes to the SuperLink and everything it starts.
     """
     tmp_dir = Path(tmp_dir)
     flwr_home = tmp_dir / "flwr_home"
@@ -139,6 +141,7 @@ def local_simulation_superlink(
             "FLWR_TELEMETRY_ENABLED": "0",
             "RAY_USAGE_STATS_ENABLED": "0",
             OUTPUT_ROOT_ENV: str(Path(output_root or tmp_dir.parent).resolve()),
+            **(extra_env or {}),
         },
     )
     failed = True

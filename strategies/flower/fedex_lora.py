@@ -73,6 +73,41 @@ class FedExLoRAStrategy(AdapterStrategy):
         norms = [np.linalg.norm(r.to_dense()) for r in residuals.values()]
         return new, {"residual_norm": float(np.mean(norms))}
 
+    # -- checkpoint and resume: every round's residual and the server's cumulative one --
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        arrays = super().state_arrays()
+        arrays.update({f"fedex/cumulative/{k}": v for k, v in self.cumulative.items()})
+        for t, layers in self.residuals.items():
+            for layer, res in layers.items():
+                parts = {"dense": res.dense} if res.dense is not None else {"P": res.P, "Q": res.Q}
+                arrays.update({f"fedex/residual/{t}/{layer}/{k}": v for k, v in parts.items()})
+        return arrays
+
+    def state_json(self) -> dict:
+        return {**super().state_json(), "residual-mode": self.residual_mode}
+
+    def restore(self, arrays, state) -> None:
+        """Resume: the residuals of every round (a resumed run is a new Flower run, so its
+        clients start with nothing folded and are sent all of them with their first
+        training message: ``node_synced`` starts empty) and the cumulative residual."""
+        super().restore(arrays, state)
+        if state.get("residual-mode") != self.residual_mode:
+            raise ValueError("checkpoint of another fedex-residual mode")
+        self.cumulative, self.residuals, self.node_synced = {}, {}, {}
+        parts: dict[int, dict[str, dict[str, np.ndarray]]] = {}
+        for key, value in arrays.items():
+            if key.startswith("fedex/cumulative/"):
+                self.cumulative[key[len("fedex/cumulative/") :]] = np.asarray(value, np.float64)
+            elif key.startswith("fedex/residual/"):
+                t, rest = key[len("fedex/residual/") :].split("/", 1)
+                layer, kind = rest.rsplit("/", 1)
+                parts.setdefault(int(t), {}).setdefault(layer, {})[kind] = value
+        for t, layers in parts.items():
+            self.residuals[t] = {
+                layer: Residual(dense=p.get("dense"), P=p.get("P"), Q=p.get("Q"))
+                for layer, p in layers.items()
+            }
+
 
 def read_residuals(record: ArrayRecord) -> dict[int, dict[str, np.ndarray]]:
     """Client side: {round: {layer: dense residual}} from a 'residuals' ArrayRecord."""
