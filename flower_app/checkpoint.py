@@ -161,8 +161,8 @@ def load_checkpoint(run_dir: Path) -> Checkpoint | None:
                 strategy_arrays=load_file(str(path / "strategy.safetensors")),
                 state=state,
             )
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # damaged: try the older one
+        except Exception:  # damaged (safetensors raises its own error type): try the older one
+            continue
     return None
 
 
