@@ -109,7 +109,7 @@ BAD_INPUTS: list[tuple[str, Callable[[], Message], str]] = [
     ("a missing key", lambda: without_key("classifier.weight"), "missing ['classifier.weight']"),
     ("an extra key", lambda: with_value("enc.k.A", np.zeros((2, 6))), "unexpected ['enc.k.A']"),
     ("float16", lambda: with_value(A, PREV[A].astype(np.float16)), "dtype float16"),
-    ("bfloat16-sized int16", lambda: with_value(A, np.zeros((2, 6), np.int16)), "dtype int16"),
+    ("int16", lambda: with_value(A, np.zeros((2, 6), np.int16)), "dtype int16"),
     ("int64", lambda: with_value(A, np.zeros((2, 6), np.int64)), "dtype int64"),
     ("bool", lambda: with_value(A, np.zeros((2, 6), bool)), "dtype bool"),
     ("complex64", lambda: with_value(A, np.zeros((2, 6), np.complex64)), "dtype complex64"),
