@@ -14,9 +14,13 @@ For each attack, ``screen-updates`` on (the default, kappa = ``screen-kappa``) a
 paper's plain rule). Reported: the final accuracy and loss of the global model, the
 relative distance of its A matrices (all layers stacked) from the clean run's,
 ||A - A_clean||_F / ||A_clean||_F, and the updates screened / claims clipped over the run.
-A clean run with a Dirichlet(0.5) split measures the honest spread of update distances
-(``screen-ratio-max``: the largest distance / median distance of any round) that the
-threshold kappa must clear.
+A clean run with a Dirichlet(0.5) split (seed 1, whose partition sizes differ most) and one
+local epoch instead of fixed steps, so a client's number of steps follows its data, measures
+the honest spread of update distances (``screen-ratio-max``: the largest distance / median
+distance of any round) that the threshold kappa must clear.
+
+With ``--workdir``, a run whose folder already holds a summary.json and whose config.json has
+the requested settings is not run again (``--fresh`` runs everything).
 
     python benchmarks/poisoning.py                       # about 10 minutes on 2 cores
     python benchmarks/poisoning.py --rounds 2 --quick    # smoke test
@@ -77,6 +81,16 @@ def settings(args: argparse.Namespace, name: str, extra: dict[str, Any]) -> dict
     return {**base, **extra}
 
 
+def _done(run_dir: Path, wanted: dict[str, Any]) -> bool:
+    """A finished run of exactly these settings is already in ``run_dir``."""
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+        finished = json.loads((run_dir / "summary.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return False
+    return finished == "finished" and all(config.get(k) == v for k, v in wanted.items())
+
+
 def a_matrices(run_dir: Path):
     import numpy as np
     from safetensors.numpy import load_file
@@ -108,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-examples", type=int, default=500)
     parser.add_argument("--eval-examples", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="only clean and x10")
+    parser.add_argument("--kappa", type=float, default=None, help="screen-kappa (default: 10)")
+    parser.add_argument("--fresh", action="store_true", help="run again what --workdir holds")
     parser.add_argument("--no-dirichlet", action="store_true", help="skip the Dirichlet run")
     parser.add_argument("--workdir", type=Path, default=None, help="keep runs here")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
@@ -133,25 +149,26 @@ def main(argv: list[str] | None = None) -> int:
             for case, attack, screen in cases
         ]
         if not args.no_dirichlet:
-            jobs.append(("clean, Dirichlet 0.5", {"partitioner": "dirichlet"}, True))
+            dirichlet = {"partitioner": "dirichlet", "seed": 1, "local-steps": 0}
+            jobs.append(("clean, Dirichlet 0.5, 1 local epoch", dirichlet, True))
         for case, extra, screen in jobs:
             if case.startswith("clean"):
                 extra = {k: v for k, v in extra.items() if not k.startswith("fault")}
-            name = f"{case.replace(' ', '-').replace(',', '').replace('.', '')}-screen-{screen}"
-            t0 = time.monotonic()
-            outcome = run_flower_app(
-                REPO_ROOT,
-                sim.connection,
-                settings(args, name, extra),
-                sim.flwr_home,
-                timeout=1200,
-                stream=None,
-            )
-            seconds = time.monotonic() - t0
+            if screen and args.kappa is not None:
+                extra = {**extra, "screen-kappa": args.kappa}
+            name = case.replace(" ", "-").replace(",", "").replace(".", "")
+            name = f"{name}-screen-{screen}"
+            wanted = settings(args, name, extra)
             run_dir = work / "outputs" / name
-            if not outcome.ok:
-                print(f"{name}: FAILED {outcome.message}\n{outcome.log_text[-3000:]}")
-                return 1
+            t0 = time.monotonic()
+            if args.fresh or not _done(run_dir, wanted):
+                outcome = run_flower_app(
+                    REPO_ROOT, sim.connection, wanted, sim.flwr_home, timeout=1200, stream=None
+                )
+                if not outcome.ok:
+                    print(f"{name}: FAILED {outcome.message}\n{outcome.log_text[-3000:]}")
+                    return 1
+            seconds = time.monotonic() - t0
             row = {"case": case, "screen": screen, "seconds": seconds, **summarize(run_dir)}
             row["run-dir"] = str(run_dir)
             runs.append(row)
@@ -172,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         f"FLoRG, {args.model}, {args.task}, {NODES} clients (IID), {args.rounds} rounds, "
         f"{args.local_steps} local steps of batch 8, lr {args.lr:g}, "
         f"{args.train_examples} training / {args.eval_examples} validation examples, "
-        f"aggregation-weights=num-examples; attacker: partition {ATTACKER}; {total / 60:.1f} min"
+        f"aggregation-weights=num-examples, screen-kappa {args.kappa or 'default (10)'}; "
+        f"attacker: partition {ATTACKER}; {total / 60:.1f} min"
     )
     print()
     print(

@@ -139,7 +139,7 @@ SCHEMA: dict[str, tuple[Any, type, Callable[[Any], bool] | None, str]] = {
     "run-name": ("", str, _folder_name_or_empty, "run folder name ('' = timestamp-method-task)"),
     # -- issue 15: screening, fault injection, resume (docs/faults.md) --
     "screen-updates": (True, bool, None, "reject outlier updates, clip claimed num-examples"),
-    "screen-kappa": (5.0, float, _at_least_one, "screening: outlier above kappa x the median"),
+    "screen-kappa": (10.0, float, _at_least_one, "screening: outlier above kappa x the median"),
     "fault-scale": (10.0, float, _positive, "testing: factor of 'scale', count of 'claim'"),
     "fault-server-round": (0, int, _non_negative, "testing: ServerApp dies after round N"),
     "resume": ("", str, None, "run folder to continue from its last checkpointed round"),

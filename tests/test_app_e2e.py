@@ -164,9 +164,9 @@ def test_a_client_claiming_a_billion_examples_is_clipped(superlink, assets):
     assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
     last = rows(run_dir)[-1]
     assert last["clipped"] == 1 and last["clients"] == NUM_NODES
-    assert "claims 1e+09 examples, clipped to 400" in outcome.log_text  # 5 x 80 examples
+    assert "claims 1e+09 examples, clipped to 800" in outcome.log_text  # 10 x 80 examples
     weights = np.load(run_dir / "updates" / "round-1.npz")["weights"]
-    assert weights.max() == pytest.approx(400 / 560)
+    assert weights.max() == pytest.approx(800 / 960)
 
 
 def test_bad_config_fails_the_run_naming_the_key(superlink, assets):

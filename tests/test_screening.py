@@ -100,15 +100,15 @@ def test_without_screening_florg_is_dominated_by_a_x10_client():
     assert np.linalg.norm(new) > 4 * np.linalg.norm(prev["enc.q.A"])
 
 
-def test_screening_keeps_every_honest_client_when_steps_differ_a_few_fold():
+def test_screening_keeps_every_honest_client_when_steps_differ_up_to_8_fold():
     rng = np.random.default_rng(3)
     prev = florg_state(rng)
-    for spreads in ((1.0, 1.0, 1.0, 1.0, 1.0), (0.3, 0.6, 1.0, 1.5, 3.0), (1.0, 4.0)):
+    for spreads in ((1.0, 1.0, 1.0, 1.0, 1.0), (0.2, 0.5, 1.0, 1.5, 6.0), (1.0, 8.0)):
         clients = [honest(prev, rng, spread=s) for s in spreads]
         strategy = build_strategy("florg", prev)
         _, metrics = strategy.aggregate_train(1, [reply(c, i) for i, c in enumerate(clients)])
         assert metrics["screened"] == 0 and metrics["clipped"] == 0, spreads
-        assert metrics["screen-ratio-max"] < 5.0
+        assert metrics["screen-ratio-max"] < 10.0
 
 
 def test_a_poisoned_head_is_screened_too():
@@ -132,12 +132,12 @@ def test_a_claim_of_a_billion_examples_is_clipped(caplog):
     with caplog.at_level(logging.WARNING, logger="flwr.florg"):
         arrays, metrics = strategy.aggregate_train(1, messages)
     assert metrics["clipped"] == 1 and metrics["screened"] == 0 and metrics["clients"] == N
-    assert "claims 1e+09 examples, clipped to 550" in caplog.text
-    weights = np.array([100, 120, 90, 110, 550]) / 970  # kappa 5 x the median claim 110
+    assert "claims 1e+09 examples, clipped to 1100" in caplog.text
+    weights = np.array([100, 120, 90, 110, 1100]) / 1520  # kappa 10 x the median claim 110
     As = [c["enc.q.A"].astype(np.float32) for c in clients]
     expected, _ = aggregate_florg(As, weights, prev["enc.q.A"])
     np.testing.assert_allclose(from_array_record(arrays)["enc.q.A"], expected, rtol=1e-6)
-    assert metrics["examples"] == 970
+    assert metrics["examples"] == 1520
     plain = build_strategy("florg", prev, weighting="num-examples", screen_updates=False)
     _, unscreened = plain.aggregate_train(1, messages)
     assert unscreened["clipped"] == 0 and unscreened["examples"] > 1e9
