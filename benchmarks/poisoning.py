@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+    from flower_app.config import DEFAULTS
     from flower_app.launch import run_flower_app
     from tests.flower_harness import local_simulation_superlink
 
@@ -154,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         for case, extra, screen in jobs:
             if case.startswith("clean"):
                 extra = {k: v for k, v in extra.items() if not k.startswith("fault")}
-            if screen and args.kappa is not None:
-                extra = {**extra, "screen-kappa": args.kappa}
+            if screen:  # named, so a kept run of another kappa is not reused
+                extra = {**extra, "screen-kappa": args.kappa or DEFAULTS["screen-kappa"]}
             name = case.replace(" ", "-").replace(",", "").replace(".", "")
             name = f"{name}-screen-{screen}"
             wanted = settings(args, name, extra)
@@ -184,12 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         a = a_matrices(Path(row["run-dir"]))
         row["a-distance"] = float(np.linalg.norm(a - reference) / np.linalg.norm(reference))
     total = time.monotonic() - t_all
+    kappa = args.kappa or DEFAULTS["screen-kappa"]
     print()
     print(
         f"FLoRG, {args.model}, {args.task}, {NODES} clients (IID), {args.rounds} rounds, "
         f"{args.local_steps} local steps of batch 8, lr {args.lr:g}, "
         f"{args.train_examples} training / {args.eval_examples} validation examples, "
-        f"aggregation-weights=num-examples, screen-kappa {args.kappa or 'default (10)'}; "
+        f"aggregation-weights=num-examples, screen-kappa {kappa:g}; "
         f"attacker: partition {ATTACKER}; {total / 60:.1f} min"
     )
     print()
