@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log as flwr_log
 
 from flower_app.config import resolve_config
 from flower_app.modeling import pick_device
@@ -40,6 +41,7 @@ FEDEX_CUMULATIVE = "fedex-cumulative-residual"
 FEDEX_ROUND = "fedex-residual-round"
 NODE_STATE_ENV = "FLORG_NODE_STATE_DIR"
 _LINEAGE_RE = re.compile(r"[0-9a-f]{32}")
+WARNING = 30
 KEEP_ROUNDS = 2
 
 
@@ -89,8 +91,10 @@ def _load_local_state(folder: Path, before_round: int) -> dict[str, np.ndarray] 
 
     for t, path in reversed(_persisted_rounds(folder)):
         if t < before_round:
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 return load_file(str(path))
+            except Exception as err:  # damaged (safetensors has its own error type)
+                flwr_log(WARNING, "[florg] ignoring unreadable %s: %s", path, err)
     return None
 
 
@@ -139,7 +143,7 @@ def _prepare(msg: Message, context: Context, *, training: bool):
     except (KeyError, ValueError) as err:  # a persisted state of another shape
         if local is not None:
             raise
-        print(f"[florg] ignoring persisted local state in {folder}: {err}")
+        flwr_log(WARNING, "[florg] ignoring persisted local state in %s: %s", folder, err)
         adapted.load_local_state(None)
     return config, partition_id, num_partitions, adapted
 
