@@ -93,7 +93,7 @@ def test_a_server_that_dies_after_round_1_resumes_to_the_clean_result(superlink,
         assert ours["accuracy"] == pytest.approx(theirs["accuracy"], abs=1e-9), ours["round"]
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5), ours["round"]
         assert ours["up-params"] == theirs["up-params"]
-        if method == "fedsa-lora":  # the nodes' own B came back from their disks
+        if method == "fedsa-lora" and ours["round"] > 0:  # the nodes' B came back from disk
             assert ours.get("personalized-loss") == pytest.approx(
                 theirs.get("personalized-loss"), rel=1e-5
             )
