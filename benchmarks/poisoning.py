@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-dirichlet", action="store_true", help="skip the Dirichlet run")
     parser.add_argument("--workdir", type=Path, default=None, help="keep runs here")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    parser.add_argument("--plot", type=Path, default=None, help="also draw the figure here")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -209,7 +210,43 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         args.json.write_text(json.dumps({"runs": runs, "minutes": total / 60}, indent=2) + "\n")
+    if args.plot:
+        plot(runs, args.plot, kappa)
     return 0
+
+
+def plot(runs: list[dict[str, Any]], path: Path, kappa: float) -> None:
+    """Two panels per attack, screening off / on: the global A's relative distance from
+    the clean run's (log scale) and the final accuracy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    attacks = [c for c in dict.fromkeys(r["case"] for r in runs) if "Dirichlet" not in c]
+    by = {(r["case"], r["screen"]): r for r in runs}
+    x = np.arange(len(attacks))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for offset, screen, color in ((-0.2, False, "tab:red"), (0.2, True, "tab:blue")):
+        label = f"screening on (kappa {kappa:g})" if screen else "screening off"
+        dist = [max(by[(a, screen)]["a-distance"], 1e-6) for a in attacks]
+        acc = [by[(a, screen)]["accuracy"] for a in attacks]
+        left.bar(x + offset, dist, 0.4, label=label, color=color)
+        right.bar(x + offset, acc, 0.4, label=label, color=color)
+    left.set_yscale("log")
+    left.set_ylabel("||A - A_clean|| / ||A_clean||")
+    right.set_ylabel("final accuracy")
+    right.axhline(by[("clean", False)]["accuracy"], color="gray", ls="--", lw=1)
+    for ax in (left, right):
+        ax.set_xticks(x, attacks)
+        ax.set_xlabel("partition 1 of 5 sends")
+    left.legend(fontsize=8)
+    fig.suptitle("FLoRG, one poisoning client of five (benchmarks/poisoning.py)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
