@@ -89,6 +89,7 @@ def run_deployment(
         **thread_env(1),
         "FLORG_DERIVED_CACHE": str(work / "derived-cache"),
         "FLORG_DISK_CACHE": "1" if cache else "0",
+        "FLORG_OUTPUT_ROOT": str(work),  # runs write under work/outputs
     }
     certs = generate_certificates(work / "certs")
     with Deployment(work / "deployment", certs=certs, extra_env=env) as dep:

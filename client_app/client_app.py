@@ -1,12 +1,28 @@
-"""The ClientApp: train the method's adapter on this node's partition and send the payload."""
+"""The ClientApp: train the method's adapter on this node's partition and send the payload.
+
+State a node keeps between rounds lives in its Flower ``Context`` (per run): FedSA-LoRA's
+own B, FedEx-LoRA's folded residuals. A resumed run (flower_app/checkpoint.py) is a new
+Flower run with fresh contexts: FedEx-LoRA's server then re-sends every residual; FedSA-LoRA's
+B is read back from the node's disk when the node operator sets ``$FLORG_NODE_STATE_DIR``
+(``<dir>/<run lineage>/partition-<id>/round-<t>.safetensors``, written after each training
+round; the lineage id comes from the server and is checked to be 32 hex digits, so a run
+setting cannot point these writes elsewhere), else it restarts from B = 0.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import time
+import uuid
+from pathlib import Path
 
 import numpy as np
-from flwr.app import Context, Message, MetricRecord, RecordDict
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log as flwr_log
 
 from flower_app.config import resolve_config
 from flower_app.modeling import pick_device
@@ -15,7 +31,7 @@ from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, make_loader, tokenized_split
 from flower_app.task_eval import evaluate_task
 from flower_app.training import train_local
-from strategies.flower.base import from_array_record, to_array_record
+from strategies.flower.base import ADAPTER_SUFFIXES, from_array_record, to_array_record
 from strategies.flower.fedex_lora import read_residuals
 
 app = ClientApp()
@@ -23,6 +39,63 @@ app = ClientApp()
 LOCAL_B = "fedsa-local-B"
 FEDEX_CUMULATIVE = "fedex-cumulative-residual"
 FEDEX_ROUND = "fedex-residual-round"
+NODE_STATE_ENV = "FLORG_NODE_STATE_DIR"
+_LINEAGE_RE = re.compile(r"[0-9a-f]{32}")
+WARNING = 30
+KEEP_ROUNDS = 2
+
+
+def _message_config(msg: Message) -> dict:
+    return dict(msg.content["config"]) if "config" in msg.content.config_records else {}
+
+
+def _node_state_dir(msg: Message, partition_id: int) -> Path | None:
+    """This node's folder for the run lineage's persisted state, or None (not configured,
+    or the server sent no valid lineage id)."""
+    root = os.environ.get(NODE_STATE_ENV, "").strip()
+    lineage = _message_config(msg).get("lineage")
+    if not root or not isinstance(lineage, str) or not _LINEAGE_RE.fullmatch(lineage):
+        return None
+    if partition_id < 0:
+        return None
+    return Path(root).expanduser().resolve() / lineage / f"partition-{int(partition_id)}"
+
+
+def _persisted_rounds(folder: Path) -> list[tuple[int, Path]]:
+    found = []
+    for path in folder.glob("round-*.safetensors"):
+        digits = path.name[len("round-") : -len(".safetensors")]
+        if digits.isdigit():
+            found.append((int(digits), path))
+    return sorted(found)
+
+
+def _save_local_state(folder: Path, server_round: int, local: dict[str, np.ndarray]) -> None:
+    """Atomically write this round's local state; keep the newest ``KEEP_ROUNDS``."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"round-{server_round:06d}.safetensors"
+    tmp = folder / f".{final.name}.{uuid.uuid4().hex}"
+    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in local.items()}, str(tmp))
+    os.replace(tmp, final)
+    for _, old in _persisted_rounds(folder)[:-KEEP_ROUNDS]:
+        with contextlib.suppress(OSError):
+            old.unlink()
+
+
+def _load_local_state(folder: Path, before_round: int) -> dict[str, np.ndarray] | None:
+    """The newest persisted local state of a round < ``before_round`` (what the node held
+    when that round's message arrived), or None."""
+    from safetensors.numpy import load_file
+
+    for t, path in reversed(_persisted_rounds(folder)):
+        if t < before_round:
+            try:
+                return load_file(str(path))
+            except Exception as err:  # damaged (safetensors has its own error type)
+                flwr_log(WARNING, "[florg] ignoring unreadable %s: %s", path, err)
+    return None
 
 
 def _partition(context: Context) -> tuple[int, int]:
@@ -43,13 +116,16 @@ def _fold_fedex_residuals(msg: Message, context: Context, adapted) -> int:
             for layer, dense in layers.items():
                 cumulative[layer] = cumulative.get(layer, 0.0) + dense
             done = t
-    state[FEDEX_CUMULATIVE] = to_array_record(cumulative)
+    # float64, so that folding rounds one by one equals folding them all at once (a resumed run)
+    state[FEDEX_CUMULATIVE] = ArrayRecord(
+        {k: Array(np.ascontiguousarray(v, np.float64)) for k, v in cumulative.items()}
+    )
     state[FEDEX_ROUND] = MetricRecord({"round": done})
     adapted.set_residual(cumulative)
     return done
 
 
-def _prepare(msg: Message, context: Context):
+def _prepare(msg: Message, context: Context, *, training: bool):
     config = resolve_config(context.run_config)
     partition_id, num_partitions = _partition(context)
     config, num_partitions = use_node_data(config, context.node_config, num_partitions)
@@ -57,13 +133,24 @@ def _prepare(msg: Message, context: Context):
     adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)
     adapted.load_shared_state(from_array_record(msg.content["arrays"]))
     local = context.state.array_records.get(LOCAL_B)
-    adapted.load_local_state(from_array_record(local) if local is not None else None)
+    state = from_array_record(local) if local is not None else None
+    folder = _node_state_dir(msg, partition_id) if config.method == "fedsa-lora" else None
+    if state is None and folder is not None:  # a fresh context: a resumed run or node
+        server_round = int(_message_config(msg).get("server-round", 0))
+        state = _load_local_state(folder, server_round + (0 if training else 1))
+    try:
+        adapted.load_local_state(state)
+    except (KeyError, ValueError) as err:  # a persisted state of another shape
+        if local is not None:
+            raise
+        flwr_log(WARNING, "[florg] ignoring persisted local state in %s: %s", folder, err)
+        adapted.load_local_state(None)
     return config, partition_id, num_partitions, adapted
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    config, pid, num_partitions, adapted = _prepare(msg, context)
+    config, pid, num_partitions, adapted = _prepare(msg, context, training=True)
     if config.fault_partition == pid and config.fault_kind == "raise":
         raise RuntimeError(f"fault injected on partition {pid} (run config 'fault-partition')")
     server_round = int(msg.content["config"].get("server-round", 0))
@@ -74,6 +161,10 @@ def train(msg: Message, context: Context) -> Message:
     loader = make_loader(
         dataset, config.batch_size, shuffle=True, seed=config.seed + 1000 * server_round + pid
     )
+    # Dropout draws from torch's global generator: seed it per (run seed, round, partition) so
+    # a round trains the same wherever and whenever it runs (a resumed run equals the
+    # uninterrupted one; issue 15).
+    torch.manual_seed(config.seed + 1000 * server_round + pid)
     t0 = time.perf_counter()
     result = train_local(
         adapted.model,
@@ -91,15 +182,25 @@ def train(msg: Message, context: Context) -> Message:
     local = adapted.local_state()
     if local:
         context.state[LOCAL_B] = to_array_record(local)
+        folder = _node_state_dir(msg, pid)
+        if folder is not None:
+            _save_local_state(folder, server_round, local)
+    num_examples: float = result.num_examples
     if config.fault_partition == pid:
         key = next(iter(payload))
         if config.fault_kind == "nan":
             payload[key] = np.full_like(payload[key], np.nan)
         elif config.fault_kind == "shape":
             payload[key] = payload[key][..., :-1]
+        elif config.fault_kind == "scale":  # poisoning: every adapter tensor x fault-scale
+            for name in payload:
+                if name.endswith(ADAPTER_SUFFIXES):
+                    payload[name] = payload[name] * config.fault_scale
+        elif config.fault_kind == "claim":  # poisoning: claims fault-scale examples
+            num_examples = config.fault_scale
     metrics.update(
         {
-            "num-examples": result.num_examples,
+            "num-examples": num_examples,
             "train-loss": result.loss,
             "steps": result.steps,
             "train-seconds": time.perf_counter() - t0,
@@ -114,7 +215,7 @@ def personalised_evaluate(msg: Message, context: Context) -> Message:
     """Evaluate the global arrays plus this node's own state (FedSA-LoRA's B) on its share
     of the validation split (partitioned like the training data): the task's metrics
     (accuracy, or exact-match and f1), loss, score and num-examples."""
-    config, pid, num_partitions, adapted = _prepare(msg, context)
+    config, pid, num_partitions, adapted = _prepare(msg, context, training=False)
     if config.method == "fedex-lora":
         _fold_fedex_residuals(msg, context, adapted)
     metrics = evaluate_task(config, adapted.model, pick_device(config.device), pid, num_partitions)

@@ -11,6 +11,7 @@ naming the key, before any model is built or any client trains.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,29 @@ def _non_negative(x: float) -> bool:
 
 def _fraction(x: float) -> bool:
     return 0 < x <= 1
+
+
+_FOLDER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+FOLDER_NAME_HINT = (
+    "a plain folder name: letters, digits, '.', '_', '-', starting with a letter or digit, "
+    "at most 128 characters, no path separators or '..'"
+)
+
+
+def is_folder_name(x: str) -> bool:
+    """A single, safe folder name (flower_app/paths.py confines where runs write)."""
+    return bool(_FOLDER_NAME_RE.fullmatch(x)) and ".." not in x
+
+
+def _folder_name_or_empty(x: str) -> bool:
+    return x == "" or is_folder_name(x)
+
+
+_folder_name_or_empty.hint = FOLDER_NAME_HINT  # type: ignore[attr-defined]
+
+
+def _at_least_one(x: float) -> bool:
+    return x >= 1
 
 
 def _one_of(*options: str) -> Callable[[str], bool]:
@@ -120,8 +144,19 @@ SCHEMA: dict[str, tuple[Any, type, Callable[[Any], bool] | None, str]] = {
     "output-dir": ("outputs", str, None, "folder for run outputs"),
     "save-client-updates": (False, bool, None, "also save every round's client updates (.npz)"),
     "fault-partition": (-1, int, None, "testing: this partition id misbehaves (-1 = none)"),
-    "fault-kind": ("raise", str, _one_of("raise", "nan", "shape"), "testing: how it misbehaves"),
-    "run-name": ("", str, None, "run folder name ('' = timestamp-method-task)"),
+    "fault-kind": (
+        "raise",
+        str,
+        _one_of("raise", "nan", "shape", "scale", "claim"),
+        "testing: how it misbehaves (scale: adapter x fault-scale; claim: fault-scale examples)",
+    ),
+    "run-name": ("", str, _folder_name_or_empty, "run folder name ('' = timestamp-method-task)"),
+    # -- issue 15: screening, fault injection, resume (docs/faults.md) --
+    "screen-updates": (True, bool, None, "reject outlier updates, clip claimed num-examples"),
+    "screen-kappa": (10.0, float, _at_least_one, "screening: outlier above kappa x the median"),
+    "fault-scale": (10.0, float, _positive, "testing: factor of 'scale', count of 'claim'"),
+    "fault-server-round": (0, int, _non_negative, "testing: ServerApp dies after round N"),
+    "resume": ("", str, None, "run folder to continue from its last checkpointed round"),
 }
 
 
@@ -182,6 +217,11 @@ class RunConfig:
     fault_partition: int
     fault_kind: str
     run_name: str
+    screen_updates: bool
+    screen_kappa: float
+    fault_scale: float
+    fault_server_round: int
+    resume: str
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -242,6 +282,7 @@ def _coerce(key: str, value: Any) -> Any:
     if check is not None and not check(value):
         options = getattr(check, "options", None)
         hint = f"one of {', '.join(options)}" if options else check.__name__.strip("_")
+        hint = getattr(check, "hint", hint)
         raise ConfigError(f"{key}: bad value {value!r} (must be {hint})")
     return value
 

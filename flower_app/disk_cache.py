@@ -9,8 +9,16 @@ first process of a node builds and saves; later ones load:
 
 * ``disk_cached_dataset`` (``tokenized_split``): ``datasets`` ``save_to_disk`` /
   ``load_from_disk`` (memory-mapped Arrow);
-* ``disk_cached_model`` (``cached_adapted_model``): the freshly built ``AdaptedModel``
-  (before any state is loaded into it) with ``torch.save``; loaded with ``torch.load``.
+* ``disk_cached_model`` (``cached_adapted_model``): every tensor of the freshly built
+  ``AdaptedModel`` (before any state is loaded into it) as safetensors, its metadata as
+  JSON; a hit rebuilds the skeleton with the same code, skipping FLoRG's L/R computation,
+  and copies the tensors in. (``.pt`` pickles left by older versions are never read; the
+  size limit below evicts them like any other entry.)
+
+Nothing here is unpickled: whoever can write to the cache folder can change what a model
+computes (so keep it private to the node), but cannot run code (safetensors, JSON and
+Arrow are data formats; a file that does not parse, or holds other tensor names, shapes
+or dtypes than the model, is a miss and is rebuilt).
 
 Keys are SHA-256 hashes of everything the result depends on: the run settings (all of
 them except the ones listed as irrelevant below, so a new setting can only cause a miss),
@@ -59,7 +67,8 @@ _RUN_ONLY = frozenset(
         "min-available-nodes", "client-eval", "local-epochs", "local-steps", "batch-size",
         "eval-batch-size", "learning-rate", "weight-decay", "aggregation-weights", "device",
         "progress-bar", "output-dir", "save-client-updates", "fault-partition", "fault-kind",
-        "run-name", "test-every", "server-device", "rank-mismatch",
+        "run-name", "test-every", "server-device", "rank-mismatch", "screen-updates",
+        "screen-kappa", "fault-scale", "fault-server-round", "resume",
     }
 )  # fmt: skip
 _NOT_FOR_MODEL = _RUN_ONLY | {
@@ -77,6 +86,10 @@ _MODEL_CODE = ("adapted.py", "adapters", "modeling.py", "runtime.py", "config.py
 _DATA_CODE = ("task_data.py", "data", "modeling.py", "runtime.py", "config.py", "assets.py")
 
 F = TypeVar("F", bound=Callable[..., Any])
+_FORMAT = 1
+_TENSORS = "tensors.safetensors"
+_META = "meta.json"
+_PRISTINE = "fedex-pristine-W0/"
 
 
 def cache_root() -> Path | None:
@@ -248,16 +261,116 @@ def disk_cached_dataset(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+class _SkeletonProjections:
+    """While active, FLoRG's ``make_projections`` returns zeros of the right shapes instead
+    of computing L and R (a QR or an SVD per layer): the skeleton that a cache hit fills
+    with the stored tensors is then cheap to build. Without that hook (other adapter code)
+    the skeleton is built in full, which is only slower."""
+
+    def __enter__(self) -> _SkeletonProjections:
+        import numpy as np
+
+        try:
+            from flower_app.adapters import florg_model
+        except ImportError:  # pragma: no cover - the adapters are part of this package
+            self.module = None
+            return self
+        self.module = florg_model
+        self.original = getattr(florg_model, "make_projections", None)
+        if self.original is None:
+            self.module = None
+            return self
+
+        def zeros(d_out: int, d_in: int, **_: Any) -> tuple[Any, Any]:
+            k = min(d_in, d_out)
+            return np.zeros((d_out, k)), np.zeros((k, d_in))
+
+        florg_model.make_projections = zeros
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.module is not None:
+            self.module.make_projections = self.original
+
+
+def _model_tensors(adapted: Any) -> dict[str, Any]:
+    """Every tensor that defines an AdaptedModel: the model's parameters and buffers (L and
+    R are non-persistent buffers, so not in ``state_dict``) and FedEx-LoRA's pristine W0."""
+    model = adapted.model
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors.update(model.named_buffers(remove_duplicate=False))
+    for name, value in getattr(adapted, "_pristine", {}).items():
+        tensors[f"{_PRISTINE}{name}"] = value
+    return tensors
+
+
+def _store_model(adapted: Any, final: Path, meta: dict[str, Any]) -> None:
+    """``final``/tensors.safetensors + meta.json, written to a temporary folder first."""
+    from safetensors.torch import save_file
+
+    tensors = _model_tensors(adapted)
+    seen: dict[int, str] = {}
+    unique: dict[str, Any] = {}
+    aliases: dict[str, str] = {}
+    for name, tensor in tensors.items():
+        ptr = tensor.data_ptr()
+        if ptr in seen and tensor.numel() > 0:  # tied weights are stored once
+            aliases[name] = seen[ptr]
+            continue
+        seen[ptr] = name
+        unique[name] = tensor.detach().cpu().contiguous().clone()
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex}")
+    tmp.mkdir(parents=True)
+    try:
+        save_file(unique, str(tmp / _TENSORS))
+        (tmp / _META).write_text(
+            json.dumps({**meta, "format": _FORMAT, "aliases": aliases}, sort_keys=True)
+        )
+        _replace_into(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_model(final: Path, key: str, build: Callable[[], Any]) -> Any:
+    """Build the skeleton and fill every tensor from the entry; ValueError when the entry
+    does not match (then the caller rebuilds)."""
+    import torch
+    from safetensors.torch import load_file
+
+    meta = json.loads((final / _META).read_text())
+    if meta.get("format") != _FORMAT or meta.get("key") != key:
+        raise ValueError("cache entry of another format or key")
+    stored = load_file(str(final / _TENSORS))
+    aliases = meta.get("aliases", {})
+    if not isinstance(aliases, dict):
+        raise ValueError("bad aliases")
+    with _SkeletonProjections():
+        adapted = build()
+    tensors = _model_tensors(adapted)
+    names = set(stored) | set(aliases)
+    if names != set(tensors):
+        raise ValueError("cache entry holds other tensors than the model")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            value = stored[aliases.get(name, name)]
+            if value.shape != tensor.shape or value.dtype != tensor.dtype:
+                raise ValueError(f"{name}: cached {tuple(value.shape)} {value.dtype}")
+            tensor.copy_(value)
+    return adapted
+
+
 def disk_cached_model(func: F) -> F:
-    """Cache ``func(config, num_labels, *args) -> AdaptedModel`` (a freshly built one)."""
+    """Cache ``func(config, num_labels, *args) -> AdaptedModel`` (a freshly built one).
+
+    An entry is a folder: ``tensors.safetensors`` (every parameter and buffer, FedEx's
+    pristine W0) and ``meta.json``; nothing is unpickled. A hit builds the model's skeleton
+    with the same code (FLoRG's L and R not computed) and copies the stored tensors in."""
 
     @functools.wraps(func)
     def wrapper(config: Any, num_labels: int, *args: Any, **kwargs: Any) -> Any:
         root = cache_root()
         if root is None:
             return func(config, num_labels, *args, **kwargs)
-        import torch
-
         key = _key(
             "adapted-model",
             {
@@ -269,32 +382,27 @@ def disk_cached_model(func: F) -> F:
                 "versions": _versions(),
             },
         )
-        final = root / "models" / f"{key}.pt"
-        if final.is_file():
+        final = root / "models" / key
+        if (final / _META).is_file():
             try:
-                adapted = torch.load(final, map_location="cpu", weights_only=False)
-                if hasattr(adapted, "config"):
-                    adapted.config = config  # equal in every setting the model depends on
+                adapted = _load_model(
+                    final, key, lambda: func(config, num_labels, *args, **kwargs)
+                )
                 STATS["hits"] += 1
                 _touch(final)
                 return adapted
-            except Exception:  # a damaged or unreadable entry: rebuild it
+            except Exception:  # a damaged, foreign or unreadable entry: rebuild it
                 STATS["errors"] += 1
-                with contextlib.suppress(OSError):
-                    final.unlink()
+                shutil.rmtree(final, ignore_errors=True)
         STATS["misses"] += 1
         adapted = func(config, num_labels, *args, **kwargs)
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex}")
-            torch.save(adapted, tmp)
-            os.replace(tmp, final)
+            _store_model(adapted, final, {"key": key})
             STATS["stores"] += 1
             _evict(root, final)
-        except Exception:  # not picklable (an exotic model) or no space: just don't cache
+        except Exception:  # an exotic model or no space: just don't cache
             STATS["errors"] += 1
-            with contextlib.suppress(OSError, UnboundLocalError):
-                tmp.unlink()
         return adapted
 
     return wrapper  # type: ignore[return-value]

@@ -25,9 +25,11 @@ Command line::
     python -m flower_app.launch [--connection local-simulation] [--app .]
         [--run-config-file F.toml] [--preset NAME] [--set key=value ...]
         [--flwr-home DIR] [--timeout S] [--validate-with MODULE:FUNCTION]
-        [--ephemeral-superlink] [--quiet]
+        [--ephemeral-superlink] [--resume RUN_DIR] [--quiet]
 
-Overrides are layered file < ``--preset`` < ``--set``.
+Overrides are layered file < ``--preset`` < ``--set``. ``--resume RUN_DIR`` submits the
+settings of ``RUN_DIR/config.json`` with ``resume=RUN_DIR`` (the ServerApp continues from the
+last checkpointed round; ``--set`` may still change e.g. ``num-server-rounds``).
 
 Exit status: 0 finished:completed; 1 the run failed, was stopped or its status is
 unknown; 2 bad usage or run config; 3 timed out (the run is stopped); 130 interrupted.
@@ -969,6 +971,15 @@ def _build_parser() -> argparse.ArgumentParser:
         help="start a private simulation SuperLink on a free port for this run and stop "
         "it (and Ray) afterwards, instead of flwr's detached one for ':local:' connections",
     )
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="continue the run whose folder is RUN_DIR from its last checkpointed round: "
+        "its config.json is submitted with resume=RUN_DIR (--set may change "
+        "num-server-rounds; docs/faults.md)",
+    )
     parser.add_argument("--quiet", action="store_true", help="do not echo the run's log")
     return parser
 
@@ -981,8 +992,33 @@ def _resolve_flwr_home(arg: Path | None) -> Path:
     return default_flwr_home()
 
 
+def resume_run_config(run_dir: Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The run config that continues the run in ``run_dir``: the settings of its
+    ``config.json`` (those that differ from the defaults), ``resume`` = the folder's absolute
+    path, then ``overrides``."""
+    from flower_app.config import DEFAULTS
+
+    path = Path(run_dir).expanduser().resolve() / "config.json"
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigValidationError(f"--resume: cannot read {path}: {err}") from err
+    if not isinstance(saved, dict) or set(saved) - set(DEFAULTS):
+        raise ConfigValidationError(f"--resume: {path} is not a run's config.json")
+    saved["preset"] = ""  # every value is resolved already
+    config = {k: v for k, v in saved.items() if v != DEFAULTS[k]}
+    config["resume"] = str(path.parent)
+    config.update(overrides or {})
+    return config
+
+
 def _collect_run_config(args: argparse.Namespace) -> dict[str, Any]:
     config: dict[str, Any] = {}
+    if getattr(args, "resume", None) is not None:
+        sets = dict(item.partition("=")[::2] for item in args.sets)
+        return resume_run_config(
+            args.resume, {k.strip(): parse_set_value(v) for k, v in sets.items()}
+        )
     if args.run_config_file is not None:
         try:
             with args.run_config_file.open("rb") as fh:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import time
 from datetime import datetime
 from pathlib import Path
@@ -12,16 +14,21 @@ from typing import Any
 from flwr.common.logger import log as flwr_log
 
 from flower_app.config import RunConfig
+from flower_app.paths import run_folder
 
 INFO = 20
 QA_METRICS = ("exact-match", "f1")
 
 
 def make_run_dir(config: RunConfig) -> Path:
-    name = config.run_name or (
-        f"{datetime.now():%Y%m%d-%H%M%S}-{config.method}-{Path(config.task).stem}"
-    )
-    run_dir = Path(config.output_dir).expanduser().resolve() / name
+    """The run folder inside the operator's output root (flower_app/paths.py), with the
+    resolved settings in ``config.json``; with ``resume``, the existing folder it names
+    (its ``config.json`` is kept)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(config.task).stem).strip("._-") or "task"
+    default = f"{datetime.now():%Y%m%d-%H%M%S}-{config.method}-{stem}"
+    run_dir = run_folder(config, default)
+    if config.resume:
+        return run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n")
     return run_dir
@@ -43,15 +50,35 @@ class RunRecorder:
     are percentages as in the official SQuAD script, and its ``accuracy`` is null).
     """
 
-    def __init__(self, run_dir: Path, config: RunConfig, score_metric: str = "accuracy") -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        config: RunConfig,
+        score_metric: str = "accuracy",
+        resumed: dict[str, Any] | None = None,
+    ) -> None:
+        """``resumed`` (a checkpoint's ``state()``) continues a run: its rows are written
+        back to metrics.jsonl (dropping any row of a round after the checkpoint), totals and
+        elapsed seconds go on from there."""
         self.run_dir = run_dir
         self.config = config
         self.score_metric = score_metric
         self.path = run_dir / "metrics.jsonl"
-        self.path.write_text("")
-        self.rows: list[dict[str, Any]] = []
-        self.totals = {"up-params": 0, "down-params": 0}
-        self.t0 = time.perf_counter()
+        resumed = resumed or {}
+        self.rows: list[dict[str, Any]] = list(resumed.get("rows", []))
+        self.totals = dict(resumed.get("totals", {"up-params": 0, "down-params": 0}))
+        self.t0 = time.perf_counter() - float(resumed.get("elapsed-seconds", 0.0))
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text("".join(json.dumps(r, default=_json_default) + "\n" for r in self.rows))
+        os.replace(tmp, self.path)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the recorder."""
+        return {
+            "rows": self.rows,
+            "totals": self.totals,
+            "elapsed-seconds": time.perf_counter() - self.t0,
+        }
 
     def record(
         self, server_round: int, evaluation: dict[str, float], round_metrics: dict[str, float]
@@ -107,10 +134,13 @@ class RunRecorder:
         parts.append(f"comm {_human(total)} params ({_human(4 * total)}B)")
         if "agg-seconds" in row:
             parts.append(f"agg {row['agg-seconds'] * 1e3:.1f} ms")
-        if row.get("rejected") or row.get("failures"):
+        if row.get("rejected") or row.get("failures") or row.get("screened"):
             parts.append(
-                f"dropped {row.get('failures', 0)} failed, {row.get('rejected', 0)} rejected"
+                f"dropped {row.get('failures', 0)} failed, {row.get('rejected', 0)} rejected, "
+                f"{row.get('screened', 0)} screened"
             )
+        if row.get("clipped"):
+            parts.append(f"{row['clipped']} example claims clipped")
         parts.append(f"{row['elapsed-seconds']:.0f}s")
         flwr_log(INFO, " | ".join(parts))
 

@@ -1,9 +1,14 @@
-"""The ServerApp: build the method's strategy, run the rounds, evaluate, write the run folder."""
+"""The ServerApp: build the method's strategy, run the rounds, evaluate, write the run folder.
+
+After every round it checkpoints everything needed to continue (flower_app/checkpoint.py);
+with ``resume=<run folder>`` it continues from the last complete round.
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
@@ -11,7 +16,15 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
 from flower_app.adapters.florg_model import export_peft_lora
-from flower_app.config import RunConfig, resolve_config
+from flower_app.checkpoint import (
+    check_resumable,
+    load_checkpoint,
+    new_lineage,
+    random_state_json,
+    restore_random_state,
+    save_checkpoint,
+)
+from flower_app.config import ConfigError, RunConfig, resolve_config
 from flower_app.modeling import pick_device, resolve_model_source
 from flower_app.recorder import INFO, RunRecorder, make_run_dir
 from flower_app.runtime import cached_adapted_model
@@ -29,11 +42,21 @@ class GlobalEvaluator:
     Classification rows hold ``accuracy``; extractive-QA rows ``exact-match`` and ``f1``;
     every row ``loss`` and ``score`` (the headline metric in [0, 1], see RunRecorder)."""
 
-    def __init__(self, config: RunConfig, strategy: AdapterStrategy, recorder: RunRecorder):
+    def __init__(
+        self,
+        config: RunConfig,
+        strategy: AdapterStrategy,
+        recorder: RunRecorder,
+        run_dir: Path | None = None,
+        lineage: str = "",
+    ):
+        """With ``run_dir``, every evaluated round is also checkpointed there."""
         data = load_task_data(config)
         self.config = config
         self.strategy = strategy
         self.recorder = recorder
+        self.run_dir = run_dir
+        self.lineage = lineage
         self.adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)
         self.device = pick_device(config.device)
 
@@ -57,7 +80,30 @@ class GlobalEvaluator:
         self.recorder.record(
             server_round, metrics, self.strategy.round_metrics.get(server_round, {})
         )
+        self.checkpoint(server_round, arrays)
+        if server_round == self.config.fault_server_round > 0:
+            raise RuntimeError(
+                f"fault injected (run config 'fault-server-round'): the ServerApp dies after "
+                f"checkpointing round {server_round}"
+            )
         return MetricRecord(metrics)
+
+    def checkpoint(self, server_round: int, arrays: ArrayRecord) -> None:
+        if self.run_dir is None:
+            return
+        save_checkpoint(
+            self.run_dir,
+            server_round,
+            from_array_record(arrays),
+            self.strategy.state_arrays(),
+            {
+                "config": self.config.as_dict(),
+                "strategy": self.strategy.state_json(),
+                "random": random_state_json(),
+                "recorder": self.recorder.state(),
+                "lineage": self.lineage,
+            },
+        )
 
 
 def save_final(config: RunConfig, evaluator: GlobalEvaluator, arrays: ArrayRecord, run_dir) -> dict:
@@ -81,7 +127,20 @@ def save_final(config: RunConfig, evaluator: GlobalEvaluator, arrays: ArrayRecor
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = resolve_config(context.run_config)  # unknown keys / bad values fail here
-    run_dir = make_run_dir(config)
+    run_dir = make_run_dir(config)  # inside the operator's output root (flower_app/paths.py)
+    checkpoint = None
+    if config.resume:
+        checkpoint = load_checkpoint(run_dir)
+        if checkpoint is None:
+            raise ConfigError(f"resume: no complete checkpoint in {run_dir / 'checkpoint'}")
+        check_resumable(config, checkpoint)
+        flwr_log(
+            INFO,
+            "[florg] resuming %s after round %d (checkpoint %s)",
+            run_dir,
+            checkpoint.round,
+            checkpoint.path.name,
+        )
     flwr_log(INFO, "[florg] run folder: %s", run_dir)
     data = load_task_data(config)
     if config.max_test_examples > 0:
@@ -98,25 +157,41 @@ def main(grid: Grid, context: Context) -> None:
         clients_evaluate=config.clients_evaluate,
         updates_dir=run_dir / "updates" if config.save_client_updates else None,
         residual_mode=config.fedex_residual,
+        screen_updates=config.screen_updates,
+        screen_kappa=config.screen_kappa,
         fingerprint=adapted.fingerprint() if config.is_florg else None,
         server_device=config.server_device,
         rank_mismatch=config.rank_mismatch,
     )
-    recorder = RunRecorder(run_dir, config, score_metric=data.score_metric)
-    evaluator = GlobalEvaluator(config, strategy, recorder)
+    lineage = checkpoint.lineage if checkpoint else new_lineage()
+    start_arrays = to_array_record(checkpoint.arrays if checkpoint else initial_state)
+    if checkpoint:
+        strategy.restore(checkpoint.strategy_arrays, checkpoint.state["strategy"])
+        restore_random_state(checkpoint.state["random"])  # Flower samples nodes with it
+    recorder = RunRecorder(
+        run_dir,
+        config,
+        score_metric=data.score_metric,
+        resumed=checkpoint.state["recorder"] if checkpoint else None,
+    )
+    evaluator = GlobalEvaluator(config, strategy, recorder, run_dir=run_dir, lineage=lineage)
     t0 = time.perf_counter()
     result = strategy.start(
         grid=grid,
-        initial_arrays=to_array_record(initial_state),
+        initial_arrays=start_arrays,
         num_rounds=config.num_server_rounds,
-        train_config=ConfigRecord({"method": config.method}),
+        train_config=ConfigRecord({"method": config.method, "lineage": lineage}),
+        evaluate_config=ConfigRecord({"lineage": lineage}),
         evaluate_fn=evaluator,
+        first_round=checkpoint.round + 1 if checkpoint else 1,
     )
-    outputs = save_final(
-        config, evaluator, result.arrays or to_array_record(initial_state), run_dir
-    )
+    outputs = save_final(config, evaluator, result.arrays or start_arrays, run_dir)
     summary = recorder.write_summary(
-        {"outputs": outputs, "strategy-seconds": time.perf_counter() - t0}
+        {
+            "outputs": outputs,
+            "strategy-seconds": time.perf_counter() - t0,
+            "resumed-after-round": checkpoint.round if checkpoint else None,
+        }
     )
     flwr_log(
         INFO,

@@ -21,6 +21,7 @@ from typing import Any
 from flower_app.deploy.certs import CertificateSet
 from flower_app.deploy.processes import Deployment, thread_env
 from flower_app.launch import SuperLinkProcess
+from flower_app.paths import OUTPUT_ROOT_ENV
 from tests.fixtures import make_sentiment_task, make_tiny_bert
 from tests.flower_harness import LeakedProcessesError, live_processes
 
@@ -35,10 +36,12 @@ def tiny_assets(base: Path) -> tuple[Path, Path]:
 
 
 def node_env(base: Path) -> dict[str, str]:
-    """Environment of every deployment process: offline, a private derived cache, one
-    BLAS/OpenMP thread per process (several nodes share two cores)."""
+    """Environment of every deployment process: offline, a private derived cache, the
+    output root ``base`` (runs write under ``base/outputs``), one BLAS/OpenMP thread per
+    process (several nodes share two cores)."""
     return {
         "HF_HUB_OFFLINE": "1",
+        OUTPUT_ROOT_ENV: str(Path(base).resolve()),
         "HF_DATASETS_OFFLINE": "1",
         "FLORG_DERIVED_CACHE": str(base / "derived-cache"),
         **thread_env(1),

@@ -30,6 +30,7 @@ from flower_app.launch import (
     run_flower_app,
     start_local_superlink,
 )
+from flower_app.paths import OUTPUT_ROOT_ENV
 
 __test__ = False  # not a test module
 
@@ -116,12 +117,17 @@ def local_simulation_superlink(
     connection_name: str = HARNESS_CONNECTION,
     startup_timeout: float = 60.0,
     cwd: Path | None = None,
+    output_root: Path | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[SimulationSuperLink]:
     """A private simulation SuperLink; yields ``(flwr_home, connection_name)``.
 
     ``<tmp_dir>/flwr_home`` becomes the SuperLink's and the CLI's ``FLWR_HOME`` (the FAB is
     installed under ``apps/`` there); the ServerApp runs with ``cwd`` (default ``tmp_dir``)
-    as its working directory; the SuperLink log is ``<tmp_dir>/superlink.log``.
+    as its working directory; the SuperLink log is ``<tmp_dir>/superlink.log``. The
+    ServerApp's output root (``$FLORG_OUTPUT_ROOT``, flower_app/paths.py) is ``output_root``,
+    by default the parent of ``tmp_dir`` (the test's own temporary folder); ``extra_env``
+    goes to the SuperLink and everything it starts.
     """
     tmp_dir = Path(tmp_dir)
     flwr_home = tmp_dir / "flwr_home"
@@ -131,7 +137,12 @@ def local_simulation_superlink(
         log_path=tmp_dir / "superlink.log",
         cwd=cwd or tmp_dir,
         startup_timeout=startup_timeout,
-        extra_env={"FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"},
+        extra_env={
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            OUTPUT_ROOT_ENV: str(Path(output_root or tmp_dir.parent).resolve()),
+            **(extra_env or {}),
+        },
     )
     failed = True
     try:

@@ -128,25 +128,45 @@ def check_florg_round(path: Path, procrustes: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    "kind,failures,rejected", [("raise", 1, 0), ("nan", 0, 1), ("shape", 0, 1)]
+    "kind,failures,rejected,screened",
+    [("raise", 1, 0, 0), ("nan", 0, 1, 0), ("shape", 0, 1, 0), ("scale", 0, 0, 1)],
 )
 def test_bad_clients_are_dropped_and_the_round_survives(
-    superlink, assets, kind, failures, rejected
+    superlink, assets, kind, failures, rejected, screened
 ):
     outcome, run_dir = run(
         superlink,
         assets,
         f"fault-{kind}",
-        **{"fault-partition": 1, "fault-kind": kind, "num-server-rounds": 1},
+        **{"fault-partition": 1, "fault-kind": kind, "num-server-rounds": 1, "fault-scale": 100.0},
     )
     assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
     last = rows(run_dir)[-1]
     assert last["failures"] == failures and last["rejected"] == rejected
+    assert last["screened"] == screened  # scale: its A x 100 (docs/faults.md)
     assert last["clients"] == NUM_NODES - 1
-    if kind != "raise":
+    if kind in ("nan", "shape"):
         assert "rejected update from partition 1" in outcome.log_text
+    if kind == "scale":
+        assert "screened out update from partition 1" in outcome.log_text
     saved = np.load(run_dir / "updates" / "round-1.npz")
     assert 1 not in saved["partitions"].tolist()
+
+
+def test_a_client_claiming_a_billion_examples_is_clipped(superlink, assets):
+    outcome, run_dir = run(
+        superlink,
+        assets,
+        "fault-claim",
+        **{"fault-partition": 2, "fault-kind": "claim", "fault-scale": 1e9,
+           "num-server-rounds": 1, "aggregation-weights": "num-examples"},
+    )  # fmt: skip
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
+    last = rows(run_dir)[-1]
+    assert last["clipped"] == 1 and last["clients"] == NUM_NODES
+    assert "claims 1e+09 examples, clipped to 800" in outcome.log_text  # 10 x 80 examples
+    weights = np.load(run_dir / "updates" / "round-1.npz")["weights"]
+    assert weights.max() == pytest.approx(800 / 960)
 
 
 def test_bad_config_fails_the_run_naming_the_key(superlink, assets):

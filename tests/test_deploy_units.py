@@ -101,7 +101,8 @@ def test_cache_evicts_least_recently_used_entries_beyond_its_limit(tiny, tmp_pat
     labels = load_task_data(_config(tiny)).num_labels
     build(_config(tiny), labels)
     (entry,) = (tmp_path / "models").iterdir()
-    monkeypatch.setenv(disk_cache.MAX_MB_ENV_VAR, str(1.5 * entry.stat().st_size / 1e6))
+    size = disk_cache._entry_size(entry)  # an entry is a folder (safetensors + JSON)
+    monkeypatch.setenv(disk_cache.MAX_MB_ENV_VAR, str(1.5 * size / 1e6))
     build(_config(tiny, rank=3), labels)  # two entries exceed 1.5 entries: the older goes
     assert [p.name for p in (tmp_path / "models").iterdir()] != [entry.name]
     assert len(list((tmp_path / "models").iterdir())) == 1

@@ -433,6 +433,7 @@ def test_simulation_runs_on_an_existing_two_node_ray_cluster() -> None:
                 **cluster.env,
                 **exports,
                 "FLORG_RAY_TEST_TAG": tag,
+                "FLORG_OUTPUT_ROOT": str(root),
                 "HF_HUB_OFFLINE": "1",
                 "FLWR_TELEMETRY_ENABLED": "0",
             }

@@ -232,6 +232,7 @@ class Deployment:
     connection: str = "deployment"
     cwd: Path | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    database: Path | None = None  # the SuperLink's state in SQLite (survives a restart)
     superlink: ManagedProcess | None = None
     supernodes: dict[int, ManagedProcess] = field(default_factory=dict)
     superexecs: list[ManagedProcess] = field(default_factory=list)
@@ -276,6 +277,7 @@ class Deployment:
                 insecure=self.certs is None,
                 isolation=self.isolation,
                 enable_supernode_auth=self.node_auth,
+                database=self.database,
             )
             process = start_process(
                 argv,

@@ -10,6 +10,8 @@ server can evaluate W0 + s (sum of residuals) + s avg(B) avg(A).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
@@ -48,8 +50,10 @@ class FedExLoRAStrategy(AdapterStrategy):
         replies = list(replies)
         for msg in replies:
             if not msg.has_error() and "metrics" in msg.content.metric_records:
-                folded = int(msg.content["metrics"].get("residual-round", 0))
-                self.node_synced[msg.metadata.src_node_id] = folded
+                folded = msg.content["metrics"].get("residual-round", 0)
+                if isinstance(folded, int | float) and math.isfinite(folded):
+                    # a node that claims more than the server has only starves itself
+                    self.node_synced[msg.metadata.src_node_id] = int(folded)
         return super().aggregate_train(server_round, replies)
 
     def aggregate_adapter(self, server_round, payloads, weights):
@@ -68,6 +72,41 @@ class FedExLoRAStrategy(AdapterStrategy):
         self.residuals[server_round] = residuals
         norms = [np.linalg.norm(r.to_dense()) for r in residuals.values()]
         return new, {"residual_norm": float(np.mean(norms))}
+
+    # -- checkpoint and resume: every round's residual and the server's cumulative one --
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        arrays = super().state_arrays()
+        arrays.update({f"fedex/cumulative/{k}": v for k, v in self.cumulative.items()})
+        for t, layers in self.residuals.items():
+            for layer, res in layers.items():
+                parts = {"dense": res.dense} if res.dense is not None else {"P": res.P, "Q": res.Q}
+                arrays.update({f"fedex/residual/{t}/{layer}/{k}": v for k, v in parts.items()})
+        return arrays
+
+    def state_json(self) -> dict:
+        return {**super().state_json(), "residual-mode": self.residual_mode}
+
+    def restore(self, arrays, state) -> None:
+        """Resume: the residuals of every round (a resumed run is a new Flower run, so its
+        clients start with nothing folded and are sent all of them with their first
+        training message: ``node_synced`` starts empty) and the cumulative residual."""
+        super().restore(arrays, state)
+        if state.get("residual-mode") != self.residual_mode:
+            raise ValueError("checkpoint of another fedex-residual mode")
+        self.cumulative, self.residuals, self.node_synced = {}, {}, {}
+        parts: dict[int, dict[str, dict[str, np.ndarray]]] = {}
+        for key, value in arrays.items():
+            if key.startswith("fedex/cumulative/"):
+                self.cumulative[key[len("fedex/cumulative/") :]] = np.asarray(value, np.float64)
+            elif key.startswith("fedex/residual/"):
+                t, rest = key[len("fedex/residual/") :].split("/", 1)
+                layer, kind = rest.rsplit("/", 1)
+                parts.setdefault(int(t), {}).setdefault(layer, {})[kind] = value
+        for t, layers in parts.items():
+            self.residuals[t] = {
+                layer: Residual(dense=p.get("dense"), P=p.get("P"), Q=p.get("Q"))
+                for layer, p in layers.items()
+            }
 
 
 def read_residuals(record: ArrayRecord) -> dict[int, dict[str, np.ndarray]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from strategies.florg import aggregate_florg_layers, check_rank_mismatch
-from strategies.flower.base import AdapterStrategy, ReplyRejected
+from strategies.flower.base import AdapterStrategy, Reply, ReplyRejected, metric_number
 
 
 class FLoRGStrategy(AdapterStrategy):
@@ -35,15 +35,19 @@ class FLoRGStrategy(AdapterStrategy):
         self.rank_mismatch = check_rank_mismatch(rank_mismatch)
         self.server_device = resolve_server_device(server_device)  # 'cuda' without a GPU fails
 
-    def check_reply(self, message):
-        """Also reject a client whose fixed L, R differ from the server's (other seed/model)."""
-        arrays, num_examples = super().check_reply(message)
-        theirs = message.content["metrics"].get("lr-fingerprint")
-        if self.fingerprint is not None and theirs is not None and int(theirs) != self.fingerprint:
-            raise ReplyRejected(
-                f"L/R fingerprint {int(theirs):012x} != server's {self.fingerprint:012x}"
-            )
-        return arrays, num_examples
+    def check_reply(self, message) -> Reply:
+        """Also reject a client whose fixed L, R differ from the server's (other seed/model),
+        or that does not say which it used (no ``lr-fingerprint``)."""
+        reply = super().check_reply(message)
+        if self.fingerprint is not None:
+            theirs = metric_number(message.content["metrics"], "lr-fingerprint", required=False)
+            if theirs is None:
+                raise ReplyRejected("no L/R fingerprint ('lr-fingerprint' metric missing)")
+            if theirs != self.fingerprint:
+                raise ReplyRejected(
+                    f"L/R fingerprint {int(theirs):012x} != server's {self.fingerprint:012x}"
+                )
+        return reply
 
     def aggregate_adapter(self, server_round, payloads, weights):
         keys = [f"{layer}.A" for layer in self.layers()]

@@ -12,6 +12,7 @@ replied). A client whose ClientApp raised still answered: that is a failure, not
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -61,7 +62,13 @@ class NodeLedger:
             if msg.has_error() or "metrics" not in msg.content.metric_records:
                 continue
             pid = msg.content["metrics"].get("partition-id")
-            if isinstance(pid, int | float):
+            if (
+                isinstance(pid, int | float)
+                and not isinstance(pid, bool)
+                and math.isfinite(pid)
+                and pid == int(pid)
+                and pid >= 0
+            ):  # anything else (NaN, a list, ...) teaches nothing, and must not crash
                 self.partitions[int(msg.metadata.src_node_id)] = int(pid)
 
     def sent(self, server_round: int, messages: list[Message]) -> None:

@@ -1,0 +1,149 @@
+"""Issue 15, item 1, the pieces: atomic checkpoints, strategy state, resumable settings,
+the recorder continuing metrics.jsonl, the launcher's --resume settings."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from flwr.app import Message, MessageType, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from flower_app.checkpoint import (
+    check_resumable,
+    load_checkpoint,
+    random_state_json,
+    restore_random_state,
+    save_checkpoint,
+)
+from flower_app.config import DEFAULTS, ConfigError, resolve_config
+from flower_app.launch import resume_run_config
+from flower_app.recorder import RunRecorder
+from strategies.flower import build_strategy
+from strategies.flower.base import from_array_record, to_array_record
+
+TaskIdentity.run_id = 1
+TaskIdentity.task_id = 1
+TaskIdentity.node_id = 1
+
+
+def _state(config, round_: int = 1) -> dict:
+    return {"config": config.as_dict(), "strategy": {}, "random": random_state_json(),
+            "recorder": {"rows": [{"round": round_}]}, "lineage": "0" * 32}  # fmt: skip
+
+
+def test_checkpoints_are_atomic_keep_two_and_fall_back_when_damaged(tmp_path):
+    config = resolve_config({})
+    for t in range(4):
+        save_checkpoint(
+            tmp_path, t, {"a": np.full(3, t, np.float32)}, {"g": np.ones(2)}, _state(config, t)
+        )
+    folders = sorted(p.name for p in (tmp_path / "checkpoint").iterdir())
+    assert folders == ["round-000002", "round-000003"]
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt.round == 3 and ckpt.arrays["a"].tolist() == [3, 3, 3]
+    assert ckpt.strategy_arrays["g"].dtype == np.float64 and ckpt.lineage == "0" * 32
+    # a half-written folder (a crash mid-write) is never read
+    (tmp_path / "checkpoint" / ".tmp-4-abc").mkdir()
+    (tmp_path / "checkpoint" / ".tmp-4-abc" / "state.json").write_text("{")
+    assert load_checkpoint(tmp_path).round == 3
+    # a damaged newest round: the older one is used
+    (tmp_path / "checkpoint" / "round-000003" / "arrays.safetensors").write_bytes(b"junk")
+    assert load_checkpoint(tmp_path).round == 2
+    assert load_checkpoint(tmp_path / "nothing") is None
+
+
+def test_random_state_round_trips_through_json():
+    random.seed(7)
+    saved = json.loads(json.dumps(random_state_json()))
+    expected = [random.random() for _ in range(3)]
+    restore_random_state(saved)
+    assert [random.random() for _ in range(3)] == expected
+
+
+def test_resume_refuses_other_settings_naming_them(tmp_path):
+    config = resolve_config({"rank": 2, "num-server-rounds": 5})
+    save_checkpoint(tmp_path, 3, {}, {}, _state(config, 3))
+    ckpt = load_checkpoint(tmp_path)
+    check_resumable(resolve_config({"rank": 2, "num-server-rounds": 8, "resume": "x"}), ckpt)
+    with pytest.raises(ConfigError, match="rank=4 .checkpoint: 2."):
+        check_resumable(resolve_config({"num-server-rounds": 5}), ckpt)
+    with pytest.raises(ConfigError, match="num-server-rounds"):
+        check_resumable(resolve_config({"rank": 2, "num-server-rounds": 2}), ckpt)
+
+
+def reply(state, pid) -> Message:
+    metrics = MetricRecord({"num-examples": 10, "train-loss": 1.0, "partition-id": pid})
+    content = RecordDict({"arrays": to_array_record(state), "metrics": metrics})
+    return Message(content=content, dst_node_id=1, message_type=MessageType.TRAIN)
+
+
+@pytest.mark.parametrize("method", ["florg", "fedex-lora", "fedit"])
+def test_a_restored_strategy_continues_exactly(method):
+    rng = np.random.default_rng(0)
+    if method == "florg":
+        initial = {"l.A": 0.1 * rng.standard_normal((2, 6)), "head.w": rng.standard_normal((2, 6))}
+    else:
+        initial = {
+            "l.lora_A": 0.1 * rng.standard_normal((2, 6)),
+            "l.lora_B": np.zeros((5, 2)),
+            "head.w": rng.standard_normal((2, 6)),
+        }
+    rounds = [
+        [{k: v + 0.05 * rng.standard_normal(v.shape) for k, v in initial.items()} for _ in range(3)]
+        for _ in range(3)
+    ]
+    kwargs = {"residual_mode": "factored"} if method == "fedex-lora" else {}
+    first = build_strategy(method, initial, **kwargs)
+    for t in (1, 2):
+        first.aggregate_train(t, [reply(c, i) for i, c in enumerate(rounds[t - 1])])
+    arrays = json.loads(json.dumps(first.state_json()))
+    second = build_strategy(method, initial, **kwargs)
+    second.restore(first.state_arrays(), arrays)
+    if method == "fedex-lora":
+        assert second.node_synced == {}  # a resumed run's clients are sent every residual
+    a, _ = first.aggregate_train(3, [reply(c, i) for i, c in enumerate(rounds[2])])
+    b, _ = second.aggregate_train(3, [reply(c, i) for i, c in enumerate(rounds[2])])
+    for key, value in from_array_record(a).items():
+        np.testing.assert_array_equal(from_array_record(b)[key], value)
+    if method == "fedex-lora":
+        assert second.residuals.keys() == first.residuals.keys() == {1, 2, 3}
+        for layer, value in first.cumulative.items():
+            np.testing.assert_array_equal(second.cumulative[layer], value)
+    with pytest.raises(ValueError, match="checkpoint"):
+        build_strategy("ffa-lora", {"l.lora_B": np.zeros((5, 2))}).restore(
+            first.state_arrays(), arrays
+        )
+
+
+def test_recorder_continues_metrics_jsonl_without_the_rounds_after_the_checkpoint(tmp_path):
+    config = resolve_config({})
+    first = RunRecorder(tmp_path, config)
+    for t in range(3):
+        first.record(t, {"accuracy": 0.5, "loss": 1.0, "score": 0.5}, {"up-params": 10})
+    saved = json.loads(json.dumps(first.state()))
+    saved["rows"] = saved["rows"][:2]  # the checkpoint of round 1; round 2 was lost
+    saved["totals"] = {"up-params": 10, "down-params": 0}
+    resumed = RunRecorder(tmp_path, config, resumed=saved)
+    resumed.record(2, {"accuracy": 0.6, "loss": 0.9, "score": 0.6}, {"up-params": 10})
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert rows[2]["accuracy"] == 0.6 and rows[2]["cum-up-params"] == 20
+
+
+def test_launcher_resume_settings_come_from_the_run_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = resolve_config({"method": "fedit", "rank": 2, "preset": "cpu-default"})
+    (run_dir / "config.json").write_text(json.dumps(config.as_dict()))
+    settings = resume_run_config(run_dir, {"num-server-rounds": 9})
+    assert settings == {
+        "method": "fedit",
+        "rank": 2,
+        "resume": str(run_dir.resolve()),
+        "num-server-rounds": 9,
+    }
+    assert resolve_config(settings).resume == str(run_dir.resolve())
+    assert set(settings) <= set(DEFAULTS)
