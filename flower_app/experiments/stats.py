@@ -13,7 +13,12 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scipy.stats import t as student_t
+try:
+    from scipy.stats import t as student_t
+except ModuleNotFoundError as err:  # the tooling's extra, not a runtime dependency
+    raise ModuleNotFoundError(
+        "the experiment statistics need scipy: pip install -e '.[experiments]'"
+    ) from err
 
 __all__ = ["Interval", "Paired", "mean_interval", "paired_difference", "verdict"]
 
