@@ -1,9 +1,10 @@
 """The docker compose demo (docker/): validated by a real compose tool, its commands equal to
 the loopback deployment's, its Dockerfile consistent with the project's pins.
 
-No Docker engine runs here: ``docker-compose config`` (Debian's package, installed by
-``.ci/run``) parses, validates and merges the files without one. Without the tool the
-validation tests skip locally and FAIL in CI (``CI=true``).
+These checks need no Docker engine: ``docker-compose config`` (Debian's package, installed
+by ``.ci/run``) parses, validates and merges the files without one. Without the tool the
+validation tests skip locally and FAIL in CI (``CI=true``). The demo itself runs on a real
+engine in ``tests/test_docker_engine.py``.
 """
 
 from __future__ import annotations
