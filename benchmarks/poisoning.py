@@ -22,8 +22,11 @@ distance of any round) that the threshold kappa must clear.
 With ``--workdir``, a run whose folder already holds a summary.json and whose config.json has
 the requested settings is not run again (``--fresh`` runs everything).
 
-    python benchmarks/poisoning.py                       # about 10 minutes on 2 cores
+    python benchmarks/poisoning.py --workdir W --json W/poisoning.json --plot W/poisoning.png
     python benchmarks/poisoning.py --rounds 2 --quick    # smoke test
+
+Nine runs; each took 4.4-7.4 min on 2 CPU cores shared with other work (load average 15-25),
+46 min in all (docs/faults.md); an idle machine should need well under half (not measured).
 
 Prints a Markdown table; ``--json PATH`` also writes the numbers.
 """
