@@ -38,10 +38,11 @@ def _fraction(x: float) -> bool:
     return 0 < x <= 1
 
 
-_FOLDER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# Grid run ids look like "method=florg,seed=0,task=snli" (flower_app/experiments/grid.py).
+_FOLDER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+:@%~-]{0,254}")
 FOLDER_NAME_HINT = (
-    "a plain folder name: letters, digits, '.', '_', '-', starting with a letter or digit, "
-    "at most 128 characters, no path separators or '..'"
+    "a plain folder name: letters, digits and . _ = , + : @ % ~ -, starting with a letter "
+    "or digit, at most 255 characters, no path separators or '..'"
 )
 
 

@@ -9,8 +9,9 @@ run, so they never decide on their own where the ServerApp writes:
 * ``output-dir`` is a folder *inside* the root: a relative path is taken relative to the
   root, an absolute one must already lie inside it; ``..`` that leaves the root, and
   symbolic links that point out of it, are refused (the check is on the resolved path);
-* ``run-name`` is a single folder name: letters, digits, ``.``, ``_``, ``-``, starting with a
-  letter or digit, at most 128 characters; ``/``, ``\\``, ``..`` and anything else are refused;
+* ``run-name`` is a single folder name: letters, digits and ``. _ = , + : @ % ~ -``,
+  starting with a letter or digit, at most 255 characters; ``/``, ``\\``, ``..``, spaces,
+  control characters and anything else are refused;
 * ``resume`` names an existing run folder, resolved like ``output-dir``.
 
 Every refusal is a ``ConfigError`` naming the key, raised before anything is written.

@@ -58,6 +58,11 @@ def test_symlink_out_of_the_root_is_refused(root, tmp_path):
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
+def test_grid_run_ids_are_plain_folder_names():
+    name = "method=florg,seed=0,task=snli,learning-rate=1e-05,target-modules=query+value"
+    assert resolve_config({"run-name": name}).run_name == name
+
+
 def test_folders_inside_the_root_are_accepted(root):
     assert make_run_dir(resolve_config({"run-name": "r1"})) == root / "outputs" / "r1"
     nested = make_run_dir(resolve_config({"output-dir": "grid/runs", "run-name": "r2"}))
@@ -86,3 +91,15 @@ def test_default_root_is_the_working_directory(tmp_path, monkeypatch):
     assert make_run_dir(resolve_config({"run-name": "r"})) == tmp_path.resolve() / "outputs/r"
     with pytest.raises(ConfigError):
         confined("../x", "output-dir")
+
+
+def test_every_shipped_grid_run_id_is_an_accepted_run_name():
+    from pathlib import Path
+
+    from flower_app.config import is_folder_name
+    from flower_app.experiments.grid import load_grid
+
+    grids = sorted((Path(__file__).resolve().parent.parent / "conf" / "grids").glob("*.yaml"))
+    for path in grids:
+        for run in load_grid(path).runs:
+            assert is_folder_name(run.run_id), (path.name, run.run_id)
