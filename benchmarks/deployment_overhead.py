@@ -14,7 +14,7 @@ Modes, run one after another in this process:
 1. ``simulation``: a private ``flower-superlink --simulation`` (``tests.flower_harness``),
    one Ray actor per client with 1 CPU (Ray sets its ``OMP_NUM_THREADS=1``); an actor lives
    through the run, so it loads the model and tokenises its partition once.
-2. ``deployment``: ``flower_app.deploy.processes.Deployment`` -- a TLS SuperLink and one
+2. ``deployment``: ``florg_tools.deploy.processes.Deployment`` -- a TLS SuperLink and one
    SuperNode per client on loopback (``OMP/OPENBLAS/MKL_NUM_THREADS=1`` per node, like the
    actors), with the on-disk cache (``flower_app.disk_cache``) in a fresh folder. A SuperNode
    starts a fresh ``flwr-clientapp`` process for every message: imports, model, data again.
@@ -67,7 +67,7 @@ def _quick_assets(work: Path) -> dict[str, Any]:
 
 
 def run_simulation(settings: dict[str, Any], sizes: Sizes, work: Path, timeout: float) -> Any:
-    from flower_app.launch import run_flower_app
+    from florg_tools.launch import run_flower_app
     from tests.flower_harness import local_simulation_superlink
 
     with local_simulation_superlink(
@@ -81,9 +81,9 @@ def run_simulation(settings: dict[str, Any], sizes: Sizes, work: Path, timeout: 
 def run_deployment(
     settings: dict[str, Any], sizes: Sizes, work: Path, timeout: float, cache: bool
 ) -> Any:
-    from flower_app.deploy.certs import generate_certificates
-    from flower_app.deploy.processes import Deployment, thread_env
-    from flower_app.launch import run_flower_app
+    from florg_tools.deploy.certs import generate_certificates
+    from florg_tools.deploy.processes import Deployment, thread_env
+    from florg_tools.launch import run_flower_app
 
     env = {
         **thread_env(1),

@@ -8,7 +8,7 @@ same local training + aggregation + server evaluation in a plain Python loop, in
 (a) Simulation.  A private ``flower-superlink --simulation`` on a free port
     (``tests.flower_harness.local_simulation_superlink``: N supernodes, 1 CPU each, stopped
     by PID with every process it spawned), and one FLoRG run submitted with
-    ``flower_app.launch.run_flower_app`` (model all-MiniLM-L6-v2, task snli, IID partitions,
+    ``florg_tools.launch.run_flower_app`` (model all-MiniLM-L6-v2, task snli, IID partitions,
     600 training / 200 validation examples, batch 16, progress bar off, outputs in a temp
     dir).  Per-round times come from the run's ``metrics.jsonl`` (``elapsed-seconds``, taken
     by the ServerApp's RunRecorder, whose clock starts after the ServerApp has loaded the
@@ -335,7 +335,7 @@ class SimResult:
 
 def run_simulation(sizes: Sizes, work: Path, timeout: float) -> SimResult:
     _ensure_repo_on_path()
-    from flower_app.launch import run_flower_app
+    from florg_tools.launch import run_flower_app
     from tests.flower_harness import local_simulation_superlink
 
     output_dir = work / "outputs"

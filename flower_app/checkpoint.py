@@ -16,7 +16,7 @@ A round folder is written under a temporary name, every file fsynced, then renam
 place (atomic on POSIX), so a folder named ``round-<t>`` is always complete; the two most
 recent are kept. Nothing is pickled: safetensors and JSON only.
 
-``resume=<run folder>`` (or ``python -m flower_app.launch --resume RUN_DIR``) loads the
+``resume=<run folder>`` (or ``python -m florg_tools.launch --resume RUN_DIR``) loads the
 newest complete round t, checks that the run's settings equal the checkpoint's (up to the
 keys in ``RESUMABLE_KEYS``), rewrites ``metrics.jsonl`` with the rows of rounds 0..t, and
 runs rounds t+1..num-server-rounds: no round is run twice or skipped.
@@ -177,7 +177,7 @@ def check_resumable(config: RunConfig, checkpoint: Checkpoint) -> None:
         raise ConfigError(
             f"resume: the run's settings differ from the checkpoint's in {shown}; resume with "
             f"the settings of {checkpoint.path.parent.parent / 'config.json'} "
-            "(python -m flower_app.launch --resume RUN_DIR does)"
+            "(python -m florg_tools.launch --resume RUN_DIR does)"
         )
     if config.num_server_rounds < checkpoint.round:
         raise ConfigError(

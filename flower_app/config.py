@@ -4,7 +4,7 @@ Precedence, lowest first: the defaults below (identical to pyproject.toml's
 ``[tool.flwr.app.config]``, a test checks it) < the YAML preset named by ``preset``
 (``conf/<preset>.yaml``, read with omegaconf) < values set with ``--run-config``.
 Through plain ``flwr run`` a key counts as set when its value differs from the
-default; ``python -m flower_app.launch --preset P --set key=value`` applies the
+default; ``python -m florg_tools.launch --preset P --set key=value`` applies the
 three layers explicitly.  Unknown keys and bad values raise ``ConfigError``
 naming the key, before any model is built or any client trains.
 """
@@ -38,7 +38,7 @@ def _fraction(x: float) -> bool:
     return 0 < x <= 1
 
 
-# Grid run ids look like "method=florg,seed=0,task=snli" (flower_app/experiments/grid.py).
+# Grid run ids look like "method=florg,seed=0,task=snli" (florg_tools/experiments/grid.py).
 _FOLDER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+:@%~-]{0,254}")
 FOLDER_NAME_HINT = (
     "a plain folder name: letters, digits and . _ = , + : @ % ~ -, starting with a letter "

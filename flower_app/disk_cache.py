@@ -98,7 +98,7 @@ def cache_root() -> Path | None:
         return None
     if os.environ.get(DIR_ENV_VAR):
         return Path(os.environ[DIR_ENV_VAR]).expanduser().resolve()
-    from flower_app.assets import default_cache_dir
+    from flower_app.asset_registry import default_cache_dir
 
     return default_cache_dir() / "derived"
 

@@ -10,11 +10,11 @@ from torch import nn
 
 
 def resolve_model_source(name: str) -> str:
-    """A local folder as is; a name registered by ``python -m flower_app.assets fetch``;
+    """A local folder as is; a name registered by ``python -m florg_tools.assets fetch``;
     otherwise the name is passed to transformers as a Hub id."""
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser())
-    from flower_app.assets import load_registry
+    from flower_app.asset_registry import load_registry
 
     try:
         models = load_registry().get("models", {})
@@ -130,5 +130,5 @@ def _not_found(name: str, source: str, err: Exception) -> str:
         f"model {name!r} could not be loaded from {source!r}: {err}. "
         "Pass a local folder, a Hub name"
         + (" (the Hub is disabled: HF_HUB_OFFLINE=1)" if offline else "")
-        + ", or run `python -m flower_app.assets fetch` to register the offline models."
+        + ", or run `python -m florg_tools.assets fetch` to register the offline models."
     )

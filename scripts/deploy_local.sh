@@ -10,13 +10,13 @@
 #        --root-certificates certs/ca.crt                                           # CLI machine
 #   bash scripts/deploy_local.sh certs --out certs --san 192.168.1.10 [--node-keys 2]
 #
-# Then: FLWR_HOME=... flwr run . NAME --stream   (or python -m flower_app.launch --connection NAME)
+# Then: FLWR_HOME=... flwr run . NAME --stream   (or python -m florg_tools.launch --connection NAME)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 case "${1:-}" in
-  up|superlink|node|connection|certs) exec python -m flower_app.deploy "$@" ;;
-  -h|--help) exec python -m flower_app.deploy --help ;;
-  *) exec python -m flower_app.deploy up --nodes 3 "$@" ;;
+  up|superlink|node|connection|certs) exec python -m florg_tools.deploy "$@" ;;
+  -h|--help) exec python -m florg_tools.deploy --help ;;
+  *) exec python -m florg_tools.deploy up --nodes 3 "$@" ;;
 esac

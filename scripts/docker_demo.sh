@@ -46,7 +46,7 @@ export FLWR_HOME="${FLWR_HOME:-$PWD/.flwr_home}"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_TELEMETRY_ENABLED=0
 
 # The committed compose files must be what commands.py generates.
-python -m flower_app.deploy.compose_gen --check docker
+python -m florg_tools.deploy.compose_gen --check docker
 
 cleanup() {
   local cid
@@ -82,7 +82,7 @@ while time.monotonic() < deadline:
 sys.exit(f"docker_demo: SuperLink not healthy after 180 s: {error}")
 PY
 
-python -m flower_app.deploy.compose_gen connection --flwr-home "$FLWR_HOME" \
+python -m florg_tools.deploy.compose_gen connection --flwr-home "$FLWR_HOME" \
   --name "$CONNECTION" --address 127.0.0.1:8000 --root-certificates "$CA"
 # `flwr run . docker-tls`, then poll `flwr ls` until the run's final status.
-python -m flower_app.launch --connection "$CONNECTION" --flwr-home "$FLWR_HOME" "$@"
+python -m florg_tools.launch --connection "$CONNECTION" --flwr-home "$FLWR_HOME" "$@"

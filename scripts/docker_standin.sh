@@ -13,7 +13,7 @@
 # Python 3.11 with pip (this repository's .venv): the wheels are fetched by the host's pip,
 # the builds get no network. How the stand-ins differ from Flower's images:
 # docs/deploy-docker.md. Undo the offline build with
-# `python -m flower_app.deploy.docker_offline clear`.
+# `python -m florg_tools.deploy.docker_offline clear`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${FLORG_VENV:-.venv}"
@@ -22,4 +22,4 @@ if [ ! -x "$VENV/bin/python" ]; then
   bash scripts/setup.sh
 fi
 export DOCKER_BUILDKIT=1
-exec "$VENV/bin/python" -m flower_app.deploy.docker_offline all
+exec "$VENV/bin/python" -m florg_tools.deploy.docker_offline all

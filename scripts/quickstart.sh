@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-python -m flower_app.assets fetch                         # offline model + data, sha256-checked
-python -m flower_app.flwr_home setup --flwr-home "$PWD/.flwr_home" --num-supernodes 5  # the 'local-simulation' connection
+python -m florg_tools.assets fetch                         # offline model + data, sha256-checked
+python -m florg_tools.flwr_home setup --flwr-home "$PWD/.flwr_home" --num-supernodes 5  # the 'local-simulation' connection
 export FLWR_HOME="$PWD/.flwr_home"
-exec python -m flower_app.launch --connection local-simulation --ephemeral-superlink "$@"
+exec python -m florg_tools.launch --connection local-simulation --ephemeral-superlink "$@"

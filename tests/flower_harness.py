@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flower_app.flwr_home import write_local_simulation_connection
-from flower_app.launch import (
+from florg_tools.flwr_home import write_local_simulation_connection
+from florg_tools.launch import (
     TAG_ENV_VAR,
     ProcInfo,
     RunOutcome,
@@ -94,7 +94,7 @@ def live_processes(recorded: list[ProcInfo], tag: str | None = None) -> list[str
                 except psutil.Error:
                     continue
     else:
-        from flower_app.launch import _process_table
+        from florg_tools.launch import _process_table
 
         table = _process_table(tag)
         for info in recorded:
@@ -178,7 +178,7 @@ def run_app_in_simulation(
 ) -> RunOutcome:
     """Run a Flower App through the real simulation engine on a private SuperLink.
 
-    ``run_kwargs`` go to ``flower_app.launch.run_flower_app`` (``validate``, ``stream``,
+    ``run_kwargs`` go to ``florg_tools.launch.run_flower_app`` (``validate``, ``stream``,
     ...). Raises ``LeakedProcessesError`` if any spawned process outlives the run.
     """
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from florg_tools.launch import run_flower_app
 from flower_app.adapters.targets import adapter_layout
-from flower_app.launch import run_flower_app
 from strategies.communication import round_communication
 from strategies.florg import aggregate_florg
 from strategies.methods import METHODS
@@ -177,7 +177,7 @@ def test_bad_config_fails_the_run_naming_the_key(superlink, assets):
 
 
 def test_launcher_refuses_bad_config_before_launching(tmp_path, capsys):
-    from flower_app.launch import EXIT_USAGE, main
+    from florg_tools.launch import EXIT_USAGE, main
 
     common = ["--app", str(ROOT), "--flwr-home", str(tmp_path / "home"), "--quiet"]
     assert main([*common, "--set", "method=fedavg"]) == EXIT_USAGE

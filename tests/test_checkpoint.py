@@ -11,6 +11,7 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from florg_tools.launch import resume_run_config
 from flower_app.checkpoint import (
     check_resumable,
     load_checkpoint,
@@ -19,7 +20,6 @@ from flower_app.checkpoint import (
     save_checkpoint,
 )
 from flower_app.config import DEFAULTS, ConfigError, resolve_config
-from flower_app.launch import resume_run_config
 from flower_app.recorder import RunRecorder
 from strategies.flower import build_strategy
 from strategies.flower.base import from_array_record, to_array_record

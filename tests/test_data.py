@@ -15,7 +15,7 @@ import datasets
 import pytest
 import torch
 
-from flower_app import assets
+from florg_tools import assets
 from flower_app.data import (
     TASKS,
     load_task_splits,
@@ -219,10 +219,10 @@ def test_unknown_task_lists_known_tasks() -> None:
 
 
 def test_missing_fetch_is_explained(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="flower_app.assets fetch"):
+    with pytest.raises(FileNotFoundError, match="florg_tools.assets fetch"):
         resolve_task("snli", cache_dir=tmp_path)
     spec = resolve_task(str(tmp_path), text_fields="text")
-    with pytest.raises(FileNotFoundError, match=r"train\.jsonl.*flower_app.assets fetch"):
+    with pytest.raises(FileNotFoundError, match=r"train\.jsonl.*florg_tools.assets fetch"):
         load_task_splits(spec)
 
 
@@ -352,7 +352,7 @@ def test_tokenize_single_sentence(movie, tokenizer: Any) -> None:
 def test_smollm2_when_fetched(registry: dict[str, Any]) -> None:
     """Optional asset (``fetch --all``): float32 safetensors and a working tokenizer."""
     if "SmolLM2-135M" not in assets.load_registry()["models"]:
-        pytest.skip("SmolLM2-135M not fetched (python -m flower_app.assets fetch --all)")
+        pytest.skip("SmolLM2-135M not fetched (python -m florg_tools.assets fetch --all)")
     from safetensors import safe_open
     from transformers import AutoConfig, AutoTokenizer
 

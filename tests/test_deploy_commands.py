@@ -1,4 +1,4 @@
-"""The deployment argv (flower_app.deploy.commands) as Flower 1.41's own parsers read it."""
+"""The deployment argv (florg_tools.deploy.commands) as Flower 1.41's own parsers read it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from flwr.supercore.cli.flower_superexec import _parse_args as superexec_parser
 from flwr.superlink.cli.flower_superlink import _parse_args_run_superlink
 from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
 
-from flower_app.deploy.commands import (
+from florg_tools.deploy.commands import (
     DeployConfigError,
     ServerTLS,
     deployment_env,

@@ -4,7 +4,7 @@ loopback, a ServerApp process per run), each resumed from the run's last checkpo
 One deployment serves the module. A clean 3-round FLoRG run is the reference; then
 
 1. the ServerApp process (``flwr-serverapp``, started by the SuperLink) is SIGKILLed while
-   round 2 trains; the run fails; ``python -m flower_app.launch --resume RUN_DIR`` continues
+   round 2 trains; the run fails; ``python -m florg_tools.launch --resume RUN_DIR`` continues
    it at round 2;
 2. the SuperLink itself is SIGKILLed (with the ServerApp under it) while round 2 trains and
    started again on the same port with the same state database; the SuperNodes reconnect;
@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from flower_app.launch import LaunchError, run_flower_app
+from florg_tools.launch import LaunchError, run_flower_app
 from tests.deploy_harness import ROOT, deployment, logs, rows, run_settings, tiny_assets
 
 NODES = 3
@@ -100,7 +100,7 @@ def _serverapps(dep) -> list:
 
 def _resume_with_launcher(dep, run_dir: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "flower_app.launch", "--flwr-home", str(dep.flwr_home),
+        [sys.executable, "-m", "florg_tools.launch", "--flwr-home", str(dep.flwr_home),
          "--connection", dep.connection, "--resume", str(run_dir), "--timeout", "500"],
         cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
         timeout=560,

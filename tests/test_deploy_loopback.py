@@ -2,7 +2,7 @@
 Flower processes on free ports, TLS and SuperNode authentication, a full FLoRG run of the
 tiny model:
 
-1. ``python -m flower_app.deploy.certs --out certs --node-keys 4``: CA, server cert, keys;
+1. ``python -m florg_tools.deploy.certs --out certs --node-keys 4``: CA, server cert, keys;
 2. ``scripts/deploy_local.sh up --nodes 2 --num-partitions 3 --certs certs --node-auth``:
    the "server machine" -- a TLS SuperLink and the SuperNodes of partitions 0 and 1,
    their keys registered, the connection written into its FLWR_HOME;
@@ -12,7 +12,7 @@ tiny model:
    a "client machine" node training on its own data;
 4. an unregistered key is refused; plain HTTP gets no answer;
 5. ``scripts/deploy_local.sh connection --name ... --root-certificates certs/ca.crt`` and
-   ``python -m flower_app.launch --connection ...``: the run, checked to completion;
+   ``python -m florg_tools.launch --connection ...``: the run, checked to completion;
 6. Ctrl-C (SIGINT by pid) to every command; none of the processes seen may survive.
 """
 
@@ -27,7 +27,7 @@ import urllib.request
 
 import pytest
 
-from flower_app.launch import find_free_port, flwr_env
+from florg_tools.launch import find_free_port, flwr_env
 from tests.deploy_harness import (
     CliProcesses,
     node_env,
@@ -49,7 +49,7 @@ def test_documented_commands_run_florg_over_tls_with_node_auth(tmp_path):
     certs = tmp_path / "certs"
     env = flwr_env(tmp_path / "unused-home", extra=node_env(tmp_path))
     made = subprocess.run(
-        [sys.executable, "-m", "flower_app.deploy.certs", "--out", str(certs), "--san",
+        [sys.executable, "-m", "florg_tools.deploy.certs", "--out", str(certs), "--san",
          "localhost", "--node-keys", "4"],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
@@ -102,7 +102,7 @@ def test_documented_commands_run_florg_over_tls_with_node_auth(tmp_path):
         settings = run_settings(model, task, out, "loopback")
         sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
         launched = subprocess.run(
-            [sys.executable, "-m", "flower_app.launch", "--flwr-home", str(home2),
+            [sys.executable, "-m", "florg_tools.launch", "--flwr-home", str(home2),
              "--connection", "lan", "--quiet", *sets],
             env=env, capture_output=True, text=True, check=False, timeout=480,
         )  # fmt: skip

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from flower_app.deploy.certs import certificate_sans, generate_certificates
-from flower_app.deploy.netns import Namespaces, NetnsUnavailable
-from flower_app.launch import run_flower_app
+from florg_tools.deploy.certs import certificate_sans, generate_certificates
+from florg_tools.deploy.netns import Namespaces, NetnsUnavailable
+from florg_tools.launch import run_flower_app
 from tests.deploy_harness import ROOT, deployment, logs, rows, run_settings, tiny_assets
 
 NODES = 3

@@ -13,8 +13,8 @@ import re
 import threading
 import time
 
-from flower_app.deploy.certs import generate_certificates
-from flower_app.launch import run_flower_app
+from florg_tools.deploy.certs import generate_certificates
+from florg_tools.launch import run_flower_app
 from tests.deploy_harness import ROOT, deployment, logs, rows, run_settings, tiny_assets
 
 NODES = 3

@@ -18,12 +18,12 @@ from flwr.server.superlink.linkstate.utils import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
+from florg_tools.deploy.certs import certificate_sans, generate_certificates, generate_node_keys
+from florg_tools.deploy.commands import DeployConfigError
+from florg_tools.flwr_home import write_tls_connection
 from flower_app import disk_cache
 from flower_app.adapters.florg_model import florg_layers
 from flower_app.config import ConfigError, resolve_config
-from flower_app.deploy.certs import certificate_sans, generate_certificates, generate_node_keys
-from flower_app.deploy.commands import DeployConfigError
-from flower_app.flwr_home import write_tls_connection
 from flower_app.modeling import pick_device
 from flower_app.node_config import use_node_data
 from flower_app.runtime import cached_adapted_model

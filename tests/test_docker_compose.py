@@ -29,9 +29,9 @@ from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from flower_app.deploy import compose_gen
-from flower_app.deploy.commands import split_address
-from flower_app.deploy.compose_gen import (
+from florg_tools.deploy import compose_gen
+from florg_tools.deploy.commands import split_address
+from florg_tools.deploy.compose_gen import (
     APP_IMAGE,
     COMPOSE_FILES,
     ENTRYPOINTS,
@@ -145,8 +145,8 @@ def _mount_targets(service: dict[str, Any]) -> dict[str, str]:
 def test_committed_compose_files_are_the_generated_ones(name):
     have = (DOCKER / name).read_text(encoding="utf-8")
     assert have == render(name), (
-        f"docker/{name} differs from what flower_app/deploy/commands.py generates; "
-        "run `python -m flower_app.deploy.compose_gen --write docker`"
+        f"docker/{name} differs from what florg_tools/deploy/commands.py generates; "
+        "run `python -m florg_tools.deploy.compose_gen --write docker`"
     )
 
 
@@ -160,7 +160,7 @@ def test_check_cli_catches_a_hand_edit(tmp_path):
 
 
 def test_connection_cli_writes_the_demo_connection_without_stealing_the_default(tmp_path):
-    from flower_app.flwr_home import read_flower_config, write_local_simulation_connection
+    from florg_tools.flwr_home import read_flower_config, write_local_simulation_connection
 
     home = tmp_path / "home"
     write_local_simulation_connection(
@@ -279,10 +279,10 @@ def test_every_command_parses_with_flower_1_41(tls):
 
 
 def _loopback_argv(tmp_path: Path, monkeypatch, tls: bool) -> dict[str, list[str]]:
-    """The argv the loopback deployment (flower_app.deploy.processes.Deployment, as the
+    """The argv the loopback deployment (florg_tools.deploy.processes.Deployment, as the
     loopback deployment test drives it) would start, captured instead of started."""
-    from flower_app.deploy import processes
-    from flower_app.deploy.certs import generate_certificates
+    from florg_tools.deploy import processes
+    from florg_tools.deploy.certs import generate_certificates
 
     started: dict[str, list[str]] = {}
 
@@ -355,10 +355,10 @@ def test_certs_service_writes_every_file_the_overlay_mounts(tmp_path):
     out = tmp_path / "certificates"
     for step in steps[:-1]:  # the generator, as the container runs it, into a temp dir
         argv = shlex.split(step.replace(container_dir, str(out)))
-        assert argv[:3] == ["python", "-m", "flower_app.deploy.certs"]
+        assert argv[:3] == ["python", "-m", "florg_tools.deploy.certs"]
         proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
-    from flower_app.deploy.certs import certificate_sans
+    from florg_tools.deploy.certs import certificate_sans
 
     merged = _merged_committed()
     for name, svc in merged.items():
@@ -429,7 +429,7 @@ def test_torch_is_installed_first_from_the_cpu_index():
     torch_at = next(k for k, r in enumerate(runs) if '"torch==${TORCH_VERSION}"' in r)
     reqs_at = next(k for k, r in enumerate(runs) if "-r requirements.txt" in r)
     app_at = next(k for k, r in enumerate(runs) if "--no-deps /app/florg-src" in r)
-    assets_at = next(k for k, r in enumerate(runs) if "flower_app.assets fetch" in r)
+    assets_at = next(k for k, r in enumerate(runs) if "florg_tools.assets fetch" in r)
     assert torch_at < reqs_at < app_at < assets_at
     assert '--index-url "${TORCH_INDEX_URL}"' in runs[torch_at]
     assert _arg_default("TORCH_INDEX_URL") == "https://download.pytorch.org/whl/cpu"
@@ -483,7 +483,7 @@ def test_demo_script_uses_the_generated_files_and_checks_them():
     assert "FILES=(-f docker/compose.yml -f docker/with-tls.yml)" in script
     assert "compose_gen --check docker" in script
     assert f"127.0.0.1:{LAYOUT.superlink_port}" in script
-    assert "python -m flower_app.launch --connection" in script
+    assert "python -m florg_tools.launch --connection" in script
 
 
 # --------------------------------------------------------------------------- opt-in run
@@ -499,9 +499,9 @@ def test_tls_service_argv_run_florg_as_local_processes(tmp_path):
     mounted certificate copied to a per-service folder), run one FLoRG round to
     ``finished:completed``. The closest this machine, without a Docker engine, gets to
     the containers."""
-    from flower_app.deploy.processes import start_process, wait_for_log, wait_healthy
-    from flower_app.flwr_home import write_tls_connection
-    from flower_app.launch import find_free_port
+    from florg_tools.deploy.processes import start_process, wait_for_log, wait_healthy
+    from florg_tools.flwr_home import write_tls_connection
+    from florg_tools.launch import find_free_port
 
     layout = DockerLayout(
         num_supernodes=2, superlink_port=find_free_port(), first_runtime_port=find_free_port()
@@ -550,7 +550,7 @@ def test_tls_service_argv_run_florg_as_local_processes(tmp_path):
         write_tls_connection(home, "docker-tls", address, root_certificates=ca)
         sets = ["num-server-rounds=1", "max-train-examples=64", "max-eval-examples=64"]
         sets.append(f"output-dir={tmp_path / 'outputs'}")
-        cmd = [sys.executable, "-m", "flower_app.launch", "--connection", "docker-tls"]
+        cmd = [sys.executable, "-m", "florg_tools.launch", "--connection", "docker-tls"]
         cmd += ["--flwr-home", str(home), "--timeout", "900", "--quiet"]
         cmd += [arg for s in sets for arg in ("--set", s)]
         run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -568,7 +568,7 @@ def _runs_with_pip() -> list[str]:
     return [
         i
         for i in _instructions()
-        if i.startswith("RUN ") and ("pip install" in i or "flower_app.assets fetch" in i)
+        if i.startswith("RUN ") and ("pip install" in i or "florg_tools.assets fetch" in i)
     ]
 
 
@@ -594,7 +594,7 @@ def test_every_pip_step_reads_only_the_wheelhouse_when_it_holds_wheels():
 
 
 def test_the_wheelhouse_requirements_are_the_images():
-    from flower_app.deploy.docker_offline import wheel_requirements
+    from florg_tools.deploy.docker_offline import wheel_requirements
 
     reqs = wheel_requirements(ROOT)
     assert f"torch=={_arg_default('TORCH_VERSION')}" in reqs
@@ -623,7 +623,7 @@ def _standin_instructions() -> list[str]:
 
 
 def test_standins_have_the_official_names_entrypoints_user_and_paths():
-    from flower_app.deploy.docker_offline import standin_images
+    from florg_tools.deploy.docker_offline import standin_images
 
     ins = _standin_instructions()
     stages: dict[str, list[str]] = {}

@@ -4,12 +4,12 @@ SuperNode container killed in the middle of round 2.
 
 What runs, in order (docs/deploy-docker.md, "What the test runs"):
 
-1. a private ``dockerd`` (``flower_app.deploy.docker_engine``): its own network namespace
+1. a private ``dockerd`` (``florg_tools.deploy.docker_engine``): its own network namespace
    with only a loopback interface, its own socket, exec-root and config under a temp
    folder, its data-root in ``~/.cache/florg-docker/engine`` so that a second run reuses
    the images (a run that finds the cache locked uses a temporary one); stopped by pid at
    the end, also after a failure, and no process of it may survive;
-2. ``flower_app.deploy.docker_offline.prepare`` (what ``scripts/docker_standin.sh`` runs):
+2. ``florg_tools.deploy.docker_offline.prepare`` (what ``scripts/docker_standin.sh`` runs):
    the wheelhouse fetched by the host's pip into ``docker/wheelhouse/``, and the
    stand-ins for ``flwr/superlink``, ``flwr/supernode``, ``flwr/superexec`` 1.41.0;
 3. ``bash scripts/docker_demo.sh`` itself, in the engine's network namespace: it checks
@@ -48,9 +48,9 @@ from typing import Any
 
 import pytest
 
-from flower_app.deploy import docker_offline
-from flower_app.deploy.compose_gen import APP_IMAGE, DockerLayout, service_specs
-from flower_app.deploy.docker_engine import (
+from florg_tools.deploy import docker_offline
+from florg_tools.deploy.compose_gen import APP_IMAGE, DockerLayout, service_specs
+from florg_tools.deploy.docker_engine import (
     DockerEngineError,
     PrivateDockerd,
     cached_data_root,

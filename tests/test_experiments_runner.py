@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from flower_app.experiments.__main__ import main as grid_cli
-from flower_app.experiments.__main__ import write_report
-from flower_app.experiments.aggregate import (
+from florg_tools.experiments.__main__ import main as grid_cli
+from florg_tools.experiments.__main__ import write_report
+from florg_tools.experiments.aggregate import (
     RunResult,
     collect,
     communication_lines,
     markdown_report,
 )
-from flower_app.experiments.grid import GridError, GridRun, load_grid
-from flower_app.experiments.runner import is_finished, run_dir, run_grid
+from florg_tools.experiments.grid import GridError, GridRun, load_grid
+from florg_tools.experiments.runner import is_finished, run_dir, run_grid
 from tests.fixtures import make_sentiment_task, make_tiny_bert
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

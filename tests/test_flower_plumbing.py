@@ -19,8 +19,8 @@ import pytest
 from flwr.cli.flower_config import parse_superlink_connection
 from flwr.common.config import parse_config_args
 
-from flower_app.flwr_home import read_flower_config, write_local_simulation_connection
-from flower_app.launch import (
+from florg_tools.flwr_home import read_flower_config, write_local_simulation_connection
+from florg_tools.launch import (
     EXIT_FAILED,
     EXIT_USAGE,
     STATUS_COMPLETED,
@@ -211,7 +211,7 @@ def test_connection_writer_new_file_and_bad_values(tmp_path: Path) -> None:
 
 def test_flwr_home_setup_cli(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "flower_app.flwr_home", "setup", "--flwr-home", str(tmp_path)],
+        [sys.executable, "-m", "florg_tools.flwr_home", "setup", "--flwr-home", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
@@ -331,7 +331,7 @@ def test_failing_serverapp_fails_launch_cli(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "flower_app.launch",
+                "florg_tools.launch",
                 "--app",
                 str(app),
                 "--connection",

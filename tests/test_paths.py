@@ -96,8 +96,8 @@ def test_default_root_is_the_working_directory(tmp_path, monkeypatch):
 def test_every_shipped_grid_run_id_is_an_accepted_run_name():
     from pathlib import Path
 
+    from florg_tools.experiments.grid import load_grid
     from flower_app.config import is_folder_name
-    from flower_app.experiments.grid import load_grid
 
     grids = sorted((Path(__file__).resolve().parent.parent / "conf" / "grids").glob("*.yaml"))
     for path in grids:

@@ -2,14 +2,14 @@
 
 ``docs/deploy-ray.md`` describes these commands; this module runs them.
 
-* Fast checks of ``python -m flower_app.flwr_home setup`` (``--num-supernodes``,
+* Fast checks of ``python -m florg_tools.flwr_home setup`` (``--num-supernodes``,
   ``--num-cpus-per-client``, ``--num-gpus-per-client``, ``--ray-address``): what it writes,
   how Flower 1.41's own parser reads it (and that it drops ``init-args.address``, which is
   why the address travels as ``RAY_ADDRESS``), its errors, and ``pick_device``.
 * ``test_simulation_runs_on_an_existing_two_node_ray_cluster``: a private Ray cluster on
   this machine -- a head with no CPUs (``ray start --head``) and a second node that joins
   it the way another machine would (``ray start --address HEAD``, 2 CPUs) -- then the
-  tiny model through ``python -m flower_app.launch --ephemeral-superlink`` with the
+  tiny model through ``python -m florg_tools.launch --ephemeral-superlink`` with the
   ``export`` lines printed by ``flwr_home setup --ray-address``. It asserts the run
   completed and that it ran on that cluster: the cluster's GCS lists the
   ``flwr-simulation`` driver as a finished job and its ClientApp actors, two of them
@@ -40,7 +40,7 @@ import psutil
 import pytest
 import torch
 
-from flower_app.flwr_home import (
+from florg_tools.flwr_home import (
     RAY_ADDRESS_ENV_VAR,
     main,
     ray_address_env,
@@ -49,7 +49,7 @@ from flower_app.flwr_home import (
     validate_ray_address,
     write_local_simulation_connection,
 )
-from flower_app.launch import find_free_port
+from florg_tools.launch import find_free_port
 from flower_app.modeling import pick_device
 from tests.fixtures import make_sentiment_task, make_tiny_bert
 
@@ -418,7 +418,7 @@ def test_simulation_runs_on_an_existing_two_node_ray_cluster() -> None:
             task = make_sentiment_task(root / "assets" / "task")
             home = root / "flwr_home"
             setup = subprocess.run(
-                [sys.executable, "-m", "flower_app.flwr_home", "setup", "--flwr-home",
+                [sys.executable, "-m", "florg_tools.flwr_home", "setup", "--flwr-home",
                  str(home), "--num-supernodes", "3", "--num-cpus-per-client", "1",
                  "--num-gpus-per-client", "0", "--ray-address", cluster.address],
                 cwd=ROOT, env=cluster.env, capture_output=True, text=True, check=True,
@@ -450,7 +450,7 @@ def test_simulation_runs_on_an_existing_two_node_ray_cluster() -> None:
                 "run-name": "on-ray-cluster",
                 "progress-bar": "false",
             }
-            command = [sys.executable, "-m", "flower_app.launch", "--ephemeral-superlink",
+            command = [sys.executable, "-m", "florg_tools.launch", "--ephemeral-superlink",
                        "--timeout", "400"]  # fmt: skip
             for key, value in settings.items():
                 command += ["--set", f"{key}={value}"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flower_app.launch import run_flower_app
+from florg_tools.launch import run_flower_app
 from tests.flower_harness import local_simulation_superlink
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from client_app.client_app import NODE_STATE_ENV
-from flower_app.launch import resume_run_config, run_flower_app
+from florg_tools.launch import resume_run_config, run_flower_app
 from tests.fixtures import make_sentiment_task, make_tiny_bert
 from tests.flower_harness import local_simulation_superlink
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flower_app import assets
+from florg_tools import assets
 from flower_app.config import ConfigError, resolve_config
 from flower_app.data.qa_features import (
     CONTEXT_OFFSETS,
@@ -376,7 +376,7 @@ def superlink(tmp_path_factory):
 def test_span_head_trains_through_the_flower_simulation(tiny, superlink, tmp_path, method):
     if E2E_METHODS != "all" and method not in E2E_METHODS.split(","):
         pytest.skip(f"{method}: set FLORG_QA_E2E_METHODS=all (CI runs florg only)")
-    from flower_app.launch import run_flower_app
+    from florg_tools.launch import run_flower_app
 
     model, task = tiny
     home, connection = superlink

@@ -13,7 +13,7 @@ from flower_app.data.tasks import FILE_FORMATS, TaskSpec
 
 HOLDOUT_SEED = 0  # fixed: the held-out eval split does not move with the training seed
 TEST_SEED = 1  # fixed: the carved test split and its subset do not move with the run seed
-FETCH_HINT = "run `python -m flower_app.assets fetch` (or check the path)"
+FETCH_HINT = "run `python -m florg_tools.assets fetch` (or check the path)"
 
 
 def _split_file(directory: Path, split: str) -> Path:

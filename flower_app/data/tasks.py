@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from flower_app import assets
+from flower_app import asset_registry
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 CLASSIFICATION = "classification"
@@ -219,7 +219,7 @@ def resolve_task(
         )
     if spec.asset is not None:
         try:
-            directory = assets.task_info(spec.asset, cache_dir)["path"]
+            directory = asset_registry.task_info(spec.asset, cache_dir)["path"]
         except FileNotFoundError:
             if spec.hub_fallback is None or os.environ.get("HF_HUB_OFFLINE") == "1":
                 raise

@@ -22,8 +22,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
-from flower_app.experiments.aggregate import RunResult  # noqa: E402
-from flower_app.experiments.grid import MAIN_BLOCK, Grid  # noqa: E402
+from florg_tools.experiments.aggregate import RunResult  # noqa: E402
+from florg_tools.experiments.grid import MAIN_BLOCK, Grid  # noqa: E402
 
 __all__ = ["write_plots"]
 

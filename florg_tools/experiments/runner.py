@@ -26,10 +26,10 @@ from typing import IO, Any
 
 import tomli_w
 
-from flower_app.experiments.communication import load_metrics
-from flower_app.experiments.grid import Grid, GridRun, load_grid
-from flower_app.flwr_home import CONFIG_FILE_NAME
-from flower_app.launch import local_superlink, run_flower_app
+from florg_tools.experiments.communication import load_metrics
+from florg_tools.experiments.grid import Grid, GridRun, load_grid
+from florg_tools.flwr_home import CONFIG_FILE_NAME
+from florg_tools.launch import local_superlink, run_flower_app
 
 __all__ = ["GridOutcome", "is_finished", "run_grid"]
 
@@ -131,7 +131,7 @@ def _with_choices(grid: Grid, out: Path) -> Grid:
     """A grid with a tuning stage, re-read with the choices its finished tuning runs make."""
     if grid.tuning is None:
         return grid
-    from flower_app.experiments.tuning import choose_tuned
+    from florg_tools.experiments.tuning import choose_tuned
 
     return load_grid(grid.path, choose_tuned(grid, out)["choices"])
 

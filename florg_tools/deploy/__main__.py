@@ -1,17 +1,17 @@
 """Command line for deployments: certificates, a SuperLink with SuperNodes, one SuperNode.
 
-    python -m flower_app.deploy certs --out DIR --san HOST [--san ...] [--node-keys N]
-    python -m flower_app.deploy up --nodes 3 [--num-partitions N] [--certs DIR | --insecure]
+    python -m florg_tools.deploy certs --out DIR --san HOST [--san ...] [--node-keys N]
+    python -m florg_tools.deploy up --nodes 3 [--num-partitions N] [--certs DIR | --insecure]
         [--host 0.0.0.0] [--port 9093] [--san HOST ...] [--node-auth] [--isolation process]
         [--netns]
         [--data-path-template 'data/node-{i}'] [--dir .deploy] [--connection NAME]
         [--flwr-home DIR] [--threads-per-node T]
-    python -m flower_app.deploy superlink --certs DIR [--host 0.0.0.0] [--port 9093]
+    python -m florg_tools.deploy superlink --certs DIR [--host 0.0.0.0] [--port 9093]
         [--node-auth] [--isolation process]
-    python -m flower_app.deploy node --superlink HOST:PORT --partition-id I
+    python -m florg_tools.deploy node --superlink HOST:PORT --partition-id I
         --num-partitions N (--root-certificates CA | --insecure) [--data-path P]
         [--auth-key KEY] [--isolation process] [--runtime-port P]
-    python -m flower_app.deploy connection --name NAME --address HOST:PORT
+    python -m florg_tools.deploy connection --name NAME --address HOST:PORT
         (--root-certificates CA | --insecure) [--flwr-home DIR]
 
 ``up`` starts everything on this machine (TLS unless ``--insecure``, which is refused
@@ -30,14 +30,14 @@ import sys
 import threading
 from pathlib import Path
 
-from flower_app.deploy import certs as certs_cli
-from flower_app.deploy.certs import (
+from florg_tools.deploy import certs as certs_cli
+from florg_tools.deploy.certs import (
     CertificateSet,
     generate_certificates,
     generate_node_keys,
     require_files,
 )
-from flower_app.deploy.commands import (
+from florg_tools.deploy.commands import (
     DEFAULT_SUPERLINK_PORT,
     DeployConfigError,
     ServerTLS,
@@ -46,9 +46,9 @@ from flower_app.deploy.commands import (
     superlink_argv,
     supernode_argv,
 )
-from flower_app.flwr_home import write_tls_connection
-from flower_app.launch import LaunchError, _console_script
-from flower_app.launch import _resolve_flwr_home as _flwr_home
+from florg_tools.flwr_home import write_tls_connection
+from florg_tools.launch import LaunchError, _console_script
+from florg_tools.launch import _resolve_flwr_home as _flwr_home
 
 
 def _exec(argv: list[str]) -> int:
@@ -116,8 +116,8 @@ def cmd_connection(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from flower_app.deploy.netns import Namespaces
-    from flower_app.deploy.processes import Deployment, register_node, thread_env
+    from florg_tools.deploy.netns import Namespaces
+    from florg_tools.deploy.processes import Deployment, register_node, thread_env
 
     directory = args.dir.expanduser().resolve()
     if args.netns and is_loopback(args.host):
@@ -133,7 +133,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             bound = [] if args.host in ("0.0.0.0", "::") else [args.host]
             sans = [*args.san, *bound, *(ns.host_address for ns in spaces)]
             certs = generate_certificates(cert_dir, sans)
-        # Existing pairs (e.g. from `python -m flower_app.deploy.certs --node-keys N`) are kept.
+        # Existing pairs (e.g. from `python -m florg_tools.deploy.certs --node-keys N`) are kept.
         keys = generate_node_keys(cert_dir / "node-keys", args.nodes) if args.node_auth else []
         env = thread_env(args.threads_per_node or max(1, (os.cpu_count() or 1) // args.nodes))
         with Deployment(
@@ -175,7 +175,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"{args.nodes} SuperNodes {deployment.node_ids()}; logs in "
                 f"{deployment.logs}\n[deploy] run the app with:\n"
                 f"  FLWR_HOME={home} flwr run . {args.connection} --stream\n"
-                f"  python -m flower_app.launch --flwr-home {home} "
+                f"  python -m florg_tools.launch --flwr-home {home} "
                 f"--connection {args.connection}\n[deploy] Ctrl-C stops everything.",
                 flush=True,
             )
@@ -194,7 +194,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m flower_app.deploy", description=__doc__.split("\n")[0]
+        prog="python -m florg_tools.deploy", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("certs", help="generate a demo CA, server certificate and node keys")

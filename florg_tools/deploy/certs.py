@@ -2,7 +2,7 @@
 
 Written with the ``cryptography`` package (no ``openssl`` binary needed)::
 
-    python -m flower_app.deploy.certs --out certs --san 10.200.1.1 --san superlink \
+    python -m florg_tools.deploy.certs --out certs --san 10.200.1.1 --san superlink \
         [--node-keys 3] [--days 365] [--force]
 
 produces, under ``--out``:
@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from flower_app.deploy.commands import DeployConfigError, ServerTLS
+from florg_tools.deploy.commands import DeployConfigError, ServerTLS
 
 __all__ = [
     "DEFAULT_SANS",
@@ -272,7 +272,7 @@ def generate_node_keys(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m flower_app.deploy.certs",
+        prog="python -m florg_tools.deploy.certs",
         description="Generate a demo CA, the SuperLink's TLS certificate and node keys.",
     )
     parser.add_argument("--out", type=Path, required=True, help="output folder")

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from flower_app.experiments.communication import load_metrics
-from flower_app.experiments.grid import TUNING_BLOCK, TUNING_FILE, Grid
-from flower_app.experiments.runner import is_finished, run_dir
+from florg_tools.experiments.communication import load_metrics
+from florg_tools.experiments.grid import TUNING_BLOCK, TUNING_FILE, Grid
+from florg_tools.experiments.runner import is_finished, run_dir
 
 __all__ = ["SELECT_ROUNDS", "choose_tuned", "load_choices", "selection_score"]
 

@@ -23,9 +23,9 @@ afresh once.
 
 Command line (the same engine by hand; needs root)::
 
-    python -m flower_app.deploy.docker_engine start --state-dir /tmp/florg-dockerd
+    python -m florg_tools.deploy.docker_engine start --state-dir /tmp/florg-dockerd
     #   prints the exports for DOCKER_HOST, PATH, ... and the nsenter prefix
-    python -m flower_app.deploy.docker_engine stop --state-dir /tmp/florg-dockerd
+    python -m florg_tools.deploy.docker_engine stop --state-dir /tmp/florg-dockerd
 """
 
 from __future__ import annotations
@@ -539,7 +539,7 @@ def start_engine(
 
 
 def _main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flower_app.deploy.docker_engine")
+    p = argparse.ArgumentParser(prog="python -m florg_tools.deploy.docker_engine")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("start", help="start a private dockerd in its own network namespace")
     s.add_argument("--state-dir", type=Path, default=Path("/tmp/florg-dockerd"))

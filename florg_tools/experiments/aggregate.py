@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flower_app.experiments.communication import format_params, load_metrics, params_to_target
-from flower_app.experiments.grid import MAIN_BLOCK, Grid, GridRun
-from flower_app.experiments.runner import is_finished, run_dir
+from florg_tools.experiments.communication import format_params, load_metrics, params_to_target
+from florg_tools.experiments.grid import MAIN_BLOCK, Grid, GridRun
+from florg_tools.experiments.runner import is_finished, run_dir
 
 __all__ = ["RunResult", "collect", "markdown_report", "write_csv"]
 
@@ -248,7 +248,7 @@ def markdown_report(
     if grid.description:
         lines += [grid.description, ""]
     lines += [
-        f"Produced by `python -m flower_app.experiments run {grid.path.stem}` (grid file "
+        f"Produced by `python -m florg_tools.experiments run {grid.path.stem}` (grid file "
         f"`conf/grids/{grid.path.name}`); machine: {machine_description()}.",
         "",
         f"Wall time: {_wall_time(out)}.",

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flower_app.experiments.communication import load_metrics
-from flower_app.experiments.grid import MAIN_BLOCK, Grid
-from flower_app.experiments.runner import is_finished, run_dir
-from flower_app.experiments.stats import mean_interval, paired_difference, verdict
-from flower_app.experiments.tuning import tuning_markdown
+from florg_tools.experiments.communication import load_metrics
+from florg_tools.experiments.grid import MAIN_BLOCK, Grid
+from florg_tools.experiments.runner import is_finished, run_dir
+from florg_tools.experiments.stats import mean_interval, paired_difference, verdict
+from florg_tools.experiments.tuning import tuning_markdown
 
 __all__ = ["REFERENCE", "MethodRuns", "collect_methods", "evidence_summary", "write_evidence"]
 

@@ -1,9 +1,9 @@
 """Start a SuperLink, N SuperNodes (and SuperExecs) on free ports, wait until they are ready,
 and stop every process again by pid.
 
-Each process is started from the argv of ``flower_app.deploy.commands`` in its own session,
-with its own environment tag (``flower_app.launch.TAG_ENV_VAR``), and tracked with
-``flower_app.launch.SuperLinkProcess`` (despite the name it tracks any process: itself,
+Each process is started from the argv of ``florg_tools.deploy.commands`` in its own session,
+with its own environment tag (``florg_tools.launch.TAG_ENV_VAR``), and tracked with
+``florg_tools.launch.SuperLinkProcess`` (despite the name it tracks any process: itself,
 its descendants, and every process carrying its tag, even after they re-parent), so
 stopping a SuperNode also stops its SuperExec and ClientApp processes. Nothing is ever
 killed by name. ``Deployment`` is a context manager: leaving it -- also through an
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flower_app.deploy.certs import CertificateSet, NodeKey, require_files
-from flower_app.deploy.commands import (
+from florg_tools.deploy.certs import CertificateSet, NodeKey, require_files
+from florg_tools.deploy.commands import (
     DeployConfigError,
     deployment_env,
     local_runtime_address,
@@ -41,8 +41,8 @@ from flower_app.deploy.commands import (
     superlink_argv,
     supernode_argv,
 )
-from flower_app.flwr_home import write_tls_connection
-from flower_app.launch import (
+from florg_tools.flwr_home import write_tls_connection
+from florg_tools.launch import (
     TAG_ENV_VAR,
     LaunchError,
     ProcInfo,

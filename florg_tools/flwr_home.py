@@ -30,7 +30,7 @@ still honoured: it is sent as the per-run simulation config override.
 
 Command line::
 
-    python -m flower_app.flwr_home setup [--flwr-home DIR] [--num-supernodes N]
+    python -m florg_tools.flwr_home setup [--flwr-home DIR] [--num-supernodes N]
         [--num-cpus-per-client N] [--num-gpus-per-client F] [--ray-address HOST:PORT|auto]
 
 Ray cluster (``--ray-address``, see ``docs/deploy-ray.md``). The simulation's Ray
@@ -207,13 +207,13 @@ def write_tls_connection(
         address = "HOST:PORT"
         root-certificates = "/abs/path/ca.crt"   # the CA that signed the SuperLink's cert
 
-    ``flwr run . NAME`` (or ``python -m flower_app.launch --connection NAME``) then submits
+    ``flwr run . NAME`` (or ``python -m florg_tools.launch --connection NAME``) then submits
     runs to that SuperLink over TLS. ``insecure=True`` (no ``root_certificates``) writes
     ``insecure = true`` instead, refused unless HOST is a loopback address. Other tables of
     ``config.toml`` are kept; ``set_default`` (or a file without a default) makes NAME the
     default. Returns the path of ``config.toml``.
     """
-    from flower_app.deploy.commands import is_loopback, split_address
+    from florg_tools.deploy.commands import is_loopback, split_address
 
     if not name or any(ch in name for ch in ".[]\"' \t\n"):
         raise ValueError(f"invalid connection name {name!r} (no dots, quotes or spaces)")
@@ -439,7 +439,7 @@ def detect_defaults(num_supernodes: int | None = None) -> dict[str, Any]:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m flower_app.flwr_home",
+        prog="python -m florg_tools.flwr_home",
         description="Create or update the Flower CLI home (config.toml) for this project.",
     )
     sub = parser.add_subparsers(dest="command", required=True)

@@ -2,7 +2,7 @@
 
 Every function here is pure: addresses, ports, certificate paths, partition ids and the
 isolation mode in, an argv list (or an environment mapping) out. Nothing is read from disk
-and nothing is started; ``flower_app.deploy.processes`` runs these commands, the docker
+and nothing is started; ``florg_tools.deploy.processes`` runs these commands, the docker
 compose files are checked against them, and ``docs/deploy-superlink.md`` shows them.
 
 Flower 1.41 (checked with ``--help`` of the 1.41 executables):
@@ -132,7 +132,7 @@ def _refuse_insecure(what: str, host: str, private_network: bool) -> None:
         return
     raise DeployConfigError(
         f"{what}: refusing --insecure on {host!r}, which is not a loopback address; "
-        "outside loopback use TLS (certificates from `python -m flower_app.deploy.certs`), "
+        "outside loopback use TLS (certificates from `python -m florg_tools.deploy.certs`), "
         "or pass private_network=True only for an isolated network that publishes no port"
     )
 

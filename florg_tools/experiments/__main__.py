@@ -1,15 +1,15 @@
 """Command line for experiment grids.
 
-    python -m flower_app.experiments run GRID [--out DIR] [--only TEXT ...] [--max-runs N]
-    python -m flower_app.experiments report GRID [--out DIR]
-    python -m flower_app.experiments list GRID
-    python -m flower_app.experiments evidence GRID [--with GRID ...] [--publish DIR]
+    python -m florg_tools.experiments run GRID [--out DIR] [--only TEXT ...] [--max-runs N]
+    python -m florg_tools.experiments report GRID [--out DIR]
+    python -m florg_tools.experiments list GRID
+    python -m florg_tools.experiments evidence GRID [--with GRID ...] [--publish DIR]
 
 GRID is a YAML file or the name of one in conf/grids/. ``run`` runs the unfinished runs
 through the Flower simulation engine (finished ones are skipped, so it resumes) and then
 writes the report; ``report`` only aggregates: ``results.csv``, ``results.md`` and
 ``plots/*.png`` in the grid's folder (default ``results/<grid name>``); ``evidence``
-writes the evidence report of a tuned, seeded grid (``flower_app.experiments.evidence``:
+writes the evidence report of a tuned, seeded grid (``florg_tools.experiments.evidence``:
 ``evidence.md``, ``evidence/summary.json``, paired intervals, verdicts, plots).
 """
 
@@ -22,12 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-from flower_app.experiments.aggregate import collect, markdown_report, write_csv
-from flower_app.experiments.evidence import write_evidence
-from flower_app.experiments.grid import Grid, GridError, load_grid
-from flower_app.experiments.plots import write_plots
-from flower_app.experiments.runner import is_finished, run_dir, run_grid
-from flower_app.experiments.tuning import load_choices
+from florg_tools.experiments.aggregate import collect, markdown_report, write_csv
+from florg_tools.experiments.evidence import write_evidence
+from florg_tools.experiments.grid import Grid, GridError, load_grid
+from florg_tools.experiments.plots import write_plots
+from florg_tools.experiments.runner import is_finished, run_dir, run_grid
+from florg_tools.experiments.tuning import load_choices
 
 DEFAULT_RESULTS = Path(__file__).resolve().parents[2] / "results"
 
@@ -88,7 +88,7 @@ def publish_evidence(
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m flower_app.experiments")
+    parser = argparse.ArgumentParser(prog="python -m florg_tools.experiments")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (
         ("run", "run the grid's unfinished runs, then write the report"),

@@ -22,7 +22,7 @@ environment tag, which is how they are found again even after they re-parent.
 
 Command line::
 
-    python -m flower_app.launch [--connection local-simulation] [--app .]
+    python -m florg_tools.launch [--connection local-simulation] [--app .]
         [--run-config-file F.toml] [--preset NAME] [--set key=value ...]
         [--flwr-home DIR] [--timeout S] [--validate-with MODULE:FUNCTION]
         [--ephemeral-superlink] [--resume RUN_DIR] [--quiet]
@@ -63,7 +63,7 @@ from typing import IO, Any
 
 import tomli_w  # a dependency of flwr
 
-from flower_app.flwr_home import (
+from florg_tools.flwr_home import (
     CONFIG_FILE_NAME,
     DEFAULT_CONNECTION_NAME,
     LOCAL_SUPERLINK_ADDRESS,
@@ -443,7 +443,7 @@ def run_flower_app(
     if not (flwr_home / CONFIG_FILE_NAME).exists():
         raise LaunchError(
             f"{flwr_home / CONFIG_FILE_NAME} does not exist; create it with "
-            f"`python -m flower_app.flwr_home setup --flwr-home {flwr_home}`"
+            f"`python -m florg_tools.flwr_home setup --flwr-home {flwr_home}`"
         )
     names, default = _connection_names(flwr_home)
     connection = connection or default
@@ -924,7 +924,7 @@ def _load_validator(spec: str) -> Callable[[dict[str, Any]], None]:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m flower_app.launch",
+        prog="python -m florg_tools.launch",
         description="Run the Flower App with `flwr run` and fail unless the run completes.",
     )
     parser.add_argument(

@@ -19,10 +19,10 @@ registry (this project's CI machines): the wheelhouse and the stand-in Flower im
 
 Command line (the engine of ``DOCKER_HOST``; see docs/deploy-docker.md)::
 
-    python -m flower_app.deploy.docker_offline wheelhouse   # fill docker/wheelhouse/
-    python -m flower_app.deploy.docker_offline standin      # the stand-in images
-    python -m flower_app.deploy.docker_offline all          # both (scripts/docker_standin.sh)
-    python -m flower_app.deploy.docker_offline clear        # empty docker/wheelhouse/
+    python -m florg_tools.deploy.docker_offline wheelhouse   # fill docker/wheelhouse/
+    python -m florg_tools.deploy.docker_offline standin      # the stand-in images
+    python -m florg_tools.deploy.docker_offline all          # both (scripts/docker_standin.sh)
+    python -m florg_tools.deploy.docker_offline clear        # empty docker/wheelhouse/
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from flower_app.assets import Source, download, select_assets
-from flower_app.deploy.compose_gen import FLWR_VERSION
-from flower_app.deploy.docker_engine import (
+from florg_tools.assets import Source, download, select_assets
+from florg_tools.deploy.compose_gen import FLWR_VERSION
+from florg_tools.deploy.docker_engine import (
     DockerClient,
     DockerEngineError,
     cache_root,
@@ -436,7 +436,7 @@ def prepare(client: DockerClient, root: Path = ROOT, *, log: Log = _log) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m flower_app.deploy.docker_offline",
+        prog="python -m florg_tools.deploy.docker_offline",
         description="Offline inputs of the docker compose demo: the wheelhouse and the "
         "stand-ins for Flower's images (docs/deploy-docker.md).",
     )
