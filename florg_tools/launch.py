@@ -941,7 +941,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--preset",
         default=None,
         metavar="NAME",
-        help="shorthand for --set preset=NAME (apps declaring a 'preset' run-config key)",
+        help="a layer between --run-config-file and --set: the app's conf/NAME.toml (or a "
+        ".toml path), the file plain `flwr run --run-config` takes",
     )
     parser.add_argument(
         "--set",
@@ -1013,6 +1014,17 @@ def resume_run_config(run_dir: Path, overrides: Mapping[str, Any] | None = None)
 
 
 def _collect_run_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The run config to submit: ``--run-config-file`` < ``--preset`` (the app's
+    ``conf/NAME.toml``, or a ``.toml`` path: the file plain ``flwr run --run-config`` takes)
+    < ``--set``, merged here, so the apps receive plain values (flower_app/config.py)."""
+
+    def toml_layer(path: Path, flag: str) -> dict[str, Any]:
+        try:
+            with path.open("rb") as fh:
+                return flatten_run_config(tomllib.load(fh))
+        except (OSError, tomllib.TOMLDecodeError) as err:
+            raise ConfigValidationError(f"{flag} {path}: {err}") from err
+
     config: dict[str, Any] = {}
     if getattr(args, "resume", None) is not None:
         sets = dict(item.partition("=")[::2] for item in args.sets)
@@ -1020,13 +1032,11 @@ def _collect_run_config(args: argparse.Namespace) -> dict[str, Any]:
             args.resume, {k.strip(): parse_set_value(v) for k, v in sets.items()}
         )
     if args.run_config_file is not None:
-        try:
-            with args.run_config_file.open("rb") as fh:
-                config.update(flatten_run_config(tomllib.load(fh)))
-        except (OSError, tomllib.TOMLDecodeError) as err:
-            raise ConfigValidationError(f"--run-config-file {args.run_config_file}: {err}") from err
+        config.update(toml_layer(args.run_config_file, "--run-config-file"))
     if args.preset is not None:
-        config["preset"] = args.preset
+        name = str(args.preset)
+        path = Path(name) if name.endswith(".toml") else args.app / "conf" / f"{name}.toml"
+        config.update(toml_layer(path, "--preset"))
     for item in args.sets:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
@@ -1047,14 +1057,13 @@ def is_this_app(app_dir: Path) -> bool:
 
 
 def resolve_layers(overrides: dict[str, Any]) -> dict[str, Any]:
-    """Apply defaults < preset < overrides here, with this app's schema, and hand Flower
-    the resolved values with ``preset`` cleared, so an override equal to a default still
-    beats the preset (through plain ``flwr run`` it could not)."""
-    from flower_app.config import DEFAULTS, resolve_config
+    """Validate the merged layers with this app's schema and return them unchanged: the
+    apps layer nothing themselves, so Flower's defaults + these values is the run config,
+    as with plain ``flwr run --run-config F.toml``."""
+    from flower_app.config import resolve_config
 
-    resolved = resolve_config({}, overrides).as_dict()
-    resolved["preset"] = ""
-    return {k: v for k, v in resolved.items() if v != DEFAULTS[k]}
+    resolve_config({}, overrides)
+    return dict(overrides)
 
 
 def _ephemeral_connection(flwr_home: Path, connection: str | None) -> tuple[str, dict[str, Any]]:

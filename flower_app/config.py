@@ -1,21 +1,41 @@
-"""Run settings: one schema for pyproject's [tool.flwr.app.config], conf/ presets and overrides.
+"""Run settings: one declaration, ``RunConfig``, from which everything else derives.
 
-Precedence, lowest first: the defaults below (identical to pyproject.toml's
-``[tool.flwr.app.config]``, a test checks it) < the YAML preset named by ``preset``
-(``conf/<preset>.yaml``, read with omegaconf) < values set with ``--run-config``.
-Through plain ``flwr run`` a key counts as set when its value differs from the
-default; ``python -m florg_tools.launch --preset P --set key=value`` applies the
-three layers explicitly.  Unknown keys and bad values raise ``ConfigError``
-naming the key, before any model is built or any client trains.
+Every setting is a field of ``RunConfig`` declared with ``setting(default, help,
+check=..., affects=...)``; the field ``data_path`` is the key ``data-path``. Derived from
+it: ``SCHEMA`` and ``DEFAULTS``; pyproject.toml's ``[tool.flwr.app.config]`` with the help
+as comments (written by ``python -m florg_tools.settings --write``; ``--check`` and
+tests/test_config.py fail when it differs); the keys of the on-disk caches
+(flower_app/disk_cache.py hashes every setting of the groups ``DATA``, ``TOKENISATION``,
+``MODEL`` that a cache depends on; each setting names the groups it ``affects``).
+
+Precedence, lowest first, the same for plain ``flwr run`` and for the launcher, because
+presets are resolved before a run starts:
+
+1. the defaults (pyproject's table);
+2. a preset: a flat TOML table of run-config keys, ``conf/<name>.toml``;
+3. explicit values: ``--run-config "key=value ..."`` (flwr run), ``--set key=value``
+   (launcher).
+
+``flwr run . CONNECTION --run-config conf/paper.toml`` runs a preset as it is (Flower 1.41
+takes a TOML file or key=value pairs, not both: to change a preset's value there, copy the
+file and edit it). ``python -m florg_tools.launch --preset paper --set batch-size=16``
+merges ``--run-config-file`` < ``--preset`` < ``--set`` and submits the result as one TOML
+file. Flower puts the given values over the defaults and the apps take every value as
+given, one equal to its default included: an explicit value always wins. (The apps cannot
+tell which keys a run config set, so nothing is layered inside them: the key ``preset``
+remains only to refuse ``preset=NAME`` with a pointer to the above; it must be ''.)
+Unknown keys and bad values raise ``ConfigError`` naming the key, before any model is
+built or any client trains.
 """
 
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, get_type_hints
 
 from strategies.methods import METHODS
 
@@ -58,6 +78,17 @@ def _folder_name_or_empty(x: str) -> bool:
 _folder_name_or_empty.hint = FOLDER_NAME_HINT  # type: ignore[attr-defined]
 
 
+def _empty(x: str) -> bool:
+    return x == ""
+
+
+_empty.hint = (  # type: ignore[attr-defined]
+    "'': a preset is a TOML layer resolved before the run starts: "
+    "`flwr run . CONNECTION --run-config conf/NAME.toml`, or "
+    "`python -m florg_tools.launch --preset NAME [--set key=value ...]`"
+)
+
+
 def _at_least_one(x: float) -> bool:
     return x >= 1
 
@@ -70,159 +101,237 @@ def _one_of(*options: str) -> Callable[[str], bool]:
     return check
 
 
-# key: (default, type, check, help).  Keys follow Flower's kebab-case convention.
-SCHEMA: dict[str, tuple[Any, type, Callable[[Any], bool] | None, str]] = {
-    "preset": ("", str, None, "name of a YAML preset in conf/ ('' = none)"),
-    "method": ("florg", str, _one_of(*METHODS), "federated method"),
-    "model": ("all-MiniLM-L6-v2", str, None, "Hub name, local folder or registered name"),
-    "task": ("snli", str, None, "task name (GLUE, registered local task) or 'local'"),
-    "data-path": ("", str, None, "local data file/folder for task 'local'"),
-    "text-fields": ("", str, None, "comma-separated text columns for task 'local'"),
-    "label-field": ("label", str, None, "label column for task 'local'"),
-    "num-labels": (0, int, _non_negative, "label count for task 'local' (0 = infer)"),
-    "target-modules": ("query,value", str, None, "comma-separated module names to adapt"),
-    "head-modules": ("", str, None, "comma-separated task-head modules ('' = auto)"),
-    "train-head": (True, bool, None, "train and FedAvg the task head"),
-    "rank": (4, int, _positive, "adapter rank r"),
-    "alpha": (16.0, float, _positive, "scaling numerator: s = alpha / r"),
-    "seed": (0, int, _non_negative, "run seed (L, R, A init, partitioning, shuffling)"),
-    "num-server-rounds": (5, int, _positive, "federated rounds"),
-    "fraction-train": (1.0, float, _fraction, "fraction of nodes sampled per round"),
-    "min-train-nodes": (2, int, _positive, "minimum nodes sampled per round"),
-    "min-available-nodes": (2, int, _positive, "nodes to wait for before a round"),
-    "client-eval": ("auto", str, _one_of("auto", "on", "off"), "clients evaluate each round"),
-    "partitioner": ("iid", str, _one_of("dirichlet", "iid"), "how data is split"),
-    "dirichlet-alpha": (0.5, float, _positive, "Dirichlet concentration rho"),
-    "max-train-examples": (2000, int, _non_negative, "training pool size (0 = all)"),
-    "max-eval-examples": (1000, int, _non_negative, "validation subset size (0 = all)"),
-    "max-test-examples": (
-        0,
-        int,
-        _non_negative,
-        "held-out test subset scored by the server (0 = no test)",
-    ),
-    "test-every": (
-        5,
-        int,
-        _non_negative,
-        "test rounds: 0, every N-th and the last 3 (0 = last 3 only)",
-    ),
-    "local-epochs": (1, int, _positive, "local epochs per round"),
-    "local-steps": (0, int, _non_negative, "local steps per round (0 = use local-epochs)"),
-    "batch-size": (16, int, _positive, "local batch size"),
-    "eval-batch-size": (64, int, _positive, "evaluation batch size"),
-    "learning-rate": (1e-3, float, _positive, "AdamW learning rate"),
-    "weight-decay": (0.0, float, _non_negative, "AdamW weight decay"),
-    "max-seq-length": (128, int, _positive, "tokeniser max length"),
-    "doc-stride": (64, int, _non_negative, "extractive QA: token overlap of context windows"),
-    "aggregation-weights": ("uniform", str, _one_of("uniform", "num-examples"), "client weights"),
-    "a-init-std": (0.02, float, _positive, "FLoRG: std of the initial A (A = 0 is excluded)"),
-    "projection-init": (
-        "semi-orthogonal",
-        str,
-        _one_of("semi-orthogonal", "kaiming", "svd"),
-        "FLoRG: initialisation of L and R",
-    ),
-    "subtract-init": (False, bool, None, "FLoRG: subtract s L A1^T A1 R from W0"),
-    # FLoRG, issue 12 / 11: L/R sharing, the server step's device and rank-mismatch policy
-    "projection-sharing": (
-        "shape",
-        str,
-        _one_of("shape", "module"),
-        "FLoRG: one L, R per layer shape (from seed + shape) or per module (seed + name)",
-    ),
-    "server-device": ("auto", str, _one_of("auto", "cpu", "cuda"), "FLoRG server step device"),
-    "rank-mismatch": (
-        "procrustes",
-        str,
-        _one_of("procrustes", "truncate"),
-        "FLoRG when r' > r: Procrustes over all r' rows, or top-r eigenpairs then Procrustes",
-    ),
-    "lora-init": ("default", str, _one_of("default", "federa-svd"), "LoRA baselines' init"),
-    "fedex-residual": ("dense", str, _one_of("dense", "factored"), "FedEx residual transport"),
-    "device": ("auto", str, _one_of("auto", "cpu", "cuda"), "torch device for training"),
-    "progress-bar": (False, bool, None, "show a progress bar during local training"),
-    "output-dir": ("outputs", str, None, "folder for run outputs"),
-    "save-client-updates": (False, bool, None, "also save every round's client updates (.npz)"),
-    "fault-partition": (-1, int, None, "testing: this partition id misbehaves (-1 = none)"),
-    "fault-kind": (
-        "raise",
-        str,
-        _one_of("raise", "nan", "shape", "scale", "claim"),
-        "testing: how it misbehaves (scale: adapter x fault-scale; claim: fault-scale examples)",
-    ),
-    "run-name": ("", str, _folder_name_or_empty, "run folder name ('' = timestamp-method-task)"),
-    # -- issue 15: screening, fault injection, resume (docs/faults.md) --
-    "screen-updates": (True, bool, None, "reject outlier updates, clip claimed num-examples"),
-    "screen-kappa": (10.0, float, _at_least_one, "screening: outlier above kappa x the median"),
-    "fault-scale": (10.0, float, _positive, "testing: factor of 'scale', count of 'claim'"),
-    "fault-server-round": (0, int, _non_negative, "testing: ServerApp dies after round N"),
-    "resume": ("", str, None, "run folder to continue from its last checkpointed round"),
-}
+# Groups of settings a derived artefact depends on; every setting names the groups it
+# affects (``affects=``, required, so a new setting cannot be forgotten by the caches in
+# flower_app/disk_cache.py: their keys hash every setting of their groups).
+DATA = "data"  # which examples there are and which of them each client gets
+TOKENISATION = "tokenisation"  # how examples become model inputs (the tokeniser, lengths)
+MODEL = "model"  # the adapted model before any training (base model, adapter, init)
+GROUPS = (DATA, TOKENISATION, MODEL)
 
 
-def to_attr(key: str) -> str:
-    return key.replace("-", "_")
+def setting(
+    default: Any,
+    help: str,  # noqa: A002 - the word the generated pyproject comments use
+    *,
+    affects: tuple[str, ...],
+    check: Callable[[Any], bool] | None = None,
+) -> Any:
+    """One run setting: a ``RunConfig`` field carrying its default, its help, the check of
+    its values and the groups (``DATA``, ``TOKENISATION``, ``MODEL``) it ``affects``
+    (``()``: it changes how a run is carried out, not what is built before training)."""
+    unknown = set(affects) - set(GROUPS)
+    if unknown:
+        raise ValueError(f"unknown setting group(s) {sorted(unknown)}; groups: {GROUPS}")
+    metadata = {"help": help, "check": check, "affects": frozenset(affects)}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Validated run settings (attribute names are the keys with '-' -> '_')."""
+    """Validated run settings; the one declaration of every setting.
 
-    preset: str
-    method: str
-    model: str
-    task: str
-    data_path: str
-    text_fields: str
-    label_field: str
-    num_labels: int
-    target_modules: str
-    head_modules: str
-    train_head: bool
-    rank: int
-    alpha: float
-    seed: int
-    num_server_rounds: int
-    fraction_train: float
-    min_train_nodes: int
-    min_available_nodes: int
-    client_eval: str
-    partitioner: str
-    dirichlet_alpha: float
-    max_train_examples: int
-    max_eval_examples: int
-    max_test_examples: int
-    test_every: int
-    local_epochs: int
-    local_steps: int
-    batch_size: int
-    eval_batch_size: int
-    learning_rate: float
-    weight_decay: float
-    max_seq_length: int
-    doc_stride: int
-    aggregation_weights: str
-    a_init_std: float
-    projection_init: str
-    subtract_init: bool
-    projection_sharing: str
-    server_device: str
-    rank_mismatch: str
-    lora_init: str
-    fedex_residual: str
-    device: str
-    progress_bar: bool
-    output_dir: str
-    save_client_updates: bool
-    fault_partition: int
-    fault_kind: str
-    run_name: str
-    screen_updates: bool
-    screen_kappa: float
-    fault_scale: float
-    fault_server_round: int
-    resume: str
+    A field ``data_path`` is the key ``data-path`` (Flower's kebab-case convention);
+    ``SCHEMA``, ``DEFAULTS``, pyproject's ``[tool.flwr.app.config]`` (generated:
+    ``python -m florg_tools.settings --write``) and the cache keys derive from these."""
+
+    preset: str = setting(
+        "",
+        "must be '': a preset is the file conf/NAME.toml, --run-config conf/NAME.toml",
+        check=_empty,
+        affects=(),
+    )
+    method: str = setting("florg", "federated method", check=_one_of(*METHODS), affects=(MODEL,))
+    model: str = setting(
+        "all-MiniLM-L6-v2",
+        "Hub name, local folder or registered name",
+        affects=(MODEL, TOKENISATION),
+    )
+    task: str = setting(
+        "snli", "task name (GLUE, registered local task) or 'local'", affects=(DATA,)
+    )
+    data_path: str = setting("", "local data file/folder for task 'local'", affects=(DATA,))
+    text_fields: str = setting("", "comma-separated text columns for task 'local'", affects=(DATA,))
+    label_field: str = setting("label", "label column for task 'local'", affects=(DATA,))
+    num_labels: int = setting(
+        0,
+        "label count for task 'local' (0 = infer)",
+        check=_non_negative,
+        affects=(DATA,),
+    )
+    target_modules: str = setting(
+        "query,value", "comma-separated module names to adapt", affects=(MODEL,)
+    )
+    head_modules: str = setting(
+        "", "comma-separated task-head modules ('' = auto)", affects=(MODEL,)
+    )
+    train_head: bool = setting(True, "train and FedAvg the task head", affects=(MODEL,))
+    rank: int = setting(4, "adapter rank r", check=_positive, affects=(MODEL,))
+    alpha: float = setting(
+        16.0, "scaling numerator: s = alpha / r", check=_positive, affects=(MODEL,)
+    )
+    seed: int = setting(
+        0,
+        "run seed (L, R, A init, partitioning, shuffling)",
+        check=_non_negative,
+        affects=(MODEL, DATA),
+    )
+    num_server_rounds: int = setting(5, "federated rounds", check=_positive, affects=())
+    fraction_train: float = setting(
+        1.0, "fraction of nodes sampled per round", check=_fraction, affects=()
+    )
+    min_train_nodes: int = setting(
+        2, "minimum nodes sampled per round", check=_positive, affects=()
+    )
+    min_available_nodes: int = setting(
+        2, "nodes to wait for before a round", check=_positive, affects=()
+    )
+    client_eval: str = setting(
+        "auto",
+        "clients evaluate each round",
+        check=_one_of("auto", "on", "off"),
+        affects=(),
+    )
+    partitioner: str = setting(
+        "iid", "how data is split", check=_one_of("dirichlet", "iid"), affects=(DATA,)
+    )
+    dirichlet_alpha: float = setting(
+        0.5, "Dirichlet concentration rho", check=_positive, affects=(DATA,)
+    )
+    max_train_examples: int = setting(
+        2000, "training pool size (0 = all)", check=_non_negative, affects=(DATA,)
+    )
+    max_eval_examples: int = setting(
+        1000, "validation subset size (0 = all)", check=_non_negative, affects=(DATA,)
+    )
+    max_test_examples: int = setting(
+        0,
+        "held-out test subset scored by the server (0 = no test)",
+        check=_non_negative,
+        affects=(DATA,),
+    )
+    test_every: int = setting(
+        5,
+        "test rounds: 0, every N-th and the last 3 (0 = last 3 only)",
+        check=_non_negative,
+        affects=(),
+    )
+    local_epochs: int = setting(1, "local epochs per round", check=_positive, affects=())
+    local_steps: int = setting(
+        0,
+        "local steps per round (0 = use local-epochs)",
+        check=_non_negative,
+        affects=(),
+    )
+    batch_size: int = setting(16, "local batch size", check=_positive, affects=())
+    eval_batch_size: int = setting(64, "evaluation batch size", check=_positive, affects=())
+    learning_rate: float = setting(1e-3, "AdamW learning rate", check=_positive, affects=())
+    weight_decay: float = setting(0.0, "AdamW weight decay", check=_non_negative, affects=())
+    max_seq_length: int = setting(
+        128, "tokeniser max length", check=_positive, affects=(TOKENISATION,)
+    )
+    doc_stride: int = setting(
+        64,
+        "extractive QA: token overlap of context windows",
+        check=_non_negative,
+        affects=(TOKENISATION,),
+    )
+    aggregation_weights: str = setting(
+        "uniform",
+        "client weights",
+        check=_one_of("uniform", "num-examples"),
+        affects=(),
+    )
+    a_init_std: float = setting(
+        0.02,
+        "FLoRG: std of the initial A (A = 0 is excluded)",
+        check=_positive,
+        affects=(MODEL,),
+    )
+    projection_init: str = setting(
+        "semi-orthogonal",
+        "FLoRG: initialisation of L and R",
+        check=_one_of("semi-orthogonal", "kaiming", "svd"),
+        affects=(MODEL,),
+    )
+    subtract_init: bool = setting(False, "FLoRG: subtract s L A1^T A1 R from W0", affects=(MODEL,))
+    # FLoRG, issue 12 / 11: L/R sharing, the server step's device and rank-mismatch policy
+    projection_sharing: str = setting(
+        "shape",
+        "FLoRG: one L, R per layer shape (from seed + shape) or per module (seed + name)",
+        check=_one_of("shape", "module"),
+        affects=(MODEL,),
+    )
+    server_device: str = setting(
+        "auto",
+        "FLoRG server step device",
+        check=_one_of("auto", "cpu", "cuda"),
+        affects=(),
+    )
+    rank_mismatch: str = setting(
+        "procrustes",
+        "FLoRG when r' > r: Procrustes over all r' rows, or top-r eigenpairs then Procrustes",
+        check=_one_of("procrustes", "truncate"),
+        affects=(),
+    )
+    lora_init: str = setting(
+        "default",
+        "LoRA baselines' init",
+        check=_one_of("default", "federa-svd"),
+        affects=(MODEL,),
+    )
+    fedex_residual: str = setting(
+        "dense",
+        "FedEx residual transport",
+        check=_one_of("dense", "factored"),
+        affects=(MODEL,),
+    )
+    device: str = setting(
+        "auto",
+        "torch device for training",
+        check=_one_of("auto", "cpu", "cuda"),
+        affects=(),
+    )
+    progress_bar: bool = setting(False, "show a progress bar during local training", affects=())
+    output_dir: str = setting("outputs", "folder for run outputs", affects=())
+    save_client_updates: bool = setting(
+        False, "also save every round's client updates (.npz)", affects=()
+    )
+    fault_partition: int = setting(
+        -1, "testing: this partition id misbehaves (-1 = none)", affects=()
+    )
+    fault_kind: str = setting(
+        "raise",
+        "testing: how it misbehaves (scale: adapter x fault-scale; claim: fault-scale examples)",
+        check=_one_of("raise", "nan", "shape", "scale", "claim"),
+        affects=(),
+    )
+    run_name: str = setting(
+        "",
+        "run folder name ('' = timestamp-method-task)",
+        check=_folder_name_or_empty,
+        affects=(),
+    )
+    # -- issue 15: screening, fault injection, resume (docs/faults.md) --
+    screen_updates: bool = setting(
+        True, "reject outlier updates, clip claimed num-examples", affects=()
+    )
+    screen_kappa: float = setting(
+        10.0,
+        "screening: outlier above kappa x the median",
+        check=_at_least_one,
+        affects=(),
+    )
+    fault_scale: float = setting(
+        10.0,
+        "testing: factor of 'scale', count of 'claim'",
+        check=_positive,
+        affects=(),
+    )
+    fault_server_round: int = setting(
+        0, "testing: ServerApp dies after round N", check=_non_negative, affects=()
+    )
+    resume: str = setting("", "run folder to continue from its last checkpointed round", affects=())
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -257,11 +366,61 @@ class RunConfig:
         return {key: getattr(self, to_attr(key)) for key in SCHEMA}
 
 
-DEFAULTS: dict[str, Any] = {key: spec[0] for key, spec in SCHEMA.items()}
+class Setting(NamedTuple):
+    """One key of ``SCHEMA``, derived from its ``RunConfig`` field."""
+
+    default: Any
+    kind: type
+    check: Callable[[Any], bool] | None
+    help: str
+    affects: frozenset[str]
+
+
+def to_attr(key: str) -> str:
+    return key.replace("-", "_")
+
+
+def to_key(attr: str) -> str:
+    return attr.replace("_", "-")
+
+
+def _schema() -> dict[str, Setting]:
+    hints = get_type_hints(RunConfig)
+    schema: dict[str, Setting] = {}
+    for f in fields(RunConfig):
+        if "affects" not in f.metadata:
+            raise TypeError(f"RunConfig.{f.name}: declare it with setting(...)")
+        kind = hints[f.name]
+        if kind not in (str, int, float, bool) or not isinstance(f.default, kind):
+            raise TypeError(f"RunConfig.{f.name}: a str, int, float or bool with such a default")
+        meta = f.metadata
+        schema[to_key(f.name)] = Setting(
+            f.default, kind, meta["check"], meta["help"], meta["affects"]
+        )
+    return schema
+
+
+# key -> (default, type, check, help, groups affected), in declaration order.
+SCHEMA: dict[str, Setting] = _schema()
+DEFAULTS: dict[str, Any] = {key: spec.default for key, spec in SCHEMA.items()}
+
+
+def keys_affecting(*groups: str) -> tuple[str, ...]:
+    """The keys of the settings that affect any of ``groups`` (schema order)."""
+    unknown = set(groups) - set(GROUPS)
+    if unknown:
+        raise ValueError(f"unknown setting group(s) {sorted(unknown)}; groups: {GROUPS}")
+    return tuple(key for key, spec in SCHEMA.items() if spec.affects & set(groups))
+
+
+def settings_for(config: RunConfig, *groups: str) -> dict[str, Any]:
+    """``{key: value}`` of ``config``'s settings that affect any of ``groups``: what a
+    cache of an artefact built from those groups must key on."""
+    return {key: getattr(config, to_attr(key)) for key in keys_affecting(*groups)}
 
 
 def _coerce(key: str, value: Any) -> Any:
-    _, kind, check, _ = SCHEMA[key]
+    kind, check = SCHEMA[key].kind, SCHEMA[key].check
     try:
         if kind is bool:
             if isinstance(value, str) and value.lower() in ("true", "false"):
@@ -296,40 +455,42 @@ def check_keys(values: Mapping[str, Any], origin: str) -> None:
         )
 
 
-def load_preset(name: str) -> dict[str, Any]:
-    """The settings of ``conf/<name>.yaml`` (or a YAML path), read with omegaconf."""
-    from omegaconf import OmegaConf
+def preset_path(name: str) -> Path:
+    """``conf/<name>.toml``, or ``name`` itself when it is a path ending in ``.toml``."""
+    return Path(name) if name.endswith(".toml") else CONF_DIR / f"{name}.toml"
 
-    path = Path(name) if name.endswith((".yaml", ".yml")) else CONF_DIR / f"{name}.yaml"
+
+def load_preset(name: str) -> dict[str, Any]:
+    """The settings of the preset ``conf/<name>.toml`` (or a TOML path): a flat table of
+    run-config keys, the same file ``flwr run --run-config`` accepts. Unknown keys and bad
+    values raise ConfigError."""
+    path = preset_path(name)
     if not path.is_file():
-        known = sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
+        known = sorted(p.stem for p in CONF_DIR.glob("*.toml"))
         raise ConfigError(f"preset: {path} not found; presets in conf/: {known}")
-    values = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    if not isinstance(values, dict):
-        raise ConfigError(f"preset: {path} must hold a mapping of settings")
+    try:
+        values = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"preset: cannot read {path}: {err}") from err
     check_keys(values, str(path))
+    for key, value in values.items():
+        _coerce(key, value)
     return values
 
 
 def resolve_config(
     run_config: Mapping[str, Any], explicit: Mapping[str, Any] | None = None
 ) -> RunConfig:
-    """Validate and layer the settings: defaults < preset < explicit overrides.
+    """Validate the settings: the defaults, updated with ``run_config``, then ``explicit``.
 
-    ``run_config`` is what Flower hands the apps (all keys, defaults filled in); a key
-    of it counts as explicitly set when it differs from the default.  ``explicit``
-    adds overrides that always win (the launcher's ``--set``).
+    ``run_config`` is what Flower hands the apps (every key, the defaults filled in, the
+    ``--run-config`` values already on top); every value in it is taken as given, a value
+    equal to its default included. ``explicit`` adds overrides on top (grids, tests).
     """
     check_keys(run_config, "the run config")
     explicit = dict(explicit or {})
     check_keys(explicit, "the overrides")
-    values = dict(DEFAULTS)
-    set_by_user = {k: v for k, v in run_config.items() if _coerce(k, v) != DEFAULTS[k]}
-    set_by_user.update(explicit)
-    preset = str(set_by_user.get("preset", "") or "")
-    if preset:
-        values.update(load_preset(preset))
-    values.update(set_by_user)
+    values = {**DEFAULTS, **run_config, **explicit}
     resolved = {to_attr(k): _coerce(k, v) for k, v in values.items()}
     config = RunConfig(**resolved)
     if not config.targets:

@@ -20,19 +20,26 @@ computes (so keep it private to the node), but cannot run code (safetensors, JSO
 Arrow are data formats; a file that does not parse, or holds other tensor names, shapes
 or dtypes than the model, is a miss and is rebuilt).
 
-Keys are SHA-256 hashes of everything the result depends on: the run settings (all of
-them except the ones listed as irrelevant below, so a new setting can only cause a miss),
-the identity (name, size, mtime) of the model and data files, the library versions, and
-the source code of the modules that build the result. The cache lives in
-``$FLORG_DERIVED_CACHE``, else ``<$FLORG_CACHE or ~/.cache/florg>/derived``; entries are
-written atomically (temporary name, then rename), so concurrent processes are safe.
-``FLORG_DISK_CACHE=0`` turns it off. The folder is kept under ``$FLORG_DERIVED_CACHE_MAX_MB``
-(default 4096): after each store the least recently used entries (a hit refreshes an
-entry's mtime) are deleted until it fits. Deleting the folder is always safe.
+Keys are SHA-256 hashes of everything the result depends on, none of it listed by hand:
+
+* the run settings of the groups the cache declares (``groups=``): every key that
+  ``flower_app.config`` tags as affecting the data, the tokenisation or the model (a new
+  setting must name the groups it affects, so it cannot be left out of a key);
+* the identity (name, size, mtime) of the model and data files, the library versions;
+* the source of the module that builds the result and of every module of this project it
+  imports, transitively, function-local imports included (``_code_hash``).
+
+The cache lives in ``$FLORG_DERIVED_CACHE``, else ``<$FLORG_CACHE or
+~/.cache/florg>/derived``; entries are written atomically (temporary name, then rename), so
+concurrent processes are safe. ``FLORG_DISK_CACHE=0`` turns it off. The folder is kept
+under ``$FLORG_DERIVED_CACHE_MAX_MB`` (default 4096): after each store the least recently
+used entries (a hit refreshes an entry's mtime) are deleted until it fits. Deleting the
+folder is always safe.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import hashlib
@@ -40,9 +47,11 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from flower_app.config import settings_for
 
 __all__ = [
     "DISABLE_ENV_VAR",
@@ -52,6 +61,7 @@ __all__ = [
     "cache_root",
     "disk_cached_dataset",
     "disk_cached_model",
+    "path_identity",
 ]
 
 DIR_ENV_VAR = "FLORG_DERIVED_CACHE"
@@ -60,30 +70,10 @@ MAX_MB_ENV_VAR = "FLORG_DERIVED_CACHE_MAX_MB"
 DEFAULT_MAX_MB = 4096.0
 STATS: dict[str, int] = {"hits": 0, "misses": 0, "stores": 0, "errors": 0}
 
-# Settings that never change how a model is built / a split is tokenised.
-_RUN_ONLY = frozenset(
-    {
-        "preset", "num-server-rounds", "fraction-train", "min-train-nodes",
-        "min-available-nodes", "client-eval", "local-epochs", "local-steps", "batch-size",
-        "eval-batch-size", "learning-rate", "weight-decay", "aggregation-weights", "device",
-        "progress-bar", "output-dir", "save-client-updates", "fault-partition", "fault-kind",
-        "run-name", "test-every", "server-device", "rank-mismatch", "screen-updates",
-        "screen-kappa", "fault-scale", "fault-server-round", "resume",
-    }
-)  # fmt: skip
-_NOT_FOR_MODEL = _RUN_ONLY | {
-    "task", "data-path", "text-fields", "label-field", "num-labels", "partitioner",
-    "dirichlet-alpha", "max-train-examples", "max-eval-examples", "max-seq-length",
-    "max-test-examples",
-}  # fmt: skip
-_NOT_FOR_DATA = _RUN_ONLY | {
-    "method", "rank", "alpha", "target-modules", "head-modules", "train-head", "a-init-std",
-    "projection-init", "subtract-init", "lora-init", "fedex-residual", "projection-sharing",
-}  # fmt: skip
-
 _PACKAGE = Path(__file__).resolve().parent
-_MODEL_CODE = ("adapted.py", "adapters", "modeling.py", "runtime.py", "config.py")
-_DATA_CODE = ("task_data.py", "data", "modeling.py", "runtime.py", "config.py", "assets.py")
+_ROOT = _PACKAGE.parent
+# The packages whose source a cached result may depend on (the runtime; never the tooling).
+_PROJECT_PACKAGES = ("flower_app", "strategies", "client_app", "server_app")
 
 F = TypeVar("F", bound=Callable[..., Any])
 _FORMAT = 1
@@ -103,20 +93,57 @@ def cache_root() -> Path | None:
     return default_cache_dir() / "derived"
 
 
+def _module_file(name: str) -> Path | None:
+    base = _ROOT.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The modules ``name`` imports (function-local imports included), their parent
+    packages too (importing ``a.b.c`` runs ``a`` and ``a.b``); ``from p import m`` names
+    ``p.m`` when that is a module."""
+    found: set[str] = set()
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package[: len(package) - (node.level - 1)]
+                base = ".".join([*parent, base] if base else parent)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    with_parents = set(found)
+    for module in found:
+        parts = module.split(".")
+        with_parents.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    return with_parents
+
+
 @functools.lru_cache(maxsize=8)
-def _code_hash(parts: tuple[str, ...]) -> str:
+def _code_hash(module: str) -> str:
+    """SHA-256 over the source of ``module`` and of every module of this project
+    (``_PROJECT_PACKAGES``) it imports, transitively."""
+    files: dict[str, Path] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = None if name in files else _module_file(name)
+        if path is None:
+            continue
+        files[name] = path
+        todo.extend(m for m in _imports(name, path) if m.split(".")[0] in _PROJECT_PACKAGES)
     h = hashlib.sha256()
-    for part in parts:
-        root = _PACKAGE / part
-        files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
-        for path in files:
-            if path.is_file():
-                h.update(str(path.relative_to(_PACKAGE)).encode())
-                h.update(path.read_bytes())
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name].read_bytes() + b"\0")
     return h.hexdigest()
 
 
-def _path_identity(path: str | os.PathLike[str] | None) -> Any:
+def path_identity(path: str | os.PathLike[str] | None) -> Any:
     """(name, size, mtime) of a file or of every file under a folder; a name that is not a
     local path (a Hub id) stands for itself."""
     if not path:
@@ -146,9 +173,10 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def _settings(config: Any, drop: Iterable[str]) -> dict[str, Any]:
-    dropped = set(drop)
-    return {k: v for k, v in config.as_dict().items() if k not in dropped}
+def _settings(config: Any, groups: tuple[str, ...]) -> dict[str, Any]:
+    if not groups:
+        raise ValueError("a cache must name the setting groups its result depends on")
+    return settings_for(config, *groups)
 
 
 def _key(kind: str, parts: dict[str, Any]) -> str:
@@ -159,7 +187,7 @@ def _key(kind: str, parts: dict[str, Any]) -> str:
 def _model_identity(model: str) -> Any:
     from flower_app.modeling import resolve_model_source
 
-    return _path_identity(resolve_model_source(model))
+    return path_identity(resolve_model_source(model))
 
 
 def _replace_into(tmp: Path, final: Path) -> None:
@@ -208,57 +236,66 @@ def _evict(root: Path, keep: Path) -> None:
         total -= size
 
 
-def disk_cached_dataset(func: F) -> F:
-    """Cache ``func(config, split, partition_id=0, num_partitions=1) -> datasets.Dataset``."""
+def disk_cached_dataset(
+    *, groups: tuple[str, ...], source: Callable[[Any], Any]
+) -> Callable[[F], F]:
+    """Cache ``func(config, split, partition_id=0, num_partitions=1) -> datasets.Dataset``,
+    keyed on the settings of ``groups``, on ``source(config)`` (what the settings do not
+    say: the resolved task, the identity of its files) and on the tokenizer."""
 
-    @functools.wraps(func)
-    def wrapper(config: Any, split: str, partition_id: int = 0, num_partitions: int = 1) -> Any:
-        root = cache_root()
-        if root is None:
-            return func(config, split, partition_id, num_partitions)
-        import datasets
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(config: Any, split: str, partition_id: int = 0, num_partitions: int = 1) -> Any:
+            root = cache_root()
+            if root is None:
+                return func(config, split, partition_id, num_partitions)
+            key = _key(
+                "tokenized-split",
+                {
+                    "settings": _settings(config, groups),
+                    "source": source(config),
+                    "tokenizer": _model_identity(config.model),
+                    "split": [split, int(partition_id), int(num_partitions)],
+                    "code": _code_hash(func.__module__),
+                    "versions": _versions(),
+                },
+            )
+            build = functools.partial(func, config, split, partition_id, num_partitions)
+            return _dataset_entry(root, key, build)
 
-        from flower_app.task_data import task_spec
+        return wrapper  # type: ignore[return-value]
 
-        spec = task_spec(config)
-        key = _key(
-            "tokenized-split",
-            {
-                "settings": _settings(config, _NOT_FOR_DATA),
-                "spec": repr(spec),
-                "data": _path_identity(spec.local_dir or spec.data_file),
-                "tokenizer": _model_identity(config.model),
-                "split": [split, int(partition_id), int(num_partitions)],
-                "code": _code_hash(_DATA_CODE),
-                "versions": _versions(),
-            },
-        )
-        final = root / "tokenized" / key
-        if (final / "dataset_info.json").is_file():
-            try:
-                ds = datasets.load_from_disk(str(final))
-                STATS["hits"] += 1
-                _touch(final)
-                return ds
-            except Exception:  # a damaged entry: rebuild it
-                STATS["errors"] += 1
-                shutil.rmtree(final, ignore_errors=True)
-        STATS["misses"] += 1
-        ds = func(config, split, partition_id, num_partitions)
+    return decorate
+
+
+def _dataset_entry(root: Path, key: str, build: Callable[[], Any]) -> Any:
+    """The cached dataset of ``key``, or ``build()`` stored under it."""
+    import datasets
+
+    final = root / "tokenized" / key
+    if (final / "dataset_info.json").is_file():
         try:
-            tmp = final.with_name(f".{key}.{uuid.uuid4().hex}")
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            ds.save_to_disk(str(tmp))
-            _replace_into(tmp, final)
-            STATS["stores"] += 1
-            _evict(root, final)
-            if final.is_dir():
-                return datasets.load_from_disk(str(final))  # memory-mapped, like a hit
-        except OSError:
+            ds = datasets.load_from_disk(str(final))
+            STATS["hits"] += 1
+            _touch(final)
+            return ds
+        except Exception:  # a damaged entry: rebuild it
             STATS["errors"] += 1
-        return ds
-
-    return wrapper  # type: ignore[return-value]
+            shutil.rmtree(final, ignore_errors=True)
+    STATS["misses"] += 1
+    ds = build()
+    try:
+        tmp = final.with_name(f".{key}.{uuid.uuid4().hex}")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        ds.save_to_disk(str(tmp))
+        _replace_into(tmp, final)
+        STATS["stores"] += 1
+        _evict(root, final)
+        if final.is_dir():
+            return datasets.load_from_disk(str(final))  # memory-mapped, like a hit
+    except OSError:
+        STATS["errors"] += 1
+    return ds
 
 
 class _SkeletonProjections:
@@ -359,50 +396,57 @@ def _load_model(final: Path, key: str, build: Callable[[], Any]) -> Any:
     return adapted
 
 
-def disk_cached_model(func: F) -> F:
-    """Cache ``func(config, num_labels, *args) -> AdaptedModel`` (a freshly built one).
+def disk_cached_model(*, groups: tuple[str, ...]) -> Callable[[F], F]:
+    """Cache ``func(config, num_labels, *args) -> AdaptedModel`` (a freshly built one),
+    keyed on the settings of ``groups``, the base model's files and the arguments.
 
     An entry is a folder: ``tensors.safetensors`` (every parameter and buffer, FedEx's
     pristine W0) and ``meta.json``; nothing is unpickled. A hit builds the model's skeleton
     with the same code (FLoRG's L and R not computed) and copies the stored tensors in."""
 
-    @functools.wraps(func)
-    def wrapper(config: Any, num_labels: int, *args: Any, **kwargs: Any) -> Any:
-        root = cache_root()
-        if root is None:
-            return func(config, num_labels, *args, **kwargs)
-        key = _key(
-            "adapted-model",
-            {
-                "settings": _settings(config, _NOT_FOR_MODEL),
-                "model": _model_identity(config.model),
-                "num-labels": int(num_labels),
-                "args": [str(a) for a in args] + sorted(f"{k}={v}" for k, v in kwargs.items()),
-                "code": _code_hash(_MODEL_CODE),
-                "versions": _versions(),
-            },
-        )
-        final = root / "models" / key
-        if (final / _META).is_file():
-            try:
-                adapted = _load_model(
-                    final, key, lambda: func(config, num_labels, *args, **kwargs)
-                )
-                STATS["hits"] += 1
-                _touch(final)
-                return adapted
-            except Exception:  # a damaged, foreign or unreadable entry: rebuild it
-                STATS["errors"] += 1
-                shutil.rmtree(final, ignore_errors=True)
-        STATS["misses"] += 1
-        adapted = func(config, num_labels, *args, **kwargs)
-        try:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            _store_model(adapted, final, {"key": key})
-            STATS["stores"] += 1
-            _evict(root, final)
-        except Exception:  # an exotic model or no space: just don't cache
-            STATS["errors"] += 1
-        return adapted
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(config: Any, num_labels: int, *args: Any, **kwargs: Any) -> Any:
+            root = cache_root()
+            if root is None:
+                return func(config, num_labels, *args, **kwargs)
+            key = _key(
+                "adapted-model",
+                {
+                    "settings": _settings(config, groups),
+                    "model": _model_identity(config.model),
+                    "num-labels": int(num_labels),
+                    "args": [str(a) for a in args] + sorted(f"{k}={v}" for k, v in kwargs.items()),
+                    "code": _code_hash(func.__module__),
+                    "versions": _versions(),
+                },
+            )
+            return _model_entry(root, key, lambda: func(config, num_labels, *args, **kwargs))
 
-    return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def _model_entry(root: Path, key: str, build: Callable[[], Any]) -> Any:
+    """The cached model of ``key`` (its skeleton from ``build``), or ``build()`` stored."""
+    final = root / "models" / key
+    if (final / _META).is_file():
+        try:
+            adapted = _load_model(final, key, build)
+            STATS["hits"] += 1
+            _touch(final)
+            return adapted
+        except Exception:  # a damaged, foreign or unreadable entry: rebuild it
+            STATS["errors"] += 1
+            shutil.rmtree(final, ignore_errors=True)
+    STATS["misses"] += 1
+    adapted = build()
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        _store_model(adapted, final, {"key": key})
+        STATS["stores"] += 1
+        _evict(root, final)
+    except Exception:  # an exotic model or no space: just don't cache
+        STATS["errors"] += 1
+    return adapted

@@ -10,19 +10,17 @@ from __future__ import annotations
 from functools import lru_cache
 
 from flower_app.adapted import AdaptedModel
-from flower_app.config import ConfigError, RunConfig
+from flower_app.config import MODEL, ConfigError, RunConfig
 from flower_app.data.tasks import CLASSIFICATION
 from flower_app.disk_cache import disk_cached_model
-from flower_app.modeling import load_task_model, load_tokenizer
+from flower_app.modeling import load_task_model
+from flower_app.tokenizer import cached_tokenizer
 
-
-@lru_cache(maxsize=4)
-def cached_tokenizer(model_name: str):
-    return load_tokenizer(model_name)
+__all__ = ["cached_adapted_model", "cached_tokenizer"]
 
 
 @lru_cache(maxsize=2)
-@disk_cached_model  # a SuperNode starts a fresh ClientApp process per message
+@disk_cached_model(groups=(MODEL,))  # a SuperNode starts a fresh ClientApp process per message
 def cached_adapted_model(
     config: RunConfig, num_labels: int, kind: str = CLASSIFICATION
 ) -> AdaptedModel:

@@ -23,15 +23,16 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from flower_app.config import DEFAULTS, ConfigError, RunConfig
+from flower_app.config import DATA, DEFAULTS, TOKENISATION, ConfigError, RunConfig
 from flower_app.data.loading import load_task_splits, load_task_test
 from flower_app.data.partition import partition_dataset
 from flower_app.data.qa_features import CONTEXT_OFFSETS, EXAMPLE_INDEX, check_window, qa_features
 from flower_app.data.qa_loading import TITLE_BUCKET, load_qa_splits
 from flower_app.data.tasks import EXTRACTIVE_QA, TASKS, TaskSpec, resolve_task
 from flower_app.data.tokenize import MODEL_INPUTS, tokenize_dataset
-from flower_app.disk_cache import disk_cached_dataset
+from flower_app.disk_cache import disk_cached_dataset, path_identity
 from flower_app.qa_eval import QAEvalSet
+from flower_app.tokenizer import cached_tokenizer
 
 datasets.disable_progress_bars()  # one line per round on the console is enough
 
@@ -145,8 +146,6 @@ def _partition(
 
 
 def _qa_features(config: RunConfig, examples: datasets.Dataset, keep_mapping: bool):
-    from flower_app.runtime import cached_tokenizer
-
     tokenizer = cached_tokenizer(config.model)
     try:
         check_window(tokenizer, config.max_seq_length, config.doc_stride)
@@ -158,8 +157,16 @@ def _qa_features(config: RunConfig, examples: datasets.Dataset, keep_mapping: bo
     )
 
 
+def _data_source(config: RunConfig) -> dict[str, Any]:
+    """What a tokenised split depends on beyond the settings: the task the settings
+    resolve to and the identity (names, sizes, mtimes) of its local files."""
+    spec = task_spec(config)
+    return {"spec": repr(spec), "data": path_identity(spec.local_dir or spec.data_file)}
+
+
+# A SuperNode starts a fresh ClientApp process per message: the disk cache serves those.
 @lru_cache(maxsize=64)
-@disk_cached_dataset  # a SuperNode starts a fresh ClientApp process per message
+@disk_cached_dataset(groups=(DATA, TOKENISATION), source=_data_source)
 def tokenized_split(
     config: RunConfig, split: str, partition_id: int = 0, num_partitions: int = 1
 ) -> datasets.Dataset:
@@ -168,8 +175,6 @@ def tokenized_split(
 
     Classification: inputs + ``labels``; extractive QA: the features (windows) of the
     partition's examples, inputs + ``start_positions`` / ``end_positions``."""
-    from flower_app.runtime import cached_tokenizer
-
     data = load_task_data(config)
     if split == "test":
         ds = load_test_data(config)

@@ -61,3 +61,79 @@ def test_the_fab_include_patterns_match_runtime_files_only():
     assert not [f for f in included if f.startswith(TOOLING + "/")]
     top = {f.split("/")[0] for f in included}
     assert top <= set(RUNTIME_PACKAGES) | {"conf"}, top
+
+
+GRAPH_PACKAGES = (*RUNTIME_PACKAGES, TOOLING)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(packages: tuple[str, ...] = GRAPH_PACKAGES) -> dict[str, set[str]]:
+    """module -> the modules of ``packages`` it imports, function-local imports included;
+    ``from pkg import mod`` imports ``pkg.mod`` when that is a module (else ``pkg``)."""
+    paths = {_module_name(p): p for package in packages for p in _modules(package)}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        is_package = path.name == "__init__.py"
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's package, up level - 1
+                    package = name.split(".") if is_package else name.split(".")[:-1]
+                    package = package[: len(package) - (node.level - 1)]
+                    base = ".".join([*package, base] if base else package)
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    edges.add(sub if sub in paths else base)
+        graph[name] = {e for e in edges if e in paths and e != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (``[a, b, ..., a]``), or None."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        path, on_path = [start], {start}
+        stack = [iter(sorted(graph[start]))]
+        while stack:
+            child = next(stack[-1], None)
+            if child is None:
+                stack.pop()
+                done.add(path[-1])
+                on_path.discard(path.pop())
+            elif child in on_path:
+                return [*path[path.index(child) :], child]
+            elif child not in done:
+                path.append(child)
+                on_path.add(child)
+                stack.append(iter(sorted(graph[child])))
+    return None
+
+
+def test_find_cycle_finds_a_cycle_and_accepts_a_dag():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_import_graph_sees_function_local_and_from_imports():
+    graph = import_graph()
+    assert "flower_app.config" in graph["server_app.server_app"]
+    # a function-local import (flower_app/disk_cache.py: cache_root)
+    assert "flower_app.asset_registry" in graph["flower_app.disk_cache"]
+    assert len(graph) > 40
+
+
+def test_the_import_graph_has_no_cycle():
+    """Over flower_app, client_app, server_app, strategies and florg_tools, function-local
+    imports included: a cycle hidden inside functions still couples the modules both ways.
+    Print the graph's cycle: python -m pytest tests/test_architecture.py -k cycle"""
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])

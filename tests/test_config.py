@@ -1,4 +1,6 @@
-"""Run settings: schema == pyproject, presets, precedence, and errors that name the key."""
+"""Run settings: one declaration (RunConfig) -> schema, pyproject and cache groups; presets
+resolved before the run, the same through plain `flwr run` and the launcher; errors that
+name the key."""
 
 from __future__ import annotations
 
@@ -7,45 +9,183 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from flwr.common.config import get_fused_config_from_dir, parse_config_args
 
-from flower_app.config import CONF_DIR, DEFAULTS, ConfigError, load_preset, resolve_config
+from florg_tools import settings as settings_tool
+from florg_tools.launch import _build_parser, _collect_run_config, write_run_config_toml
+from flower_app.config import (
+    CONF_DIR,
+    DATA,
+    DEFAULTS,
+    MODEL,
+    SCHEMA,
+    TOKENISATION,
+    ConfigError,
+    RunConfig,
+    keys_affecting,
+    load_preset,
+    resolve_config,
+    setting,
+    settings_for,
+    to_attr,
+)
 from flower_app.runtime import cached_adapted_model
 from tests.fixtures import make_tiny_bert
 
 ROOT = Path(__file__).resolve().parent.parent
+PRESETS = sorted(p.stem for p in CONF_DIR.glob("*.toml"))
 
 
 def test_pyproject_config_equals_schema_defaults():
     app_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     assert app_config["config"] == DEFAULTS
+    assert list(app_config["config"]) == list(SCHEMA)
     assert app_config["components"]["serverapp"] == "server_app.server_app:app"
     assert app_config["components"]["clientapp"] == "client_app.client_app:app"
 
 
-@pytest.mark.parametrize("preset", sorted(p.stem for p in CONF_DIR.glob("*.yaml")))
+def test_pyproject_table_is_the_generated_one():
+    """Comments (help, groups) included: regenerate with python -m florg_tools.settings --write."""
+    text = (ROOT / "pyproject.toml").read_text()
+    assert settings_tool.table_in(text) == settings_tool.generated_table()
+    assert settings_tool.main(["--check"]) == 0
+
+
+def test_settings_check_fails_and_write_repairs_a_stale_table(tmp_path, capsys):
+    stale = tmp_path / "pyproject.toml"
+    text = (ROOT / "pyproject.toml").read_text()
+    stale.write_text(text.replace("\nrank = 4  #", "\nrank = 8  #"))
+    assert stale.read_text() != text
+    assert settings_tool.main(["--check", "--pyproject", str(stale)]) == 1
+    assert "+rank = 4" in capsys.readouterr().out
+    assert settings_tool.main(["--write", "--pyproject", str(stale)]) == 0
+    assert stale.read_text() == text
+
+
+def test_the_schema_is_derived_from_the_runconfig_fields():
+    fields = dataclasses.fields(RunConfig)
+    assert [to_attr(key) for key in SCHEMA] == [f.name for f in fields]
+    assert RunConfig() == resolve_config({})  # the field defaults are the defaults
+    assert SCHEMA["rank"].kind is int and SCHEMA["alpha"].kind is float
+    assert SCHEMA["train-head"].kind is bool and SCHEMA["method"].kind is str
+    assert "florg" in SCHEMA["method"].check.options
+    with pytest.raises(ValueError, match="unknown setting group"):
+        setting(1, "x", affects=("optimizer",))
+
+
+def test_cache_groups_cover_what_the_hand_written_lists_did():
+    """The keys of the former disk_cache exclusion lists, derived now; doc-stride (QA
+    windows) no longer keys the model cache."""
+    assert set(keys_affecting(MODEL)) == {
+        "method", "model", "target-modules", "head-modules", "train-head", "rank", "alpha",
+        "seed", "a-init-std", "projection-init", "subtract-init", "projection-sharing",
+        "lora-init", "fedex-residual",
+    }  # fmt: skip
+    assert set(keys_affecting(DATA, TOKENISATION)) == {
+        "model", "task", "data-path", "text-fields", "label-field", "num-labels", "seed",
+        "partitioner", "dirichlet-alpha", "max-train-examples", "max-eval-examples",
+        "max-test-examples", "max-seq-length", "doc-stride",
+    }  # fmt: skip
+    config = resolve_config({}, {"rank": 8, "learning-rate": 0.1})
+    assert settings_for(config, MODEL)["rank"] == 8
+    assert "learning-rate" not in settings_for(config, *SCHEMA["rank"].affects)
+    with pytest.raises(ValueError, match="unknown setting group"):
+        keys_affecting("optimizer")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_resolves(preset):
     values = load_preset(preset)
-    config = resolve_config({"preset": preset})
+    config = resolve_config({}, values)
     for key, value in values.items():
         assert config.as_dict()[key] == value, key
 
 
+def test_the_presets_are_the_four_toml_files():
+    assert PRESETS == ["cpu-default", "paper", "squad-cpu", "squad-paper"]
+    assert not list(CONF_DIR.glob("*.yaml"))  # no second format to drift from
+
+
 def test_cpu_default_preset_is_the_default():
-    assert dataclasses.replace(resolve_config({"preset": "cpu-default"}), preset="") == (
-        resolve_config({})
-    )
+    assert resolve_config({}, load_preset("cpu-default")) == resolve_config({})
 
 
-def test_precedence_defaults_preset_explicit():
-    paper = resolve_config({"preset": "paper"})
+def _plain_flwr_run(*run_config: str) -> RunConfig:
+    """What the apps receive from `flwr run . CONN --run-config ...`: Flower's own parsing
+    and fusing with pyproject's defaults, then the apps' resolve_config."""
+    return resolve_config(get_fused_config_from_dir(ROOT, parse_config_args(list(run_config))))
+
+
+def _launcher(tmp_path: Path, *argv: str) -> RunConfig:
+    """What the apps receive from python -m florg_tools.launch ...: its merged layers,
+    written as the TOML file it submits, read back by Flower."""
+    args = _build_parser().parse_args(["--app", str(ROOT), *argv])
+    path = write_run_config_toml(_collect_run_config(args), tmp_path / "run-config.toml")
+    return _plain_flwr_run(str(path))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_plain_flwr_run_and_the_launcher_resolve_a_preset_alike(preset, tmp_path):
+    plain = _plain_flwr_run(str(CONF_DIR / f"{preset}.toml"))
+    assert plain == _launcher(tmp_path, "--preset", preset)
+    assert plain == resolve_config({}, load_preset(preset))
+    assert plain != resolve_config({}) or preset == "cpu-default"
+
+
+def test_an_explicit_value_always_wins_even_when_it_equals_the_default(tmp_path):
+    paper = _plain_flwr_run(str(CONF_DIR / "paper.toml"))
     assert paper.learning_rate == 5e-5 and paper.batch_size == 4
     assert paper.min_available_nodes == 20
-    # a run-config value that differs from the default wins over the preset
-    mixed = resolve_config({"preset": "paper", "method": "fedit", "batch-size": 8})
-    assert mixed.method == "fedit" and mixed.batch_size == 8 and mixed.learning_rate == 5e-5
-    # the launcher's explicit overrides always win
-    forced = resolve_config({"preset": "paper"}, {"batch-size": 16})
-    assert forced.batch_size == 16
+    # batch-size 16 is the default; it still beats the preset's 4
+    forced = _launcher(tmp_path, "--preset", "paper", "--set", "batch-size=16")
+    assert forced.batch_size == 16 and forced.learning_rate == 5e-5
+    assert dataclasses.replace(forced, batch_size=4) == paper
+    # flwr run takes one TOML file: the preset copied with the value changed, same result
+    edited = tmp_path / "paper-b16.toml"
+    edited.write_text(
+        (CONF_DIR / "paper.toml").read_text().replace("batch-size = 4", "batch-size = 16")
+    )
+    assert _plain_flwr_run(str(edited)) == forced
+    # inline values equal to a default are kept as given (nothing compares to defaults)
+    assert _plain_flwr_run("batch-size=16 method='fedit'") == resolve_config(
+        {}, {"method": "fedit"}
+    )
+    # layers: --run-config-file < --preset < --set
+    layer = tmp_path / "layer.toml"
+    layer.write_text('batch-size = 2\nlearning-rate = 0.5\nmethod = "fedit"\n')
+    mixed = _launcher(
+        tmp_path, "--run-config-file", str(layer), "--preset", "paper", "--set", "rank=2"
+    )
+    assert (mixed.batch_size, mixed.learning_rate, mixed.method, mixed.rank) == (
+        4, 5e-5, "florg", 2,
+    )  # fmt: skip
+
+
+def test_preset_key_is_refused_with_a_pointer_to_the_toml_layer():
+    with pytest.raises(ConfigError, match=r"preset: .*--run-config conf/NAME\.toml"):
+        resolve_config({"preset": "paper"})
+    assert resolve_config({"preset": ""}) == resolve_config({})
+
+
+def test_a_bad_preset_file_names_the_file_and_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"preset: .*nonexistent\.toml not found.*paper"):
+        load_preset("nonexistent")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("rank = 2\nnum-epochs = 3\n")
+    with pytest.raises(ConfigError, match="num-epochs"):
+        load_preset(str(bad))
+    bad.write_text("rank = 0\n")
+    with pytest.raises(ConfigError, match="rank"):
+        load_preset(str(bad))
+    bad.write_text("rank = \n")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_preset(str(bad))
+
+
+def test_the_launcher_refuses_a_missing_preset(tmp_path):
+    args = _build_parser().parse_args(["--app", str(ROOT), "--preset", "nonexistent"])
+    with pytest.raises(ValueError, match="--preset"):
+        _collect_run_config(args)
 
 
 @pytest.mark.parametrize(
@@ -62,6 +202,7 @@ def test_precedence_defaults_preset_explicit():
         ({"train-head": "maybe"}, "train-head"),
         ({"target-modules": " , "}, "target-modules"),
         ({"preset": "nonexistent"}, "preset"),
+        ({"preset": "paper"}, "preset"),
         ({"server-device": "gpu"}, "server-device"),
         ({"rank-mismatch": "svd"}, "rank-mismatch"),
         ({"projection-sharing": "layer"}, "projection-sharing"),
