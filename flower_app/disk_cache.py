@@ -124,10 +124,9 @@ def _imports(name: str, path: Path) -> set[str]:
     return with_parents
 
 
-@functools.lru_cache(maxsize=8)
-def _code_hash(module: str) -> str:
-    """SHA-256 over the source of ``module`` and of every module of this project
-    (``_PROJECT_PACKAGES``) it imports, transitively."""
+def _code_files(module: str) -> dict[str, Path]:
+    """``module`` and every module of this project (``_PROJECT_PACKAGES``) it imports,
+    transitively: ``{name: file}``."""
     files: dict[str, Path] = {}
     todo = [module]
     while todo:
@@ -137,9 +136,15 @@ def _code_hash(module: str) -> str:
             continue
         files[name] = path
         todo.extend(m for m in _imports(name, path) if m.split(".")[0] in _PROJECT_PACKAGES)
+    return files
+
+
+@functools.lru_cache(maxsize=8)
+def _code_hash(module: str) -> str:
+    """SHA-256 over the source of ``_code_files(module)``."""
     h = hashlib.sha256()
-    for name in sorted(files):
-        h.update(name.encode() + b"\0" + files[name].read_bytes() + b"\0")
+    for name, path in sorted(_code_files(module).items()):
+        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 

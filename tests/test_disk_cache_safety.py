@@ -6,18 +6,22 @@ code in every ClientApp. Entries are now safetensors + JSON (models) and Arrow +
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
+import types
+from pathlib import Path
 
 import pytest
 import torch
 
-from flower_app import disk_cache
-from flower_app.config import resolve_config
+from flower_app import disk_cache, task_data
+from flower_app.config import DATA, MODEL, SCHEMA, TOKENISATION, resolve_config, to_attr
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, tokenized_split
 from tests.fixtures import make_sentiment_task, make_tiny_bert
 
 MARKER_NAME = "pwned"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class _Payload:
@@ -97,3 +101,96 @@ def test_a_planted_pickle_is_never_executed(tiny, tmp_path, monkeypatch):
     build(config, labels)
     assert disk_cache.STATS["hits"] - before["hits"] >= 1
     assert not marker.exists()
+
+
+# -- issue 14: the keys derive from the settings' groups and the builders' code -----------
+
+
+def _other_value(key: str, value: object) -> object:
+    """A different value of the setting's type (the key is computed, never validated)."""
+    spec = SCHEMA[key]
+    options = getattr(spec.check, "options", None)
+    if options:
+        return next(o for o in options if o != value)
+    if spec.kind is bool:
+        return not value
+    if spec.kind in (int, float):
+        return value + 1
+    return f"{value}-other"
+
+
+def _captured_keys(monkeypatch, tiny, tmp_path):
+    """(model key, tokenised-split key) of a config, from the real decorated builders,
+    with the entry lookup replaced by a recorder (nothing is built or read)."""
+    monkeypatch.setenv(disk_cache.DIR_ENV_VAR, str(tmp_path))
+    keys: list[str] = []
+    monkeypatch.setattr(disk_cache, "_model_entry", lambda root, key, build: keys.append(key))
+    monkeypatch.setattr(disk_cache, "_dataset_entry", lambda root, key, build: keys.append(key))
+    monkeypatch.setattr(disk_cache, "_model_identity", lambda model: model)
+    one_task = types.SimpleNamespace(local_dir=None, data_file=None)  # the key's source part
+    monkeypatch.setattr(task_data, "task_spec", lambda config: one_task)
+
+    def keys_of(config):
+        keys.clear()
+        cached_adapted_model.__wrapped__(config, 2)
+        tokenized_split.__wrapped__(config, "train", 0, 2)
+        return tuple(keys)
+
+    return keys_of
+
+
+@pytest.mark.parametrize("key", list(SCHEMA))
+def test_a_cache_key_changes_exactly_with_the_settings_of_its_groups(
+    tiny, tmp_path, monkeypatch, key
+):
+    keys_of = _captured_keys(monkeypatch, tiny, tmp_path)
+    config = _config(tiny)
+    changed = dataclasses.replace(
+        config, **{to_attr(key): _other_value(key, config.as_dict()[key])}
+    )
+    (model, data), (model2, data2) = keys_of(config), keys_of(changed)
+    affects = SCHEMA[key].affects
+    assert (model != model2) == (MODEL in affects), affects
+    assert (data != data2) == bool(affects & {DATA, TOKENISATION}), affects
+
+
+def test_a_cache_key_covers_the_builder_code_it_imports(tmp_path, monkeypatch):
+    """The code part of a key: the builder's module and every project module it imports,
+    transitively, function-local ones included; nothing else."""
+    pkg = tmp_path / "flower_app"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "builder.py").write_text("def build():\n    from flower_app.sub import helper\n")
+    (pkg / "sub" / "helper.py").write_text("from . import deep\n")
+    (pkg / "sub" / "deep.py").write_text("import torch\nX = 1\n")
+    (pkg / "unrelated.py").write_text("Y = 1\n")
+    monkeypatch.setattr(disk_cache, "_ROOT", tmp_path)
+
+    def code_hash() -> str:
+        disk_cache._code_hash.cache_clear()
+        return disk_cache._code_hash("flower_app.builder")
+
+    first = code_hash()
+    (pkg / "unrelated.py").write_text("Y = 2\n")
+    assert code_hash() == first
+    (pkg / "sub" / "deep.py").write_text("import torch\nX = 2\n")  # two imports away
+    second = code_hash()
+    assert second != first
+    (pkg / "sub" / "__init__.py").write_text("Z = 1\n")  # a parent package runs too
+    assert code_hash() != second
+    disk_cache._code_hash.cache_clear()
+
+
+def test_the_real_builders_code_hashes_cover_their_modules():
+    files = disk_cache._code_files
+    model = {str(p.relative_to(ROOT)) for p in files("flower_app.runtime").values()}
+    data = {str(p.relative_to(ROOT)) for p in files("flower_app.task_data").values()}
+    assert {
+        "flower_app/adapters/lora.py",
+        "flower_app/modeling.py",
+        "flower_app/config.py",
+    } <= model
+    assert {"flower_app/data/qa_features.py", "flower_app/tokenizer.py"} <= data
+    assert "flower_app/asset_registry.py" in data  # (the old hand-written list named assets.py)
+    assert not any(f.startswith(("florg_tools/", "tests/", "client_app/")) for f in model | data)
