@@ -19,7 +19,7 @@ from flower_app.checkpoint import (
     restore_random_state,
     save_checkpoint,
 )
-from flower_app.config import DEFAULTS, ConfigError, resolve_config
+from flower_app.config import DEFAULTS, ConfigError, load_preset, resolve_config
 from flower_app.recorder import RunRecorder
 from strategies.flower import build_strategy
 from strategies.flower.base import from_array_record, to_array_record
@@ -136,8 +136,9 @@ def test_recorder_continues_metrics_jsonl_without_the_rounds_after_the_checkpoin
 def test_launcher_resume_settings_come_from_the_run_folder(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    config = resolve_config({"method": "fedit", "rank": 2, "preset": "cpu-default"})
-    (run_dir / "config.json").write_text(json.dumps(config.as_dict()))
+    config = resolve_config({}, {**load_preset("cpu-default"), "method": "fedit", "rank": 2})
+    # as written before presets were resolved ahead of the run: the preset's name recorded
+    (run_dir / "config.json").write_text(json.dumps({**config.as_dict(), "preset": "cpu-default"}))
     settings = resume_run_config(run_dir, {"num-server-rounds": 9})
     assert settings == {
         "method": "fedit",
