@@ -158,6 +158,9 @@ SCHEMA: dict[str, tuple[Any, type, Callable[[Any], bool] | None, str]] = {
     "fault-scale": (10.0, float, _positive, "testing: factor of 'scale', count of 'claim'"),
     "fault-server-round": (0, int, _non_negative, "testing: ServerApp dies after round N"),
     "resume": ("", str, None, "run folder to continue from its last checkpointed round"),
+    # -- issue 14: console and metric tracking (flower_app/console.py, tracking.py) --
+    "log-level": ("info", str, _one_of("info", "debug"), "debug: Flower's full records too"),
+    "tensorboard": ("auto", str, _one_of("auto", "on", "off"), "<run>/tensorboard/ events"),
 }
 
 
@@ -223,6 +226,8 @@ class RunConfig:
     fault_scale: float
     fault_server_round: int
     resume: str
+    log_level: str
+    tensorboard: str
 
     @property
     def targets(self) -> tuple[str, ...]:

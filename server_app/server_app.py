@@ -25,6 +25,7 @@ from flower_app.checkpoint import (
     save_checkpoint,
 )
 from flower_app.config import ConfigError, RunConfig, resolve_config
+from flower_app.console import install_console
 from flower_app.modeling import pick_device, resolve_model_source
 from flower_app.recorder import INFO, RunRecorder, make_run_dir
 from flower_app.runtime import cached_adapted_model
@@ -127,6 +128,7 @@ def save_final(config: RunConfig, evaluator: GlobalEvaluator, arrays: ArrayRecor
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = resolve_config(context.run_config)  # unknown keys / bad values fail here
+    install_console(config.log_level)  # Flower's per-round record dumps at DEBUG
     run_dir = make_run_dir(config)  # inside the operator's output root (flower_app/paths.py)
     checkpoint = None
     if config.resume:
