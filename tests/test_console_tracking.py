@@ -18,6 +18,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
 from flower_app import console
+from flower_app.checkpoint import Checkpoint, check_resumable
 from flower_app.config import ConfigError, resolve_config
 from flower_app.recorder import RunRecorder
 from flower_app.tracking import TENSORBOARD_DIR, scalars
@@ -181,6 +182,17 @@ def test_new_settings_are_validated():
         resolve_config({"tensorboard": "yes"})
     with pytest.raises(ConfigError, match="log-level"):
         resolve_config({"log-level": "verbose"})
+
+
+def test_resume_accepts_other_console_and_tracking_settings(tmp_path):
+    """Display-only settings: a run may be resumed with other values, and a checkpoint
+    written before they existed (no such keys in its config) is still resumable."""
+    saved = resolve_config({}).as_dict()
+    del saved["log-level"], saved["tensorboard"]
+    checkpoint = Checkpoint(1, tmp_path / "checkpoint" / "round-1", {}, {}, {"config": saved})
+    check_resumable(resolve_config({"log-level": "debug", "tensorboard": "off"}), checkpoint)
+    with pytest.raises(ConfigError, match="rank"):  # the check itself still works
+        check_resumable(resolve_config({"rank": 2}), checkpoint)
 
 
 # -- TensorBoard -----------------------------------------------------------------------
