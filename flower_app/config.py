@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strategies.methods import METHODS
+from flower_app.methods import get_method, method_names
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -62,6 +62,19 @@ def _at_least_one(x: float) -> bool:
     return x >= 1
 
 
+class _RegisteredMethod:
+    """The ``method`` check: a name in the method registry (flower_app/methods/)."""
+
+    __name__ = "registered_method"
+
+    def __call__(self, x: str) -> bool:
+        return x in method_names()
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return method_names()
+
+
 def _one_of(*options: str) -> Callable[[str], bool]:
     def check(x: str) -> bool:
         return x in options
@@ -73,7 +86,7 @@ def _one_of(*options: str) -> Callable[[str], bool]:
 # key: (default, type, check, help).  Keys follow Flower's kebab-case convention.
 SCHEMA: dict[str, tuple[Any, type, Callable[[Any], bool] | None, str]] = {
     "preset": ("", str, None, "name of a YAML preset in conf/ ('' = none)"),
-    "method": ("florg", str, _one_of(*METHODS), "federated method"),
+    "method": ("florg", str, _RegisteredMethod(), "federated method (flower_app/methods/)"),
     "model": ("all-MiniLM-L6-v2", str, None, "Hub name, local folder or registered name"),
     "task": ("snli", str, None, "task name (GLUE, registered local task) or 'local'"),
     "data-path": ("", str, None, "local data file/folder for task 'local'"),
@@ -239,14 +252,10 @@ class RunConfig:
         return names or None
 
     @property
-    def is_florg(self) -> bool:
-        return self.method.startswith("florg")
-
-    @property
     def clients_evaluate(self) -> bool:
-        """FedSA-LoRA's personalised models can only be evaluated on the clients."""
+        """A method with personal parts (FedSA-LoRA's B) is evaluated on the clients."""
         return self.client_eval == "on" or (
-            self.client_eval == "auto" and self.method == "fedsa-lora"
+            self.client_eval == "auto" and get_method(self.method).personal
         )
 
     def tests_round(self, server_round: int) -> bool:

@@ -82,14 +82,13 @@ _NOT_FOR_DATA = _RUN_ONLY | {
 }  # fmt: skip
 
 _PACKAGE = Path(__file__).resolve().parent
-_MODEL_CODE = ("adapted.py", "adapters", "modeling.py", "runtime.py", "config.py")
+_MODEL_CODE = ("adapted.py", "adapters", "methods", "modeling.py", "runtime.py", "config.py")
 _DATA_CODE = ("task_data.py", "data", "modeling.py", "runtime.py", "config.py", "assets.py")
 
 F = TypeVar("F", bound=Callable[..., Any])
 _FORMAT = 1
 _TENSORS = "tensors.safetensors"
 _META = "meta.json"
-_PRISTINE = "fedex-pristine-W0/"
 
 
 def cache_root() -> Path | None:
@@ -299,8 +298,8 @@ def _model_tensors(adapted: Any) -> dict[str, Any]:
     model = adapted.model
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
-    for name, value in getattr(adapted, "_pristine", {}).items():
-        tensors[f"{_PRISTINE}{name}"] = value
+    for group, held in adapted.held_tensors.items():  # a method's own (FedEx-LoRA's W0)
+        tensors.update({f"{group}/{name}": value for name, value in held.items()})
     return tensors
 
 

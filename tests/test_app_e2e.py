@@ -14,11 +14,13 @@ import pytest
 
 from florg_tools.launch import run_flower_app
 from flower_app.adapters.targets import adapter_layout
-from strategies.communication import round_communication
+from flower_app.methods import method_names
+from flower_app.methods.communication import round_communication
 from strategies.florg import aggregate_florg
-from strategies.methods import METHODS
 from tests.fixtures import make_sentiment_task, make_tiny_bert
 from tests.flower_harness import local_simulation_superlink
+
+METHODS = method_names()
 
 ROOT = Path(__file__).resolve().parent.parent
 NUM_NODES = 3

@@ -10,9 +10,11 @@ from transformers import BertConfig, BertForSequenceClassification
 from flower_app.adapters.florg_model import FLoRGConfig, get_florg_state, inject_florg
 from flower_app.adapters.lora import LoRAConfig, get_lora_state, inject_lora
 from flower_app.adapters.targets import adapter_layout
-from strategies.communication import round_communication
+from flower_app.methods import method_names
+from flower_app.methods.communication import round_communication
 from strategies.fedex_lora import aggregate_fedex_lora
-from strategies.methods import METHODS
+
+METHODS = method_names()
 
 CONFIG = BertConfig(
     vocab_size=50,

@@ -66,8 +66,10 @@ def test_model_cache_holds_only_safetensors_and_json_and_restores_every_tensor(
     for name in a:  # parameters and buffers, FLoRG's L and R (non-persistent) included
         assert torch.equal(a[name], b[name]), name
     assert fresh.fingerprint() == hit.fingerprint()
-    for name, w0 in fresh._pristine.items():  # FedEx-LoRA's pristine base weights
-        assert torch.equal(w0, hit._pristine[name])
+    assert fresh.held_tensors.keys() == hit.held_tensors.keys()
+    for group, held in fresh.held_tensors.items():  # FedEx-LoRA's pristine base weights
+        for name, w0 in held.items():
+            assert torch.equal(w0, hit.held_tensors[group][name]), (group, name)
 
 
 def test_a_planted_pickle_is_never_executed(tiny, tmp_path, monkeypatch):

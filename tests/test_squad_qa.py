@@ -23,9 +23,11 @@ from flower_app.data.qa_features import (
 )
 from flower_app.data.qa_loading import TITLE_BUCKET, TITLE_BUCKETS, load_qa_splits
 from flower_app.data.tasks import EXTRACTIVE_QA, resolve_task
+from flower_app.methods import method_names
 from flower_app.qa_eval import best_span, postprocess_predictions
-from strategies.methods import METHODS
 from tests.fixtures import NEGATIVE, NEUTRAL, POSITIVE, make_tiny_bert
+
+METHODS = method_names()
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = POSITIVE + NEGATIVE + NEUTRAL
