@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from florg_tools import assets
+from florg_tools.synthetic import NEGATIVE, NEUTRAL, POSITIVE, make_tiny_bert
 from flower_app.config import ConfigError, resolve_config
 from flower_app.data.qa_features import (
     CONTEXT_OFFSETS,
@@ -25,7 +26,6 @@ from flower_app.data.qa_loading import TITLE_BUCKET, TITLE_BUCKETS, load_qa_spli
 from flower_app.data.tasks import EXTRACTIVE_QA, resolve_task
 from flower_app.qa_eval import best_span, postprocess_predictions
 from strategies.methods import METHODS
-from tests.fixtures import NEGATIVE, NEUTRAL, POSITIVE, make_tiny_bert
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = POSITIVE + NEGATIVE + NEUTRAL
@@ -372,6 +372,7 @@ def superlink(tmp_path_factory):
         yield sim
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("method", METHODS)
 def test_span_head_trains_through_the_flower_simulation(tiny, superlink, tmp_path, method):
     if E2E_METHODS != "all" and method not in E2E_METHODS.split(","):
