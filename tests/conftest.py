@@ -26,6 +26,8 @@ import pytest
 
 from florg_tools import synthetic
 
+pytest_plugins = ["pytester"]  # tests/test_integration_guard.py
+
 # --------------------------------------------------------------------------- shared assets
 
 
@@ -58,10 +60,20 @@ _popen_init = subprocess.Popen.__init__
 
 def _server_start(args) -> str | None:
     """The command line, when ``args`` starts what only integration tests may start."""
-    argv = shlex.split(args) if isinstance(args, str) else [os.fspath(a) for a in args]
+    if isinstance(args, str):
+        argv = shlex.split(args)
+    elif isinstance(args, (bytes, os.PathLike)):
+        argv = [os.fsdecode(args)]
+    else:
+        argv = [os.fsdecode(a) for a in args]
     if not argv:
         return None
-    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    module = ""  # of python -m MODULE / -mMODULE
+    if os.path.basename(argv[0]).startswith("python"):
+        for i, a in enumerate(argv[1:], 1):
+            if a.startswith("-m"):
+                module = a[2:] or (argv[i + 1] if i + 1 < len(argv) else "")
+                break
     if (
         os.path.basename(argv[0]) in SERVER_PROGRAMS
         or any(module == m or module.startswith(m + ".") for m in SERVER_MODULES)
@@ -73,7 +85,10 @@ def _server_start(args) -> str | None:
 
 def _guarded_popen_init(self, args, *rest, **kwargs):
     if _watched:
-        started = _server_start(args)
+        try:
+            started = _server_start(args)
+        except Exception:  # never in the way of Popen itself: it reports bad args
+            started = None
         if started:
             _watched[-1].append(started)
     _popen_init(self, args, *rest, **kwargs)
