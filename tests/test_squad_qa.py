@@ -14,6 +14,7 @@ import pytest
 
 from florg_tools import assets
 from florg_tools.synthetic import NEGATIVE, NEUTRAL, POSITIVE, make_tiny_bert
+from flower_app import asset_registry
 from flower_app.config import ConfigError, resolve_config
 from flower_app.data.qa_features import (
     CONTEXT_OFFSETS,
@@ -114,7 +115,7 @@ def tiny_tokenizer(tiny) -> Any:
 def registry() -> dict[str, Any]:
     """The offline assets (fetched when missing): MiniLM and SQuAD v1.1."""
     try:
-        reg = assets.load_registry()
+        reg = asset_registry.load_registry()
         if "all-MiniLM-L6-v2" in reg["models"] and "squad" in reg["tasks"]:
             return reg
     except FileNotFoundError:
