@@ -10,7 +10,6 @@ import pytest
 
 from flower_app.config import CONF_DIR, DEFAULTS, ConfigError, load_preset, resolve_config
 from flower_app.runtime import cached_adapted_model
-from tests.fixtures import make_tiny_bert
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,8 +78,8 @@ def test_unknown_keys_are_rejected():
         resolve_config({}, {"num-epochs": 3})
 
 
-def test_rank_larger_than_k_fails_before_training(tmp_path):
-    model = make_tiny_bert(tmp_path / "tiny")
+def test_rank_larger_than_k_fails_before_training(tiny_bert_dir):
+    model = tiny_bert_dir
     config = resolve_config({"model": str(model), "rank": 64})
     with pytest.raises(ConfigError, match="rank: .*exceeds k"):
         cached_adapted_model(config, 2)

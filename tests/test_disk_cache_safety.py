@@ -15,7 +15,6 @@ from flower_app import disk_cache
 from flower_app.config import resolve_config
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, tokenized_split
-from tests.fixtures import make_sentiment_task, make_tiny_bert
 
 MARKER_NAME = "pwned"
 
@@ -31,9 +30,8 @@ class _Payload:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    base = tmp_path_factory.mktemp("tiny-cache")
-    return make_tiny_bert(base / "model"), make_sentiment_task(base / "task")
+def tiny(tiny_bert_dir, sentiment_task_dir):
+    return tiny_bert_dir, sentiment_task_dir
 
 
 def _config(tiny, **extra):

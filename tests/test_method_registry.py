@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from florg_tools.launch import run_flower_app
+from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
 from flower_app.adapters.targets import adapter_layout
 from flower_app.config import ConfigError, resolve_config
 from flower_app.methods import Method, build_strategy, get_method, method_names, register_method
-from tests.fixtures import make_sentiment_task, make_tiny_bert
 from tests.flower_harness import local_simulation_superlink
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,6 +97,7 @@ def _app_with_toy_method(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.integration
 def test_a_new_method_is_one_module_plus_one_registry_line_end_to_end(tmp_path):
     app = _app_with_toy_method(tmp_path / "app")
     model, task = make_tiny_bert(tmp_path / "model"), make_sentiment_task(tmp_path / "task")
