@@ -59,7 +59,7 @@ def _rounds(run_dir: Path) -> list[float]:
 
 
 def _quick_assets(work: Path) -> dict[str, Any]:
-    from tests.fixtures import make_sentiment_task, make_tiny_bert
+    from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
 
     model = make_tiny_bert(work / "tiny-model")
     task = make_sentiment_task(work / "tiny-task")

@@ -463,12 +463,12 @@ def run_loop(
     import torch
 
     from flower_app.config import resolve_config
+    from flower_app.methods import build_strategy
     from flower_app.modeling import pick_device
     from flower_app.runtime import cached_adapted_model
     from flower_app.task_data import load_task_data, make_loader, tokenized_split
     from flower_app.training import evaluate, train_local
     from strategies.averaging import weighted_average
-    from strategies.flower import build_strategy
     from strategies.flower.base import split_state
     from strategies.validation import normalize_weights
 

@@ -1,12 +1,14 @@
 """The ClientApp: train the method's adapter on this node's partition and send the payload.
 
-State a node keeps between rounds lives in its Flower ``Context`` (per run): FedSA-LoRA's
-own B, FedEx-LoRA's folded residuals. A resumed run (flower_app/checkpoint.py) is a new
-Flower run with fresh contexts: FedEx-LoRA's server then re-sends every residual; FedSA-LoRA's
-B is read back from the node's disk when the node operator sets ``$FLORG_NODE_STATE_DIR``
+Everything method-specific comes from the method registry (flower_app/methods/). State a
+node keeps between rounds lives in its Flower ``Context`` (per run): a method's personal
+parts (FedSA-LoRA's own B) and whatever its hook keeps (FedEx-LoRA's folded residuals). A
+resumed run (flower_app/checkpoint.py) is a new Flower run with fresh contexts:
+FedEx-LoRA's server then re-sends every residual; personal parts are read back from the
+node's disk when the node operator sets ``$FLORG_NODE_STATE_DIR``
 (``<dir>/<run lineage>/partition-<id>/round-<t>.safetensors``, written after each training
 round; the lineage id comes from the server and is checked to be 32 hex digits, so a run
-setting cannot point these writes elsewhere), else it restarts from B = 0.
+setting cannot point these writes elsewhere), else they restart from zero.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log as flwr_log
 
@@ -32,13 +34,10 @@ from flower_app.task_data import load_task_data, make_loader, tokenized_split
 from flower_app.task_eval import evaluate_task
 from flower_app.training import train_local
 from strategies.flower.base import ADAPTER_SUFFIXES, from_array_record, to_array_record
-from strategies.flower.fedex_lora import read_residuals
 
 app = ClientApp()
 
-LOCAL_B = "fedsa-local-B"
-FEDEX_CUMULATIVE = "fedex-cumulative-residual"
-FEDEX_ROUND = "fedex-residual-round"
+LOCAL_STATE = "local-state"  # the context's record of a method's personal parts
 NODE_STATE_ENV = "FLORG_NODE_STATE_DIR"
 _LINEAGE_RE = re.compile(r"[0-9a-f]{32}")
 WARNING = 30
@@ -104,27 +103,6 @@ def _partition(context: Context) -> tuple[int, int]:
     return int(node.get("partition-id", 0)), int(node.get("num-partitions", 1))
 
 
-def _fold_fedex_residuals(msg: Message, context: Context, adapted) -> int:
-    """Add the residuals of rounds not yet folded to this node's cumulative residual."""
-    state = context.state
-    cumulative = from_array_record(state[FEDEX_CUMULATIVE]) if FEDEX_CUMULATIVE in state else {}
-    done = int(state[FEDEX_ROUND]["round"]) if FEDEX_ROUND in state.metric_records else 0
-    if "residuals" in msg.content.array_records:
-        for t, layers in sorted(read_residuals(msg.content["residuals"]).items()):
-            if t <= done:
-                continue
-            for layer, dense in layers.items():
-                cumulative[layer] = cumulative.get(layer, 0.0) + dense
-            done = t
-    # float64, so that folding rounds one by one equals folding them all at once (a resumed run)
-    state[FEDEX_CUMULATIVE] = ArrayRecord(
-        {k: Array(np.ascontiguousarray(v, np.float64)) for k, v in cumulative.items()}
-    )
-    state[FEDEX_ROUND] = MetricRecord({"round": done})
-    adapted.set_residual(cumulative)
-    return done
-
-
 def _prepare(msg: Message, context: Context, *, training: bool):
     config = resolve_config(context.run_config)
     partition_id, num_partitions = _partition(context)
@@ -132,9 +110,9 @@ def _prepare(msg: Message, context: Context, *, training: bool):
     data = load_task_data(config)
     adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)
     adapted.load_shared_state(from_array_record(msg.content["arrays"]))
-    local = context.state.array_records.get(LOCAL_B)
+    local = context.state.array_records.get(LOCAL_STATE)
     state = from_array_record(local) if local is not None else None
-    folder = _node_state_dir(msg, partition_id) if config.method == "fedsa-lora" else None
+    folder = _node_state_dir(msg, partition_id) if adapted.method.personal else None
     if state is None and folder is not None:  # a fresh context: a resumed run or node
         server_round = int(_message_config(msg).get("server-round", 0))
         state = _load_local_state(folder, server_round + (0 if training else 1))
@@ -155,8 +133,7 @@ def train(msg: Message, context: Context) -> Message:
         raise RuntimeError(f"fault injected on partition {pid} (run config 'fault-partition')")
     server_round = int(msg.content["config"].get("server-round", 0))
     metrics: dict[str, float] = {"partition-id": pid, "lr-fingerprint": adapted.fingerprint()}
-    if config.method == "fedex-lora":
-        metrics["residual-round"] = _fold_fedex_residuals(msg, context, adapted)
+    metrics |= adapted.method.receive_on_client(msg, context, adapted)  # FedEx-LoRA's fold
     dataset = tokenized_split(config, "train", pid, num_partitions)
     loader = make_loader(
         dataset, config.batch_size, shuffle=True, seed=config.seed + 1000 * server_round + pid
@@ -181,7 +158,7 @@ def train(msg: Message, context: Context) -> Message:
     payload = adapted.shared_state()
     local = adapted.local_state()
     if local:
-        context.state[LOCAL_B] = to_array_record(local)
+        context.state[LOCAL_STATE] = to_array_record(local)
         folder = _node_state_dir(msg, pid)
         if folder is not None:
             _save_local_state(folder, server_round, local)
@@ -216,8 +193,7 @@ def personalised_evaluate(msg: Message, context: Context) -> Message:
     of the validation split (partitioned like the training data): the task's metrics
     (accuracy, or exact-match and f1), loss, score and num-examples."""
     config, pid, num_partitions, adapted = _prepare(msg, context, training=False)
-    if config.method == "fedex-lora":
-        _fold_fedex_residuals(msg, context, adapted)
+    adapted.method.receive_on_client(msg, context, adapted)  # FedEx-LoRA's fold
     metrics = evaluate_task(config, adapted.model, pick_device(config.device), pid, num_partitions)
     adapted.model.to("cpu")
     metrics["partition-id"] = pid

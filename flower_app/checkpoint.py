@@ -51,6 +51,8 @@ RESUMABLE_KEYS = frozenset(
         "device",
         "fault-server-round",
         "test-every",
+        "log-level",  # issue 14: what the console and run folder show, not what is computed
+        "tensorboard",
     }
 )
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple, get_type_hints
 
-from strategies.methods import METHODS
+from flower_app.methods import get_method, method_names
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -93,6 +93,19 @@ def _at_least_one(x: float) -> bool:
     return x >= 1
 
 
+class _RegisteredMethod:
+    """The ``method`` check: a name in the method registry (flower_app/methods/)."""
+
+    __name__ = "registered_method"
+
+    def __call__(self, x: str) -> bool:
+        return x in method_names()
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return method_names()
+
+
 def _one_of(*options: str) -> Callable[[str], bool]:
     def check(x: str) -> bool:
         return x in options
@@ -141,7 +154,12 @@ class RunConfig:
         check=_empty,
         affects=(),
     )
-    method: str = setting("florg", "federated method", check=_one_of(*METHODS), affects=(MODEL,))
+    method: str = setting(
+        "florg",
+        "federated method (flower_app/methods/)",
+        check=_RegisteredMethod(),
+        affects=(MODEL,),
+    )
     model: str = setting(
         "all-MiniLM-L6-v2",
         "Hub name, local folder or registered name",
@@ -332,6 +350,16 @@ class RunConfig:
         0, "testing: ServerApp dies after round N", check=_non_negative, affects=()
     )
     resume: str = setting("", "run folder to continue from its last checkpointed round", affects=())
+    # -- issue 14: console and metric tracking (flower_app/console.py, tracking.py) --
+    log_level: str = setting(
+        "info",
+        "debug: Flower's full records too",
+        check=_one_of("info", "debug"),
+        affects=(),
+    )
+    tensorboard: str = setting(
+        "auto", "<run>/tensorboard/ events", check=_one_of("auto", "on", "off"), affects=()
+    )
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -343,14 +371,10 @@ class RunConfig:
         return names or None
 
     @property
-    def is_florg(self) -> bool:
-        return self.method.startswith("florg")
-
-    @property
     def clients_evaluate(self) -> bool:
-        """FedSA-LoRA's personalised models can only be evaluated on the clients."""
+        """A method with personal parts (FedSA-LoRA's B) is evaluated on the clients."""
         return self.client_eval == "on" or (
-            self.client_eval == "auto" and self.method == "fedsa-lora"
+            self.client_eval == "auto" and get_method(self.method).personal
         )
 
     def tests_round(self, server_round: int) -> bool:

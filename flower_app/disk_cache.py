@@ -79,7 +79,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 _FORMAT = 1
 _TENSORS = "tensors.safetensors"
 _META = "meta.json"
-_PRISTINE = "fedex-pristine-W0/"
 
 
 def cache_root() -> Path | None:
@@ -101,10 +100,15 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
+_DYNAMIC_IMPORTS = frozenset({"import_module", "__import__"})
+
+
 def _imports(name: str, path: Path) -> set[str]:
     """The modules ``name`` imports (function-local imports included), their parent
     packages too (importing ``a.b.c`` runs ``a`` and ``a.b``); ``from p import m`` names
-    ``p.m`` when that is a module."""
+    ``p.m`` when that is a module. A module that imports by name at run time
+    (``importlib.import_module``, ``__import__``: the method registry) is taken to import
+    every module of its package."""
     found: set[str] = set()
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
@@ -117,6 +121,16 @@ def _imports(name: str, path: Path) -> set[str]:
                 base = ".".join([*parent, base] if base else parent)
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and package:
+            called = node.func
+            called_name = getattr(called, "id", None) or getattr(called, "attr", None)
+            if called_name in _DYNAMIC_IMPORTS:
+                folder = path.parent
+                found.update(
+                    ".".join([*package, *f.relative_to(folder).with_suffix("").parts])
+                    for f in folder.rglob("*.py")
+                    if f.name != "__init__.py"
+                )
     with_parents = set(found)
     for module in found:
         parts = module.split(".")
@@ -341,8 +355,8 @@ def _model_tensors(adapted: Any) -> dict[str, Any]:
     model = adapted.model
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
-    for name, value in getattr(adapted, "_pristine", {}).items():
-        tensors[f"{_PRISTINE}{name}"] = value
+    for group, held in adapted.held_tensors.items():  # a method's own (FedEx-LoRA's W0)
+        tensors.update({f"{group}/{name}": value for name, value in held.items()})
     return tensors
 
 

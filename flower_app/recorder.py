@@ -1,4 +1,8 @@
-"""The run folder: resolved config, one metrics row per round, console lines, summary."""
+"""The run folder: resolved config, one metrics row per round, console lines, summary.
+
+Each row also goes to TensorBoard event files in ``<run>/tensorboard/`` when the optional
+``tensorboard`` package is there (setting ``tensorboard``, flower_app/tracking.py).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from flwr.common.logger import log as flwr_log
 
 from flower_app.config import RunConfig
 from flower_app.paths import run_folder
+from flower_app.tracking import open_tracker
 
 INFO = 20
 QA_METRICS = ("exact-match", "f1")
@@ -71,6 +76,10 @@ class RunRecorder:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         tmp.write_text("".join(json.dumps(r, default=_json_default) + "\n" for r in self.rows))
         os.replace(tmp, self.path)
+        # A resumed run's events start after the checkpoint; purge_step hides what the
+        # interrupted run had written for those rounds.
+        purge = int(self.rows[-1]["round"]) + 1 if self.rows else None
+        self.tracker = open_tracker(config.tensorboard, run_dir, purge_step=purge)
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the recorder."""
@@ -112,6 +121,8 @@ class RunRecorder:
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row, default=_json_default) + "\n")
+        if self.tracker is not None:
+            self.tracker.log_row(row)
         self._print(row)
         return row
 
@@ -186,7 +197,14 @@ class RunRecorder:
         (self.run_dir / "summary.json").write_text(
             json.dumps(summary, indent=2, default=_json_default) + "\n"
         )
+        self.close()
         return summary
+
+    def close(self) -> None:
+        """Flush and close the TensorBoard writer (if any)."""
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
 
 
 def _mean(values: list[float]) -> float | None:

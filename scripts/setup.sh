@@ -11,5 +11,5 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[test]"
+python -m pip install -q -e ".[test,tracking]"
 echo "setup: done ($(python -c 'import torch, flwr; print("torch", torch.__version__, "flwr", flwr.__version__)'))"

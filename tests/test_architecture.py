@@ -71,15 +71,36 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _is_type_checking(node: ast.AST) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` (annotations
+    only, never run)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if _is_type_checking(node):
+            stack.extend(node.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+
+
 def import_graph(packages: tuple[str, ...] = GRAPH_PACKAGES) -> dict[str, set[str]]:
-    """module -> the modules of ``packages`` it imports, function-local imports included;
-    ``from pkg import mod`` imports ``pkg.mod`` when that is a module (else ``pkg``)."""
+    """module -> the modules of ``packages`` it imports, function-local imports included,
+    ``if TYPE_CHECKING:`` imports not (they never run); ``from pkg import mod`` imports
+    ``pkg.mod`` when that is a module (else ``pkg``)."""
     paths = {_module_name(p): p for package in packages for p in _modules(package)}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         is_package = path.name == "__init__.py"
         edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 edges.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -125,6 +146,8 @@ def test_find_cycle_finds_a_cycle_and_accepts_a_dag():
 
 def test_import_graph_sees_function_local_and_from_imports():
     graph = import_graph()
+    # flower_app/methods/base.py imports RunConfig only under TYPE_CHECKING
+    assert "flower_app.config" not in graph["flower_app.methods.base"]
     assert "flower_app.config" in graph["server_app.server_app"]
     # a function-local import (flower_app/disk_cache.py: cache_root)
     assert "flower_app.asset_registry" in graph["flower_app.disk_cache"]

@@ -20,8 +20,8 @@ from flower_app.checkpoint import (
     save_checkpoint,
 )
 from flower_app.config import DEFAULTS, ConfigError, load_preset, resolve_config
+from flower_app.methods import build_strategy
 from flower_app.recorder import RunRecorder
-from strategies.flower import build_strategy
 from strategies.flower.base import from_array_record, to_array_record
 
 TaskIdentity.run_id = 1

@@ -5,29 +5,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import BertForSequenceClassification
 
 from flower_app.adapters.florg_model import FLoRGConfig, get_florg_state, inject_florg
 from flower_app.adapters.lora import LoRAConfig, get_lora_state, inject_lora
 from flower_app.adapters.targets import adapter_layout
-from strategies.communication import round_communication
+from flower_app.methods import method_names
+from flower_app.methods.communication import round_communication
 from strategies.fedex_lora import aggregate_fedex_lora
-from strategies.methods import METHODS
 
-CONFIG = BertConfig(
-    vocab_size=50,
-    hidden_size=16,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=24,
-    num_labels=2,
-)
+METHODS = method_names()
+
 TARGETS = ("query", "intermediate.dense")
 
 
-def model():
+def model(config):
     torch.manual_seed(0)
-    return BertForSequenceClassification(CONFIG)
+    return BertForSequenceClassification(config)
 
 
 def n_params(state: dict[str, np.ndarray]) -> int:
@@ -35,17 +29,17 @@ def n_params(state: dict[str, np.ndarray]) -> int:
 
 
 @pytest.fixture(scope="module")
-def layout():
-    return adapter_layout(model(), TARGETS, None)
+def layout(tiny_bert_config):
+    return adapter_layout(model(tiny_bert_config), TARGETS, None)
 
 
-def test_counts_match_the_tensors_each_method_sends(layout):
+def test_counts_match_the_tensors_each_method_sends(layout, tiny_bert_config):
     shapes, head = layout
     r = 3
-    m = model()
+    m = model(tiny_bert_config)
     inject_florg(m, FLoRGConfig(r=r, target_modules=TARGETS))
     florg = n_params(get_florg_state(m))
-    lora = inject_lora(model(), LoRAConfig(r=r, target_modules=TARGETS))
+    lora = inject_lora(model(tiny_bert_config), LoRAConfig(r=r, target_modules=TARGETS))
     both = n_params(get_lora_state(lora, ("A", "B")))
     only_a = n_params(get_lora_state(lora, ("A",)))
     only_b = n_params(get_lora_state(lora, ("B",)))

@@ -30,7 +30,6 @@ from flower_app.config import (
     to_attr,
 )
 from flower_app.runtime import cached_adapted_model
-from tests.fixtures import make_tiny_bert
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = sorted(p.stem for p in CONF_DIR.glob("*.toml"))
@@ -220,8 +219,8 @@ def test_unknown_keys_are_rejected():
         resolve_config({}, {"num-epochs": 3})
 
 
-def test_rank_larger_than_k_fails_before_training(tmp_path):
-    model = make_tiny_bert(tmp_path / "tiny")
+def test_rank_larger_than_k_fails_before_training(tiny_bert_dir):
+    model = tiny_bert_dir
     config = resolve_config({"model": str(model), "rank": 64})
     with pytest.raises(ConfigError, match="rank: .*exceeds k"):
         cached_adapted_model(config, 2)

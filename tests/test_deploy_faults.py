@@ -35,6 +35,8 @@ from safetensors.numpy import load_file
 from florg_tools.launch import LaunchError, run_flower_app
 from tests.deploy_harness import ROOT, deployment, logs, rows, run_settings, tiny_assets
 
+pytestmark = pytest.mark.integration
+
 NODES = 3
 ROUNDS = 3
 TRAIN = re.compile(r"Receiving: train message")

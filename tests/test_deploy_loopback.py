@@ -28,6 +28,7 @@ import urllib.request
 import pytest
 
 from florg_tools.launch import find_free_port, flwr_env
+from florg_tools.synthetic import make_sentiment_task
 from tests.deploy_harness import (
     CliProcesses,
     node_env,
@@ -36,8 +37,9 @@ from tests.deploy_harness import (
     tiny_assets,
     wait_for_text,
 )
-from tests.fixtures import make_sentiment_task
 from tests.flower_harness import LeakedProcessesError
+
+pytestmark = pytest.mark.integration
 
 OWN_DATA_EXAMPLES = 60  # partition 2 trains on its own 60 examples, not an 80-example share
 SCRIPT = ["bash", "scripts/deploy_local.sh"]

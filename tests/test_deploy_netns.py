@@ -19,6 +19,8 @@ from florg_tools.deploy.netns import Namespaces, NetnsUnavailable
 from florg_tools.launch import run_flower_app
 from tests.deploy_harness import ROOT, deployment, logs, rows, run_settings, tiny_assets
 
+pytestmark = pytest.mark.integration
+
 NODES = 3
 
 

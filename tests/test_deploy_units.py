@@ -21,6 +21,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from florg_tools.deploy.certs import certificate_sans, generate_certificates, generate_node_keys
 from florg_tools.deploy.commands import DeployConfigError
 from florg_tools.flwr_home import write_tls_connection
+from florg_tools.synthetic import make_sentiment_task
 from flower_app import disk_cache
 from flower_app.adapters.florg_model import florg_layers
 from flower_app.config import ConfigError, resolve_config
@@ -29,7 +30,6 @@ from flower_app.node_config import use_node_data
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, tokenized_split
 from strategies.flower.participation import NodeLedger
-from tests.fixtures import make_sentiment_task, make_tiny_bert
 
 TaskIdentity.run_id = 1
 TaskIdentity.task_id = 1
@@ -37,9 +37,8 @@ TaskIdentity.node_id = 1
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    base = tmp_path_factory.mktemp("tiny")
-    return make_tiny_bert(base / "model"), make_sentiment_task(base / "task")
+def tiny(tiny_bert_dir, sentiment_task_dir):
+    return tiny_bert_dir, sentiment_task_dir
 
 
 def _config(tiny, **extra):

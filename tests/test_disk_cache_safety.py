@@ -18,7 +18,6 @@ from flower_app import disk_cache, task_data
 from flower_app.config import DATA, MODEL, SCHEMA, TOKENISATION, resolve_config, to_attr
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, tokenized_split
-from tests.fixtures import make_sentiment_task, make_tiny_bert
 
 MARKER_NAME = "pwned"
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,9 +34,8 @@ class _Payload:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    base = tmp_path_factory.mktemp("tiny-cache")
-    return make_tiny_bert(base / "model"), make_sentiment_task(base / "task")
+def tiny(tiny_bert_dir, sentiment_task_dir):
+    return tiny_bert_dir, sentiment_task_dir
 
 
 def _config(tiny, **extra):
@@ -70,8 +68,10 @@ def test_model_cache_holds_only_safetensors_and_json_and_restores_every_tensor(
     for name in a:  # parameters and buffers, FLoRG's L and R (non-persistent) included
         assert torch.equal(a[name], b[name]), name
     assert fresh.fingerprint() == hit.fingerprint()
-    for name, w0 in fresh._pristine.items():  # FedEx-LoRA's pristine base weights
-        assert torch.equal(w0, hit._pristine[name])
+    assert fresh.held_tensors.keys() == hit.held_tensors.keys()
+    for group, held in fresh.held_tensors.items():  # FedEx-LoRA's pristine base weights
+        for name, w0 in held.items():
+            assert torch.equal(w0, hit.held_tensors[group][name]), (group, name)
 
 
 def test_a_planted_pickle_is_never_executed(tiny, tmp_path, monkeypatch):
@@ -179,6 +179,16 @@ def test_a_cache_key_covers_the_builder_code_it_imports(tmp_path, monkeypatch):
     assert second != first
     (pkg / "sub" / "__init__.py").write_text("Z = 1\n")  # a parent package runs too
     assert code_hash() != second
+    third = code_hash()
+    # a registry importing by name: every module of its package counts
+    (pkg / "sub" / "plugin.py").write_text("P = 1\n")
+    assert code_hash() == third  # not imported by anything yet
+    (pkg / "sub" / "helper.py").write_text(
+        "from importlib import import_module\nfrom . import deep\nimport_module('x')\n"
+    )
+    fourth = code_hash()
+    (pkg / "sub" / "plugin.py").write_text("P = 2\n")
+    assert code_hash() != fourth
     disk_cache._code_hash.cache_clear()
 
 
@@ -193,4 +203,6 @@ def test_the_real_builders_code_hashes_cover_their_modules():
     } <= model
     assert {"flower_app/data/qa_features.py", "flower_app/tokenizer.py"} <= data
     assert "flower_app/asset_registry.py" in data  # (the old hand-written list named assets.py)
+    # the method registry imports its modules by name (importlib): all of them count
+    assert "flower_app/methods/fedex_lora.py" in model
     assert not any(f.startswith(("florg_tools/", "tests/", "client_app/")) for f in model | data)

@@ -489,6 +489,7 @@ def test_demo_script_uses_the_generated_files_and_checks_them():
 # --------------------------------------------------------------------------- opt-in run
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(
     os.environ.get("FLORG_DOCKER_SMOKE") != "1",
     reason="a real FLoRG run (minutes); set FLORG_DOCKER_SMOKE=1",

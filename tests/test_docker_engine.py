@@ -192,6 +192,7 @@ def _stop_script(script: subprocess.Popen[bytes]) -> None:
             continue
 
 
+@pytest.mark.integration
 def test_tls_demo_runs_florg_on_docker_and_names_a_killed_supernode(tmp_path):
     problems = _preflight()
     if problems:

@@ -20,7 +20,7 @@ from florg_tools.experiments.aggregate import (
 )
 from florg_tools.experiments.grid import GridError, GridRun, load_grid
 from florg_tools.experiments.runner import is_finished, run_dir, run_grid
-from tests.fixtures import make_sentiment_task, make_tiny_bert
+from florg_tools.synthetic import make_sentiment_task
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -172,9 +172,9 @@ def test_report_shows_the_change_from_round_0(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_grid(tmp_path_factory):
+def tiny_grid(tmp_path_factory, tiny_bert_dir):
     base = tmp_path_factory.mktemp("grid")
-    model = make_tiny_bert(base / "model")
+    model = tiny_bert_dir
     task = make_sentiment_task(base / "task", n_train=120, n_eval=40)
     path = write_grid(
         base / "tiny.yaml",
@@ -200,6 +200,7 @@ report:
     return load_grid(path), base / "out"
 
 
+@pytest.mark.integration
 def test_grid_runs_resumes_and_reports(tiny_grid, capfd):
     grid, out = tiny_grid
     outcome = run_grid(grid, out, stream=None)
@@ -243,6 +244,7 @@ def test_grid_runs_resumes_and_reports(tiny_grid, capfd):
         assert f"plots/{name}.png" in text
 
 
+@pytest.mark.integration
 def test_report_command_and_missing_runs(tiny_grid, capsys):
     grid, out = tiny_grid
     copy = out.parent / "partial"

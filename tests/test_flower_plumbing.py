@@ -293,6 +293,7 @@ def _refuse(config: dict) -> None:
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_simulation_run_completes(tmp_path: Path) -> None:
     app = write_app(tmp_path)
     marker = tmp_path / "marker.json"
@@ -318,6 +319,7 @@ def test_simulation_run_completes(tmp_path: Path) -> None:
     assert Path(result["cwd"]).resolve() == (tmp_path / "sim").resolve()
 
 
+@pytest.mark.integration
 def test_failing_serverapp_fails_launch_cli(tmp_path: Path) -> None:
     app = write_app(tmp_path)
     with local_simulation_superlink(tmp_path / "sim", num_supernodes=2) as sim:

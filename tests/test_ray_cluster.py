@@ -50,8 +50,8 @@ from florg_tools.flwr_home import (
     write_local_simulation_connection,
 )
 from florg_tools.launch import find_free_port
+from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
 from flower_app.modeling import pick_device
-from tests.fixtures import make_sentiment_task, make_tiny_bert
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -401,6 +401,7 @@ def _tagged(tag: str) -> list[str]:
     return found
 
 
+@pytest.mark.integration
 def test_simulation_runs_on_an_existing_two_node_ray_cluster() -> None:
     t0 = time.monotonic()
     # Short: Ray's unix sockets live under the temp dir (a path limit of 107 bytes).

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from florg_tools.launch import run_flower_app
 from tests.flower_harness import local_simulation_superlink
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 CHANCE = 1 / 3  # SNLI: entailment, neutral, contradiction (balanced)

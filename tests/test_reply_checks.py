@@ -25,8 +25,8 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
+from flower_app.methods import build_strategy
 from strategies.florg import aggregate_florg
-from strategies.flower import build_strategy
 from strategies.flower.base import from_array_record, to_array_record
 
 TaskIdentity.run_id = 1

@@ -19,8 +19,9 @@ from safetensors.numpy import load_file
 
 from client_app.client_app import NODE_STATE_ENV
 from florg_tools.launch import resume_run_config, run_flower_app
-from tests.fixtures import make_sentiment_task, make_tiny_bert
 from tests.flower_harness import local_simulation_superlink
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = 3
@@ -28,9 +29,8 @@ ROUNDS = 3
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    base = tmp_path_factory.mktemp("resume")
-    return make_tiny_bert(base / "model"), make_sentiment_task(base / "task"), base
+def assets(tiny_bert_dir, sentiment_task_dir, tmp_path_factory):
+    return tiny_bert_dir, sentiment_task_dir, tmp_path_factory.mktemp("resume")
 
 
 @pytest.fixture(scope="module")

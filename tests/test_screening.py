@@ -10,10 +10,11 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from flower_app.methods import build_strategy, method_names
 from strategies.florg import aggregate_florg
-from strategies.flower import build_strategy
 from strategies.flower.base import from_array_record, to_array_record
-from strategies.methods import METHODS
+
+METHODS = method_names()
 
 TaskIdentity.run_id = 1
 TaskIdentity.task_id = 1

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from florg_tools import assets
+from florg_tools.synthetic import NEGATIVE, NEUTRAL, POSITIVE, make_tiny_bert
+from flower_app import asset_registry
 from flower_app.config import ConfigError, resolve_config
 from flower_app.data.qa_features import (
     CONTEXT_OFFSETS,
@@ -23,9 +25,10 @@ from flower_app.data.qa_features import (
 )
 from flower_app.data.qa_loading import TITLE_BUCKET, TITLE_BUCKETS, load_qa_splits
 from flower_app.data.tasks import EXTRACTIVE_QA, resolve_task
+from flower_app.methods import method_names
 from flower_app.qa_eval import best_span, postprocess_predictions
-from strategies.methods import METHODS
-from tests.fixtures import NEGATIVE, NEUTRAL, POSITIVE, make_tiny_bert
+
+METHODS = method_names()
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = POSITIVE + NEGATIVE + NEUTRAL
@@ -114,7 +117,7 @@ def tiny_tokenizer(tiny) -> Any:
 def registry() -> dict[str, Any]:
     """The offline assets (fetched when missing): MiniLM and SQuAD v1.1."""
     try:
-        reg = assets.load_registry()
+        reg = asset_registry.load_registry()
         if "all-MiniLM-L6-v2" in reg["models"] and "squad" in reg["tasks"]:
             return reg
     except FileNotFoundError:
@@ -372,6 +375,7 @@ def superlink(tmp_path_factory):
         yield sim
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("method", METHODS)
 def test_span_head_trains_through_the_flower_simulation(tiny, superlink, tmp_path, method):
     if E2E_METHODS != "all" and method not in E2E_METHODS.split(","):

@@ -7,8 +7,8 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from flower_app.methods import build_strategy
 from strategies.florg import aggregate_florg
-from strategies.flower import build_strategy
 from strategies.flower.base import from_array_record, to_array_record
 
 # Messages are normally built inside a run; give this process a run identity.

@@ -2,7 +2,8 @@
 
 Per adapted layer with W0 of shape d_out x d_in, k = min(d_in, d_out), rank r, and a
 task head of H parameters (trained and FedAvg-ed by every method), each participating
-client sends up and receives down per round:
+client sends up and receives down per round the method's shared parts
+(``Method.adapter_params``):
 
     florg, florg-no-procrustes   A                r k              (up and down)
     fedit, federa                B, A             r (d_out + d_in) (up and down)
@@ -12,8 +13,9 @@ client sends up and receives down per round:
                                  + residual down: d_out d_in (dense, the paper's version)
                                                   or (N + 1) r (d_out + d_in) (factored)
 
-plus H each way.  N is the number of clients aggregated in the round.  Bytes are
-parameters times ``bytes_per_param`` (4: arrays travel as float32).
+plus H each way (``Method.extra_down_params`` adds FedEx-LoRA's residual).  N is the
+number of clients aggregated in the round.  Bytes are parameters times
+``bytes_per_param`` (4: arrays travel as float32).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from flower_app.methods import get_method
 from strategies.fedex_lora import RESIDUAL_MODES
-from strategies.methods import check_method
 
 
 @dataclass(frozen=True)
@@ -46,22 +48,6 @@ class RoundCommunication:
         return self.up_params + self.down_params
 
 
-def _adapter_params(method: str, d_out: int, d_in: int, r: int) -> int:
-    if method in ("florg", "florg-no-procrustes"):
-        return r * min(d_in, d_out)
-    if method in ("fedit", "federa", "fedex-lora"):
-        return r * (d_out + d_in)
-    if method == "ffa-lora":
-        return r * d_out
-    return r * d_in  # fedsa-lora
-
-
-def _residual_params(mode: str, d_out: int, d_in: int, r: int, num_clients: int) -> int:
-    if mode == "dense":
-        return d_out * d_in
-    return (num_clients + 1) * r * (d_out + d_in)
-
-
 def round_communication(
     method: str,
     layer_shapes: Mapping[str, tuple[int, int]],
@@ -72,7 +58,7 @@ def round_communication(
     bytes_per_param: int = 4,
 ) -> RoundCommunication:
     """Per-client, per-round communication; ``layer_shapes`` maps names to (d_out, d_in)."""
-    check_method(method)
+    spec = get_method(method)
     if residual_mode not in RESIDUAL_MODES:
         raise ValueError(f"residual_mode {residual_mode!r} unknown; choose one of {RESIDUAL_MODES}")
     if r < 1 or num_clients < 1 or head_params < 0:
@@ -80,10 +66,9 @@ def round_communication(
             f"need r >= 1, num_clients >= 1, head_params >= 0; "
             f"got r={r}, num_clients={num_clients}, head_params={head_params}"
         )
-    adapter = sum(_adapter_params(method, o, i, r) for o, i in layer_shapes.values())
-    down = adapter + head_params
-    if method == "fedex-lora":
-        down += sum(
-            _residual_params(residual_mode, o, i, r, num_clients) for o, i in layer_shapes.values()
-        )
-    return RoundCommunication(adapter + head_params, down, bytes_per_param)
+    adapter = sum(spec.adapter_params(o, i, r) for o, i in layer_shapes.values())
+    extra = sum(
+        spec.extra_down_params(o, i, r, num_clients, residual_mode)
+        for o, i in layer_shapes.values()
+    )
+    return RoundCommunication(adapter + head_params, adapter + head_params + extra, bytes_per_param)

@@ -1,0 +1,73 @@
+"""The method registry: every federated method this app runs, by its run-config name.
+
+A method is one module in this folder (its client side, server side and communication,
+see ``base.py``, ending with ``METHODS = (...)``) plus its line in ``METHOD_MODULES``
+below. Everything else reads the
+registry: the run-config validation (``method``), model building
+(``flower_app/adapted.py``), the strategy factory (``build_strategy``), the
+communication accounting (``communication.py``) and both apps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from flower_app.methods.base import STRATEGY_OPTIONS, Method
+
+if TYPE_CHECKING:
+    from strategies.flower.base import AdapterStrategy
+
+__all__ = ["Method", "build_strategy", "get_method", "method_names", "register_method"]
+
+_REGISTRY: dict[str, Method] = {}
+
+
+def register_method(method: Method) -> Method:
+    """Add ``method`` under ``method.name`` (a name can be registered once)."""
+    if method.name in _REGISTRY:
+        raise ValueError(f"method {method.name!r} is registered already")
+    _REGISTRY[method.name] = method
+    return method
+
+
+def method_names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def get_method(name: str) -> Method:
+    """The registered method ``name``; ValueError listing the known names otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown method {name!r}; choose one of {', '.join(_REGISTRY)}"
+        ) from None
+
+
+def build_strategy(
+    method: str, initial_state: Mapping[str, np.ndarray], **kwargs: Any
+) -> AdapterStrategy:
+    """The Flower strategy of ``method``: kwargs go to ``AdapterStrategy``, except the
+    method options ``fingerprint``, ``server_device``, ``rank_mismatch`` (FLoRG) and
+    ``residual_mode`` (FedEx-LoRA), which methods that do not use them ignore."""
+    spec = get_method(method)
+    options = {key: kwargs.pop(key) for key in STRATEGY_OPTIONS if key in kwargs}
+    return spec.build_strategy(initial_state, options, **kwargs)
+
+
+# The registry: one line per method module; each module's METHODS are registered in order.
+METHOD_MODULES = (
+    "florg",  # florg, florg-no-procrustes
+    "fedit",
+    "federa",
+    "ffa_lora",
+    "fedsa_lora",
+    "fedex_lora",
+)
+for _module in METHOD_MODULES:
+    for _method in import_module(f"{__name__}.{_module}").METHODS:
+        register_method(_method)

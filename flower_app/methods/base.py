@@ -1,0 +1,110 @@
+"""What a federated method is: its client side and its server side, in one object.
+
+A method declares
+
+- **client side**: which adapter its clients train (``adapter``: ``florg`` is the paper's
+  ``W = W0 + s L AᵀA R``, ``lora`` is PEFT's ``W = W0 + s B A``), which of its parts
+  travel every round (``shared``), which stay on the client between rounds (``local``:
+  personal parts, so the global model alone is evaluated with them at their zero
+  initialisation and the clients evaluate by default), which are frozen at their seeded
+  initialisation (``frozen``), the LoRA initialisation it needs, and hooks for anything
+  else a client or the server's evaluator must do with a received message (FedEx-LoRA's
+  residual fold);
+- **server side**: its Flower strategy (``build_strategy``: the aggregation rule of
+  ``strategies/<method>.py`` wrapped by ``strategies/flower/``);
+- **communication**: derived from the shared parts (the paper counts parameters), plus
+  whatever else the method sends down (FedEx-LoRA's residual).
+
+One module per method in this folder creates its ``Method`` and the registry
+(``flower_app/methods/__init__.py``) names it in one line. Method modules import
+nothing heavy at module level (torch, PEFT, Flower are imported inside the hooks), so
+reading the registry costs nothing: the run-config validation uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from flower_app.adapted import AdaptedModel
+    from flower_app.config import RunConfig
+    from strategies.flower.base import AdapterStrategy
+
+ADAPTERS = ("florg", "lora")
+# The parts each adapter can share, with their shape per layer of W0 (d_out x d_in).
+PART_SHAPES = {
+    "florg": {"A": lambda d_out, d_in, r: (r, min(d_in, d_out))},
+    "lora": {"A": lambda d_out, d_in, r: (r, d_in), "B": lambda d_out, d_in, r: (d_out, r)},
+}
+# Keyword options of ``build_strategy`` that only some methods read (the rest ignore them).
+STRATEGY_OPTIONS = ("fingerprint", "server_device", "rank_mismatch", "residual_mode")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One federated method; subclass it to override a hook (see the module docstring)."""
+
+    name: str
+    summary: str
+    adapter: str
+    shared: tuple[str, ...]
+    local: tuple[str, ...] = ()
+    frozen: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.adapter not in ADAPTERS:
+            raise ValueError(f"method {self.name!r}: adapter must be one of {ADAPTERS}")
+        parts = set(PART_SHAPES[self.adapter])
+        declared = set(self.shared) | set(self.local) | set(self.frozen)
+        if not declared <= parts or not self.shared:
+            raise ValueError(
+                f"method {self.name!r}: parts of a {self.adapter} adapter are {sorted(parts)}; "
+                f"shared={self.shared} local={self.local} frozen={self.frozen}"
+            )
+        if set(self.shared) & (set(self.local) | set(self.frozen)):
+            raise ValueError(f"method {self.name!r}: a shared part cannot be local or frozen")
+
+    # -- client side --------------------------------------------------------------------
+    @property
+    def personal(self) -> bool:
+        """Whether clients keep parts of their own (then they evaluate by default)."""
+        return bool(self.local)
+
+    def lora_init(self, config: RunConfig) -> str:
+        """The LoRA initialisation its clients use (``flower_app/adapters/lora.py``)."""
+        return "default"
+
+    def prepare_model(self, adapted: AdaptedModel) -> None:
+        """Called once after the adapter is injected (FedEx-LoRA keeps W0)."""
+
+    def receive_on_client(self, msg: Any, context: Any, adapted: AdaptedModel) -> dict[str, float]:
+        """Called on the client after the global arrays are loaded, before training or
+        evaluating; returns metrics to add to the reply."""
+        return {}
+
+    def receive_on_server(self, adapted: AdaptedModel, strategy: AdapterStrategy) -> None:
+        """Called by the server's evaluator after it loads the global arrays."""
+
+    # -- server side --------------------------------------------------------------------
+    def build_strategy(
+        self, initial_state: Mapping[str, np.ndarray], options: Mapping[str, Any], **kwargs: Any
+    ) -> AdapterStrategy:
+        """The method's Flower strategy; ``kwargs`` go to ``AdapterStrategy``, ``options``
+        holds the ``STRATEGY_OPTIONS`` given (each method reads the ones it needs)."""
+        raise NotImplementedError(f"method {self.name!r} has no strategy")
+
+    # -- communication (parameters per client, round and adapted layer) -----------------
+    def adapter_params(self, d_out: int, d_in: int, r: int) -> int:
+        """The shared adapter parameters of one layer: sent up, and received down."""
+        shapes = PART_SHAPES[self.adapter]
+        return sum(int(np.prod(shapes[part](d_out, d_in, r))) for part in self.shared)
+
+    def extra_down_params(
+        self, d_out: int, d_in: int, r: int, num_clients: int, residual_mode: str
+    ) -> int:
+        """Whatever else one layer sends down per client and round (0 for most methods)."""
+        return 0

@@ -1,0 +1,27 @@
+"""FeDeRA: LoRA initialised from the SVD of W0 (``lora-init=federa-svd``, PEFT's
+``pissa``); the server averages the products BₙAₙ and re-factors them by truncated SVD
+(``strategies/federa.py``)."""
+
+from __future__ import annotations
+
+from flower_app.methods.base import Method
+
+
+class FeDeRA(Method):
+    def lora_init(self, config):
+        return config.lora_init
+
+    def build_strategy(self, initial_state, options, **kwargs):
+        from strategies.flower.lora_strategies import FeDeRAStrategy
+
+        return FeDeRAStrategy(initial_state, **kwargs)
+
+
+FEDERA = FeDeRA(
+    name="federa",
+    summary="average the products B A, re-factor by truncated SVD",
+    adapter="lora",
+    shared=("A", "B"),
+)
+
+METHODS = (FEDERA,)

@@ -1,0 +1,22 @@
+"""FedIT: LoRA's A and B travel and are averaged separately (``strategies/fedit.py``)."""
+
+from __future__ import annotations
+
+from flower_app.methods.base import Method
+
+
+class FedIT(Method):
+    def build_strategy(self, initial_state, options, **kwargs):
+        from strategies.flower.lora_strategies import FedITStrategy
+
+        return FedITStrategy(initial_state, **kwargs)
+
+
+FEDIT = FedIT(
+    name="fedit",
+    summary="average A and B separately",
+    adapter="lora",
+    shared=("A", "B"),
+)
+
+METHODS = (FEDIT,)

@@ -1,0 +1,26 @@
+"""FedSA-LoRA: A travels and is averaged (``strategies/fedsa_lora.py``); each client keeps
+its own B between rounds (in its Flower context, and on disk under
+``$FLORG_NODE_STATE_DIR`` when the operator sets it), so the global model is evaluated
+with B = 0 and the clients evaluate their personalised models."""
+
+from __future__ import annotations
+
+from flower_app.methods.base import Method
+
+
+class FedSALoRA(Method):
+    def build_strategy(self, initial_state, options, **kwargs):
+        from strategies.flower.lora_strategies import FedSALoRAStrategy
+
+        return FedSALoRAStrategy(initial_state, **kwargs)
+
+
+FEDSA_LORA = FedSALoRA(
+    name="fedsa-lora",
+    summary="average A, each client keeps its own B",
+    adapter="lora",
+    shared=("A",),
+    local=("B",),
+)
+
+METHODS = (FEDSA_LORA,)

@@ -1,0 +1,24 @@
+"""FFA-LoRA: A stays frozen at its seeded initialisation (the same on every node); only B
+travels and is averaged (``strategies/ffa_lora.py``)."""
+
+from __future__ import annotations
+
+from flower_app.methods.base import Method
+
+
+class FFALoRA(Method):
+    def build_strategy(self, initial_state, options, **kwargs):
+        from strategies.flower.lora_strategies import FFALoRAStrategy
+
+        return FFALoRAStrategy(initial_state, **kwargs)
+
+
+FFA_LORA = FFALoRA(
+    name="ffa-lora",
+    summary="A frozen and seeded, average B",
+    adapter="lora",
+    shared=("B",),
+    frozen=("A",),
+)
+
+METHODS = (FFA_LORA,)

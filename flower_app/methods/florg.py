@@ -1,0 +1,47 @@
+"""FLoRG (paper §3): clients train one matrix A per layer (``W = W0 + s L AᵀA R``, L and R
+fixed and identical on every node) and send it; the server averages the Gram matrices
+AₙᵀAₙ, decomposes the average and aligns the factor with the previous A by orthogonal
+Procrustes (Algorithm 1; ``strategies/florg.py``, batched in ``strategies/florg_torch.py``).
+
+``florg-no-procrustes`` is the paper's ablation: the same step without the alignment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flower_app.methods.base import Method
+
+
+@dataclass(frozen=True)
+class FLoRG(Method):
+    procrustes: bool = True
+
+    def build_strategy(self, initial_state, options, **kwargs):
+        from strategies.flower.florg import FLoRGStrategy
+
+        return FLoRGStrategy(
+            initial_state,
+            procrustes=self.procrustes,
+            fingerprint=options.get("fingerprint"),
+            server_device=options.get("server_device", "auto"),
+            rank_mismatch=options.get("rank_mismatch", "procrustes"),
+            **kwargs,
+        )
+
+
+FLORG = FLoRG(
+    name="florg",
+    summary="Gram aggregation of A, eigendecomposition, Procrustes alignment (the paper)",
+    adapter="florg",
+    shared=("A",),
+)
+FLORG_NO_PROCRUSTES = FLoRG(
+    name="florg-no-procrustes",
+    summary="FLoRG without the Procrustes alignment (the paper's ablation)",
+    adapter="florg",
+    shared=("A",),
+    procrustes=False,
+)
+
+METHODS = (FLORG, FLORG_NO_PROCRUSTES)
