@@ -6,9 +6,9 @@ same local training + aggregation + server evaluation in a plain Python loop, in
     python benchmarks/simulation_overhead.py --quick            # 2 rounds, tiny sizes (smoke test)
 
 (a) Simulation.  A private ``flower-superlink --simulation`` on a free port
-    (``tests.flower_harness.local_simulation_superlink``: N supernodes, 1 CPU each, stopped
+    (``florg_tools.superlink.local_simulation_superlink``: N supernodes, 1 CPU each, stopped
     by PID with every process it spawned), and one FLoRG run submitted with
-    ``florg_tools.launch.run_flower_app`` (model all-MiniLM-L6-v2, task snli, IID partitions,
+    ``florg_tools.flwr_cli.run_flower_app`` (model all-MiniLM-L6-v2, task snli, IID partitions,
     600 training / 200 validation examples, batch 16, progress bar off, outputs in a temp
     dir).  Per-round times come from the run's ``metrics.jsonl`` (``elapsed-seconds``, taken
     by the ServerApp's RunRecorder, whose clock starts after the ServerApp has loaded the
@@ -335,8 +335,8 @@ class SimResult:
 
 def run_simulation(sizes: Sizes, work: Path, timeout: float) -> SimResult:
     _ensure_repo_on_path()
-    from florg_tools.launch import run_flower_app
-    from tests.flower_harness import local_simulation_superlink
+    from florg_tools.flwr_cli import run_flower_app
+    from florg_tools.superlink import local_simulation_superlink
 
     output_dir = work / "outputs"
     run_dir = output_dir / RUN_NAME
