@@ -110,7 +110,6 @@ def start_local_superlink(
     port: int | None = None,
     log_path: Path | None = None,
     cwd: Path | None = None,
-    database: Path | None = None,
     startup_timeout: float = 60.0,
     extra_env: Mapping[str, str] | None = None,
     attempts: int = 3,
@@ -121,9 +120,8 @@ def start_local_superlink(
     Runtime (ServerAppIo) APIs; ``--control-api-address``/``--fleet-api-address`` are
     deprecated no-ops. The SuperLink runs in its own session; it spawns
     ``flower-superexec`` (another session), which spawns ``flwr-simulation`` and Ray.
-    ``cwd`` becomes the ServerApp's working directory. State is in memory unless
-    ``database`` is given. Stop it with ``SuperLinkProcess.stop()`` (or use
-    ``local_superlink``).
+    ``cwd`` becomes the ServerApp's working directory; state is in memory. Stop it with
+    ``SuperLinkProcess.stop()`` (or use ``local_superlink``).
     """
     flwr_home = Path(flwr_home).expanduser().resolve()
     flwr_home.mkdir(parents=True, exist_ok=True)
@@ -141,8 +139,6 @@ def start_local_superlink(
             str(chosen),
             "--disable-runtime-dependency-installation",
         ]
-        if database is not None:
-            command += ["--database", str(database)]
         env = flwr_env(flwr_home, extra=extra_env)
         popen, tag = spawn(command, env=env, log_path=log_path, cwd=cwd)
         superlink = SuperLinkProcess(popen, host, chosen, tag, flwr_home, log_path)
