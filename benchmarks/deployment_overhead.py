@@ -11,7 +11,7 @@ validation examples, batch 16, max length 128, 3 rounds, 1 local epoch -- the se
 
 Modes, run one after another in this process:
 
-1. ``simulation``: a private ``flower-superlink --simulation`` (``tests.flower_harness``),
+1. ``simulation``: a private ``flower-superlink --simulation`` (``florg_tools.superlink``),
    one Ray actor per client with 1 CPU (Ray sets its ``OMP_NUM_THREADS=1``); an actor lives
    through the run, so it loads the model and tokenises its partition once.
 2. ``deployment``: ``florg_tools.deploy.processes.Deployment`` -- a TLS SuperLink and one
@@ -67,8 +67,8 @@ def _quick_assets(work: Path) -> dict[str, Any]:
 
 
 def run_simulation(settings: dict[str, Any], sizes: Sizes, work: Path, timeout: float) -> Any:
-    from florg_tools.launch import run_flower_app
-    from tests.flower_harness import local_simulation_superlink
+    from florg_tools.flwr_cli import run_flower_app
+    from florg_tools.superlink import local_simulation_superlink
 
     with local_simulation_superlink(
         work / "superlink", num_supernodes=sizes.clients, num_cpus_per_client=1
@@ -83,7 +83,7 @@ def run_deployment(
 ) -> Any:
     from florg_tools.deploy.certs import generate_certificates
     from florg_tools.deploy.processes import Deployment, thread_env
-    from florg_tools.launch import run_flower_app
+    from florg_tools.flwr_cli import run_flower_app
 
     env = {
         **thread_env(1),

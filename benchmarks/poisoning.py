@@ -135,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-    from florg_tools.launch import run_flower_app
+    from florg_tools.flwr_cli import run_flower_app
+    from florg_tools.superlink import local_simulation_superlink
     from flower_app.config import DEFAULTS
-    from tests.flower_harness import local_simulation_superlink
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="florg-poisoning-"))
     work = work.resolve()

@@ -6,18 +6,19 @@ same local training + aggregation + server evaluation in a plain Python loop, in
     python benchmarks/simulation_overhead.py --quick            # 2 rounds, tiny sizes (smoke test)
 
 (a) Simulation.  A private ``flower-superlink --simulation`` on a free port
-    (``tests.flower_harness.local_simulation_superlink``: N supernodes, 1 CPU each, stopped
+    (``florg_tools.superlink.local_simulation_superlink``: N supernodes, 1 CPU each, stopped
     by PID with every process it spawned), and one FLoRG run submitted with
-    ``florg_tools.launch.run_flower_app`` (model all-MiniLM-L6-v2, task snli, IID partitions,
+    ``florg_tools.flwr_cli.run_flower_app`` (model all-MiniLM-L6-v2, task snli, IID partitions,
     600 training / 200 validation examples, batch 16, progress bar off, outputs in a temp
     dir).  Per-round times come from the run's ``metrics.jsonl`` (``elapsed-seconds``, taken
     by the ServerApp's RunRecorder, whose clock starts after the ServerApp has loaded the
     data and the model; row 0 is the initial evaluation).  A monitor thread in this process
     polls the run folder every 50 ms, so the ServerApp's start (``config.json`` appears)
     and every row are also placed on this process's clock, relative to the launch; it also
-    samples the CPU time (utime + stime from ``/proc``) of every process of the simulation
-    (SuperLink, SuperExec, ``flwr-simulation`` = ServerApp + Ray driver, Ray services, the
-    ClientApp actors) and of the ``flwr`` CLI children of the launcher, at every row.
+    samples the CPU time (utime + stime, ``florg_tools.processes``) of every process of the
+    simulation (SuperLink, SuperExec, ``flwr-simulation`` = ServerApp + Ray driver, Ray
+    services, the ClientApp actors) and of the ``flwr`` CLI children of the launcher, at
+    every row.
 (b) Loop.  The same work in this process with the app's own modules: ``load_task_data``,
     ``cached_adapted_model``, per client ``tokenized_split(config, "train", pid, N)``,
     ``make_loader`` with the ClientApp's seed, ``train_local`` with the ClientApp's
@@ -69,7 +70,6 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 1.3
 RUN_NAME = "simulation-overhead"
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def _ensure_repo_on_path() -> None:
@@ -127,48 +127,12 @@ def run_settings(sizes: Sizes, output_dir: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------
-# /proc helpers (CPU time of the simulation's processes)
+# CPU time of the simulation's processes and of the machine (florg_tools.processes, psutil)
 # --------------------------------------------------------------------------------------
 
 
-def _proc_stat(pid: int) -> tuple[int, float, float] | None:
-    """(ppid, start tick, cpu seconds = utime + stime) of a live process, from /proc."""
-    return _proc_stat_path(Path(f"/proc/{pid}/stat"))
-
-
-def _proc_stat_path(path: Path) -> tuple[int, float, float] | None:
-    try:
-        stat = path.read_bytes().decode(errors="replace")
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    cpu = (int(fields[11]) + int(fields[12])) / _CLK_TCK
-    return int(fields[1]), float(fields[19]), cpu
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
-
-
-def thread_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds of each thread of a process."""
-    out: dict[int, float] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(f"/proc/{pid}/task"):
-            info = _proc_stat_path(Path(entry.path) / "stat")
-            if info is not None:
-                out[int(entry.name)] = info[2]
-    return out
-
-
 def busy_threads(before: dict[int, float], after: dict[int, float]) -> int:
-    """Threads that did real work between two ``thread_cpu`` samples (>= 25% of the
+    """Threads that did real work between two ``thread_cpu_seconds`` samples (>= 25% of the
     busiest thread's CPU and >= 50 ms): torch's OpenMP workers show up here."""
     deltas = [cpu - before.get(tid, 0.0) for tid, cpu in after.items()]
     top = max(deltas, default=0.0)
@@ -177,28 +141,19 @@ def busy_threads(before: dict[int, float], after: dict[int, float]) -> int:
 
 def machine_busy_s() -> float:
     """CPU seconds the whole machine has been busy (all cores, non-idle), from /proc/stat."""
+    import psutil
+
     try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
+        t = psutil.cpu_times()
+    except (psutil.Error, OSError):
         return float("nan")
-    # user nice system idle iowait irq softirq steal (guest is included in user)
-    values = [int(x) for x in fields[:8]]
-    return (sum(values) - values[3] - values[4]) / _CLK_TCK
+    # everything but idle and iowait (guest is included in user)
+    return t.user + t.nice + t.system + t.irq + t.softirq + t.steal
 
 
 def foreign_cores(busy_s: float, own_cpu_s: float, wall_s: float) -> float:
     """Average number of cores busy with work other than ours over an interval."""
     return max(0.0, busy_s - own_cpu_s) / wall_s if wall_s > 0 else float("nan")
-
-
-def _children_of(parent: int) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            info = _proc_stat(int(entry.name))
-            if info is not None and info[0] == parent:
-                found.append(int(entry.name))
-    return found
 
 
 CATEGORIES = (
@@ -257,29 +212,30 @@ class SimMonitor(threading.Thread):
         self.join(timeout=10.0)
 
     def sample_cpu(self) -> dict[str, float]:
+        from florg_tools.processes import children, cpu_seconds, process_info
+
         pids = {info.pid for info in self.superlink.recorded()}
-        pids.update(_children_of(os.getpid()))
+        pids.update(children(os.getpid()))
         for pid in pids:
-            info = _proc_stat(pid)
-            if info is None:
+            # re-read: a Ray worker renames itself once it hosts an actor
+            info = process_info(pid)
+            cpu = None if info is None or info.zombie else cpu_seconds(info)
+            if info is None or cpu is None:
                 continue
-            key = (pid, info[1])
-            cmd = _cmdline(pid)  # re-read: a Ray worker renames itself once it hosts an actor
-            if cmd:
-                self._cat[key] = categorise(cmd)
-            self._cpu[key] = max(self._cpu.get(key, 0.0), info[2])
+            if info.cmdline:
+                self._cat[info.key] = categorise(info.cmdline)
+            self._cpu[info.key] = max(self._cpu.get(info.key, 0.0), cpu)
         totals = dict.fromkeys(CATEGORIES, 0.0)
         for key, cpu in self._cpu.items():
             totals[self._cat.get(key, CATEGORIES[5])] += cpu
         return totals
 
     def sample_threads(self) -> dict[tuple[int, float], dict[int, float]]:
+        from florg_tools.processes import thread_cpu_seconds
+
         watched = (CATEGORIES[0], CATEGORIES[1])
-        return {
-            key: thread_cpu(key[0])
-            for key, cat in self._cat.items()
-            if cat in watched and _proc_stat(key[0]) is not None
-        }
+        sampled = {key: thread_cpu_seconds(key[0]) for key, c in self._cat.items() if c in watched}
+        return {key: threads for key, threads in sampled.items() if threads}  # live ones
 
     def category(self, key: tuple[int, float]) -> str:
         return self._cat.get(key, CATEGORIES[5])
@@ -335,8 +291,8 @@ class SimResult:
 
 def run_simulation(sizes: Sizes, work: Path, timeout: float) -> SimResult:
     _ensure_repo_on_path()
-    from florg_tools.launch import run_flower_app
-    from tests.flower_harness import local_simulation_superlink
+    from florg_tools.flwr_cli import run_flower_app
+    from florg_tools.superlink import local_simulation_superlink
 
     output_dir = work / "outputs"
     run_dir = output_dir / RUN_NAME

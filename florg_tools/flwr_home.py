@@ -71,6 +71,7 @@ __all__ = [
     "ray_address_env",
     "read_flower_config",
     "set_ray_address",
+    "simulation_connection",
     "validate_ray_address",
     "write_local_simulation_connection",
     "write_tls_connection",
@@ -156,6 +157,31 @@ def write_local_simulation_connection(
     if not math.isfinite(num_gpus) or num_gpus < 0:
         raise ValueError(f"num_gpus_per_client must be >= 0, got {num_gpus_per_client!r}")
 
+    connection = simulation_connection(
+        address,
+        num_supernodes=num_supernodes,
+        num_cpus_per_client=num_cpus,
+        num_gpus_per_client=num_gpus,
+    )
+    return _store_connection(flwr_home, name, connection, set_default)
+
+
+def simulation_connection(
+    address: str | None,
+    *,
+    num_supernodes: int,
+    num_cpus_per_client: float,
+    num_gpus_per_client: float,
+) -> dict[str, Any]:
+    """The ``[superlink.NAME]`` table of a simulation connection (values as given)::
+
+        {"address": ..., "insecure": True,
+         "options": {"num-supernodes": N,
+                     "backend": {"client-resources": {"num-cpus": C, "num-gpus": G}}}}
+
+    ``address=None`` gives the ``":local:"`` magic address (and no ``insecure``); an
+    explicit ``"host:port"`` is a SuperLink you run yourself, reached without TLS.
+    """
     connection: dict[str, Any] = {}
     if address is None:
         connection["address"] = LOCAL_SUPERLINK_ADDRESS
@@ -164,9 +190,11 @@ def write_local_simulation_connection(
         connection["insecure"] = True
     connection["options"] = {
         "num-supernodes": num_supernodes,
-        "backend": {"client-resources": {"num-cpus": num_cpus, "num-gpus": num_gpus}},
+        "backend": {
+            "client-resources": {"num-cpus": num_cpus_per_client, "num-gpus": num_gpus_per_client}
+        },
     }
-    return _store_connection(flwr_home, name, connection, set_default)
+    return connection
 
 
 def _store_connection(

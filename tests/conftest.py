@@ -53,6 +53,8 @@ SERVER_PROGRAMS = frozenset(
     {"flower-superlink", "flower-supernode", "flower-simulation", "flwr", "ray", "dockerd"}
 )
 SERVER_MODULES = ("flwr", "ray", "florg_tools.launch", "florg_tools.experiments")
+# ``florg COMMAND`` (florg_tools/cli.py) subcommands that start servers or runs.
+SERVER_COMMANDS = frozenset({"launch", "experiments", "deploy"})
 
 _watched: list[list[str]] = []  # the running unmarked test's record, when there is one
 _popen_init = subprocess.Popen.__init__
@@ -78,6 +80,7 @@ def _server_start(args) -> str | None:
         os.path.basename(argv[0]) in SERVER_PROGRAMS
         or any(module == m or module.startswith(m + ".") for m in SERVER_MODULES)
         or ("-c" in argv and any("flwr.cli" in a for a in argv))  # launch's flwr fallback
+        or (os.path.basename(argv[0]) == "florg" and SERVER_COMMANDS & set(argv[1:2]))
     ):
         return shlex.join(argv)
     return None

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 from florg_tools.deploy.certs import CertificateSet
 from florg_tools.deploy.processes import Deployment, thread_env
-from florg_tools.launch import SuperLinkProcess
+from florg_tools.processes import TrackedProcess
 from flower_app.paths import OUTPUT_ROOT_ENV
 from tests.fixtures import make_sentiment_task, make_tiny_bert
 from tests.flower_harness import LeakedProcessesError, live_processes
@@ -105,9 +104,9 @@ class CliProcesses:
 
     def __init__(self, base: Path, env: dict[str, str]) -> None:
         self.base, self.env = base, env
-        self.started: list[tuple[str, SuperLinkProcess]] = []
+        self.started: list[tuple[str, TrackedProcess]] = []
 
-    def start(self, name: str, argv: list[str]) -> SuperLinkProcess:
+    def start(self, name: str, argv: list[str]) -> TrackedProcess:
         log = self.base / f"{name}.log"
         with log.open("ab") as fh:
             popen = subprocess.Popen(
@@ -119,12 +118,12 @@ class CliProcesses:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        tracker = SuperLinkProcess(popen, "", 0, uuid.uuid4().hex, self.base, log)
+        tracker = TrackedProcess(popen, None, log)  # no tag: its descendants are tracked
         tracker.start_tracking()
         self.started.append((name, tracker))
         return tracker
 
-    def interrupt(self, tracker: SuperLinkProcess, wait: float = 60.0) -> int | None:
+    def interrupt(self, tracker: TrackedProcess, wait: float = 60.0) -> int | None:
         """SIGINT (Ctrl-C) to the process itself; its exit code, None if still running."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(tracker.pid, signal.SIGINT)
@@ -146,7 +145,7 @@ class CliProcesses:
         )
 
 
-def wait_for_text(tracker: SuperLinkProcess, text: str, timeout: float) -> str:
+def wait_for_text(tracker: TrackedProcess, text: str, timeout: float) -> str:
     """The tracked process's log once it contains ``text``; AssertionError otherwise."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from florg_tools.launch import run_flower_app
+from florg_tools.flwr_cli import run_flower_app
 from flower_app.adapters.targets import adapter_layout
 from flower_app.methods import method_names
 from flower_app.methods.communication import round_communication

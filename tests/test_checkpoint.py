@@ -11,7 +11,7 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from florg_tools.launch import resume_run_config
+from florg_tools.run_config import resume_run_config
 from flower_app.checkpoint import (
     check_resumable,
     load_checkpoint,

@@ -12,7 +12,8 @@ import pytest
 from flwr.common.config import get_fused_config_from_dir, parse_config_args
 
 from florg_tools import settings as settings_tool
-from florg_tools.launch import _build_parser, _collect_run_config, write_run_config_toml
+from florg_tools.launch import _build_parser
+from florg_tools.run_config import collect_run_config, write_run_config_toml
 from flower_app.config import (
     CONF_DIR,
     DATA,
@@ -119,7 +120,7 @@ def _launcher(tmp_path: Path, *argv: str) -> RunConfig:
     """What the apps receive from python -m florg_tools.launch ...: its merged layers,
     written as the TOML file it submits, read back by Flower."""
     args = _build_parser().parse_args(["--app", str(ROOT), *argv])
-    path = write_run_config_toml(_collect_run_config(args), tmp_path / "run-config.toml")
+    path = write_run_config_toml(collect_run_config(args), tmp_path / "run-config.toml")
     return _plain_flwr_run(str(path))
 
 
@@ -184,7 +185,7 @@ def test_a_bad_preset_file_names_the_file_and_the_key(tmp_path):
 def test_the_launcher_refuses_a_missing_preset(tmp_path):
     args = _build_parser().parse_args(["--app", str(ROOT), "--preset", "nonexistent"])
     with pytest.raises(ValueError, match="--preset"):
-        _collect_run_config(args)
+        collect_run_config(args)
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from florg_tools.launch import LaunchError, run_flower_app
+from florg_tools.flwr_cli import LaunchError, run_flower_app
 from tests.deploy_harness import ROOT, deployment, logs, rows, run_settings, tiny_assets
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,8 @@ import urllib.request
 
 import pytest
 
-from florg_tools.launch import find_free_port, flwr_env
+from florg_tools.flwr_cli import flwr_env
+from florg_tools.superlink import find_free_port
 from florg_tools.synthetic import make_sentiment_task
 from tests.deploy_harness import (
     CliProcesses,

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from florg_tools.deploy.certs import generate_certificates
-from florg_tools.launch import run_flower_app
+from florg_tools.flwr_cli import run_flower_app
 from tests.deploy_harness import ROOT, deployment, logs, rows, run_settings, tiny_assets
 
 pytestmark = pytest.mark.integration

@@ -502,7 +502,7 @@ def test_tls_service_argv_run_florg_as_local_processes(tmp_path):
     the containers."""
     from florg_tools.deploy.processes import start_process, wait_for_log, wait_healthy
     from florg_tools.flwr_home import write_tls_connection
-    from florg_tools.launch import find_free_port
+    from florg_tools.superlink import find_free_port
 
     layout = DockerLayout(
         num_supernodes=2, superlink_port=find_free_port(), first_runtime_port=find_free_port()

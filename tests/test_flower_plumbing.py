@@ -19,17 +19,17 @@ import pytest
 from flwr.cli.flower_config import parse_superlink_connection
 from flwr.common.config import parse_config_args
 
-from florg_tools.flwr_home import read_flower_config, write_local_simulation_connection
-from florg_tools.launch import (
-    EXIT_FAILED,
-    EXIT_USAGE,
+from florg_tools.flwr_cli import (
     STATUS_COMPLETED,
     STATUS_FAILED,
     STATUS_NOT_STARTED,
-    ConfigValidationError,
-    main,
-    parse_set_value,
     run_flower_app,
+)
+from florg_tools.flwr_home import read_flower_config, write_local_simulation_connection
+from florg_tools.launch import EXIT_FAILED, EXIT_USAGE, main
+from florg_tools.run_config import (
+    ConfigValidationError,
+    parse_set_value,
     write_run_config_toml,
 )
 from tests.flower_harness import (

@@ -54,3 +54,13 @@ def test_unmarked_tests_starting_flwr_fail(pytester) -> None:
             f"*{flwr} --version",
         ]
     )
+
+
+def test_florg_commands_that_start_runs_are_recognised() -> None:
+    from tests.conftest import _server_start
+
+    assert _server_start(["/venv/bin/florg", "launch", "--ephemeral-superlink"])
+    assert _server_start(["florg", "experiments", "run", "evidence"])
+    assert _server_start(["florg", "deploy", "up"])
+    assert _server_start(["florg", "assets", "fetch"]) is None
+    assert _server_start(["florg", "--help"]) is None

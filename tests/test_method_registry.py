@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from florg_tools.launch import run_flower_app
+from florg_tools.flwr_cli import run_flower_app
 from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
 from flower_app.adapters.targets import adapter_layout
 from flower_app.config import ConfigError, resolve_config

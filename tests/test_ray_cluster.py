@@ -49,7 +49,7 @@ from florg_tools.flwr_home import (
     validate_ray_address,
     write_local_simulation_connection,
 )
-from florg_tools.launch import find_free_port
+from florg_tools.superlink import find_free_port
 from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
 from flower_app.modeling import pick_device
 

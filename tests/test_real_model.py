@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.launch import run_flower_app
+from florg_tools.flwr_cli import run_flower_app
 from tests.flower_harness import local_simulation_superlink
 
 pytestmark = pytest.mark.integration

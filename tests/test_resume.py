@@ -18,7 +18,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from client_app.client_app import NODE_STATE_ENV
-from florg_tools.launch import resume_run_config, run_flower_app
+from florg_tools.flwr_cli import run_flower_app
+from florg_tools.run_config import resume_run_config
 from tests.flower_harness import local_simulation_superlink
 
 pytestmark = pytest.mark.integration

@@ -380,7 +380,7 @@ def superlink(tmp_path_factory):
 def test_span_head_trains_through_the_flower_simulation(tiny, superlink, tmp_path, method):
     if E2E_METHODS != "all" and method not in E2E_METHODS.split(","):
         pytest.skip(f"{method}: set FLORG_QA_E2E_METHODS=all (CI runs florg only)")
-    from florg_tools.launch import run_flower_app
+    from florg_tools.flwr_cli import run_flower_app
 
     model, task = tiny
     home, connection = superlink

@@ -46,14 +46,14 @@ from florg_tools.deploy.commands import (
     superlink_argv,
     supernode_argv,
 )
+from florg_tools.flwr_cli import LaunchError, console_script
+from florg_tools.flwr_cli import resolve_flwr_home as _flwr_home
 from florg_tools.flwr_home import write_tls_connection
-from florg_tools.launch import LaunchError, _console_script
-from florg_tools.launch import _resolve_flwr_home as _flwr_home
 
 
 def _exec(argv: list[str]) -> int:
     """Replace this process with ``argv`` (resolved in this venv) and the deployment env."""
-    command = [*_console_script(argv[0]), *argv[1:]]
+    command = [*console_script(argv[0]), *argv[1:]]
     env = deployment_env(os.environ)
     print("$ " + " ".join(command), file=sys.stderr, flush=True)
     os.execvpe(command[0], command, env)

@@ -2,10 +2,9 @@
 and stop every process again by pid.
 
 Each process is started from the argv of ``florg_tools.deploy.commands`` in its own session,
-with its own environment tag (``florg_tools.launch.TAG_ENV_VAR``), and tracked with
-``florg_tools.launch.SuperLinkProcess`` (despite the name it tracks any process: itself,
-its descendants, and every process carrying its tag, even after they re-parent), so
-stopping a SuperNode also stops its SuperExec and ClientApp processes. Nothing is ever
+with its own environment tag, and tracked with ``florg_tools.processes.TrackedProcess``
+(itself, its descendants, and every process carrying its tag, even after they re-parent),
+so stopping a SuperNode also stops its SuperExec and ClientApp processes. Nothing is ever
 killed by name. ``Deployment`` is a context manager: leaving it -- also through an
 exception -- stops everything and reports any survivor.
 
@@ -19,13 +18,9 @@ import contextlib
 import os
 import re
 import signal
-import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,19 +36,18 @@ from florg_tools.deploy.commands import (
     superlink_argv,
     supernode_argv,
 )
-from florg_tools.flwr_home import write_tls_connection
-from florg_tools.launch import (
-    TAG_ENV_VAR,
+from florg_tools.flwr_cli import (
     LaunchError,
-    ProcInfo,
-    SuperLinkProcess,
-    _console_script,
-    _parse_cli_json,
-    _run_flwr,
-    _strip_ansi,
-    find_free_port,
+    console_script,
     flwr_env,
+    parse_cli_json,
+    run_flwr,
+    strip_ansi,
 )
+from florg_tools.flwr_home import write_tls_connection
+from florg_tools.processes import ProcInfo, TrackedProcess, spawn
+from florg_tools.superlink import find_free_port
+from florg_tools.superlink import wait_healthy as _wait_for_health
 
 __all__ = [
     "Deployment",
@@ -82,15 +76,15 @@ def register_node(flwr_home: Path, connection: str, public_key: Path, timeout: f
     """``flwr supernode register PUBLIC_KEY CONNECTION``: admit a SuperNode's key to a
     SuperLink started with ``--enable-supernode-auth``; returns the node id."""
     require_files(public_key, what="SuperNode public key")
-    proc = _run_flwr(
+    proc = run_flwr(
         ["supernode", "register", str(public_key), connection, "--format", "json"],
         flwr_env(flwr_home, extra=deployment_env()),
         timeout,
     )
-    payload = _parse_cli_json(proc.stdout)
+    payload = parse_cli_json(proc.stdout)
     if not payload or not payload.get("success") or payload.get("node-id") is None:
         error = (payload or {}).get("error-message") or (proc.stdout + proc.stderr)
-        raise LaunchError(f"`flwr supernode register {public_key}` failed: {_strip_ansi(error)}")
+        raise LaunchError(f"`flwr supernode register {public_key}` failed: {strip_ansi(error)}")
     return int(payload["node-id"])
 
 
@@ -100,7 +94,7 @@ class ManagedProcess:
 
     name: str
     argv: list[str]
-    tracker: SuperLinkProcess
+    tracker: TrackedProcess
     log_path: Path
     netns: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -143,25 +137,12 @@ def start_process(
     logging to ``log_path``, with the deployment environment and a fresh tag."""
     if not argv:
         raise DeployConfigError(f"{name}: empty command")
-    command = [*_console_script(argv[0]), *argv[1:]]
+    command = [*console_script(argv[0]), *argv[1:]]
     if netns is not None:
         command = ["ip", "netns", "exec", netns, *command]
-    tag = uuid.uuid4().hex
-    env = flwr_env(flwr_home, extra={**deployment_env(), TAG_ENV_VAR: tag, **(extra_env or {})})
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log_file:
-        log_file.write(f"$ {' '.join(command)}\n".encode())
-        log_file.flush()
-        popen = subprocess.Popen(
-            command,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    tracker = SuperLinkProcess(popen, "", 0, tag, Path(flwr_home), log_path)
+    env = flwr_env(flwr_home, extra={**deployment_env(), **(extra_env or {})})
+    popen, tag = spawn(command, env=env, log_path=log_path, cwd=cwd, header=True)
+    tracker = TrackedProcess(popen, tag, log_path)
     tracker.start_tracking()
     return ManagedProcess(name, list(argv), tracker, log_path, netns)
 
@@ -176,27 +157,16 @@ def wait_healthy(
     """Poll ``GET /health`` on ``address`` (HTTPS verified with ``ca_cert``, or HTTP)."""
     host, port = split_address(address)
     scheme = "https" if ca_cert is not None else "http"
-    url = f"{scheme}://{host}:{port}/health"
-    context = ssl.create_default_context(cafile=str(ca_cert)) if ca_cert is not None else None
-    deadline = time.monotonic() + timeout
-    error: Exception | None = None
-    while time.monotonic() < deadline:
-        if not process.alive():
-            raise LaunchError(
-                f"{process.name} exited with code {process.tracker.popen.returncode}:\n"
-                + process.log_text()[-3000:]
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=2.0, context=context) as response:
-                if 200 <= response.status < 300:
-                    return
-        except (urllib.error.URLError, OSError) as err:
-            error = err
-        time.sleep(0.25)
-    raise LaunchError(
-        f"{process.name} was not healthy at {url} after {timeout:.0f}s ({error}):\n"
-        + process.log_text()[-3000:]
-    )
+    try:
+        _wait_for_health(
+            f"{scheme}://{host}:{port}/health",
+            exit_code=process.tracker.popen.poll,
+            timeout=timeout,
+            ca_cert=ca_cert,
+            name=process.name,
+        )
+    except LaunchError as err:
+        raise LaunchError(f"{err}:\n" + process.log_text()[-3000:]) from None
 
 
 def wait_for_log(process: ManagedProcess, pattern: re.Pattern[str], timeout: float) -> str:

@@ -28,8 +28,9 @@ import tomli_w
 
 from florg_tools.experiments.communication import load_metrics
 from florg_tools.experiments.grid import Grid, GridRun, load_grid
-from florg_tools.flwr_home import CONFIG_FILE_NAME
-from florg_tools.launch import local_superlink, run_flower_app
+from florg_tools.flwr_cli import run_flower_app
+from florg_tools.flwr_home import CONFIG_FILE_NAME, simulation_connection
+from florg_tools.superlink import local_superlink
 
 __all__ = ["GridOutcome", "is_finished", "run_grid"]
 
@@ -82,19 +83,12 @@ def _final_value(folder: Path, metric: str) -> float | None:
 
 
 def _write_connection(flwr_home: Path, address: str, grid: Grid) -> None:
-    connection = {
-        "address": address,
-        "insecure": True,  # the grid's SuperLink listens on loopback only
-        "options": {
-            "num-supernodes": grid.num_supernodes,
-            "backend": {
-                "client-resources": {
-                    "num-cpus": grid.num_cpus_per_client,
-                    "num-gpus": grid.num_gpus_per_client,
-                }
-            },
-        },
-    }
+    connection = simulation_connection(  # insecure: the SuperLink listens on loopback only
+        address,
+        num_supernodes=grid.num_supernodes,
+        num_cpus_per_client=grid.num_cpus_per_client,
+        num_gpus_per_client=grid.num_gpus_per_client,
+    )
     document = {"superlink": {"default": CONNECTION, CONNECTION: connection}}
     (flwr_home / CONFIG_FILE_NAME).write_text(tomli_w.dumps(document), encoding="utf-8")
 

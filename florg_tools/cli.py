@@ -1,0 +1,74 @@
+"""``florg``: one command for the project's tooling.
+
+    florg launch ...       run the app with `flwr run`, fail unless it completes
+                           (= python -m florg_tools.launch)
+    florg deploy ...       SuperLink + SuperNodes with TLS and node auth
+                           (= python -m florg_tools.deploy)
+    florg experiments ...  experiment grids: run, report, list, evidence
+                           (= python -m florg_tools.experiments)
+    florg assets ...       fetch / check the offline models and datasets
+                           (= python -m florg_tools.assets)
+    florg flwr-home ...    write $FLWR_HOME/config.toml connections
+                           (= python -m florg_tools.flwr_home)
+
+Each subcommand hands the rest of the command line to that module's ``main``, so
+``florg X --help`` shows X's own options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["COMMANDS", "main"]
+
+# name -> (module with main(argv) -> int, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "launch": (
+        "florg_tools.launch",
+        "run the Flower App with `flwr run` and fail unless the run completes",
+    ),
+    "deploy": (
+        "florg_tools.deploy.__main__",
+        "start a SuperLink / SuperNodes (TLS, node auth), write connections, make certificates",
+    ),
+    "experiments": (
+        "florg_tools.experiments.__main__",
+        "experiment grids: run, report, list, evidence",
+    ),
+    "assets": ("florg_tools.assets", "fetch or check the offline models and datasets"),
+    "flwr-home": ("florg_tools.flwr_home", "write simulation connections into $FLWR_HOME"),
+}
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="florg",
+        description="FLoRG tooling. `florg COMMAND --help` shows a command's options; "
+        "each is also `python -m florg_tools.<module>`.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name, (module, text) in COMMANDS.items():
+        shown = module.removesuffix(".__main__")
+        sub.add_parser(name, help=f"{text} (python -m {shown})", add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = _build_parser()
+    if not args:
+        parser.print_help(sys.stderr)
+        return 2
+    if args[0] not in COMMANDS:
+        parser.parse_args(args)  # exits: 0 after --help, 2 for anything else
+        return 2
+    module, _ = COMMANDS[args[0]]
+    result = importlib.import_module(module).main(args[1:])
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The run config of a ``flwr run``: overrides of the app's ``[tool.flwr.app.config]``.
+
+Flattening nested tables to Flower's dotted keys, the app's declared defaults, rejecting
+unknown keys, writing the overrides as a TOML file for ``flwr run --run-config F.toml``,
+``--set`` values, and the launcher's layering (file < ``--preset`` < ``--set``, resolved with
+this app's schema; ``--resume RUN_DIR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import tomli_w  # a dependency of flwr
+
+__all__ = [
+    "ConfigValidationError",
+    "RunConfigValue",
+    "app_run_config",
+    "check_run_config_keys",
+    "check_run_config_value",
+    "collect_run_config",
+    "flatten_run_config",
+    "is_this_app",
+    "parse_set_value",
+    "resolve_layers",
+    "resume_run_config",
+    "write_run_config_toml",
+]
+
+RunConfigValue = str | int | float | bool
+
+
+class ConfigValidationError(ValueError):
+    """The run config was rejected before launching."""
+
+
+def flatten_run_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested tables to Flower's dotted keys (``{"a": {"b": 1}} -> {"a.b": 1}``)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat.update(flatten_run_config(value, full))
+        else:
+            flat[full] = value
+    return flat
+
+
+def app_run_config(app_dir: Path) -> dict[str, Any]:
+    """The flattened ``[tool.flwr.app.config]`` defaults of the app in ``app_dir``."""
+    pyproject = Path(app_dir) / "pyproject.toml"
+    try:
+        with pyproject.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError as err:
+        raise ConfigValidationError(f"{pyproject} not found: not a Flower App") from err
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigValidationError(f"{pyproject} is not valid TOML: {err}") from err
+    app = data.get("tool", {}).get("flwr", {}).get("app")
+    if not isinstance(app, dict):
+        raise ConfigValidationError(f"{pyproject} has no [tool.flwr.app] section")
+    return flatten_run_config(app.get("config", {}))
+
+
+def check_run_config_keys(app_dir: Path, run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Reject keys the app does not declare; return the effective (merged) run config.
+
+    Flower's SuperLink rejects unknown override keys too, but only after building and
+    uploading the FAB, and with a less helpful message.
+    """
+    defaults = app_run_config(app_dir)
+    overrides = flatten_run_config(run_config)
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise ConfigValidationError(
+            f"unknown run-config key(s) {', '.join(unknown)}; the app declares: "
+            f"{', '.join(sorted(defaults)) or '(none)'}"
+        )
+    return {**defaults, **overrides}
+
+
+def check_run_config_value(key: str, value: Any) -> None:
+    if isinstance(value, bool | int | str):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigValidationError(f"run-config value for {key!r} is not finite: {value}")
+        return
+    raise ConfigValidationError(
+        f"run-config value for {key!r} must be str, int, float or bool, got {type(value).__name__}"
+    )
+
+
+def write_run_config_toml(run_config: Mapping[str, Any], path: Path) -> Path:
+    """Write overrides as a TOML file for ``flwr run --run-config path.toml``.
+
+    ``flwr`` flattens the file's tables into dotted keys, so the key ``"a.b"`` is written
+    as the dotted TOML key ``a.b``. ``path`` must end in ``.toml`` (that is how ``flwr``
+    tells a file from an inline ``"k=v"`` string).
+    """
+    path = Path(path)
+    if path.suffix != ".toml":
+        raise ValueError(f"{path}: flwr only accepts run-config files ending in .toml")
+    nested: dict[str, Any] = {}
+    for key, value in flatten_run_config(run_config).items():
+        check_run_config_value(key, value)
+        parts = key.split(".")
+        node = nested
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigValidationError(f"run-config key {key!r} clashes with {part!r}")
+            node = child
+        if isinstance(node.get(parts[-1]), dict):
+            raise ConfigValidationError(f"run-config key {key!r} is also a table")
+        node[parts[-1]] = value
+    path.write_text(tomli_w.dumps(nested), encoding="utf-8")
+    return path
+
+
+def parse_set_value(text: str) -> RunConfigValue:
+    """``--set`` value: a TOML literal (``3``, ``0.5``, ``true``, ``"s"``) or a bare string."""
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+    if isinstance(value, bool | int | float | str):
+        return value
+    return text
+
+
+def resume_run_config(run_dir: Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The run config that continues the run in ``run_dir``: the settings of its
+    ``config.json`` (those that differ from the defaults), ``resume`` = the folder's absolute
+    path, then ``overrides``."""
+    from flower_app.config import DEFAULTS
+
+    path = Path(run_dir).expanduser().resolve() / "config.json"
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigValidationError(f"--resume: cannot read {path}: {err}") from err
+    if not isinstance(saved, dict) or set(saved) - set(DEFAULTS):
+        raise ConfigValidationError(f"--resume: {path} is not a run's config.json")
+    saved["preset"] = ""  # every value is resolved already
+    config = {k: v for k, v in saved.items() if v != DEFAULTS[k]}
+    config["resume"] = str(path.parent)
+    config.update(overrides or {})
+    return config
+
+
+def collect_run_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The launcher's overrides from its parsed arguments: ``--resume``, or
+    ``--run-config-file`` < ``--preset`` (the app's ``conf/NAME.toml``, or a ``.toml`` path:
+    the file plain ``flwr run --run-config`` takes) < ``--set``, merged here, so the apps
+    receive plain values (flower_app/config.py); validated with ``resolve_layers`` when
+    ``--app`` is this app."""
+
+    def toml_layer(path: Path, flag: str) -> dict[str, Any]:
+        try:
+            with path.open("rb") as fh:
+                return flatten_run_config(tomllib.load(fh))
+        except (OSError, tomllib.TOMLDecodeError) as err:
+            raise ConfigValidationError(f"{flag} {path}: {err}") from err
+
+    config: dict[str, Any] = {}
+    if getattr(args, "resume", None) is not None:
+        sets = dict(item.partition("=")[::2] for item in args.sets)
+        return resume_run_config(
+            args.resume, {k.strip(): parse_set_value(v) for k, v in sets.items()}
+        )
+    if args.run_config_file is not None:
+        config.update(toml_layer(args.run_config_file, "--run-config-file"))
+    if args.preset is not None:
+        name = str(args.preset)
+        path = Path(name) if name.endswith(".toml") else args.app / "conf" / f"{name}.toml"
+        config.update(toml_layer(path, "--preset"))
+    for item in args.sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigValidationError(f"--set expects KEY=VALUE, got {item!r}")
+        config[key.strip()] = parse_set_value(value)
+    return resolve_layers(config) if is_this_app(args.app) else config
+
+
+def is_this_app(app_dir: Path) -> bool:
+    """Whether ``app_dir`` declares this project's run settings (then they are resolved
+    and validated with flower_app.config before launching)."""
+    from flower_app.config import DEFAULTS
+
+    try:
+        return set(app_run_config(app_dir)) == set(DEFAULTS)
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def resolve_layers(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Validate the merged layers with this app's schema and return them unchanged: the
+    apps layer nothing themselves, so Flower's defaults + these values is the run config,
+    as with plain ``flwr run --run-config F.toml``."""
+    from flower_app.config import resolve_config
+
+    resolve_config({}, overrides)
+    return dict(overrides)

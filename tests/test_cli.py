@@ -1,0 +1,89 @@
+"""The ``florg`` console script ([project.scripts]): its subcommands reach the tooling's
+own parsers, the same ones ``python -m florg_tools.X`` runs."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from florg_tools.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parent.parent
+FLORG = Path(sys.executable).parent / "florg"  # the installed script, next to this python
+
+# subcommand -> its module's usage line and an option only that parser has
+PARSERS = {
+    "launch": ("usage: python -m florg_tools.launch", "--ephemeral-superlink"),
+    "deploy": ("usage: python -m florg_tools.deploy", "superlink,node,connection"),
+    "experiments": ("usage: python -m florg_tools.experiments", "run,report,list,evidence"),
+    "assets": ("usage: python -m florg_tools.assets", "{fetch}"),
+    "flwr-home": ("usage: python -m florg_tools.flwr_home", "{setup}"),
+}
+
+
+def _run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "100"}  # the same help layout in every process
+    return subprocess.run(
+        [str(a) for a in argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_florg_script_is_installed():
+    assert FLORG.is_file(), f"{FLORG} missing: reinstall the project (pip install -e .)"
+
+
+def test_florg_help_lists_every_subcommand():
+    out = _run(FLORG, "--help")
+    assert out.returncode == 0, out.stderr
+    assert set(COMMANDS) == set(PARSERS)
+    for name in PARSERS:
+        assert f"    {name}" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("name", ["assets", "launch"])
+def test_subcommand_help_reaches_its_own_parser(name):
+    usage, option = PARSERS[name]
+    out = _run(FLORG, name, "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(usage), out.stdout
+    assert option in out.stdout, out.stdout
+    other = "assets" if name == "launch" else "launch"
+    assert PARSERS[other][1] not in out.stdout
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+def test_every_subcommand_prints_its_module_help(name, monkeypatch, capsys):
+    """``florg NAME --help`` prints exactly what ``python -m MODULE --help`` prints: the
+    module's own ``main`` with the same arguments (called here in-process)."""
+    monkeypatch.setenv("COLUMNS", "100")
+    script = _run(FLORG, name, "--help")
+    assert script.returncode == 0, script.stderr
+    module = COMMANDS[name][0]
+    assert PARSERS[name][0] == "usage: python -m " + module.removesuffix(".__main__")
+    with pytest.raises(SystemExit) as exited:
+        importlib.import_module(module).main(["--help"])
+    assert exited.value.code == 0
+    direct = capsys.readouterr().out
+    assert PARSERS[name][1] in direct
+    assert script.stdout == direct
+
+
+def test_unknown_subcommand_and_bare_florg_are_usage_errors():
+    bad = _run(FLORG, "no-such-command")
+    assert bad.returncode == 2
+    assert "invalid choice" in bad.stderr
+    bare = _run(FLORG)
+    assert bare.returncode == 2
+    assert "launch" in bare.stderr
+
+
+def test_subcommand_exit_status_is_passed_through(tmp_path):
+    """A launch refused for a bad run config exits 2 (EXIT_USAGE) through the script too."""
+    out = _run(FLORG, "launch", "--flwr-home", tmp_path, "--set", "no-such-key=1", "--quiet")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "no-such-key" in out.stderr
