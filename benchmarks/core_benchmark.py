@@ -252,7 +252,8 @@ def _compare(
 def server_worker(s: Settings, shape_name: str) -> dict[str, Any]:
     """Dense reference, numpy loop and batched torch (CPU) for one shape, interleaved."""
     _ensure_repo_on_path()
-    from strategies.florg import aggregate_florg, aggregate_florg_layers, aggregate_florg_reference
+    from strategies.florg import aggregate_florg, aggregate_florg_reference
+    from strategies.florg_torch import aggregate_florg_layers
 
     torch.set_num_threads(s.blas_threads)
     shape = next(x for x in s.server_shapes if x.name == shape_name)
@@ -305,7 +306,8 @@ def gpu_worker(s: Settings) -> dict[str, Any]:
     if not torch.cuda.is_available():
         return {"available": False, "reason": "CUDA not available"}
     _ensure_repo_on_path()
-    from strategies.florg import aggregate_florg, aggregate_florg_layers
+    from strategies.florg import aggregate_florg
+    from strategies.florg_torch import aggregate_florg_layers
 
     out: dict[str, Any] = {"available": True, "device": torch.cuda.get_device_name(0)}
     for shape in s.server_shapes:

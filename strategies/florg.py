@@ -43,15 +43,15 @@ Rank mismatch (r' != r), the run setting ``rank-mismatch``:
   r x r Procrustes rotation S = U V^T of A_prev A~_r^T (orthogonal, so here it does
   minimise ||S A~_r - A_prev||_F).  For r' <= r both policies are the same computation.
 
-``aggregate_florg_layers`` runs the same step for many layers at once in torch (float64,
-batched over layers of equal shape, on CPU or CUDA); see ``strategies.florg_torch``.
+``strategies.florg_torch.aggregate_florg_layers`` runs the same step for many layers at
+once in torch (float64, batched over layers of equal shape, on CPU or CUDA).
 This module's numpy ``aggregate_florg`` is its reference.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -223,43 +223,6 @@ def aggregate_florg(
         "eigengap_rel": gap_rel,
     }
     return new_A, info
-
-
-def aggregate_florg_layers(
-    client_As: Mapping[str, Sequence[np.ndarray]],
-    weights: Sequence[float] | np.ndarray | None,
-    prev_As: Mapping[str, np.ndarray],
-    procrustes: bool = True,
-    device: str = "auto",
-    rank_mismatch: str = "procrustes",
-    rtol: float | None = None,
-) -> tuple[dict[str, np.ndarray], dict[str, dict[str, float | int]]]:
-    """The FLoRG server step for every layer at once: torch, float64, batched, on ``device``.
-
-    Args:
-        client_As: layer name -> the clients' A_n (r x k each, same client order per layer).
-        weights: client weights (normalised here; None means uniform 1/N), one per client.
-        prev_As: layer name -> the previous global A (r x k).
-        procrustes, rank_mismatch, rtol: as for ``aggregate_florg``.
-        device: 'auto' (CUDA when torch sees a GPU), 'cpu' or 'cuda'.
-
-    Returns:
-        (layer name -> new A as float64 numpy, layer name -> the diagnostics
-        ``aggregate_florg`` returns for that layer).  Equal to ``aggregate_florg`` layer by
-        layer up to rounding (tests: 1e-12); layers of equal (r, k) share one batched
-        eigendecomposition and SVD (see ``strategies.florg_torch``).
-    """
-    from strategies.florg_torch import aggregate_layers_torch
-
-    return aggregate_layers_torch(
-        client_As,
-        weights,
-        prev_As,
-        procrustes=procrustes,
-        device=device,
-        rank_mismatch=rank_mismatch,
-        rtol=rtol,
-    )
 
 
 def aggregate_florg_reference(

@@ -60,7 +60,7 @@ def test_the_fab_include_patterns_match_runtime_files_only():
     assert any(f.startswith("flower_app/") for f in included)
     assert not [f for f in included if f.startswith(TOOLING + "/")]
     top = {f.split("/")[0] for f in included}
-    assert top <= set(RUNTIME_PACKAGES) | {"conf"}, top
+    assert top <= set(RUNTIME_PACKAGES), top
 
 
 GRAPH_PACKAGES = (*RUNTIME_PACKAGES, TOOLING)
@@ -154,44 +154,14 @@ def test_import_graph_sees_function_local_and_from_imports():
     assert len(graph) > 40
 
 
-# Import edges that close a cycle in code outside this change's reach (issue 14 splits the
-# work): each is ignored by the test below until its owner breaks the cycle, and the test
-# fails once an edge is gone, so the entry is removed with the fix.
-KNOWN_CYCLE_EDGES = {
-    # strategies/florg.py imports aggregate_layers_torch (function-local), florg_torch.py
-    # imports check_rank_mismatch and default_rtol from florg.py
-    ("strategies.florg", "strategies.florg_torch"),
-    # florg_tools/experiments/runner.py imports choose_tuned (function-local), tuning.py
-    # imports is_finished and run_dir from runner.py
-    ("florg_tools.experiments.runner", "florg_tools.experiments.tuning"),
-}
-
-
-def graph_without_known_cycle_edges() -> dict[str, set[str]]:
-    graph = import_graph()
-    for module, imported in KNOWN_CYCLE_EDGES:
-        graph[module].discard(imported)
-    return graph
-
 
 def test_the_import_graph_has_no_cycle():
     """Over flower_app, client_app, server_app, strategies and florg_tools, function-local
     imports included: a cycle hidden inside functions still couples the modules both ways.
     Show it: python -c "from tests.test_architecture import *;
-    print(find_cycle(graph_without_known_cycle_edges()))" prints None or the cycle."""
-    cycle = find_cycle(graph_without_known_cycle_edges())
+    print(find_cycle(import_graph()))" prints None or the cycle."""
+    cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
-
-
-def test_the_known_cycle_edges_still_exist():
-    graph = import_graph()
-    gone = sorted(edge for edge in KNOWN_CYCLE_EDGES if edge[1] not in graph[edge[0]])
-    assert not gone, f"cycle broken, remove from KNOWN_CYCLE_EDGES: {gone}"
-    for edge in KNOWN_CYCLE_EDGES:  # each still closes a cycle (else it is not needed)
-        graph = import_graph()
-        for other in KNOWN_CYCLE_EDGES - {edge}:
-            graph[other[0]].discard(other[1])
-        assert find_cycle(graph) is not None, f"{edge} no longer closes a cycle: remove it"
 
 
 def test_the_runtime_caches_and_the_data_do_not_import_each_other_in_a_cycle():
@@ -200,4 +170,4 @@ def test_the_runtime_caches_and_the_data_do_not_import_each_other_in_a_cycle():
     assert "flower_app.task_data" not in graph["flower_app.disk_cache"]
     assert "flower_app.runtime" not in graph["flower_app.task_data"]
     runtime = {m: graph[m] for m in graph if m.split(".")[0] in RUNTIME_PACKAGES}
-    assert find_cycle(runtime | {"strategies.florg": set()}) is None  # see KNOWN_CYCLE_EDGES
+    assert find_cycle(runtime) is None

@@ -10,7 +10,7 @@ import pytest
 
 from florg_tools.experiments.evidence import write_evidence
 from florg_tools.experiments.grid import TUNING_BLOCK, GridError, load_grid
-from florg_tools.experiments.runner import is_finished, run_dir
+from florg_tools.experiments.runs import is_finished, run_dir
 from florg_tools.experiments.tuning import choose_tuned, load_choices, selection_score
 from flower_app.config import resolve_config
 from flower_app.data.loading import load_task_splits, load_task_test

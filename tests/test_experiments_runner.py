@@ -19,7 +19,8 @@ from florg_tools.experiments.aggregate import (
     markdown_report,
 )
 from florg_tools.experiments.grid import GridError, GridRun, load_grid
-from florg_tools.experiments.runner import is_finished, run_dir, run_grid
+from florg_tools.experiments.runner import run_grid
+from florg_tools.experiments.runs import is_finished, run_dir
 from florg_tools.synthetic import make_sentiment_task
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -8,8 +8,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strategies.florg import aggregate_florg, aggregate_florg_layers
-from strategies.florg_torch import aggregate_layers_torch, resolve_server_device
+from strategies.florg import aggregate_florg
+from strategies.florg_torch import (
+    aggregate_florg_layers,
+    aggregate_layers_torch,
+    resolve_server_device,
+)
 from strategies.validation import AggregationInputError
 
 TOL = 1e-12

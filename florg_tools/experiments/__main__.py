@@ -26,7 +26,8 @@ from florg_tools.experiments.aggregate import collect, markdown_report, write_cs
 from florg_tools.experiments.evidence import write_evidence
 from florg_tools.experiments.grid import Grid, GridError, load_grid
 from florg_tools.experiments.plots import write_plots
-from florg_tools.experiments.runner import is_finished, run_dir, run_grid
+from florg_tools.experiments.runner import run_grid
+from florg_tools.experiments.runs import is_finished, run_dir
 from florg_tools.experiments.tuning import load_choices
 
 DEFAULT_RESULTS = Path(__file__).resolve().parents[2] / "results"

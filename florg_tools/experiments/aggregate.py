@@ -18,7 +18,7 @@ from typing import Any
 
 from florg_tools.experiments.communication import format_params, load_metrics, params_to_target
 from florg_tools.experiments.grid import MAIN_BLOCK, Grid, GridRun
-from florg_tools.experiments.runner import is_finished, run_dir
+from florg_tools.experiments.runs import is_finished, run_dir
 
 __all__ = ["RunResult", "collect", "markdown_report", "write_csv"]
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from florg_tools.experiments.communication import load_metrics
 from florg_tools.experiments.grid import MAIN_BLOCK, Grid
-from florg_tools.experiments.runner import is_finished, run_dir
+from florg_tools.experiments.runs import is_finished, run_dir
 from florg_tools.experiments.stats import mean_interval, paired_difference, verdict
 from florg_tools.experiments.tuning import tuning_markdown
 

@@ -28,11 +28,13 @@ import tomli_w
 
 from florg_tools.experiments.communication import load_metrics
 from florg_tools.experiments.grid import Grid, GridRun, load_grid
+from florg_tools.experiments.runs import is_finished, run_dir
+from florg_tools.experiments.tuning import choose_tuned
 from florg_tools.flwr_cli import run_flower_app
 from florg_tools.flwr_home import CONFIG_FILE_NAME, simulation_connection
 from florg_tools.superlink import local_superlink
 
-__all__ = ["GridOutcome", "is_finished", "run_grid"]
+__all__ = ["GridOutcome", "run_grid"]
 
 APP_DIR = Path(__file__).resolve().parents[2]
 CONNECTION = "grid-simulation"
@@ -47,23 +49,6 @@ class GridOutcome:
     @property
     def ok(self) -> bool:
         return not self.failed
-
-
-def run_dir(out: Path, run: GridRun) -> Path:
-    return out / "runs" / run.run_id
-
-
-def is_finished(folder: Path, run: GridRun) -> bool:
-    """Whether ``folder`` holds a finished run with ``run``'s settings (its config.json
-    agrees with every override, so editing a grid file reruns the runs it changed)."""
-    try:
-        summary = json.loads((folder / "summary.json").read_text())
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    if summary.get("status") != "finished":
-        return False
-    return all(config.get(key) == value for key, value in run.overrides.items())
 
 
 def _set_aside(folder: Path, out: Path) -> Path | None:
@@ -125,8 +110,6 @@ def _with_choices(grid: Grid, out: Path) -> Grid:
     """A grid with a tuning stage, re-read with the choices its finished tuning runs make."""
     if grid.tuning is None:
         return grid
-    from florg_tools.experiments.tuning import choose_tuned
-
     return load_grid(grid.path, choose_tuned(grid, out)["choices"])
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from florg_tools.experiments.communication import load_metrics
 from florg_tools.experiments.grid import TUNING_BLOCK, TUNING_FILE, Grid
-from florg_tools.experiments.runner import is_finished, run_dir
+from florg_tools.experiments.runs import is_finished, run_dir
 
 __all__ = ["SELECT_ROUNDS", "choose_tuned", "load_choices", "selection_score"]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.florg import aggregate_florg_layers, check_rank_mismatch
+from strategies.florg import check_rank_mismatch
+from strategies.florg_torch import aggregate_florg_layers
 from strategies.flower.base import AdapterStrategy, Reply, ReplyRejected, metric_number
 
 
