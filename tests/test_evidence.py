@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from florg_tools.experiments.evidence import write_evidence
-from florg_tools.experiments.grid import TUNING_BLOCK, GridError, load_grid
+from florg_tools.experiments.grid import GRIDS_DIR, TUNING_BLOCK, GridError, load_grid
 from florg_tools.experiments.runs import is_finished, run_dir
 from florg_tools.experiments.tuning import choose_tuned, load_choices, selection_score
 from flower_app.config import resolve_config
@@ -179,3 +179,18 @@ def test_test_rounds(every, rounds, tested):
     )
     assert [r for r in range(rounds + 1) if config.tests_round(r)] == tested
     assert not resolve_config({}, {}).tests_round(0)  # max-test-examples = 0: no test
+
+
+def test_the_shipped_evidence_grids_label_their_runs_by_method():
+    """The grids pin rank-mismatch and projection-sharing at their defaults: the labels (and
+    so the reference FLoRG of the verdict table) stay the method names; an ablation's
+    non-default variant is named."""
+    from florg_tools.experiments.evidence import REFERENCE, method_label
+
+    for name in ("evidence", "evidence-snli"):
+        grid = load_grid(GRIDS_DIR / f"{name}.yaml")
+        labels = {method_label(run.overrides) for run in grid.runs}
+        assert REFERENCE in labels and "fedit" in labels, labels
+    assert method_label({"method": "florg", "rank-mismatch": "truncate"}) == (
+        "florg rank-mismatch=truncate"
+    )

@@ -31,6 +31,7 @@ from florg_tools.experiments.grid import MAIN_BLOCK, Grid
 from florg_tools.experiments.runs import is_finished, run_dir
 from florg_tools.experiments.stats import mean_interval, paired_difference, verdict
 from florg_tools.experiments.tuning import tuning_markdown
+from flower_app.config import DEFAULTS
 
 __all__ = ["REFERENCE", "MethodRuns", "collect_methods", "evidence_summary", "write_evidence"]
 
@@ -61,7 +62,7 @@ def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str],
         summary = json.loads((folder / "summary.json").read_text())
         if summary.get("final-test-score") is None or summary.get("test-last3") is None:
             continue
-        key = (str(run.setting("task")), _label(run.overrides))
+        key = (str(run.setting("task")), method_label(run.overrides))
         entry = found.setdefault(key, MethodRuns(None, [], [], [], {}, None))
         entry.lr = float(run.setting("learning-rate"))
         seed = int(run.setting("seed"))
@@ -79,11 +80,12 @@ def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str],
     return found
 
 
-def _label(overrides: dict[str, Any]) -> str:
-    """The method, plus the FLoRG variant an ablation sets (``florg rank-mismatch=truncate``)."""
-    label = str(overrides.get("method", "florg"))
+def method_label(overrides: dict[str, Any]) -> str:
+    """The method, plus the FLoRG variant an ablation sets (``florg rank-mismatch=truncate``);
+    a variant setting pinned at its default (the evidence grids pin both) adds nothing."""
+    label = str(overrides.get("method", DEFAULTS["method"]))
     for key in ("rank-mismatch", "projection-sharing"):
-        if key in overrides:
+        if key in overrides and overrides[key] != DEFAULTS[key]:
             label += f" {key}={overrides[key]}"
     return label
 
