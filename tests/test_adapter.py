@@ -24,7 +24,6 @@ from flower_app.adapters.florg_model import (
 )
 from flower_app.adapters.lora import (
     LoRAConfig,
-    fold_into_base,
     get_lora_state,
     inject_lora,
     lora_layers,
@@ -291,19 +290,35 @@ def test_federa_svd_init_keeps_output_and_uses_principal_directions():
     )
 
 
-def test_fold_into_base_dense_equals_factored():
+def test_fedex_fold_sets_w0_plus_scaled_residual_and_restores_w0():
+    """FedEx-LoRA's hook: W0 <- W0_pristine + s * cumulative residual; {} restores W0."""
+    from flower_app.config import resolve_config
+    from flower_app.methods.fedex_lora import FEDEX_LORA, PRISTINE, fold_residual
+
+    class Holder:  # what the hook needs of an AdaptedModel
+        def __init__(self, model):
+            self.model, self.held_tensors = model, {}
+
     rng = np.random.default_rng(1)
-    a = inject_lora(tiny_bert(), LoRAConfig(r=2, target_modules=("value",)))
-    b = inject_lora(tiny_bert(), LoRAConfig(r=2, target_modules=("value",)))
-    P, Q = rng.standard_normal((32, 6)), rng.standard_normal((6, 32))
-    names = list(lora_layers(a))
-    fold_into_base(a, {n: (P, Q) for n in names})
-    fold_into_base(b, {n: P @ Q for n in names})
+    adapted = Holder(inject_lora(tiny_bert(), LoRAConfig(r=2, target_modules=("value",))))
+    FEDEX_LORA.prepare_model(adapted)
+    names = list(lora_layers(adapted.model))
+    assert set(adapted.held_tensors[PRISTINE]) == set(names)
+    residual = {n: rng.standard_normal((32, 32)) for n in names}
     x = tokens()
-    torch.testing.assert_close(a(x).logits, b(x).logits, rtol=0, atol=1e-6)
-    assert (a(x).logits - tiny_bert()(x).logits).abs().max() > 1e-3
-    with pytest.raises(ValueError, match="residual"):
-        fold_into_base(a, {names[0]: np.zeros((3, 3))})
+    before = adapted.model(x).logits
+    fold_residual(adapted, residual)
+    for name, layer in lora_layers(adapted.model).items():
+        expected = adapted.held_tensors[PRISTINE][name].double() + layer.scaling[
+            "default"
+        ] * torch.as_tensor(residual[name])
+        torch.testing.assert_close(
+            layer.get_base_layer().weight, expected.float(), rtol=0, atol=1e-6
+        )
+    assert (adapted.model(x).logits - before).abs().max() > 1e-3
+    fold_residual(adapted, {})
+    torch.testing.assert_close(adapted.model(x).logits, before, rtol=0, atol=0)
+    assert resolve_config({"method": "fedex-lora"}).method == FEDEX_LORA.name
 
 
 def test_lora_bad_input():

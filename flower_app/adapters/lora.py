@@ -142,25 +142,3 @@ def set_lora_state(
 ) -> None:
     """Load the selected factors and head; keys and shapes must match exactly."""
     load_arrays(_state_tensors(peft_model, tuple(parts), include_head), state)
-
-
-def fold_into_base(
-    peft_model: nn.Module, residuals: Mapping[str, np.ndarray | tuple[np.ndarray, np.ndarray]]
-) -> None:
-    """FedEx-LoRA: W0 <- W0 + s * residual per layer; a residual is dense or factors (P, Q)."""
-    layers = lora_layers(peft_model)
-    with torch.no_grad():
-        for name, residual in residuals.items():
-            layer = layers[name]
-            weight = layer.get_base_layer().weight
-            if isinstance(residual, tuple):
-                P, Q = residual
-                dense = torch.as_tensor(np.asarray(P, np.float64) @ np.asarray(Q, np.float64))
-            else:
-                dense = torch.as_tensor(np.asarray(residual, np.float64))
-            if tuple(dense.shape) != tuple(weight.shape):
-                raise ValueError(
-                    f"{name}: residual {tuple(dense.shape)} != W0 {tuple(weight.shape)}"
-                )
-            scaled = layer.scaling["default"] * dense
-            weight.copy_((weight.double() + scaled.to(weight.device)).to(weight.dtype))
