@@ -12,7 +12,8 @@ Precedence, lowest first, the same for plain ``flwr run`` and for the launcher, 
 presets are resolved before a run starts:
 
 1. the defaults (pyproject's table);
-2. a preset: a flat TOML table of run-config keys, ``conf/<name>.toml``;
+2. a preset: a flat TOML table of run-config keys, ``conf/<name>.toml``
+   (flower_app/presets.py reads and checks one);
 3. explicit values: ``--run-config "key=value ..."`` (flwr run), ``--set key=value``
    (launcher).
 
@@ -25,93 +26,33 @@ given, one equal to its default included: an explicit value always wins. (The ap
 tell which keys a run config set, so nothing is layered inside them: the key ``preset``
 remains only to refuse ``preset=NAME`` with a pointer to the above; it must be ''.)
 Unknown keys and bad values raise ``ConfigError`` naming the key, before any model is
-built or any client trains.
+built or any client trains (the value checks and the coercion: flower_app/config_checks.py).
 """
 
 from __future__ import annotations
 
-import re
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple, get_type_hints
 
-from flower_app.methods import get_method, method_names
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-
-
-class ConfigError(ValueError):
-    """A run setting that is unknown or has a bad value; the message names the key."""
-
-
-def _positive(x: float) -> bool:
-    return x > 0
-
-
-def _non_negative(x: float) -> bool:
-    return x >= 0
-
-
-def _fraction(x: float) -> bool:
-    return 0 < x <= 1
-
-
-# Grid run ids look like "method=florg,seed=0,task=snli" (florg_tools/experiments/grid.py).
-_FOLDER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+:@%~-]{0,254}")
-FOLDER_NAME_HINT = (
-    "a plain folder name: letters, digits and . _ = , + : @ % ~ -, starting with a letter "
-    "or digit, at most 255 characters, no path separators or '..'"
+from flower_app.config_checks import FOLDER_NAME_HINT as FOLDER_NAME_HINT  # re-exported
+from flower_app.config_checks import (
+    ConfigError,
+    RegisteredMethod,
+    at_least_one,
+    coerce,
+    empty,
+    folder_name_or_empty,
+    fraction,
+    non_negative,
+    one_of,
+    positive,
 )
+from flower_app.config_checks import is_folder_name as is_folder_name  # re-exported
+from flower_app.methods import get_method
 
-
-def is_folder_name(x: str) -> bool:
-    """A single, safe folder name (flower_app/paths.py confines where runs write)."""
-    return bool(_FOLDER_NAME_RE.fullmatch(x)) and ".." not in x
-
-
-def _folder_name_or_empty(x: str) -> bool:
-    return x == "" or is_folder_name(x)
-
-
-_folder_name_or_empty.hint = FOLDER_NAME_HINT  # type: ignore[attr-defined]
-
-
-def _empty(x: str) -> bool:
-    return x == ""
-
-
-_empty.hint = (  # type: ignore[attr-defined]
-    "'': a preset is a TOML layer resolved before the run starts: "
-    "`flwr run . CONNECTION --run-config conf/NAME.toml`, or "
-    "`python -m florg_tools.launch --preset NAME [--set key=value ...]`"
-)
-
-
-def _at_least_one(x: float) -> bool:
-    return x >= 1
-
-
-class _RegisteredMethod:
-    """The ``method`` check: a name in the method registry (flower_app/methods/)."""
-
-    __name__ = "registered_method"
-
-    def __call__(self, x: str) -> bool:
-        return x in method_names()
-
-    @property
-    def options(self) -> tuple[str, ...]:
-        return method_names()
-
-
-def _one_of(*options: str) -> Callable[[str], bool]:
-    def check(x: str) -> bool:
-        return x in options
-
-    check.options = options  # type: ignore[attr-defined]
-    return check
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the presets (flower_app/presets.py)
 
 
 # Groups of settings a derived artefact depends on; every setting names the groups it
@@ -151,13 +92,13 @@ class RunConfig:
     preset: str = setting(
         "",
         "must be '': a preset is the file conf/NAME.toml, --run-config conf/NAME.toml",
-        check=_empty,
+        check=empty,
         affects=(),
     )
     method: str = setting(
         "florg",
         "federated method (flower_app/methods/)",
-        check=_RegisteredMethod(),
+        check=RegisteredMethod(),
         affects=(MODEL,),
     )
     model: str = setting(
@@ -174,7 +115,7 @@ class RunConfig:
     num_labels: int = setting(
         0,
         "label count for task 'local' (0 = infer)",
-        check=_non_negative,
+        check=non_negative,
         affects=(DATA,),
     )
     target_modules: str = setting(
@@ -184,92 +125,92 @@ class RunConfig:
         "", "comma-separated task-head modules ('' = auto)", affects=(MODEL,)
     )
     train_head: bool = setting(True, "train and FedAvg the task head", affects=(MODEL,))
-    rank: int = setting(4, "adapter rank r", check=_positive, affects=(MODEL,))
+    rank: int = setting(4, "adapter rank r", check=positive, affects=(MODEL,))
     alpha: float = setting(
-        16.0, "scaling numerator: s = alpha / r", check=_positive, affects=(MODEL,)
+        16.0, "scaling numerator: s = alpha / r", check=positive, affects=(MODEL,)
     )
     seed: int = setting(
         0,
         "run seed (L, R, A init, partitioning, shuffling)",
-        check=_non_negative,
+        check=non_negative,
         affects=(MODEL, DATA),
     )
-    num_server_rounds: int = setting(5, "federated rounds", check=_positive, affects=())
+    num_server_rounds: int = setting(5, "federated rounds", check=positive, affects=())
     fraction_train: float = setting(
-        1.0, "fraction of nodes sampled per round", check=_fraction, affects=()
+        1.0, "fraction of nodes sampled per round", check=fraction, affects=()
     )
     min_train_nodes: int = setting(
-        2, "minimum nodes sampled per round", check=_positive, affects=()
+        2, "minimum nodes sampled per round", check=positive, affects=()
     )
     min_available_nodes: int = setting(
-        2, "nodes to wait for before a round", check=_positive, affects=()
+        2, "nodes to wait for before a round", check=positive, affects=()
     )
     client_eval: str = setting(
         "auto",
         "clients evaluate each round",
-        check=_one_of("auto", "on", "off"),
+        check=one_of("auto", "on", "off"),
         affects=(),
     )
     partitioner: str = setting(
-        "iid", "how data is split", check=_one_of("dirichlet", "iid"), affects=(DATA,)
+        "iid", "how data is split", check=one_of("dirichlet", "iid"), affects=(DATA,)
     )
     dirichlet_alpha: float = setting(
-        0.5, "Dirichlet concentration rho", check=_positive, affects=(DATA,)
+        0.5, "Dirichlet concentration rho", check=positive, affects=(DATA,)
     )
     max_train_examples: int = setting(
-        2000, "training pool size (0 = all)", check=_non_negative, affects=(DATA,)
+        2000, "training pool size (0 = all)", check=non_negative, affects=(DATA,)
     )
     max_eval_examples: int = setting(
-        1000, "validation subset size (0 = all)", check=_non_negative, affects=(DATA,)
+        1000, "validation subset size (0 = all)", check=non_negative, affects=(DATA,)
     )
     max_test_examples: int = setting(
         0,
         "held-out test subset scored by the server (0 = no test)",
-        check=_non_negative,
+        check=non_negative,
         affects=(DATA,),
     )
     test_every: int = setting(
         5,
         "test rounds: 0, every N-th and the last 3 (0 = last 3 only)",
-        check=_non_negative,
+        check=non_negative,
         affects=(),
     )
-    local_epochs: int = setting(1, "local epochs per round", check=_positive, affects=())
+    local_epochs: int = setting(1, "local epochs per round", check=positive, affects=())
     local_steps: int = setting(
         0,
         "local steps per round (0 = use local-epochs)",
-        check=_non_negative,
+        check=non_negative,
         affects=(),
     )
-    batch_size: int = setting(16, "local batch size", check=_positive, affects=())
-    eval_batch_size: int = setting(64, "evaluation batch size", check=_positive, affects=())
-    learning_rate: float = setting(1e-3, "AdamW learning rate", check=_positive, affects=())
-    weight_decay: float = setting(0.0, "AdamW weight decay", check=_non_negative, affects=())
+    batch_size: int = setting(16, "local batch size", check=positive, affects=())
+    eval_batch_size: int = setting(64, "evaluation batch size", check=positive, affects=())
+    learning_rate: float = setting(1e-3, "AdamW learning rate", check=positive, affects=())
+    weight_decay: float = setting(0.0, "AdamW weight decay", check=non_negative, affects=())
     max_seq_length: int = setting(
-        128, "tokeniser max length", check=_positive, affects=(TOKENISATION,)
+        128, "tokeniser max length", check=positive, affects=(TOKENISATION,)
     )
     doc_stride: int = setting(
         64,
         "extractive QA: token overlap of context windows",
-        check=_non_negative,
+        check=non_negative,
         affects=(TOKENISATION,),
     )
     aggregation_weights: str = setting(
         "uniform",
         "client weights",
-        check=_one_of("uniform", "num-examples"),
+        check=one_of("uniform", "num-examples"),
         affects=(),
     )
     a_init_std: float = setting(
         0.02,
         "FLoRG: std of the initial A (A = 0 is excluded)",
-        check=_positive,
+        check=positive,
         affects=(MODEL,),
     )
     projection_init: str = setting(
         "semi-orthogonal",
         "FLoRG: initialisation of L and R",
-        check=_one_of("semi-orthogonal", "kaiming", "svd"),
+        check=one_of("semi-orthogonal", "kaiming", "svd"),
         affects=(MODEL,),
     )
     subtract_init: bool = setting(False, "FLoRG: subtract s L A1^T A1 R from W0", affects=(MODEL,))
@@ -277,37 +218,37 @@ class RunConfig:
     projection_sharing: str = setting(
         "shape",
         "FLoRG: one L, R per layer shape (from seed + shape) or per module (seed + name)",
-        check=_one_of("shape", "module"),
+        check=one_of("shape", "module"),
         affects=(MODEL,),
     )
     server_device: str = setting(
         "auto",
         "FLoRG server step device",
-        check=_one_of("auto", "cpu", "cuda"),
+        check=one_of("auto", "cpu", "cuda"),
         affects=(),
     )
     rank_mismatch: str = setting(
         "procrustes",
         "FLoRG when r' > r: Procrustes over all r' rows, or top-r eigenpairs then Procrustes",
-        check=_one_of("procrustes", "truncate"),
+        check=one_of("procrustes", "truncate"),
         affects=(),
     )
     lora_init: str = setting(
         "default",
         "LoRA baselines' init",
-        check=_one_of("default", "federa-svd"),
+        check=one_of("default", "federa-svd"),
         affects=(MODEL,),
     )
     fedex_residual: str = setting(
         "dense",
         "FedEx residual transport",
-        check=_one_of("dense", "factored"),
+        check=one_of("dense", "factored"),
         affects=(MODEL,),
     )
     device: str = setting(
         "auto",
         "torch device for training",
-        check=_one_of("auto", "cpu", "cuda"),
+        check=one_of("auto", "cpu", "cuda"),
         affects=(),
     )
     progress_bar: bool = setting(False, "show a progress bar during local training", affects=())
@@ -321,13 +262,13 @@ class RunConfig:
     fault_kind: str = setting(
         "raise",
         "testing: how it misbehaves (scale: adapter x fault-scale; claim: fault-scale examples)",
-        check=_one_of("raise", "nan", "shape", "scale", "claim"),
+        check=one_of("raise", "nan", "shape", "scale", "claim"),
         affects=(),
     )
     run_name: str = setting(
         "",
         "run folder name ('' = timestamp-method-task)",
-        check=_folder_name_or_empty,
+        check=folder_name_or_empty,
         affects=(),
     )
     # -- issue 15: screening, fault injection, resume (docs/faults.md) --
@@ -337,28 +278,28 @@ class RunConfig:
     screen_kappa: float = setting(
         10.0,
         "screening: outlier above kappa x the median",
-        check=_at_least_one,
+        check=at_least_one,
         affects=(),
     )
     fault_scale: float = setting(
         10.0,
         "testing: factor of 'scale', count of 'claim'",
-        check=_positive,
+        check=positive,
         affects=(),
     )
     fault_server_round: int = setting(
-        0, "testing: ServerApp dies after round N", check=_non_negative, affects=()
+        0, "testing: ServerApp dies after round N", check=non_negative, affects=()
     )
     resume: str = setting("", "run folder to continue from its last checkpointed round", affects=())
     # -- issue 14: console and metric tracking (flower_app/console.py, tracking.py) --
     log_level: str = setting(
         "info",
         "debug: Flower's full records too",
-        check=_one_of("info", "debug"),
+        check=one_of("info", "debug"),
         affects=(),
     )
     tensorboard: str = setting(
-        "auto", "<run>/tensorboard/ events", check=_one_of("auto", "on", "off"), affects=()
+        "auto", "<run>/tensorboard/ events", check=one_of("auto", "on", "off"), affects=()
     )
 
     @property
@@ -443,32 +384,10 @@ def settings_for(config: RunConfig, *groups: str) -> dict[str, Any]:
     return {key: getattr(config, to_attr(key)) for key in keys_affecting(*groups)}
 
 
-def _coerce(key: str, value: Any) -> Any:
-    kind, check = SCHEMA[key].kind, SCHEMA[key].check
-    try:
-        if kind is bool:
-            if isinstance(value, str) and value.lower() in ("true", "false"):
-                value = value.lower() == "true"
-            if not isinstance(value, bool):
-                raise TypeError
-        elif kind is int:
-            if isinstance(value, bool) or float(value) != int(float(value)):
-                raise TypeError
-            value = int(float(value))
-        elif kind is float:
-            if isinstance(value, bool):
-                raise TypeError
-            value = float(value)
-        else:
-            value = str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}") from None
-    if check is not None and not check(value):
-        options = getattr(check, "options", None)
-        hint = f"one of {', '.join(options)}" if options else check.__name__.strip("_")
-        hint = getattr(check, "hint", hint)
-        raise ConfigError(f"{key}: bad value {value!r} (must be {hint})")
-    return value
+def coerce_setting(key: str, value: Any) -> Any:
+    """``value`` coerced to the type of setting ``key`` and checked (config_checks.py)."""
+    spec = SCHEMA[key]
+    return coerce(key, value, spec.kind, spec.check)
 
 
 def check_keys(values: Mapping[str, Any], origin: str) -> None:
@@ -477,29 +396,6 @@ def check_keys(values: Mapping[str, Any], origin: str) -> None:
         raise ConfigError(
             f"unknown setting(s) {unknown} in {origin}; known settings: {', '.join(SCHEMA)}"
         )
-
-
-def preset_path(name: str) -> Path:
-    """``conf/<name>.toml``, or ``name`` itself when it is a path ending in ``.toml``."""
-    return Path(name) if name.endswith(".toml") else CONF_DIR / f"{name}.toml"
-
-
-def load_preset(name: str) -> dict[str, Any]:
-    """The settings of the preset ``conf/<name>.toml`` (or a TOML path): a flat table of
-    run-config keys, the same file ``flwr run --run-config`` accepts. Unknown keys and bad
-    values raise ConfigError."""
-    path = preset_path(name)
-    if not path.is_file():
-        known = sorted(p.stem for p in CONF_DIR.glob("*.toml"))
-        raise ConfigError(f"preset: {path} not found; presets in conf/: {known}")
-    try:
-        values = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise ConfigError(f"preset: cannot read {path}: {err}") from err
-    check_keys(values, str(path))
-    for key, value in values.items():
-        _coerce(key, value)
-    return values
 
 
 def resolve_config(
@@ -515,7 +411,7 @@ def resolve_config(
     explicit = dict(explicit or {})
     check_keys(explicit, "the overrides")
     values = {**DEFAULTS, **run_config, **explicit}
-    resolved = {to_attr(k): _coerce(k, v) for k, v in values.items()}
+    resolved = {to_attr(k): coerce_setting(k, v) for k, v in values.items()}
     config = RunConfig(**resolved)
     if not config.targets:
         raise ConfigError("target-modules: name at least one module")

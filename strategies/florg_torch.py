@@ -32,28 +32,14 @@ Gram error of the direct path: with Pi = S^T S (a rank-r projector) and P = I - 
 A_new^T A_new - Q = -M^T P M, and ||M^T P M||_F^2 = tr(P G P G) = ||P G P||_F^2 (P^2 = P),
 an Nr x Nr quantity, so the diagnostic is computed without k x k matrices either.
 
-Where the time goes (one CPU thread, 7B decoder's q, v: 64 layers, k = 4096, N = 20,
-r = 8): the Gram products dominate, so A_prev rides along as r extra rows of the stack and
-one symmetric product [A; A_prev] A^T gives G and A_prev A^T together.  On CPU that
-product and the skinny S A go through NumPy's matmul on the same memory (no copy): it
-recognises T T^T and calls BLAS syrk, half the flops of torch's bmm, which has no
-symmetric variant.  The eigen- and singular-value decompositions are torch.linalg's,
-batched.  The stack is a buffer kept between calls (``_Staging``): the server aggregates
-the same shapes every round, and a fresh 335 MiB allocation costs more in page faults
-than the products on it.
-
-On CUDA: everything is torch on the device.  The inputs are stacked on the (pinned) host
-in their own dtype (float32 from the wire stays float32: half the bytes to move) and
-converted to float64 on the device; the numbers are the same as on the CPU up to
-rounding.  torch's batched eigh / eigvalsh / svd dispatch to cuSOLVER (one syevd per
-matrix above 32 x 32); the benchmark times it where a GPU exists.
+The stack itself (A_prev riding along as its last r rows, a buffer reused between calls,
+pinned and float32 on the host for CUDA), the choice of device and the Gram products,
+through BLAS syrk on CPU and bmm on CUDA: strategies/florg_device.py.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,32 +47,22 @@ import numpy as np
 import torch
 
 from strategies.florg import check_rank_mismatch, default_rtol
+from strategies.florg_device import (
+    F64,
+    STAGING,
+    gram_and_cross,
+    resolve_server_device,
+    stack_layers,
+    times_stack,
+)
 from strategies.validation import AggregationInputError, normalize_weights
 
 log = logging.getLogger(__name__)
 
-SERVER_DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-F64 = torch.float64
 # Layers per batched call are capped so that one stack of client matrices stays below this.
 MAX_STACK_BYTES = 1 << 30
 
 LayerInfo = dict[str, float | int]
-
-
-def resolve_server_device(device: str | torch.device = "auto") -> torch.device:
-    """'auto' -> CUDA when torch sees a GPU, else CPU; 'cuda' without a GPU is an error."""
-    if isinstance(device, torch.device):
-        return device
-    name = str(device)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cpu":
-        return torch.device("cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(f"server device {name!r} requested but CUDA is not available")
-        return torch.device(name)
-    raise ValueError(f"server device must be one of {SERVER_DEVICES}, got {name!r}")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -145,114 +121,6 @@ def _validated(
                 )
         prevs[layer], mats[layer] = prev, layer_mats
     return mats, w, prevs
-
-
-class _Staging:
-    """Reusable flat buffers, one per (device, dtype, pinned), for the stacked matrices.
-
-    The server aggregates the same shapes every round; a fresh stack of that size (335 MiB
-    for a 7B decoder's q, v with N = 20, r = 8) costs more in page faults than the batched
-    products on it (measured here: 0.94 s vs 0.38 s for the whole step on one CPU core), so
-    the buffer is kept and reused.  ``release_staging_buffers`` frees them.
-    """
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple[str, torch.dtype, bool], torch.Tensor] = {}
-        self.lock = threading.Lock()
-
-    def get(
-        self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, pin: bool = False
-    ) -> torch.Tensor:
-        key = (str(device), dtype, pin)
-        numel = math.prod(shape)
-        buf = self._buffers.get(key)
-        if buf is None or buf.numel() < numel:
-            self._buffers.pop(key, None)  # free the smaller one before allocating
-            buf = torch.empty(numel, dtype=dtype, device=device, pin_memory=pin)
-            self._buffers[key] = buf
-        return buf[:numel].view(shape)
-
-    def clear(self) -> None:
-        self._buffers.clear()
-
-
-_STAGING = _Staging()
-
-
-def release_staging_buffers() -> None:
-    """Free the stacking buffers kept between calls (they are re-allocated when needed)."""
-    with _STAGING.lock:
-        _STAGING.clear()
-
-
-def _stack(
-    names: Sequence[str],
-    mats: Mapping[str, list[np.ndarray]],
-    prevs: Mapping[str, np.ndarray],
-    device: torch.device,
-) -> torch.Tensor:
-    """(B x (Nr + r) x k) float64 on ``device``: layer b's A_1; ...; A_N; A_prev.
-
-    A_prev rides along as the last r rows so that one symmetric product gives both
-    G = M M^T and A_prev M^T (see ``_gram_and_cross``).  The result is a view of a reused
-    buffer (valid until the next call).  For CUDA the host side is pinned and float32 when
-    every client input is float32 (exact: float32 -> float64 is lossless; half the bytes
-    to move), converted on the device.  Raises naming a non-finite input.
-    """
-    first = mats[names[0]]
-    n, (r, k) = len(first), first[0].shape
-    shape = (len(names), (n + 1) * r, k)
-    if device.type == "cpu":
-        stacked = _STAGING.get(shape, F64, device)
-        host = stacked.numpy()
-    else:
-        all_f32 = all(a.dtype == np.float32 for name in names for a in mats[name])
-        host_t = _STAGING.get(shape, torch.float32 if all_f32 else F64, torch.device("cpu"), True)
-        host = host_t.numpy()
-    for b, name in enumerate(names):
-        for i, a in enumerate(mats[name]):
-            host[b, i * r : (i + 1) * r] = a
-        host[b, n * r :] = prevs[name]
-    if device.type != "cpu":
-        stacked = _STAGING.get(shape, F64, device)
-        stacked.copy_(host_t)
-        if host_t.dtype != F64:  # A_prev is float64 and must not be rounded
-            prev = np.stack([prevs[name] for name in names])
-            stacked[:, n * r :] = torch.from_numpy(prev).to(device)
-    # A NaN/Inf entry makes its client's sum non-finite; one reduction instead of a mask
-    # the size of the stack.  (A non-finite sum of finite entries, an overflow, is told
-    # apart by the exact check below and passes.)
-    clients = stacked[:, : n * r].reshape(len(names), n, r * k)
-    if not bool(torch.isfinite(clients.sum(dim=2)).all()):
-        finite = torch.isfinite(clients).all(dim=2)
-        if not bool(finite.all()):
-            b, i = (int(x) for x in torch.nonzero(~finite)[0])
-            raise AggregationInputError(f"{names[b]}[client {i}]: contains NaN/Inf entries")
-    return stacked
-
-
-def _gram_and_cross(T: torch.Tensor, rows: int) -> torch.Tensor:
-    """T T[:, :rows]^T for the stack T = [A; A_prev]: [[A A^T], [A_prev A^T]] per layer.
-
-    On CPU through NumPy's matmul on the same memory (no copy): it recognises T T^T and
-    calls BLAS ``syrk``, half the flops of torch's ``bmm``, which has no symmetric variant
-    (measured: 227 ms vs 357 ms for 64 layers of 160 x 4096, one thread).  On CUDA, bmm.
-    """
-    if T.device.type == "cpu":
-        Tn = T.numpy()
-        return torch.from_numpy(np.matmul(Tn, Tn.transpose(0, 2, 1)))[:, :, :rows]
-    return T @ T[:, :rows].mT
-
-
-def _times(C: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-    """C @ A for a few rows C (B x m x Nr) times the stack A (B x Nr x k).
-
-    On CPU through NumPy's matmul (OpenBLAS runs this skinny product about twice as fast
-    as torch's bmm here); on CUDA, bmm.
-    """
-    if C.device.type == "cpu":
-        return torch.from_numpy(np.matmul(C.contiguous().numpy(), A.numpy()))
-    return C @ A
 
 
 # --------------------------------------------------------------------------- batched math
@@ -360,7 +228,7 @@ def _group_step(
         new, err_sq = _from_factor(factor, use, lam, prev, procrustes)
         return new, rank, lam, err_sq
 
-    GX = _gram_and_cross(T, nr)
+    GX = gram_and_cross(T, nr)
     G = GX[:, :nr] * (d[:, None] * d[None, :])  # M M^T, eq. (Gram_agg) in the small space
     need_vectors = truncate or not procrustes
     lam, U = _descending_eigh(G, vectors=need_vectors)
@@ -369,7 +237,7 @@ def _group_step(
         # Top-r rows of A~ = U_r^T M only: 'truncate' (Eckart-Young) and the ablation.
         assert U is not None
         use = torch.clamp(rank, max=r)
-        factor = _times(U[:, :, :r].mT * d[None, None, :], A) * _index_mask(use, r)[:, :, None]
+        factor = times_stack(U[:, :, :r].mT * d[None, None, :], A) * _index_mask(use, r)[:, :, None]
         new, err_sq = _from_factor(factor, use, lam, prev, procrustes)
         return new, rank, lam, err_sq
 
@@ -383,7 +251,7 @@ def _group_step(
         every = direct.numel() == B  # the usual case: no copy of the stack
         Ad, Gd, Xd = (A, G, X) if every else (A[direct], G[direct], X[direct])
         S = _polar(Xd)  # (B' x r x Nr), orthonormal rows
-        new_d = _times(S * d[None, None, :], Ad)
+        new_d = times_stack(S * d[None, None, :], Ad)
         Z = torch.baddbmm(Gd, S.mT, S @ Gd, alpha=-1.0)  # (I - S^T S) G
         PGP = torch.baddbmm(Z, Z @ S.mT, S, alpha=-1.0)  # (I - S^T S) G (I - S^T S)
         err_d = torch.linalg.vector_norm(PGP, dim=(1, 2)) ** 2
@@ -399,7 +267,7 @@ def _group_step(
         rank_s = _numerical_rank(lam_s, rtol[deficient])
         lam[deficient], rank[deficient] = lam_s, rank_s
         n = max(int(rank_s.max()), 1)
-        factor = _times(U_s[:, :, :n].mT * d[None, None, :], A[deficient])
+        factor = times_stack(U_s[:, :, :n].mT * d[None, None, :], A[deficient])
         factor = factor * _index_mask(rank_s, n)[:, :, None]
         new[deficient], err_sq[deficient] = _from_factor(
             factor, rank_s, lam_s, prev[deficient], True
@@ -460,7 +328,7 @@ def aggregate_layers_torch(
     sqrt_w = torch.as_tensor(np.sqrt(w), dtype=F64, device=dev)
     new_As: dict[str, np.ndarray] = {}
     infos: dict[str, LayerInfo] = {}
-    with torch.no_grad(), _STAGING.lock:
+    with torch.no_grad(), STAGING.lock:
         for (r, k), names in groups.items():
             d = sqrt_w.repeat_interleave(r)  # sqrt(w_n) for each of client n's r rows
             per_layer = (n_clients + 1) * r * k * 8
@@ -468,7 +336,7 @@ def aggregate_layers_torch(
             tol = default_rtol(k, n_clients * r) if rtol is None else float(rtol)
             for start in range(0, len(names), chunk):
                 part = names[start : start + chunk]
-                T = _stack(part, mats, prevs, dev)
+                T = stack_layers(part, mats, prevs, dev)
                 rtol_b = torch.full((len(part),), tol, dtype=F64, device=dev)
                 new, rank, lam, err_sq = _group_step(T, d, r, rtol_b, procrustes, rank_mismatch)
                 infos.update(_infos(part, new, T[:, n_clients * r :], rank, lam, err_sq))

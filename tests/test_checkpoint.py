@@ -19,8 +19,9 @@ from flower_app.checkpoint import (
     restore_random_state,
     save_checkpoint,
 )
-from flower_app.config import DEFAULTS, ConfigError, load_preset, resolve_config
+from flower_app.config import DEFAULTS, ConfigError, resolve_config
 from flower_app.methods import build_strategy
+from flower_app.presets import load_preset
 from flower_app.recorder import RunRecorder
 from strategies.flower.base import from_array_record, to_array_record
 

@@ -24,12 +24,12 @@ from flower_app.config import (
     ConfigError,
     RunConfig,
     keys_affecting,
-    load_preset,
     resolve_config,
     setting,
     settings_for,
     to_attr,
 )
+from flower_app.presets import load_preset
 from flower_app.runtime import cached_adapted_model
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,11 +6,12 @@ It samples nodes like FedAvg, then in ``aggregate_train``
      records, missing or extra keys, a dtype other than float32/float64, a 0-d or
      3-d or otherwise mis-shaped array, an array whose serialised size exceeds its
      expected size, NaN/Inf, a ``num-examples`` / ``partition-id`` / ``train-loss``
-     that is not a finite number of the right kind), so it is never aggregated,
-  3. screens the rest (``screen-updates``, on by default; docs/faults.md): an update
-     whose distance from the global state it started from exceeds kappa times the
-     round's median distance is rejected, and a claimed ``num-examples`` above kappa
-     times the median claim is clipped to it,
+     that is not a finite number of the right kind; strategies/flower/replies.py), so
+     it is never aggregated,
+  3. screens the rest (``screen-updates``, on by default; docs/faults.md,
+     strategies/flower/screening.py): an update whose distance from the global state
+     it started from exceeds kappa times the round's median distance is rejected, and
+     a claimed ``num-examples`` above kappa times the median claim is clipped to it,
   4. weights the rest uniformly (the paper) or by ``num-examples``, in partition order
      (so the result does not depend on the order replies arrive in),
   5. calls the method's rule (``aggregate_adapter``) and FedAvgs the task head,
@@ -18,122 +19,59 @@ It samples nodes like FedAvg, then in ``aggregate_train``
      parameters and bytes actually sent and received this round, train loss, counts of
      failed / rejected / screened / clipped replies and the rule's diagnostics.
 Subclasses only implement ``aggregate_adapter``. ``state_arrays`` / ``state_json`` and
-``restore`` carry everything needed to continue a run from a checkpoint.
+``restore`` carry everything needed to continue a run from a checkpoint. The arrays
+travel as Flower ArrayRecords (strategies/flower/records.py).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from strategies.averaging import weighted_average
+from strategies.flower import replies as _replies
+from strategies.flower import screening as _screening
 from strategies.flower.participation import NodeLedger
+from strategies.flower.records import (
+    ADAPTER_SUFFIXES,
+    declared_params,
+    from_array_record,
+    record_params,
+    split_state,
+    to_array_record,
+)
+from strategies.flower.replies import Reply, ReplyRejected, metric_number
+from strategies.flower.screening import DEFAULT_KAPPA
 from strategies.validation import normalize_weights
+
+# Re-exported: the apps, the method modules and the tests import these from here.
+__all__ = [
+    "ADAPTER_SUFFIXES",
+    "DEFAULT_KAPPA",
+    "AdapterStrategy",
+    "Reply",
+    "ReplyRejected",
+    "declared_params",
+    "from_array_record",
+    "metric_number",
+    "record_params",
+    "split_state",
+    "to_array_record",
+]
 
 log = logging.getLogger("flwr.florg")  # propagates to Flower's console handler
 INFO = logging.INFO
 
-ADAPTER_SUFFIXES: tuple[str, ...] = (".A", ".lora_A", ".lora_B")
 _NOT_AVERAGED = frozenset({"num-examples", "partition-id"})  # of clients' evaluation metrics
-ACCEPTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-REPLY_RECORDS = frozenset({"arrays", "metrics"})
-NPY_HEADER_SLACK = 4096  # bytes of .npy header allowed on top of the array's own data
-DEFAULT_KAPPA = 10.0  # docs/faults.md: honest spreads measured up to ~6x the median
-
-
-class ReplyRejected(ValueError):
-    """A client reply that must not be aggregated."""
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A checked client reply."""
-
-    node: int
-    partition: int
-    arrays: dict[str, np.ndarray]
-    num_examples: float
-    train_loss: float
-
-
-def metric_number(metrics: Any, key: str, *, required: bool = True) -> float | None:
-    """``metrics[key]`` as a finite float, None when absent and not ``required``;
-    ReplyRejected when it is missing, a list, a bool, NaN or infinite."""
-    if key not in metrics:
-        if required:
-            raise ReplyRejected(f"metric {key!r} is missing")
-        return None
-    value = metrics[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ReplyRejected(f"metric {key!r} must be a number, got {type(value).__name__}")
-    if not math.isfinite(float(value)):
-        raise ReplyRejected(f"metric {key!r} must be finite, got {value}")
-    return float(value)
-
-
-def declared_params(message_content: Any) -> int:
-    """Array entries a message's ArrayRecords declare (their shapes; nothing deserialised)."""
-    total = 0
-    for rec in message_content.array_records.values():
-        for arr in rec.values():
-            try:
-                total += int(np.prod(arr.shape, dtype=np.int64))
-            except (TypeError, ValueError):
-                continue
-    return total
-
-
-def _low_median(values: np.ndarray) -> float:
-    """The lower median: the median for an odd count, the smaller middle value otherwise
-    (with two clients, the larger one is compared with the smaller)."""
-    ordered = np.sort(np.asarray(values, np.float64))
-    return float(ordered[(len(ordered) - 1) // 2])
-
-
-def to_array_record(state: Mapping[str, np.ndarray]) -> ArrayRecord:
-    """float32 ArrayRecord of named arrays (ArrayRecord cannot carry bfloat16)."""
-    return ArrayRecord(
-        array_dict={k: Array(np.ascontiguousarray(v, dtype=np.float32)) for k, v in state.items()}
-    )
-
-
-def from_array_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {k: v.numpy() for k, v in record.items()}
-
-
-def record_params(message_content: Any) -> int:
-    """Number of array entries carried by all ArrayRecords of a message's content."""
-    return int(
-        sum(
-            arr.numpy().size
-            for rec in message_content.array_records.values()
-            for arr in rec.values()
-        )
-    )
-
-
-def split_state(state: Mapping[str, np.ndarray]) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
-    """({layer: {'A' | 'lora_A' | 'lora_B': array}}, {head key: array})."""
-    layers: dict[str, dict[str, np.ndarray]] = {}
-    head: dict[str, np.ndarray] = {}
-    for key, value in state.items():
-        suffix = next((s for s in ADAPTER_SUFFIXES if key.endswith(s)), None)
-        if suffix is None:
-            head[key] = value
-        else:
-            layers.setdefault(key[: -len(suffix)], {})[suffix[1:]] = value
-    return layers, head
 
 
 class AdapterStrategy(FedAvg):
@@ -193,135 +131,24 @@ class AdapterStrategy(FedAvg):
         return message
 
     # -- receiving ----------------------------------------------------------------------
-    def check_array(self, key: str, array: Array) -> np.ndarray:
-        """One reply array, deserialised only once its size is plausible; ReplyRejected
-        unless it is a float32/float64 array of exactly the global array's shape."""
-        expected = self.global_state[key].shape
-        limit = int(np.prod(expected, dtype=np.int64)) * 8 + NPY_HEADER_SLACK
-        if len(array.data) > limit:
-            raise ReplyRejected(
-                f"{key}: {len(array.data)} bytes, more than the {limit} an array of shape "
-                f"{expected} can take"
-            )
-        try:
-            value = array.numpy()
-        except Exception as err:  # wrong stype, not .npy, object dtype (no pickles)
-            raise ReplyRejected(f"{key}: cannot be read as a numeric array ({err})") from None
-        if value.dtype not in ACCEPTED_DTYPES:
-            raise ReplyRejected(f"{key}: dtype {value.dtype} (only float32/float64 accepted)")
-        if value.ndim != len(expected):
-            raise ReplyRejected(f"{key}: {value.ndim}-d array, expected {len(expected)}-d")
-        if value.shape != expected:
-            raise ReplyRejected(f"{key}: shape {value.shape} != expected {expected}")
-        if not np.all(np.isfinite(value)):
-            raise ReplyRejected(f"{key}: contains NaN/Inf")
-        return value
-
     def check_reply(self, message: Message) -> Reply:
-        """The checked reply, or ReplyRejected with the reason (never aggregated)."""
-        content = message.content
-        if "arrays" not in content.array_records or "metrics" not in content.metric_records:
-            raise ReplyRejected("reply lacks the 'arrays' ArrayRecord or the 'metrics' record")
-        extra = sorted(set(content.keys()) - REPLY_RECORDS)
-        if extra:
-            raise ReplyRejected(f"unexpected records {extra[:3]}")
-        record = content["arrays"]
-        missing = sorted(set(self.global_state) - set(record.keys()))
-        unexpected = sorted(set(record.keys()) - set(self.global_state))
-        if missing or unexpected:
-            raise ReplyRejected(f"keys differ: missing {missing[:3]}, unexpected {unexpected[:3]}")
-        metrics = content["metrics"]
-        num_examples = metric_number(metrics, "num-examples")
-        if not num_examples > 0:
-            raise ReplyRejected(f"num-examples must be > 0, got {num_examples}")
-        partition = metric_number(metrics, "partition-id", required=False)
-        if partition is not None and (partition != int(partition) or partition < 0):
-            raise ReplyRejected(f"partition-id must be an integer >= 0, got {partition}")
-        train_loss = metric_number(metrics, "train-loss", required=False)
-        arrays = {key: self.check_array(key, record[key]) for key in self.global_state}
-        return Reply(
-            node=int(message.metadata.src_node_id),
-            partition=-1 if partition is None else int(partition),
-            arrays=arrays,
-            num_examples=float(num_examples),
-            train_loss=math.nan if train_loss is None else train_loss,
-        )
+        """The checked reply, or ReplyRejected with the reason (never aggregated):
+        ``strategies.flower.replies.check_reply`` against the global state sent."""
+        return _replies.check_reply(message, self.global_state)
 
     def screen(
         self, server_round: int, replies: list[Reply]
     ) -> tuple[list[Reply], list[float], dict]:
-        """Outlier screening (on unless ``screen-updates=false``; docs/faults.md).
-
-        For each client n and each group of tensors it sends (the adapter: every layer's
-        A, or lora_A / lora_B; the task head), d_n = ||x_n - x_prev||_F over the group,
-        x_prev the global state the round started from. A client is rejected when
-        d_n > kappa * median(d) in any group (the lower median, see ``_low_median``).
-        FLoRG needs this most: its server step sums Q = sum_n w_n A_n^T A_n (paper,
-        eq. Gram_agg), quadratic in A_n, so a client sending c * A weighs c^2 times its
-        share; it is screened on ||A_n - A_prev||, linear in the attack. Claimed example
-        counts above kappa times the median claim are clipped to it. Returns the kept
-        replies, their (clipped) example counts and the metrics."""
-        metrics: dict[str, float] = {"screened": 0, "clipped": 0}
-        sizes = [r.num_examples for r in replies]
-        if len(replies) < 2:
-            return replies, sizes, metrics
-        head = split_state(self.global_state)[1]
-        adapter_keys = [k for k in self.global_state if k not in head]
-        groups = {"adapter": adapter_keys, "head": list(head)}
-        reasons: dict[int, str] = {}
-        worst = 0.0
-        for group, keys in groups.items():
-            if not keys:
-                continue
-            prev = self.global_state
-            d = np.array(
-                [
-                    math.sqrt(sum(float(np.sum((r.arrays[k] - prev[k]) ** 2)) for k in keys))
-                    for r in replies
-                ]
-            )
-            scale = math.sqrt(sum(float(np.sum(prev[k] ** 2)) for k in keys))
-            median = max(_low_median(d), 1e-12 * (1.0 + scale))
-            ratios = d / median
-            worst = max(worst, float(ratios.max()))
-            for i in np.flatnonzero(ratios > self.screen_kappa):
-                reasons.setdefault(
-                    int(i),
-                    f"{group} update distance {d[i]:.4g} = {ratios[i]:.1f} x the round's "
-                    f"median {median:.4g} (kappa {self.screen_kappa:g})",
-                )
-        metrics["screen-ratio-max"] = worst  # measured also with screening off
-        if not self.screen_updates:
-            return replies, sizes, metrics
-        kept: list[Reply] = []
-        for i, r in enumerate(replies):
-            if i in reasons:
-                log.warning(
-                    "round %d: screened out update from partition %s (node %s): %s",
-                    server_round,
-                    r.partition,
-                    r.node,
-                    reasons[i],
-                )
-            else:
-                kept.append(r)
-        metrics["screened"] = len(reasons)
-        claims = np.array([r.num_examples for r in kept])
-        cap = self.screen_kappa * _low_median(claims)
-        for r in kept:
-            if r.num_examples > cap:
-                log.warning(
-                    "round %d: partition %s (node %s) claims %.6g examples, clipped to %.6g "
-                    "(kappa %g x the round's median claim)",
-                    server_round,
-                    r.partition,
-                    r.node,
-                    r.num_examples,
-                    cap,
-                    self.screen_kappa,
-                )
-        metrics["clipped"] = int(np.sum(claims > cap))
-        return kept, np.minimum(claims, cap).tolist(), metrics
+        """Outlier screening (on unless ``screen-updates=false``; docs/faults.md and
+        ``strategies.flower.screening``): the kept replies, their (clipped) example
+        counts and the metrics."""
+        return _screening.screen(
+            server_round,
+            replies,
+            self.global_state,
+            kappa=self.screen_kappa,
+            enabled=self.screen_updates,
+        )
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
