@@ -7,7 +7,8 @@ SuperLink + SuperNodes (TLS on loopback), per-round wall time side by side, in o
 
 Sizes (default): model all-MiniLM-L6-v2, task snli, 2 clients (IID), 600 training / 200
 validation examples, batch 16, max length 128, 3 rounds, 1 local epoch -- the settings of
-``benchmarks/simulation_overhead.py`` (imported from there, so both pin the same values).
+``benchmarks/simulation_overhead.py`` (both import them from
+``benchmarks/lib/overhead_settings.py``, so both pin the same values).
 
 Modes, run one after another in this process:
 
@@ -46,7 +47,7 @@ for path in (REPO_ROOT, REPO_ROOT / "benchmarks"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from simulation_overhead import RUN_NAME, Sizes, run_settings  # noqa: E402
+from lib.overhead_settings import RUN_NAME, Sizes, run_settings  # noqa: E402
 
 MODES = ("simulation", "deployment", "deployment-no-cache")
 
