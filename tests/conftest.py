@@ -80,7 +80,11 @@ def _server_start(args) -> str | None:
         os.path.basename(argv[0]) in SERVER_PROGRAMS
         or any(module == m or module.startswith(m + ".") for m in SERVER_MODULES)
         or ("-c" in argv and any("flwr.cli" in a for a in argv))  # launch's flwr fallback
-        or (os.path.basename(argv[0]) == "florg" and SERVER_COMMANDS & set(argv[1:2]))
+        or (
+            os.path.basename(argv[0]) == "florg"
+            and SERVER_COMMANDS & set(argv[1:2])
+            and not {"-h", "--help"} & set(argv)  # a command's help starts nothing
+        )
     ):
         return shlex.join(argv)
     return None

@@ -82,6 +82,7 @@ def test_unknown_subcommand_and_bare_florg_are_usage_errors():
     assert "launch" in bare.stderr
 
 
+@pytest.mark.integration  # runs the launcher, which the guard counts as a server start
 def test_subcommand_exit_status_is_passed_through(tmp_path):
     """A launch refused for a bad run config exits 2 (EXIT_USAGE) through the script too."""
     out = _run(FLORG, "launch", "--flwr-home", tmp_path, "--set", "no-such-key=1", "--quiet")

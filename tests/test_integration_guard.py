@@ -64,3 +64,4 @@ def test_florg_commands_that_start_runs_are_recognised() -> None:
     assert _server_start(["florg", "deploy", "up"])
     assert _server_start(["florg", "assets", "fetch"]) is None
     assert _server_start(["florg", "--help"]) is None
+    assert _server_start(["florg", "launch", "--help"]) is None
