@@ -42,11 +42,11 @@ from florg_tools.assets.fetch import (
     cache_root,
     fetch,
     fetch_asset,
-    main,
     read_stamp,
     select_assets,
     write_registry,
 )
+from florg_tools.assets.fetch import main as _fetch_main
 
 __all__ = [
     "ASSETS",
@@ -86,3 +86,8 @@ __all__ = [
     "write_jsonl",
     "write_registry",
 ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m florg_tools.assets`` / ``florg assets``, with this docstring as --help."""
+    return _fetch_main(argv, description=__doc__)

@@ -148,12 +148,11 @@ def fetch(
     return registry
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from florg_tools import assets  # its docstring is the command's description
-
+def main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
+    """The command line; ``description`` is its --help text (the package's docstring)."""
     parser = argparse.ArgumentParser(
         prog="python -m florg_tools.assets",
-        description=assets.__doc__,
+        description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
