@@ -191,10 +191,26 @@ def train(msg: Message, context: Context) -> Message:
 def personalised_evaluate(msg: Message, context: Context) -> Message:
     """Evaluate the global arrays plus this node's own state (FedSA-LoRA's B) on its share
     of the validation split (partitioned like the training data): the task's metrics
-    (accuracy, or exact-match and f1), loss, score and num-examples."""
+    (accuracy, or exact-match and f1), loss, score and num-examples.
+
+    A method with personal parts has no single global model to compare with the other
+    methods, so its node also scores its personalised model on the splits every method is
+    compared on: the whole held-out test split where the server scores test
+    (``RunConfig.tests_round``; metrics ``test-*``) and the whole validation split in the
+    last three rounds, which tuning reads (``val-*``). The server averages these over
+    nodes with equal weight (``personalized-test-score``: the mean node's model)."""
     config, pid, num_partitions, adapted = _prepare(msg, context, training=False)
     adapted.method.receive_on_client(msg, context, adapted)  # FedEx-LoRA's fold
-    metrics = evaluate_task(config, adapted.model, pick_device(config.device), pid, num_partitions)
+    device = pick_device(config.device)
+    metrics = evaluate_task(config, adapted.model, device, pid, num_partitions)
+    if adapted.method.personal:
+        server_round = int(_message_config(msg).get("server-round", 0))
+        if config.tests_round(server_round):
+            test = evaluate_task(config, adapted.model, device, split="test")
+            metrics |= {f"test-{key}": value for key, value in test.items()}
+        if server_round > config.num_server_rounds - 3:
+            val = evaluate_task(config, adapted.model, device)
+            metrics |= {f"val-{key}": value for key, value in val.items()}
     adapted.model.to("cpu")
     metrics["partition-id"] = pid
     return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

@@ -59,9 +59,10 @@ def make_tiny_bert(directory: Path, num_labels: int = 2, seed: int = 0) -> Path:
 
 
 def make_sentiment_task(
-    directory: Path, n_train: int = 240, n_eval: int = 80, seed: int = 0
+    directory: Path, n_train: int = 240, n_eval: int = 80, seed: int = 0, n_test: int = 40
 ) -> Path:
-    """train.jsonl / validation.jsonl with 'sentence' and 'label' (1 = more positive words)."""
+    """train.jsonl / validation.jsonl / test.jsonl (none with ``n_test=0``) with 'sentence'
+    and 'label' (1 = more positive words)."""
     rng = random.Random(seed)
     directory.mkdir(parents=True, exist_ok=True)
 
@@ -72,7 +73,9 @@ def make_sentiment_task(
         rng.shuffle(words)
         return {"sentence": " ".join(words), "label": label}
 
-    for split, n in (("train", n_train), ("validation", n_eval)):
+    for split, n in (("train", n_train), ("validation", n_eval), ("test", n_test)):
+        if n == 0:
+            continue
         with (directory / f"{split}.jsonl").open("w") as f:
             for _ in range(n):
                 f.write(json.dumps(example()) + "\n")

@@ -51,6 +51,7 @@ RESUMABLE_KEYS = frozenset(
         "device",
         "fault-server-round",
         "test-every",
+        "eval-every",
         "log-level",  # issue 14: what the console and run folder show, not what is computed
         "tensorboard",
     }

@@ -175,6 +175,12 @@ class RunConfig:
         check=non_negative,
         affects=(),
     )
+    eval_every: int = setting(
+        1,
+        "validation rounds: 0, every N-th and the last 3 (0 = last 3 only)",
+        check=non_negative,
+        affects=(),
+    )
     local_epochs: int = setting(1, "local epochs per round", check=positive, affects=())
     local_steps: int = setting(
         0,
@@ -321,11 +327,16 @@ class RunConfig:
     def tests_round(self, server_round: int) -> bool:
         """Whether the server scores the held-out test split after ``server_round``:
         round 0, every ``test-every``-th round and the last three (the reported ones)."""
-        if self.max_test_examples <= 0:
-            return False
-        last = self.num_server_rounds
-        every = self.test_every > 0 and server_round % self.test_every == 0
-        return server_round == 0 or every or server_round > last - 3
+        return self.max_test_examples > 0 and self._scheduled(server_round, self.test_every)
+
+    def validates_round(self, server_round: int) -> bool:
+        """Whether the server scores the validation split after ``server_round``: round 0,
+        every ``eval-every``-th round and the last three (what tuning reads)."""
+        return self._scheduled(server_round, self.eval_every)
+
+    def _scheduled(self, server_round: int, every: int) -> bool:
+        periodic = every > 0 and server_round % every == 0
+        return server_round == 0 or periodic or server_round > self.num_server_rounds - 3
 
     def as_dict(self) -> dict[str, Any]:
         return {key: getattr(self, to_attr(key)) for key in SCHEMA}

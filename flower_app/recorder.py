@@ -18,6 +18,7 @@ from typing import Any
 from flwr.common.logger import log as flwr_log
 
 from flower_app.config import RunConfig
+from flower_app.methods import get_method
 from flower_app.paths import run_folder
 from flower_app.tracking import open_tracker
 
@@ -53,6 +54,13 @@ class RunRecorder:
     ``score-metric`` naming it: ``accuracy`` for classification (``score`` = accuracy),
     ``f1`` for extractive QA (``score`` = F1 / 100; the row's ``f1`` and ``exact-match``
     are percentages as in the official SQuAD script, and its ``accuracy`` is null).
+
+    The reported scores are the global model's (``test-score``; ``score`` on validation),
+    except for a method with personal parts evaluated on its clients (FedSA-LoRA): its
+    global model has B = 0 and is no method output, so its reported scores are its
+    clients' personalised models on the same splits, averaged over clients
+    (``personalized-test-score``, ``personalized-val-score``). The summary names the keys
+    it reports (``test-score-key``, ``val-score-key``) so tuning and reports read the same.
     """
 
     def __init__(
@@ -80,6 +88,9 @@ class RunRecorder:
         # interrupted run had written for those rounds.
         purge = int(self.rows[-1]["round"]) + 1 if self.rows else None
         self.tracker = open_tracker(config.tensorboard, run_dir, purge_step=purge)
+        personal = config.clients_evaluate and get_method(config.method).personal
+        self.test_key = "personalized-test-score" if personal else "test-score"
+        self.val_key = "personalized-val-score" if personal else "score"
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the recorder."""
@@ -118,6 +129,12 @@ class RunRecorder:
         for key, value in round_metrics.items():
             if key not in ("up-params", "down-params"):
                 row[key] = value
+        if server_round == 0 and self.test_key != "test-score":
+            # Before training every client's personal parts are at their zero initialisation:
+            # each personalised model is the global model, scored on the same test split.
+            for key in ("test-score", "test-accuracy", "test-loss"):
+                if key in row:
+                    row[f"personalized-{key}"] = row[key]
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row, default=_json_default) + "\n")
@@ -135,6 +152,8 @@ class RunRecorder:
             parts.append(f"acc {row['accuracy']:.4f} loss {row['loss']:.4f}")
         if row.get("test-score") is not None:
             parts.append(f"test {self.score_metric} {row['test-score']:.4f}")
+        if row.get("personalized-test-score") is not None:
+            parts.append(f"personal test score {row['personalized-test-score']:.4f}")
         if "personalized-f1" in row:
             parts.append(f"personal F1 {row['personalized-f1']:.2f}")
         elif "personalized-accuracy" in row:
@@ -155,21 +174,36 @@ class RunRecorder:
         parts.append(f"{row['elapsed-seconds']:.0f}s")
         flwr_log(INFO, " | ".join(parts))
 
-    def _test_summary(self) -> dict[str, Any]:
-        """The held-out test score of the final round and its mean over the last three
-        rounds (less round-to-round noise); absent when the run scored no test split."""
-        tested = [r for r in self.rows if r.get("test-score") is not None]
+    def _test_summary(self, key: str) -> dict[str, Any]:
+        """The held-out test score ``key`` of the final round and its mean over the last
+        three rounds (less round-to-round noise); absent when the run scored no test split."""
+        tested = [r for r in self.rows if r.get(key) is not None]
         if not tested:
             return {}
         last_round = self.config.num_server_rounds
-        last3 = [r["test-score"] for r in tested if r["round"] > last_round - 3]
+        last3 = [r[key] for r in tested if r["round"] > last_round - 3]
         final = tested[-1] if tested[-1]["round"] == last_round else {}
+        loss_key = key.removesuffix("score") + "loss"
         return {
-            "final-test-score": final.get("test-score"),
-            "final-test-loss": final.get("test-loss"),
+            "final-test-score": final.get(key),
+            "final-test-loss": final.get(loss_key),
             "test-last3": _mean(last3) if len(last3) == 3 else None,
             "test-examples": tested[-1].get("test-num-examples"),
         }
+
+    def _reported_scores(self) -> dict[str, Any]:
+        """The reported test scores, the keys they come from, and (for a personal method)
+        its global model's scores beside them."""
+        summary = {
+            **self._test_summary(self.test_key),
+            "test-score-key": self.test_key,
+            "val-score-key": self.val_key,
+        }
+        if self.test_key != "test-score":
+            glob = self._test_summary("test-score")
+            summary["global-final-test-score"] = glob.get("final-test-score")
+            summary["global-test-last3"] = glob.get("test-last3")
+        return summary
 
     def write_summary(self, extra: dict[str, Any]) -> dict[str, Any]:
         last = self.rows[-1] if self.rows else {}
@@ -186,7 +220,7 @@ class RunRecorder:
             "final-score": last.get("score"),
             "initial-score": first.get("score"),
             **{f"final-{k}": last[k] for k in QA_METRICS if k in last},
-            **self._test_summary(),
+            **self._reported_scores(),
             "total-up-params": self.totals["up-params"],
             "total-down-params": self.totals["down-params"],
             "total-params": self.totals["up-params"] + self.totals["down-params"],

@@ -171,7 +171,7 @@ def tokenized_split(
     config: RunConfig, split: str, partition_id: int = 0, num_partitions: int = 1
 ) -> datasets.Dataset:
     """Tokenised ``split`` ('train', 'eval' or 'test'), optionally one client's partition
-    of it (the test split is never partitioned: only the server scores it).
+    of it (the test split is never partitioned: every scorer of it scores it whole).
 
     Classification: inputs + ``labels``; extractive QA: the features (windows) of the
     partition's examples, inputs + ``start_positions`` / ``end_positions``."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flower_app.config import RunConfig
+from flower_app.config import ConfigError, RunConfig
 from flower_app.qa_eval import evaluate_qa
 from flower_app.task_data import load_task_data, make_loader, qa_eval_set, tokenized_split
 from flower_app.training import evaluate
@@ -28,6 +28,8 @@ def evaluate_task(
     """The task's metrics of ``model`` on (a partition of) the validation split, or on
     the held-out test split with ``split="test"``."""
     if load_task_data(config).is_qa:
+        if split != "eval":
+            raise ConfigError(f"extractive-QA tasks are evaluated on 'eval' only, not {split!r}")
         eval_set = qa_eval_set(config, partition_id, num_partitions)
         loader = make_loader(eval_set.features, config.eval_batch_size, shuffle=False, seed=0)
         qa = evaluate_qa(model, eval_set, loader, device)

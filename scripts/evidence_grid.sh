@@ -1,30 +1,56 @@
 #!/usr/bin/env bash
-# The evidence grids (issue 11) at their fixed commit, resumable across sittings.
+# The evidence grids (issue 11), each at the commit its published runs were made at,
+# resumable across sittings.
 #
-#   bash scripts/evidence_grid.sh [DIR]              # prepare DIR (default ../florg-evidence), run
-#   PREPARE_ONLY=1 bash scripts/evidence_grid.sh DIR # prepare only; then `list` shows what is done
+#   bash scripts/evidence_grid.sh [ROOT]               # prepare ROOT (default ../florg-evidence), run
+#   PREPARE_ONLY=1 bash scripts/evidence_grid.sh ROOT  # prepare only
 #
-# The grids run from a git worktree of EVIDENCE_COMMIT (the commit every published evidence
-# run was made at) with its own .venv. Runs already published under docs/results/evidence/
-# are copied into the worktree's results/ first, so the runner skips them; then `evidence`,
-# `evidence-ablations` and `evidence-snli` run in that order. Publish what has finished from
-# this checkout with:
-#   florg experiments evidence evidence --out DIR/results/evidence \
+# A grid's commit is fixed once its first run is published (GRIDS below, in run order):
+#   evidence, evidence-ablations  f8959ae  (before the issue-14 redesign; module paths
+#                                           flower_app.experiments)
+#   evidence-fedsa, evidence-snli EVIDENCE_NEW (FedSA-LoRA scored by its clients'
+#                                           personalised models; eval-every)
+# Each commit gets a git worktree ROOT/<commit> with its own .venv. The grid files are
+# data, copied from this checkout (the f8959ae one lists FedSA-LoRA, which moved to
+# evidence-fedsa). Runs already published under docs/results/evidence/ are copied into the
+# worktree's results/ first, so the runner skips them. Publish what has finished from this
+# checkout with:
+#   florg experiments evidence evidence --out ROOT/f8959ae/results/evidence \
+#       --with evidence-fedsa=ROOT/<new>/results/evidence-fedsa ... \
 #       --publish docs/results/evidence
+# (or see docs/results.md, "Continuing the grids").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EVIDENCE_COMMIT=f8959ae
-DIR="${1:-../florg-evidence}"
+EVIDENCE_OLD=f8959ae
+EVIDENCE_NEW="${EVIDENCE_NEW:-$(cat conf/grids/EVIDENCE_COMMIT)}"
+GRIDS=(
+  "evidence $EVIDENCE_OLD flower_app.experiments"
+  "evidence-fedsa $EVIDENCE_NEW florg_tools.experiments"
+  "evidence-ablations $EVIDENCE_OLD flower_app.experiments"
+  "evidence-snli $EVIDENCE_NEW florg_tools.experiments"
+)
+ROOT="${1:-../florg-evidence}"
 PUBLISHED=docs/results/evidence
-if [ ! -d "$DIR" ]; then
-  git worktree add --detach "$DIR" "$EVIDENCE_COMMIT"
-fi
-[ "$(git -C "$DIR" rev-parse --short=7 HEAD)" = "$EVIDENCE_COMMIT" ] \
-  || { echo "evidence_grid: $DIR is not at $EVIDENCE_COMMIT" >&2; exit 2; }
-# The ablation grid was written after that commit; it is data for the runner, not code.
-cp conf/grids/evidence-ablations.yaml "$DIR/conf/grids/"
-for grid in evidence evidence-ablations evidence-snli; do
-  out="$DIR/results/$grid"
+mkdir -p "$ROOT"
+
+prepare() {  # commit -> worktree with its .venv, grid files and published runs
+  local commit=$1 dir="$ROOT/$1"
+  if [ ! -d "$dir" ]; then
+    git worktree add --detach "$dir" "$commit"
+  fi
+  [ "$(git -C "$dir" rev-parse --short=7 HEAD)" = "${commit:0:7}" ] \
+    || { echo "evidence_grid: $dir is not at $commit" >&2; exit 2; }
+  (cd "$dir" && bash scripts/setup.sh)
+}
+
+for commit in $EVIDENCE_OLD $EVIDENCE_NEW; do
+  prepare "$commit"
+done
+for entry in "${GRIDS[@]}"; do
+  read -r grid commit _ <<<"$entry"
+  dir="$ROOT/$commit"
+  cp "conf/grids/$grid.yaml" "$dir/conf/grids/"
+  out="$dir/results/$grid"
   mkdir -p "$out/runs"
   if [ -d "$PUBLISHED/runs/$grid" ]; then
     cp -rn "$PUBLISHED/runs/$grid/." "$out/runs/"
@@ -33,12 +59,15 @@ for grid in evidence evidence-ablations evidence-snli; do
   [ ! -f "$PUBLISHED/$grid-centralised.json" ] \
     || cp "$PUBLISHED/$grid-centralised.json" "$out/centralised.json"
 done
-(cd "$DIR" && bash scripts/setup.sh)
 [ -z "${PREPARE_ONLY:-}" ] || exit 0
-cd "$DIR"
-. .venv/bin/activate
+
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
-python -m flower_app.assets fetch
-for grid in evidence evidence-ablations evidence-snli; do
-  python -m flower_app.experiments run "$grid" --no-report
+for entry in "${GRIDS[@]}"; do
+  read -r grid commit module <<<"$entry"
+  (
+    cd "$ROOT/$commit"
+    . .venv/bin/activate
+    python -m "${module%.experiments}.assets" fetch
+    python -m "$module" run "$grid" --no-report
+  )
 done

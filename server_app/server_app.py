@@ -68,9 +68,11 @@ class GlobalEvaluator:
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         self.load(arrays)
-        t0 = time.perf_counter()
-        metrics = evaluate_task(self.config, self.adapted.model, self.device)
-        metrics["eval-seconds"] = time.perf_counter() - t0
+        metrics: dict[str, float] = {}
+        if self.config.validates_round(server_round):  # what tuning and the curves read
+            t0 = time.perf_counter()
+            metrics = evaluate_task(self.config, self.adapted.model, self.device)
+            metrics["eval-seconds"] = time.perf_counter() - t0
         if self.config.tests_round(server_round):  # the held-out test split: reported scores
             t0 = time.perf_counter()
             test = evaluate_task(self.config, self.adapted.model, self.device, split="test")

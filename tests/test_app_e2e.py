@@ -56,6 +56,7 @@ def run(superlink, assets, name: str, **settings):
         "run-name": name,
         "progress-bar": False,
         "save-client-updates": True,
+        "max-test-examples": 40,
         **settings,
     }
     outcome = run_flower_app(ROOT, connection, config, home, timeout=600, stream=None)
@@ -106,8 +107,27 @@ def test_every_method_runs_end_to_end(superlink, assets, method):
         for key in ("rank", "gram_rel_error", "drift", "eigengap", "agg-seconds"):
             assert np.isfinite(history[2][key]), key
         check_florg_round(run_dir / "updates" / "round-2.npz", method == "florg")
+    assert [r["round"] for r in history if "test-score" in r] == [0, 1, 2]
     if method == "fedsa-lora":
-        assert 0.0 <= history[2]["personalized-accuracy"] <= 1.0
+        check_personalised_scores(history, summary)
+    else:
+        assert summary["test-score-key"] == "test-score"
+        assert summary["final-test-score"] == history[2]["test-score"]
+
+
+def check_personalised_scores(history: list[dict], summary: dict) -> None:
+    """FedSA-LoRA is reported by its clients' personalised models on the common test split
+    (its global model has B = 0), and tuned on them on the common validation split."""
+    assert 0.0 <= history[2]["personalized-accuracy"] <= 1.0  # each client's own share
+    assert summary["test-score-key"] == "personalized-test-score"
+    assert summary["val-score-key"] == "personalized-val-score"
+    assert summary["final-test-score"] == history[2]["personalized-test-score"]
+    assert summary["global-final-test-score"] == history[2]["test-score"]
+    # round 0: every personalised model is the global one; later they differ from it
+    assert history[0]["personalized-test-loss"] == history[0]["test-loss"]
+    for row in history[1:]:
+        assert row["personalized-test-loss"] != row["test-loss"]
+        assert 0.0 <= row["personalized-val-score"] <= 1.0
 
 
 def check_florg_round(path: Path, procrustes: bool) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.experiments.evidence import write_evidence
+from florg_tools.experiments.evidence import collect_methods, write_evidence
 from florg_tools.experiments.grid import GRIDS_DIR, TUNING_BLOCK, GridError, load_grid
 from florg_tools.experiments.runs import is_finished, run_dir
 from florg_tools.experiments.tuning import choose_tuned, load_choices, selection_score
@@ -194,3 +194,57 @@ def test_the_shipped_evidence_grids_label_their_runs_by_method():
     assert method_label({"method": "florg", "rank-mismatch": "truncate"}) == (
         "florg rank-mismatch=truncate"
     )
+
+
+def _fake_personal_run(out: Path, run, val: list[float], test: list[float]) -> None:
+    """A FedSA-LoRA run folder: its global model stays at 0.5, its clients' personalised
+    models score ``val`` / ``test`` (what the recorder reports for a personal method)."""
+    _fake_run(out, run, [0.5] * len(val), [0.5] * len(test))
+    folder = run_dir(out, run)
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    for row, v, t in zip(rows, val, test, strict=True):
+        row |= {"personalized-val-score": v, "personalized-test-score": t}
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = json.loads((folder / "summary.json").read_text())
+    summary |= {
+        "final-test-score": test[-1],
+        "test-last3": sum(test[-3:]) / 3,
+        "test-score-key": "personalized-test-score",
+        "val-score-key": "personalized-val-score",
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_method_from_another_grid_folder_joins_the_report_with_its_reported_keys(tmp_path):
+    from florg_tools.experiments.__main__ import main
+
+    main_path, fedsa_path = tmp_path / "ev.yaml", tmp_path / "ev-fedsa.yaml"
+    main_path.write_text(GRID)
+    fedsa_path.write_text(GRID.replace("name: ev", "name: ev-fedsa").replace(
+        "method: [florg, fedit]", "method: [fedsa-lora]"))  # fmt: skip
+    out, fedsa_out = tmp_path / "out", tmp_path / "elsewhere"
+    grid, fedsa = load_grid(main_path), load_grid(fedsa_path)
+    for run in grid.runs:
+        _fake_run(out, run, [0.5] + [0.6] * 4, [0.5] + [0.8] * 4)
+    for run in fedsa.runs:  # validation of the personalised models picks 0.002
+        good = run.overrides["learning-rate"] == 0.002
+        _fake_personal_run(fedsa_out, run, [0.5] + [0.7 if good else 0.6] * 4, [0.5] + [0.75] * 4)
+    fedsa = load_grid(fedsa_path, choose_tuned(fedsa, fedsa_out)["choices"])
+    for run in fedsa.runs:
+        if run.overrides["seed"] > 0:
+            _fake_personal_run(fedsa_out, run, [0.5] + [0.7] * 4, [0.5] + [0.75] * 4)
+    grid = load_grid(main_path, choose_tuned(grid, out)["choices"])
+    for run in grid.runs:
+        if run.overrides["seed"] > 0:
+            _fake_run(out, run, [0.5] + [0.6] * 4, [0.5] + [0.8] * 4)
+    args = ["evidence", str(main_path), "--out", str(out), "--with", f"{fedsa_path}={fedsa_out}"]
+    assert main(args) == 0
+    summary = json.loads((out / "evidence" / "summary.json").read_text())
+    entry = summary["tasks"]["movie-sentiment"]["methods"]["fedsa-lora"]
+    assert entry["lr"] == 0.002 and entry["seeds"] == [0, 1, 2]
+    assert entry["test_final"] == [0.75, 0.75, 0.75]
+    report = (out / "evidence.md").read_text()
+    assert "| FLoRG beats fedsa-lora | movie-sentiment | test final, 3 seeds |" in report
+    curves = collect_methods(grid, out, [(fedsa, fedsa_out)])["movie-sentiment"]
+    assert curves["fedsa-lora"].curves[1] == [(0, 0.5)] + [(t, 0.75) for t in range(1, 5)]
+    assert curves["florg"].curves[1] == [(0, 0.5)] + [(t, 0.8) for t in range(1, 5)]

@@ -3,7 +3,7 @@
     python -m florg_tools.experiments run GRID [--out DIR] [--only TEXT ...] [--max-runs N]
     python -m florg_tools.experiments report GRID [--out DIR]
     python -m florg_tools.experiments list GRID
-    python -m florg_tools.experiments evidence GRID [--with GRID ...] [--publish DIR]
+    python -m florg_tools.experiments evidence GRID [--with GRID[=DIR] ...] [--publish DIR]
 
 GRID is a YAML file or the name of one in conf/grids/. ``run`` runs the unfinished runs
 through the Flower simulation engine (finished ones are skipped, so it resumes) and then
@@ -123,9 +123,9 @@ def _parser() -> argparse.ArgumentParser:
                 dest="others",
                 nargs="*",
                 default=[],
-                metavar="GRID",
-                help="more grids whose runs join the report (other tasks, ablations; read "
-                "from their default folders results/<name>)",
+                metavar="GRID[=DIR]",
+                help="more grids whose runs join the report (other tasks, ablations, a "
+                "method run at another commit), read from DIR (default: results/<name>)",
             )
         if name in ("run", "report", "evidence"):
             cmd.add_argument(
@@ -163,9 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "evidence":
         ablations = []
-        for name in args.others:
+        for spec in args.others:
+            name, _, folder = spec.partition("=")
             other = load_grid(name)
-            other_out = (DEFAULT_RESULTS / other.name).resolve()
+            other_out = (Path(folder) if folder else DEFAULT_RESULTS / other.name).resolve()
             if other.tuning is not None:
                 other = load_grid(other.path, load_choices(other_out))
             ablations.append((other, other_out))

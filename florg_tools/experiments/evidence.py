@@ -70,10 +70,9 @@ def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str],
         entry.test_final.append(float(summary["final-test-score"]))
         entry.test_last3.append(float(summary["test-last3"]))
         rows = load_metrics(folder / "metrics.jsonl")
+        test_key = summary.get("test-score-key", "test-score")  # FedSA: personalised models
         entry.curves[seed] = [
-            (int(r["round"]), float(r["test-score"]))
-            for r in rows
-            if r.get("test-score") is not None
+            (int(r["round"]), float(r[test_key])) for r in rows if r.get(test_key) is not None
         ]
         rounds = max(1, int(summary.get("rounds") or 1))
         entry.params_per_round = float(summary.get("total-params", 0)) / rounds

@@ -33,7 +33,8 @@ def swing_row(folder: Path, one_class: float, tolerance: float = 0.005) -> str |
         return None
     if summary.get("status") != "finished":
         return None
-    accuracy = [float(r["accuracy"]) for r in load_metrics(folder / "metrics.jsonl")]
+    rows = load_metrics(folder / "metrics.jsonl")
+    accuracy = [float(r["accuracy"]) for r in rows if r.get("accuracy") is not None]
     trained = accuracy[1:]  # after round 0, the model before any training
     stuck = sum(1 for a in trained if abs(a - one_class) < tolerance)
     swing = max((abs(b - a) for a, b in pairwise(trained)), default=0.0)

@@ -22,13 +22,17 @@ __all__ = ["SELECT_ROUNDS", "choose_tuned", "load_choices", "selection_score"]
 SELECT_ROUNDS = 3
 
 
-def selection_score(rows: list[dict[str, Any]], last: int = SELECT_ROUNDS) -> float | None:
-    """Mean validation ``score`` over the last ``last`` rounds (None if any is missing)."""
+def selection_score(
+    rows: list[dict[str, Any]], last: int = SELECT_ROUNDS, key: str = "score"
+) -> float | None:
+    """Mean validation score ``key`` over the last ``last`` rounds (None if any is
+    missing). ``key`` is what the run's summary names as its ``val-score-key``: the global
+    model's ``score``, or a personal method's ``personalized-val-score``."""
     scored = sorted((r for r in rows if r.get("round", 0) > 0), key=lambda r: r["round"])
     tail = scored[-last:]
-    if len(tail) < last or any(r.get("score") is None for r in tail):
+    if len(tail) < last or any(r.get(key) is None for r in tail):
         return None
-    return sum(float(r["score"]) for r in tail) / len(tail)
+    return sum(float(r[key]) for r in tail) / len(tail)
 
 
 def choose_tuned(grid: Grid, out: Path) -> dict[str, Any]:
@@ -45,7 +49,9 @@ def choose_tuned(grid: Grid, out: Path) -> dict[str, Any]:
         value = run.axes[tuning.key]
         score = None
         if is_finished(folder, run):
-            score = selection_score(load_metrics(folder / "metrics.jsonl"))
+            summary = json.loads((folder / "summary.json").read_text())
+            key = summary.get("val-score-key", "score")
+            score = selection_score(load_metrics(folder / "metrics.jsonl"), key=key)
         entry["scores"][repr(value)] = score
         entry["runs"][repr(value)] = run.run_id
     choices = {}

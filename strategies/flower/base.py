@@ -72,6 +72,7 @@ log = logging.getLogger("flwr.florg")  # propagates to Flower's console handler
 INFO = logging.INFO
 
 _NOT_AVERAGED = frozenset({"num-examples", "partition-id"})  # of clients' evaluation metrics
+COMMON_SPLIT_PREFIXES = ("test-", "val-")  # metrics on a split every client scores whole
 
 
 class AdapterStrategy(FedAvg):
@@ -231,9 +232,10 @@ class AdapterStrategy(FedAvg):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Clients' own (personalised) evaluation, weighted by their example counts: every
-        metric a client reports (accuracy or exact-match / f1, loss, score) becomes
-        ``personalized-<metric>``."""
+        """Clients' own (personalised) evaluation: every metric a client reports (accuracy
+        or exact-match / f1, loss, score) becomes ``personalized-<metric>``, weighted by the
+        clients' example counts; metrics on a split every client scores whole (``test-*``,
+        ``val-*``, see client_app.personalised_evaluate) are the plain mean over clients."""
         rows = []
         for msg in replies:
             if msg.has_error():
@@ -260,9 +262,15 @@ class AdapterStrategy(FedAvg):
             return None
         n = np.array([r[0] for r in rows])
         keys = sorted(set.intersection(*(set(r[1]) for r in rows)))
-        result: dict[str, float] = {
-            f"personalized-{k}": float(np.dot(n, [r[1][k] for r in rows]) / n.sum()) for k in keys
-        }
+        result: dict[str, float] = {}
+        for k in keys:
+            values = [r[1][k] for r in rows]
+            # A node's own share: weighted by its examples. A split every node scores whole
+            # (test-*, val-*): each node's model counts once.
+            common = k.startswith(COMMON_SPLIT_PREFIXES)
+            result[f"personalized-{k}"] = float(
+                np.mean(values) if common else np.dot(n, values) / n.sum()
+            )
         result["personalized-clients"] = len(rows)
         self.round_metrics.setdefault(server_round, {}).update(result)
         return MetricRecord(result)
