@@ -8,7 +8,7 @@
 # A grid's commit is fixed once its first run is published (GRIDS below, in run order):
 #   evidence, evidence-ablations  f8959ae  (before the issue-14 redesign; module paths
 #                                           flower_app.experiments)
-#   evidence-fedsa, evidence-snli EVIDENCE_NEW (FedSA-LoRA scored by its clients'
+#   evidence-fedsa, evidence-snli 4f4c5b1  (FedSA-LoRA scored by its clients'
 #                                           personalised models; eval-every)
 # Each commit gets a git worktree ROOT/<commit> with its own .venv. The grid files are
 # data, copied from this checkout (the f8959ae one lists FedSA-LoRA, which moved to
@@ -22,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EVIDENCE_OLD=f8959ae
-EVIDENCE_NEW="${EVIDENCE_NEW:-$(cat conf/grids/EVIDENCE_COMMIT)}"
+EVIDENCE_NEW=4f4c5b1
 GRIDS=(
   "evidence $EVIDENCE_OLD flower_app.experiments"
   "evidence-fedsa $EVIDENCE_NEW florg_tools.experiments"
