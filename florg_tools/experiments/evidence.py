@@ -225,10 +225,13 @@ def _communication_rows(task: str, ref: MethodRuns, by_method: dict[str, MethodR
         if label.startswith(f"{REFERENCE}-"):  # FLoRG's own ablations send what FLoRG sends
             continue
         factor = runs.params_per_round / ref.params_per_round
+        if runs.params_per_round == ref.params_per_round:
+            outcome = "does not hold (equal)"
+        else:
+            outcome = "holds" if factor > 1 else "does not hold"
         rows.append(
             f"| FLoRG sends less than {label} | {task} | parameters per round, "
-            f"{label} / FLoRG | {factor:.2f}x (exact count) | "
-            f"{'holds' if factor > 1 else 'does not hold'} |"
+            f"{label} / FLoRG | {factor:.2f}x (exact count) | {outcome} |"
         )
     return rows
 
