@@ -250,3 +250,13 @@ def test_a_method_from_another_grid_folder_joins_the_report_with_its_reported_ke
     curves = collect_methods(grid, out, [(fedsa, fedsa_out)])["movie-sentiment"]
     assert curves["fedsa-lora"].curves[1] == [(0, 0.5)] + [(t, 0.75) for t in range(1, 5)]
     assert curves["florg"].curves[1] == [(0, 0.5)] + [(t, 0.8) for t in range(1, 5)]
+
+
+def test_each_paired_difference_is_named_by_the_claim_it_decides():
+    from florg_tools.experiments.evidence import _claim
+
+    assert _claim("fedit") == "FLoRG beats fedit"
+    assert _claim("florg-no-procrustes") == "Procrustes helps (FLoRG − no Procrustes)"
+    assert _claim("florg rank-mismatch=truncate") == (
+        "rank-mismatch: the paper's Procrustes over all r' rows beats truncate"
+    )
