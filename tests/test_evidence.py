@@ -147,6 +147,8 @@ def test_evidence_report_pairs_seeds_and_writes_the_schema(tmp_path):
         "test_last3": pytest.approx([0.8, 0.81, 0.78]),
     }
     assert task["methods"]["fedit"]["seeds"] == [0, 1, 2]
+    above = sum(florg["test_final"]) / 3 - task["chance"]
+    assert f"| {above:+.4f} |" in report  # FLoRG's mean final score above chance
     # paired differences are exactly 0.1 on every seed: a zero-width interval above 0
     row = "| FLoRG beats fedit | movie-sentiment | test final, 3 seeds | 0.1000 [0.1000, 0.1000] |"
     assert f"{row} holds |" in report

@@ -155,9 +155,9 @@ def _task_lines(task: str, info: dict[str, Any], by_method: dict[str, MethodRuns
         f"{info['chance']:.4f}; centralised reference: "
         + ("not measured" if info["centralised"] is None else f"{info['centralised']:.4f}"),
         "",
-        "| method | lr | seeds | test, final round | test, mean of last 3 | "
-        f"{REFERENCE} − method, final [95% CI] | wins of {REFERENCE} |",
-        "|---|---|---|---|---|---|---|",
+        "| method | lr | seeds | test, final round | test, mean of last 3 | above chance, final "
+        f"(mean) | {REFERENCE} − method, final [95% CI] | wins of {REFERENCE} |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     ref = by_method.get(REFERENCE)
     for label, runs in by_method.items():
@@ -167,9 +167,10 @@ def _task_lines(task: str, info: dict[str, Any], by_method: dict[str, MethodRuns
             if paired is not None:
                 diff = str(paired.difference)
                 wins = f"{paired.wins}/{len(common)}"
+        above = sum(runs.test_final) / len(runs.test_final) - info["chance"]
         lines.append(
             f"| {label} | {runs.lr:g} | {len(runs.seeds)} | {mean_interval(runs.test_final)} | "
-            f"{mean_interval(runs.test_last3)} | {diff} | {wins} |"
+            f"{mean_interval(runs.test_last3)} | {above:+.4f} | {diff} | {wins} |"
         )
     return lines + [""]
 
