@@ -2,10 +2,15 @@
 whose global model predicts one class, and the largest change between consecutive rounds.
 
     python -m florg_tools.experiments.swings docs/results/evidence/runs/evidence \
-        [--one-class 0.47] [--seed 0]
+        [--one-class 0.47] [--seed 0] [--florg]
 
 prints a markdown table, one row per finished run (learning rate, method), as in
-docs/results.md ("What the tuning runs show so far").
+docs/results.md ("What the tuning runs show so far"). With ``--florg`` it prints, per
+finished FLoRG run, whether the server step moves with the swings: the range of the
+round's Gram error of the rank-r factor (``gram_rel_error``) and of the drift of A
+(``drift``), their correlation over rounds with the absolute change of validation
+accuracy, and their mean in the rounds where accuracy fell by more than 0.1 against the
+other rounds.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import json
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
+
+import numpy as np
 
 from florg_tools.experiments.communication import load_metrics
 
@@ -61,6 +68,75 @@ def swing_table(runs: Path, one_class: float, seed: int | None = None) -> str:
     return "\n".join([HEADER, *(row for *_, row in sorted(rows))])
 
 
+FLORG_HEADER = (
+    "| lr | seed | method | gram_rel_error, range | drift, range | corr(abs change, Gram "
+    "error) | corr(abs change, drift) | Gram error: drops / other rounds | drift: drops / "
+    "other rounds |\n|---|---|---|---|---|---|---|---|---|"
+)
+DROP = 0.1  # a fall in validation accuracy between consecutive rounds worth the name
+
+
+def _corr(a: np.ndarray, b: np.ndarray) -> str:
+    if len(a) < 3 or np.std(a) == 0 or np.std(b) == 0:
+        return "–"
+    return f"{np.corrcoef(a, b)[0, 1]:+.2f}"
+
+
+def _split_means(values: np.ndarray, drops: np.ndarray) -> str:
+    if not drops.any() or drops.all():
+        return "–"
+    return f"{values[drops].mean():.3f} / {values[~drops].mean():.3f}"
+
+
+def florg_row(folder: Path) -> str | None:
+    """The ``--florg`` row of a finished FLoRG run folder (None otherwise)."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if summary.get("status") != "finished" or not str(config["method"]).startswith("florg"):
+        return None
+    metrics = [r for r in load_metrics(folder / "metrics.jsonl") if r.get("accuracy") is not None]
+    by_round = {int(r["round"]): float(r["accuracy"]) for r in metrics}
+    # The change of round t is measured from round t-1 (both validated).
+    rows = [
+        r
+        for r in metrics
+        if r.get("gram_rel_error") is not None and int(r["round"]) - 1 in by_round
+    ]
+    if not rows:
+        return None
+    change = np.array([by_round[int(r["round"])] - by_round[int(r["round"]) - 1] for r in rows])
+    gram = np.array([float(r["gram_rel_error"]) for r in rows])
+    drift = np.array([float(r["drift"]) for r in rows])
+    drops = change < -DROP
+    variant = "" if config.get("rank-mismatch", "procrustes") == "procrustes" else (
+        f" rank-mismatch={config['rank-mismatch']}")  # fmt: skip
+    return (
+        f"| {config['learning-rate']:g} | {config['seed']} | {config['method']}{variant} | "
+        f"{gram.min():.3f}-{gram.max():.3f} | {drift.min():.3f}-{drift.max():.3f} | "
+        f"{_corr(np.abs(change), gram)} | {_corr(np.abs(change), drift)} | "
+        f"{_split_means(gram, drops)} | {_split_means(drift, drops)} |"
+    )
+
+
+def florg_table(runs: Path, seed: int | None = None) -> str:
+    rows = []
+    for folder in sorted(p for p in Path(runs).iterdir() if p.is_dir()):
+        try:
+            config = json.loads((folder / "config.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if seed is not None and config.get("seed") != seed:
+            continue
+        row = florg_row(folder)
+        if row is not None:
+            key = (float(config["learning-rate"]), int(config["seed"]), str(config["method"]))
+            rows.append((key, row))
+    return "\n".join([FLORG_HEADER, *(row for _, row in sorted(rows))])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m florg_tools.experiments.swings", description=__doc__,
@@ -72,8 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the validation accuracy of a model predicting one class (movie sentiment: 0.47)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=None, help="only runs of this seed")
+    parser.add_argument(
+        "--florg", action="store_true",
+        help="FLoRG's server step against the swings (Gram error, drift) instead",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    print(swing_table(args.runs, args.one_class, args.seed))
+    if args.florg:
+        print(florg_table(args.runs, args.seed))
+    else:
+        print(swing_table(args.runs, args.one_class, args.seed))
     return 0
 
 
