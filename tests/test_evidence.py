@@ -241,8 +241,18 @@ def test_a_method_from_another_grid_folder_joins_the_report_with_its_reported_ke
     for run in grid.runs:
         if run.overrides["seed"] > 0:
             _fake_run(out, run, [0.5] + [0.6] * 4, [0.5] + [0.8] * 4)
+    first = run_dir(out, grid.runs[0])
+    (first / "checkpoint" / "round-000004").mkdir(parents=True)
+    (first / "checkpoint" / "round-000004" / "arrays.safetensors").write_bytes(b"final")
+    (first / "checkpoint" / "round-000003").mkdir(parents=True)
+    (first / "checkpoint" / "round-000003" / "arrays.safetensors").write_bytes(b"older")
+    published = tmp_path / "docs"
     args = ["evidence", str(main_path), "--out", str(out), "--with", f"{fedsa_path}={fedsa_out}"]
-    assert main(args) == 0
+    assert main([*args, "--publish", str(published)]) == 0
+    copied = published / "runs" / "ev" / first.name
+    assert (copied / "checkpoint" / "round-000004" / "arrays.safetensors").read_bytes() == b"final"
+    assert not (copied / "checkpoint" / "round-000003").exists()  # only the last round
+    assert (published / "runs" / "ev-fedsa").is_dir() and (published / "summary.json").is_file()
     summary = json.loads((out / "evidence" / "summary.json").read_text())
     entry = summary["tasks"]["movie-sentiment"]["methods"]["fedsa-lora"]
     assert entry["lr"] == 0.002 and entry["seeds"] == [0, 1, 2]

@@ -85,7 +85,18 @@ def publish_evidence(
                 dest.mkdir(parents=True, exist_ok=True)
                 for name in ("config.json", "metrics.jsonl", "summary.json"):
                     shutil.copy2(folder / name, dest / name)
+                _publish_final_arrays(folder, dest)
     return target
+
+
+def _publish_final_arrays(folder: Path, dest: Path) -> None:
+    """The last checkpoint's global arrays (adapter and head, 80-160 kB for MiniLM), so the
+    published run can be probed (florg_tools/experiments/probe.py) without re-running it."""
+    rounds = sorted(folder.glob("checkpoint/round-*/arrays.safetensors"))
+    if rounds:
+        relative = rounds[-1].relative_to(folder)
+        (dest / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(rounds[-1], dest / relative)
 
 
 def _parser() -> argparse.ArgumentParser:
