@@ -1,0 +1,73 @@
+"""florg_tools/experiments/results_doc.py: the report's tables land between the markers."""
+
+from __future__ import annotations
+
+import pytest
+
+from florg_tools.experiments.results_doc import fill, sync
+
+REPORT = """# Evidence: ev
+
+## Tuning of `ev` (validation score, seed 0)
+
+| combination | lr = 1 | chosen |
+|---|---|---|
+| method=florg | 0.7 | 1 |
+
+## Test scores
+
+### movie-sentiment
+
+Chance (majority class of the 40 test examples): 0.5100; centralised reference: 0.7750
+
+| method | lr |
+|---|---|
+| florg | 0.001 |
+
+## Verdicts
+
+| claim | verdict |
+|---|---|
+| FLoRG beats fedit | holds |
+
+![plot](plots/x.png)
+"""
+
+DOC = """# Results
+
+<!-- STATUS -->
+
+### Verdicts
+
+<!-- VERDICTS -->
+
+### Test scores
+
+<!-- TESTS -->
+
+<!-- TUNING -->
+
+## Appendix
+"""
+
+
+def test_sync_copies_each_table_and_replaces_an_earlier_copy(tmp_path):
+    doc, report = tmp_path / "results.md", tmp_path / "README.md"
+    doc.write_text(DOC)
+    report.write_text(REPORT)
+    sync(doc, report, "**Status: 1 of 2 runs.**")
+    text = doc.read_text()
+    assert "| FLoRG beats fedit | holds |" in text and "plots/x.png" not in text
+    assert "#### movie-sentiment" in text and "| florg | 0.001 |" in text
+    assert "`ev`:\n\n| combination | lr = 1 | chosen |" in text
+    assert "<!-- STATUS -->\n**Status: 1 of 2 runs.**\n<!-- /STATUS -->" in text
+    report.write_text(REPORT.replace("| holds |", "| does not hold |"))
+    sync(doc, report)  # a second copy replaces the first; the status stays
+    text = doc.read_text()
+    assert text.count("FLoRG beats fedit") == 1 and "| does not hold |" in text
+    assert "**Status: 1 of 2 runs.**" in text and text.endswith("## Appendix\n")
+
+
+def test_a_missing_marker_is_an_error():
+    with pytest.raises(ValueError, match="VERDICTS"):
+        fill("# nothing here", "VERDICTS", "x")
