@@ -11,7 +11,12 @@ import pytest
 from florg_tools.experiments.evidence import collect_methods, write_evidence
 from florg_tools.experiments.grid import GRIDS_DIR, TUNING_BLOCK, GridError, load_grid
 from florg_tools.experiments.runs import is_finished, run_dir
-from florg_tools.experiments.tuning import choose_tuned, load_choices, selection_score
+from florg_tools.experiments.tuning import (
+    choose_tuned,
+    load_choices,
+    selection_score,
+    tuning_markdown,
+)
 from flower_app.config import resolve_config
 from flower_app.data.loading import load_task_splits, load_task_test
 from flower_app.data.tasks import resolve_task
@@ -111,6 +116,28 @@ def test_bad_tuning_sections_are_refused(tmp_path, tuning, message):
     path.write_text(GRID.replace(GRID.split("\n")[4], f"tuning: {tuning}"))
     with pytest.raises(GridError, match=message):
         load_grid(path)
+
+
+def test_tuning_table_marks_a_choice_at_an_end_of_the_range():
+    def entry(scores: list[float], chosen: float | None) -> dict:
+        table = {repr(v): s for v, s in zip([5e-4, 1e-3, 2e-3], scores, strict=True)}
+        return {"scores": table, **({} if chosen is None else {"chosen": chosen})}
+
+    document = {
+        "key": "lr",
+        "values": [5e-4, 1e-3, 2e-3],
+        "table": {
+            "a": entry([0.6, 0.7, 0.8], 2e-3),
+            "b": entry([0.8, 0.7, 0.6], 5e-4),
+            "c": entry([0.6, 0.8, 0.7], 1e-3),
+            "d": {"scores": {repr(5e-4): 0.6}},
+        },
+    }
+    rows = {line.split(" | ")[0].strip("| "): line for line in tuning_markdown(document)[2:]}
+    assert rows["a"].endswith("| 0.002 (largest tried) |")
+    assert rows["b"].endswith("| 0.0005 (smallest tried) |")
+    assert rows["c"].endswith("| 0.8000 | 0.7000 | 0.001 |")
+    assert rows["d"].endswith("| 0.6000 | – | – | – |")
 
 
 def test_evidence_report_pairs_seeds_and_writes_the_schema(tmp_path):

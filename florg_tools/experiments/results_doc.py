@@ -24,7 +24,8 @@ INTRO = {
     "centralised reference: LoRA trained on all the data in one process, "
     "`evidence-centralised.json`):",
     "TUNING": "From the same report (mean validation score of the last 3 rounds; for "
-    "FedSA-LoRA its personalised models'):",
+    "FedSA-LoRA its personalised models'; a choice marked *largest tried* or *smallest "
+    "tried* sits at an end of the range, so that method's best value may lie outside it):",
 }
 
 

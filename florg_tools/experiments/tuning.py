@@ -93,8 +93,18 @@ def tuning_markdown(document: dict[str, Any]) -> list[str]:
         for v in values:
             score = entry["scores"].get(repr(v))
             cells.append("–" if score is None else f"{score:.4f}")
-        chosen = entry.get("chosen")
-        lines.append(
-            f"| {combo} | " + " | ".join(cells) + f" | {'–' if chosen is None else f'{chosen:g}'} |"
-        )
+        lines.append(f"| {combo} | " + " | ".join(cells) + f" | {_chosen_cell(entry, values)} |")
     return lines
+
+
+def _chosen_cell(entry: dict[str, Any], values: list[Any]) -> str:
+    """The chosen value, marked when it sits at an end of the candidate range: the best
+    value may then lie outside the range (the method is possibly under-tuned)."""
+    chosen = entry.get("chosen")
+    if chosen is None:
+        return "–"
+    if len(values) > 1 and chosen == max(values):
+        return f"{chosen:g} (largest tried)"
+    if len(values) > 1 and chosen == min(values):
+        return f"{chosen:g} (smallest tried)"
+    return f"{chosen:g}"
