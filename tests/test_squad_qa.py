@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -363,10 +362,6 @@ def test_partitions_split_examples_never_features(tiny, scheme):
 # --------------------------------------------------------------------------- end to end
 
 
-# FLoRG always; every method with FLORG_QA_E2E_METHODS=all (or a comma-separated list).
-E2E_METHODS = os.environ.get("FLORG_QA_E2E_METHODS", "florg")
-
-
 @pytest.fixture(scope="module")
 def superlink(tmp_path_factory):
     from tests.flower_harness import local_simulation_superlink
@@ -378,8 +373,6 @@ def superlink(tmp_path_factory):
 @pytest.mark.integration
 @pytest.mark.parametrize("method", METHODS)
 def test_span_head_trains_through_the_flower_simulation(tiny, superlink, tmp_path, method):
-    if E2E_METHODS != "all" and method not in E2E_METHODS.split(","):
-        pytest.skip(f"{method}: set FLORG_QA_E2E_METHODS=all (CI runs florg only)")
     from florg_tools.flwr_cli import run_flower_app
 
     model, task = tiny
