@@ -182,6 +182,10 @@ def test_evidence_report_pairs_seeds_and_writes_the_schema(tmp_path):
     assert "FLoRG sends less than half of FedIT" in report
     factor = "| FLoRG sends less than fedit | movie-sentiment | parameters per round, fedit / FLoRG"
     assert f"{factor} | 2.00x (exact count) | holds |" in report
+    # the numbers behind the per-round plot: mean over the three seeds at every round
+    assert "| method | round 0 | round 1 | round 2 | round 3 | round 4 |" in report
+    assert "| florg | 0.500 | 0.797 | 0.797 | 0.797 | 0.797 |" in report
+    assert "| fedit | 0.500 | 0.697 | 0.697 | 0.697 | 0.697 |" in report
     assert (out / "plots" / "evidence_forest.png").read_bytes()[:4] == b"\x89PNG"
 
 

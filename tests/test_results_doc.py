@@ -24,6 +24,12 @@ Chance (majority class of the 40 test examples): 0.5100; centralised reference: 
 |---|---|
 | florg | 0.001 |
 
+Test score per tested round, mean over seeds:
+
+| method | round 0 |
+|---|---|
+| florg | 0.500 |
+
 ## Verdicts
 
 | claim | verdict |
@@ -59,6 +65,7 @@ def test_sync_copies_each_table_and_replaces_an_earlier_copy(tmp_path):
     text = doc.read_text()
     assert "| FLoRG beats fedit | holds |" in text and "plots/x.png" not in text
     assert "#### movie-sentiment" in text and "| florg | 0.001 |" in text
+    assert "Test score per tested round, mean over seeds:\n\n| method | round 0 |" in text
     assert "`ev`:\n\n| combination | lr = 1 | chosen |" in text
     assert "<!-- STATUS -->\n**Status: 1 of 2 runs.**\n<!-- /STATUS -->" in text
     report.write_text(REPORT.replace("| holds |", "| does not hold |"))

@@ -9,7 +9,8 @@ centralised reference) it writes:
   and the mean test score of the last three rounds;
 - ``evidence.md``: the tuning table, per task a table of every method's test score (mean
   and 95% t interval over seeds) with the paired difference FLoRG − method (95% t interval
-  over the shared seeds, win count), and a verdict table, one row per claim of the paper;
+  over the shared seeds, win count), the mean test score over seeds at every tested round,
+  and a verdict table, one row per claim of the paper;
 - ``plots/evidence_test_per_round.png`` (test score per round, mean over seeds with the
   95% band) and ``plots/evidence_forest.png`` (the paired differences with their intervals).
 
@@ -172,6 +173,34 @@ def _task_lines(task: str, info: dict[str, Any], by_method: dict[str, MethodRuns
             f"| {label} | {runs.lr:g} | {len(runs.seeds)} | {mean_interval(runs.test_final)} | "
             f"{mean_interval(runs.test_last3)} | {above:+.4f} | {diff} | {wins} |"
         )
+    return lines + [""] + _curve_lines(by_method)
+
+
+def _mean_curve(runs: MethodRuns) -> dict[int, float]:
+    """Round -> the test score averaged over the seeds tested at that round."""
+    by_round: dict[int, list[float]] = defaultdict(list)
+    for points in runs.curves.values():
+        for round_, score in points:
+            by_round[round_].append(score)
+    return {round_: sum(v) / len(v) for round_, v in sorted(by_round.items())}
+
+
+def _curve_lines(by_method: dict[str, MethodRuns]) -> list[str]:
+    """The numbers behind the per-round plot: each method's test score at every tested
+    round, averaged over its seeds (when a method learns, not only how far it gets)."""
+    curves = {label: _mean_curve(runs) for label, runs in by_method.items()}
+    rounds = sorted({round_ for curve in curves.values() for round_ in curve})
+    if not rounds:
+        return []
+    lines = [
+        "Test score per tested round, mean over seeds:",
+        "",
+        "| method | " + " | ".join(f"round {r}" for r in rounds) + " |",
+        "|---|" + "---|" * len(rounds),
+    ]
+    for label, curve in curves.items():
+        cells = ["–" if r not in curve else f"{curve[r]:.3f}" for r in rounds]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 

@@ -39,7 +39,7 @@ def _section(report: str, title: str) -> str:
 def report_parts(report: str) -> dict[str, str]:
     """The verdict table, the per-task test tables and the tuning tables of ``report``."""
     verdicts = [line for line in _section(report, "Verdicts").splitlines() if line.startswith("|")]
-    kept = ("|", "### ", "Chance")
+    kept = ("|", "### ", "Chance", "Test score per tested round")
     tests = [
         line for line in _section(report, "Test scores").splitlines()
         if not line or line.startswith(kept)
