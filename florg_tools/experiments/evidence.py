@@ -176,13 +176,18 @@ def _task_lines(task: str, info: dict[str, Any], by_method: dict[str, MethodRuns
     return lines + [""] + _curve_lines(by_method)
 
 
-def _mean_curve(runs: MethodRuns) -> dict[int, float]:
-    """Round -> the test score averaged over the seeds tested at that round."""
+def _scores_by_round(runs: MethodRuns) -> dict[int, list[float]]:
+    """Round -> the test scores of the seeds tested at that round."""
     by_round: dict[int, list[float]] = defaultdict(list)
     for points in runs.curves.values():
         for round_, score in points:
             by_round[round_].append(score)
-    return {round_: sum(v) / len(v) for round_, v in sorted(by_round.items())}
+    return by_round
+
+
+def _mean_curve(runs: MethodRuns) -> dict[int, float]:
+    """Round -> the test score averaged over the seeds tested at that round."""
+    return {r: sum(v) / len(v) for r, v in sorted(_scores_by_round(runs).items())}
 
 
 def _curve_lines(by_method: dict[str, MethodRuns]) -> list[str]:
@@ -285,10 +290,7 @@ def _plots(methods: dict[str, dict[str, MethodRuns]], folder: Path) -> list[Path
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
         for label, runs in methods[task].items():
-            by_round: dict[int, list[float]] = defaultdict(list)
-            for points in runs.curves.values():
-                for round_, score in points:
-                    by_round[round_].append(score)
+            by_round = _scores_by_round(runs)
             rounds = sorted(by_round)
             stats = [mean_interval(by_round[r]) for r in rounds]
             means = [s.mean for s in stats]
