@@ -154,7 +154,6 @@ def test_import_graph_sees_function_local_and_from_imports():
     assert len(graph) > 40
 
 
-
 def test_the_import_graph_has_no_cycle():
     """Over flower_app, client_app, server_app, strategies and florg_tools, function-local
     imports included: a cycle hidden inside functions still couples the modules both ways.

@@ -303,3 +303,52 @@ def test_each_paired_difference_is_named_by_the_claim_it_decides():
     assert _claim("florg rank-mismatch=truncate") == (
         "rank-mismatch: the paper's Procrustes over all r' rows beats truncate"
     )
+
+
+SERVER_GRID = """
+name: ev-server
+simulation: {num-supernodes: 2}
+base: {max-test-examples: 40, num-server-rounds: 4, learning-rate: 0.001}
+grid:
+  task: [movie-sentiment]
+  method: [florg, florg-no-procrustes]
+  seed: [0, 1, 2]
+"""
+
+
+def test_the_report_tabulates_florgs_server_step_per_variant(tmp_path):
+    """Each run's Gram error and drift are averaged over its rounds, then over seeds; the
+    paired difference FLoRG − variant uses the seeds both have."""
+    path = tmp_path / "ev-server.yaml"
+    path.write_text(SERVER_GRID)
+    out = tmp_path / "out"
+    grid = load_grid(path)
+    for run in grid.runs:
+        seed, plain = run.overrides["seed"], run.overrides["method"] == "florg"
+        _fake_run(out, run, [0.5] * 5, [0.5] + [0.7] * 4)
+        folder = run_dir(out, run)
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        for row in rows[1:]:  # round 0 has no server step
+            # rounds 1-4 average to 0.1 + 0.01 seed (FLoRG) and 0.2 + 0.01 seed (variant)
+            wobble = 0.01 * (row["round"] - 2.5)  # averages to 0 over the rounds
+            row["gram_rel_error"] = (0.1 if plain else 0.2) + 0.01 * seed + wobble
+            row["drift"] = (0.3 if plain else 0.5) + 0.01 * seed
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = write_evidence(grid, out).read_text()
+    server = report.split("## FLoRG's server step", 1)[1]
+    assert "| florg | 3 | 0.1100 [0.0852, 0.1348] | 0.3100 [0.2852, 0.3348] | – | – |" in server
+    assert (
+        "| florg-no-procrustes | 3 | 0.2100 [0.1852, 0.2348] | 0.5100 [0.4852, 0.5348] | "
+        "-0.1000 [-0.1000, -0.1000] (3 seeds) | -0.2000 [-0.2000, -0.2000] (3 seeds) |"
+    ) in server
+
+
+def test_a_report_without_server_diagnostics_says_so(tmp_path):
+    path = tmp_path / "ev.yaml"
+    path.write_text(SERVER_GRID)
+    out = tmp_path / "out"
+    grid = load_grid(path)
+    for run in grid.runs:
+        _fake_run(out, run, [0.5] * 5, [0.5] + [0.7] * 4)
+    report = write_evidence(grid, out).read_text()
+    assert "## FLoRG's server step\n\nNo run of this report recorded" in report

@@ -36,6 +36,14 @@ Test score per tested round, mean over seeds:
 |---|---|
 | FLoRG beats fedit | holds |
 
+## FLoRG's server step
+
+### movie-sentiment
+
+| variant | seeds | Gram error, mean over rounds |
+|---|---|---|
+| florg | 2 | 0.0500 [0.0400, 0.0600] |
+
 ![plot](plots/x.png)
 """
 
@@ -53,6 +61,8 @@ DOC = """# Results
 
 <!-- TUNING -->
 
+<!-- SERVER -->
+
 ## Appendix
 """
 
@@ -68,6 +78,8 @@ def test_sync_copies_each_table_and_replaces_an_earlier_copy(tmp_path):
     assert "Test score per tested round, mean over seeds:\n\n| method | round 0 |" in text
     assert "`ev`:\n\n| combination | lr = 1 | chosen |" in text
     assert "<!-- STATUS -->\n**Status: 1 of 2 runs.**\n<!-- /STATUS -->" in text
+    server = "#### movie-sentiment\n\n| variant | seeds | Gram error, mean over rounds |"
+    assert server in text and "| florg | 2 | 0.0500 [0.0400, 0.0600] |\n<!-- /SERVER -->" in text
     report.write_text(REPORT.replace("| holds |", "| does not hold |"))
     sync(doc, report)  # a second copy replaces the first; the status stays
     text = doc.read_text()

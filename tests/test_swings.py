@@ -17,9 +17,7 @@ def _run(root: Path, name: str, lr: float, method: str, accuracy: list[float], d
     rows = [{"round": t, "accuracy": a} for t, a in enumerate(accuracy)]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     status = "finished" if done else "running"
-    (folder / "summary.json").write_text(
-        json.dumps({"status": status, "final-test-score": 0.6})
-    )
+    (folder / "summary.json").write_text(json.dumps({"status": status, "final-test-score": 0.6}))
 
 
 def test_counts_one_class_rounds_and_the_largest_swing(tmp_path):

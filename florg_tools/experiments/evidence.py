@@ -11,6 +11,10 @@ centralised reference) it writes:
   and 95% t interval over seeds) with the paired difference FLoRG − method (95% t interval
   over the shared seeds, win count), the mean test score over seeds at every tested round,
   and a verdict table, one row per claim of the paper;
+- in ``evidence.md`` also FLoRG's server step per variant (the main grid's FLoRG and the
+  ablations: no Procrustes, ``rank-mismatch=truncate``): each run's Gram error and drift
+  averaged over its rounds, then mean and 95% interval over seeds, and the paired
+  difference FLoRG − variant;
 - ``plots/evidence_test_per_round.png`` (test score per round, mean over seeds with the
   95% band) and ``plots/evidence_forest.png`` (the paired differences with their intervals).
 
@@ -20,6 +24,7 @@ numbers are what the runs produced.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -37,6 +42,10 @@ from flower_app.config import DEFAULTS
 __all__ = ["REFERENCE", "MethodRuns", "collect_methods", "evidence_summary", "write_evidence"]
 
 REFERENCE = "florg"
+# FLoRG's per-round server diagnostics (strategies/florg.py): gram_rel_error =
+# ||A_new^T A_new - Q||_F / ||Q||_F, Q the mean client Gram (paper, eq. (5)); drift =
+# ||A_new - A_prev||_F; each the mean over the adapted layers.
+SERVER_DIAGNOSTICS = {"gram_rel_error": "Gram error", "drift": "drift"}
 CENTRALISED_FILE = "centralised.json"
 
 
@@ -51,6 +60,8 @@ class MethodRuns:
     test_last3: list[float]
     curves: dict[int, list[tuple[int, float]]]  # seed -> [(round, test score)]
     params_per_round: float | None
+    # FLoRG's server step, per diagnostic (SERVER_DIAGNOSTICS): seed -> mean over rounds
+    server: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
 
 
 def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str], MethodRuns]:
@@ -75,6 +86,10 @@ def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str],
         entry.curves[seed] = [
             (int(r["round"]), float(r[test_key])) for r in rows if r.get(test_key) is not None
         ]
+        for key in SERVER_DIAGNOSTICS:
+            values = [float(r[key]) for r in rows if r.get(key) is not None]
+            if values:
+                entry.server.setdefault(key, {})[seed] = sum(values) / len(values)
         rounds = max(1, int(summary.get("rounds") or 1))
         entry.params_per_round = float(summary.get("total-params", 0)) / rounds
     return found
@@ -206,6 +221,42 @@ def _curve_lines(by_method: dict[str, MethodRuns]) -> list[str]:
     for label, curve in curves.items():
         cells = ["–" if r not in curve else f"{curve[r]:.3f}" for r in rounds]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _server_lines(task: str, by_method: dict[str, MethodRuns]) -> list[str]:
+    """FLoRG's server step per variant: how closely the new A reproduces the mean Gram
+    matrix and how far it moves from the previous round's A (the rank-mismatch policy and
+    Procrustes trade these two off)."""
+    variants = {label: runs for label, runs in by_method.items() if runs.server}
+    if not variants:
+        return []
+    names = list(SERVER_DIAGNOSTICS.values())
+    lines = [
+        f"### {task}",
+        "",
+        "| variant | seeds | " + " | ".join(f"{n}, mean over rounds" for n in names) + " | "
+        + " | ".join(f"{REFERENCE} − variant, {n} [95% CI]" for n in names) + " |",
+        "|---|---|" + "---|" * (2 * len(names)),
+    ]  # fmt: skip
+    ref = variants.get(REFERENCE)
+    for label, runs in variants.items():
+        means, diffs = [], []
+        for key in SERVER_DIAGNOSTICS:
+            per_seed = runs.server.get(key, {})
+            means.append(str(mean_interval(list(per_seed.values()))) if per_seed else "–")
+            cell = "–"
+            if ref is not None and label != REFERENCE:
+                mine = ref.server.get(key, {})
+                common = [s for s in mine if s in per_seed]
+                if len(common) >= 2:
+                    paired = paired_difference(
+                        [mine[s] for s in common], [per_seed[s] for s in common]
+                    )
+                    cell = f"{paired.difference} ({len(common)} seeds)"
+            diffs.append(cell)
+        seeds = len(next(iter(runs.server.values())))
+        lines.append(f"| {label} | {seeds} | " + " | ".join(means + diffs) + " |")
     return lines + [""]
 
 
@@ -359,6 +410,9 @@ def write_evidence(grid: Grid, out: Path, ablations: Iterable[tuple[Grid, Path]]
     for task, by_method in methods.items():
         lines += _task_lines(task, summary["tasks"][task], by_method)
     lines += ["## Verdicts", ""] + _verdict_rows(methods) + [""]
+    server = [line for task, by in methods.items() for line in _server_lines(task, by)]
+    lines += ["## FLoRG's server step", ""]
+    lines += server or ["No run of this report recorded FLoRG's server diagnostics.", ""]
     plots = _plots(methods, out / "plots")
     lines += [f"![{p.stem}](plots/{p.name})" for p in plots]
     done = sum(len(r.seeds) for m in methods.values() for r in m.values())

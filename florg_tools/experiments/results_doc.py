@@ -4,7 +4,8 @@
         [--report docs/results/evidence/README.md] [--status FILE]
 
 docs/results.md marks the places with ``<!-- VERDICTS -->``, ``<!-- TESTS -->``,
-``<!-- TUNING -->`` (and ``<!-- STATUS -->``, filled from ``--status`` when given); each
+``<!-- TUNING -->``, ``<!-- SERVER -->`` (FLoRG's server step per variant; and
+``<!-- STATUS -->``, filled from ``--status`` when given); each
 marker, or a marked block ``<!-- X --> ... <!-- /X -->`` from an earlier copy, is replaced
 by the matching part of the report that ``florg experiments evidence ... --publish`` wrote.
 """
@@ -23,6 +24,9 @@ INTRO = {
     "TESTS": "From the same report (chance: the majority class of the test examples; "
     "centralised reference: LoRA trained on all the data in one process, "
     "`evidence-centralised.json`):",
+    "SERVER": "From the same report (each run's Gram error ||A_new^T A_new - Q||_F / ||Q||_F "
+    "and drift ||A_new - A_prev||_F, averaged over the adapted layers and the rounds; mean "
+    "and 95% t interval over seeds; paired differences over the shared seeds):",
     "TUNING": "From the same report (mean validation score of the last 3 rounds; for "
     "FedSA-LoRA its personalised models'; a choice marked *largest tried* or *smallest "
     "tried* sits at an end of the range, so that method's best value may lie outside it):",
@@ -50,10 +54,16 @@ def report_parts(report: str) -> dict[str, str]:
     for found in re.finditer(pattern, report, re.S | re.M):
         table = [line for line in found.group(2).splitlines() if line.startswith("|")]
         tuning.append(f"`{found.group(1)}`:\n\n" + "\n".join(table))
+    server = [
+        line for line in _section(report, "FLoRG's server step").splitlines()
+        if not line or line.startswith(("|", "### ", "No run"))
+    ]  # fmt: skip
+    server_text = re.sub(r"\n{3,}", "\n\n", "\n".join(server)).strip().replace("### ", "#### ")
     return {
         "VERDICTS": "\n".join(verdicts),
         "TESTS": tests_text,
         "TUNING": "\n\n".join(tuning),
+        "SERVER": server_text,
     }
 
 
