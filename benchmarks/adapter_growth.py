@@ -108,11 +108,13 @@ def head_norm(adapted: object) -> float:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "benchmarks"))
     import torch
+    from lib.centralised import centralised_data, centralised_settings
 
     from flower_app.config import ConfigError, resolve_config
     from flower_app.runtime import cached_adapted_model
-    from flower_app.task_data import load_task_data, make_loader, tokenized_split
+    from flower_app.task_data import make_loader
     from flower_app.training import evaluate, train_local
 
     torch.set_num_threads(args.threads)
@@ -123,35 +125,20 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rank}, {args.steps} steps, seed {args.seed}",
         flush=True,
     )
-
-    def settings(method: str, lr: float) -> dict[str, object]:
-        return {
-            "method": method, "model": args.model, "task": args.task, "partitioner": "iid",
-            "seed": args.seed, "rank": args.rank,
-            "max-train-examples": args.max_train_examples,
-            "max-eval-examples": args.max_eval_examples, "batch-size": args.batch_size,
-            "learning-rate": lr, "weight-decay": 0.0, "device": "cpu",
-            "progress-bar": False, "projection-sharing": "shape",
-        }  # fmt: skip
-
     try:
         configs = {
-            (m, lr): resolve_config({}, settings(m, lr))
+            (m, lr): resolve_config({}, centralised_settings(args, m, lr))
             for m in args.methods
             for lr in args.learning_rates
         }
     except ConfigError as err:
         print(f"adapter growth: {err}", file=sys.stderr)
         return 2
-    first = next(iter(configs.values()))
-    data = load_task_data(first)
-    if data.is_qa:
-        print("adapter growth: extractive QA is not supported here", file=sys.stderr)
+    try:
+        data, train_split, held_out = centralised_data(next(iter(configs.values())))
+    except ValueError as err:
+        print(f"adapter growth: {err}", file=sys.stderr)
         return 2
-    train_split = tokenized_split(first, "train", 0, 1)
-    held_out = make_loader(
-        tokenized_split(first, "eval"), first.eval_batch_size, shuffle=False, seed=0
-    )
     rows: list[tuple[str, float, int, float, float, float, float, float]] = []
     for (method, lr), config in configs.items():
         # a fresh model per run (the cache returns a new copy), the same batches for all

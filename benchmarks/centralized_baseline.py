@@ -78,11 +78,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "benchmarks"))
     import torch
+    from lib.centralised import centralised_data, centralised_settings
 
     from flower_app.config import ConfigError, resolve_config
     from flower_app.runtime import cached_adapted_model
-    from flower_app.task_data import load_task_data, make_loader, tokenized_split
+    from flower_app.task_data import make_loader, tokenized_split
     from flower_app.training import evaluate, train_local
 
     torch.set_num_threads(args.threads)
@@ -94,34 +96,20 @@ def main(argv: list[str] | None = None) -> int:
         f"projection-sharing {args.projection_sharing}",
         flush=True,
     )
-
-    def settings(method: str) -> dict[str, object]:
-        return {
-            "method": method, "model": args.model, "task": args.task, "partitioner": "iid",
-            "seed": args.seed, "rank": args.rank,
-            "max-train-examples": args.max_train_examples,
-            "max-eval-examples": args.max_eval_examples, "batch-size": args.batch_size,
-            "learning-rate": args.learning_rate, "weight-decay": 0.0, "device": "cpu",
-            "progress-bar": False, "max-test-examples": args.max_test_examples,
-            "projection-sharing": args.projection_sharing,
-        }  # fmt: skip
-
     try:
-        configs = {m: resolve_config({}, settings(m)) for m in args.methods}
+        configs = {
+            m: resolve_config({}, centralised_settings(args, m, args.learning_rate))
+            for m in args.methods
+        }
     except ConfigError as err:
         print(f"centralised: {err}", file=sys.stderr)
         return 2
-    # The data and its tokenisation do not depend on the method: built once.
     first = next(iter(configs.values()))
-    data = load_task_data(first)
-    if data.is_qa:
-        print("centralised: extractive QA is not supported here", file=sys.stderr)
+    try:
+        data, train_split, held_out = centralised_data(first)
+    except ValueError as err:
+        print(f"centralised: {err}", file=sys.stderr)
         return 2
-    train_split = tokenized_split(first, "train", 0, 1)
-    held_out = make_loader(
-        tokenized_split(first, "eval"), first.eval_batch_size, shuffle=False, seed=0
-    )
-
     tested = None
     if args.max_test_examples > 0:
         tested = make_loader(
