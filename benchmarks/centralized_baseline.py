@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,15 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "benchmarks"))
     import torch
-    from lib.centralised import centralised_data, centralised_settings
+    from lib.centralised import (
+        centralised_data,
+        centralised_settings,
+        held_out_test_loader,
+        train_centralised,
+    )
 
     from flower_app.config import ConfigError, resolve_config
     from flower_app.runtime import cached_adapted_model
-    from flower_app.task_data import make_loader, tokenized_split
-    from flower_app.training import evaluate, train_local
 
     torch.set_num_threads(args.threads)
-    device = torch.device("cpu")
     print(
         f"centralised: {args.model} on {args.task}, {args.max_train_examples} training / "
         f"{args.max_eval_examples} validation examples, batch {args.batch_size}, "
@@ -110,39 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"centralised: {err}", file=sys.stderr)
         return 2
-    tested = None
-    if args.max_test_examples > 0:
-        tested = make_loader(
-            tokenized_split(first, "test"), first.eval_batch_size, shuffle=False, seed=0
-        )
+    tested = held_out_test_loader(first) if args.max_test_examples > 0 else None
     test_scores: dict[str, float] = {}
     table: dict[str, list[tuple[int, float, float]]] = {}
     for method, config in configs.items():
-        model = cached_adapted_model(config, data.num_labels).model
-        # A fresh loader per method, so that every method sees the same batches.
-        train = make_loader(train_split, args.batch_size, shuffle=True, seed=0)
-        start = time.perf_counter()
-        initial = evaluate(model, held_out, device)
-        rows = [(0, initial.accuracy, initial.loss)]
-        done = 0
-        while done < args.steps:
-            chunk = min(args.eval_every, args.steps - done)
-            train_local(
-                model, train, epochs=1, max_steps=chunk, lr=args.learning_rate,
-                weight_decay=0.0, device=device,
-            )  # fmt: skip
-            done += chunk
-            result = evaluate(model, held_out, device)
-            rows.append((done, result.accuracy, result.loss))
-            print(
-                f"[{method}] step {done:>4} | acc {result.accuracy:.4f} loss {result.loss:.4f}"
-                f" | {time.perf_counter() - start:.0f}s",
-                flush=True,
-            )
-        table[method] = rows
-        if tested is not None:
-            test_scores[method] = evaluate(model, tested, device).accuracy
-            print(f"[{method}] test accuracy {test_scores[method]:.4f}", flush=True)
+        curve = train_centralised(
+            cached_adapted_model(config, data.num_labels).model, train_split, held_out, tested,
+            batch_size=args.batch_size, steps=args.steps, eval_every=args.eval_every,
+            lr=args.learning_rate, seed=args.seed, label=method,
+        )  # fmt: skip
+        table[method] = curve.points
+        if curve.test is not None:
+            test_scores[method] = curve.test
     steps = [s for s, _, _ in next(iter(table.values()))]
     print("\n| method | " + " | ".join(f"step {s}" for s in steps) + " |")
     print("|---|" + "---|" * len(steps))

@@ -1,10 +1,12 @@
-"""What the centralised benchmarks share (centralized_baseline.py, adapter_growth.py): one
-process trains a method's adapter on the whole training split, with the app's own config,
-data and tokenisation."""
+"""What the centralised benchmarks share (centralized_baseline.py, centralised_reference.py,
+adapter_growth.py): one process trains a method's adapter on the whole training split, with
+the app's own config, data and tokenisation."""
 
 from __future__ import annotations
 
 import argparse
+import time
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -34,3 +36,79 @@ def centralised_data(config: Any) -> tuple[Any, Any, Any]:
         tokenized_split(config, "eval"), config.eval_batch_size, shuffle=False, seed=0
     )
     return data, train_split, held_out
+
+
+@dataclass
+class CentralisedCurve:
+    """One centralised run: (step, validation accuracy, validation loss) at step 0 and
+    after every chunk, and the held-out test accuracy after the last step (None when no
+    test loader was given)."""
+
+    points: list[tuple[int, float, float]]
+    test: float | None
+
+
+def chunk_schedule(steps: int, eval_every: int, restart_every: int) -> list[tuple[int, bool]]:
+    """(AdamW steps of one fresh optimiser, evaluate after it?) for a run of ``steps``:
+    chunks of at most ``restart_every`` steps that never cross an evaluation point (every
+    ``eval_every`` steps, and the last step)."""
+    schedule, done = [], 0
+    while done < steps:
+        chunk = min(restart_every, eval_every - done % eval_every, steps - done)
+        done += chunk
+        schedule.append((chunk, done % eval_every == 0 or done == steps))
+    return schedule
+
+
+def train_centralised(
+    model: Any,
+    train_split: Any,
+    held_out: Any,
+    tested: Any | None,
+    *,
+    batch_size: int,
+    steps: int,
+    eval_every: int,
+    lr: float,
+    seed: int,
+    label: str,
+    restart_every: int | None = None,
+) -> CentralisedCurve:
+    """Train ``model`` for ``steps`` AdamW steps in chunks of ``restart_every`` steps (a
+    fresh optimiser per chunk, as in a round; default ``eval_every``), scoring the
+    validation loader every ``eval_every`` steps and after the last. The batches are
+    shuffled with ``seed``, so every method at one seed sees the same."""
+    import torch
+
+    from flower_app.task_data import make_loader
+    from flower_app.training import evaluate, train_local
+
+    device = torch.device("cpu")
+    train = make_loader(train_split, batch_size, shuffle=True, seed=seed)
+    start = time.perf_counter()
+    initial = evaluate(model, held_out, device)
+    points = [(0, initial.accuracy, initial.loss)]
+    done = 0
+    for chunk, scored in chunk_schedule(steps, eval_every, restart_every or eval_every):
+        train_local(model, train, epochs=1, max_steps=chunk, lr=lr, weight_decay=0.0, device=device)
+        done += chunk
+        if not scored:
+            continue
+        result = evaluate(model, held_out, device)
+        points.append((done, result.accuracy, result.loss))
+        print(
+            f"[{label}] step {done:>4} | acc {result.accuracy:.4f} loss {result.loss:.4f}"
+            f" | {time.perf_counter() - start:.0f}s",
+            flush=True,
+        )
+    test = None if tested is None else evaluate(model, tested, device).accuracy
+    if test is not None:
+        print(f"[{label}] test accuracy {test:.4f}", flush=True)
+    return CentralisedCurve(points, test)
+
+
+def held_out_test_loader(config: Any) -> Any:
+    """The held-out test split (``max-test-examples`` rows, the same for every seed)."""
+    from flower_app.task_data import make_loader, tokenized_split
+
+    return make_loader(tokenized_split(config, "test"), config.eval_batch_size, False, seed=0)

@@ -1,0 +1,256 @@
+"""The centralised reference with the evidence grids' protocol: learning rate tuned on
+validation at one seed, then five seeds at the chosen rate, held-out test scores with a
+95% t interval.
+
+    python benchmarks/centralised_reference.py --task snli --steps 600 --eval-every 60 \
+        --json docs/results/evidence/centralised-reference.json
+    python benchmarks/centralised_reference.py --task movie-sentiment --steps 300 \
+        --eval-every 30 --json docs/results/evidence/centralised-reference.json
+
+A single centralised run (``centralized_baseline.py``) tells whether a budget learns at
+all, but one test score on 1,000 examples carries a standard error of about 0.015, and its
+learning rate is fixed rather than chosen. Here every method gets what a grid method gets
+(``conf/grids/evidence*.yaml``): each candidate learning rate runs at the first seed, the
+one with the best validation score averaged over the last three evaluations wins (ties go
+to the smaller rate, as in ``florg_tools.experiments.tuning``), and the chosen rate runs
+every seed. A seed sets the head's and the adapter's initialisation, the training subset
+and the batch order. Test scores are never used for a choice.
+
+The JSON (merged per task, the schema the evidence report reads from a grid's
+``centralised.json``) records every run as it finishes, so an interrupted call resumes
+where it stopped when repeated with the same settings. ``test-score`` is the mean test
+score of the ``--reference`` method (LoRA, i.e. FedIT's adapter, by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SELECT_LAST = 3  # evaluations averaged for the choice, as the grids' tuning stage
+SETTINGS = (
+    "model", "steps", "eval_every", "restart_every", "batch_size", "max_train_examples",
+    "max_eval_examples", "max_test_examples", "rank", "projection_sharing",
+)  # fmt: skip
+
+
+def _floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(",") if v.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="all-MiniLM-L6-v2")
+    parser.add_argument("--task", default="movie-sentiment")
+    parser.add_argument("--methods", default="fedit,florg", help="comma-separated")
+    parser.add_argument("--reference", default="fedit", help="the method whose mean is the "
+                        "task's reference (default: LoRA, FedIT's adapter)")  # fmt: skip
+    parser.add_argument("--learning-rates", type=_floats, default=[5e-4, 1e-3, 2e-3])
+    parser.add_argument("--seeds", type=_ints, default=[0, 1, 2, 3, 4],
+                        help="the first one also tunes")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=300, help="AdamW steps per run")
+    parser.add_argument("--eval-every", type=int, default=30, help="steps between evaluations")
+    parser.add_argument("--restart-every", type=int, default=15,
+                        help="AdamW restarts every this many steps (default 15: the grids' "
+                        "local steps per round)")  # fmt: skip
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-train-examples", type=int, default=2400)
+    parser.add_argument("--max-eval-examples", type=int, default=500)
+    parser.add_argument("--max-test-examples", type=int, default=1000)
+    parser.add_argument("--rank", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--projection-sharing", default="shape", choices=("shape", "module"))
+    parser.add_argument("--json", type=Path, required=True,
+                        help="merge this task's reference into this file")  # fmt: skip
+    args = parser.parse_args(argv)
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not args.methods:
+        parser.error("--methods names no method")
+    if args.reference not in args.methods:
+        parser.error(f"--reference {args.reference} is not among --methods {args.methods}")
+    if not args.learning_rates or not args.seeds:
+        parser.error("--learning-rates and --seeds need at least one value each")
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds repeats a seed: {args.seeds}")
+    if min(args.steps, args.eval_every, args.restart_every) < 1:
+        parser.error("--steps, --eval-every and --restart-every must be >= 1")
+    if args.steps < SELECT_LAST * args.eval_every:
+        parser.error(f"--steps must allow {SELECT_LAST} evaluations: at least "
+                     f"{SELECT_LAST} x --eval-every")  # fmt: skip
+    if args.max_test_examples < 1:
+        parser.error("--max-test-examples must be >= 1: the reference is a test score")
+    return args
+
+
+def selection_score(points: list[list[float]]) -> float:
+    """Mean validation accuracy of the last ``SELECT_LAST`` evaluations (step > 0)."""
+    tail = [acc for step, acc, _ in points if step > 0][-SELECT_LAST:]
+    return sum(tail) / len(tail)
+
+
+def choose_rate(scores: dict[float, float]) -> float:
+    """The rate with the best selection score; ties go to the smaller rate."""
+    return max(sorted(scores), key=lambda lr: (scores[lr], -lr))
+
+
+def run_key(method: str, lr: float, seed: int) -> str:
+    return f"method={method},lr={lr:g},seed={seed}"
+
+
+def load_task_entry(path: Path, task: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """This task's entry of ``path`` when it was written with the same settings (its runs
+    are reused), else a fresh one."""
+    try:
+        entry = json.loads(path.read_text()).get("tasks", {}).get(task, {})
+    except (OSError, ValueError):
+        entry = {}
+    if entry.get("settings") != settings:
+        return {"settings": settings, "runs": {}}
+    entry.setdefault("runs", {})
+    return entry
+
+
+def save_task_entry(path: Path, task: str, entry: dict[str, Any]) -> None:
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        document = {}
+    document.setdefault("tasks", {})[task] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _bounds(interval: Any) -> list[float | None]:
+    """The interval's ends; None (JSON null) with a single seed."""
+    if math.isnan(interval.low):
+        return [None, None]
+    return [interval.low, interval.high]
+
+
+def summarise(entry: dict[str, Any], args: argparse.Namespace) -> None:
+    """Fill the per-method choice and test interval, and the task's reference."""
+    from florg_tools.experiments.stats import mean_interval
+
+    runs = entry["runs"]
+    methods = {}
+    for method in args.methods:
+        tuning = {
+            f"{lr:g}": runs[run_key(method, lr, args.seeds[0])]["selection-score"]
+            for lr in args.learning_rates
+        }
+        chosen = choose_rate({float(k): v for k, v in tuning.items()})
+        tests = [runs[run_key(method, chosen, s)]["test"] for s in args.seeds]
+        interval = mean_interval(tests)
+        methods[method] = {
+            "tuning": tuning, "learning-rate": chosen, "seeds": list(args.seeds),
+            "test": tests, "test-score": interval.mean,
+            "test-interval": _bounds(interval),
+        }  # fmt: skip
+    reference = methods[args.reference]
+    entry.update({
+        "reference-method": args.reference,
+        "test-score": reference["test-score"],
+        "test-interval": reference["test-interval"],
+        "seeds": list(args.seeds),
+        "methods": methods,
+        "steps": args.steps, "learning-rates": list(args.learning_rates),
+        "batch-size": args.batch_size, "max-train-examples": args.max_train_examples,
+        "test-examples": args.max_test_examples,
+        "select": f"validation accuracy, mean of the last {SELECT_LAST} evaluations, seed "
+                  f"{args.seeds[0]}",
+        "command": "python benchmarks/centralised_reference.py " + " ".join(sys.argv[1:]),
+    })  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import torch
+    from lib.centralised import (
+        centralised_data,
+        centralised_settings,
+        held_out_test_loader,
+        train_centralised,
+    )
+
+    from flower_app.config import ConfigError, resolve_config
+    from flower_app.runtime import cached_adapted_model
+
+    torch.set_num_threads(args.threads)
+    settings = {name.replace("_", "-"): getattr(args, name) for name in SETTINGS}
+    entry = load_task_entry(args.json, args.task, settings)
+    runs = entry["runs"]
+    print(
+        f"centralised reference: {args.model} on {args.task}, methods {args.methods}, "
+        f"lr {args.learning_rates} tuned at seed {args.seeds[0]}, seeds {args.seeds}, "
+        f"{args.steps} steps of batch {args.batch_size} (AdamW restarted every "
+        f"{args.restart_every}); {len(runs)} runs already in "
+        f"{args.json}",
+        flush=True,
+    )
+    loaded: dict[int, tuple[Any, Any, Any, Any]] = {}  # seed -> data, train, val, test
+
+    def run(method: str, lr: float, seed: int) -> dict[str, Any]:
+        key = run_key(method, lr, seed)
+        if key in runs:
+            return runs[key]
+        seeded = argparse.Namespace(**{**vars(args), "seed": seed})
+        config = resolve_config({}, centralised_settings(seeded, method, lr))
+        if seed not in loaded:
+            data, train_split, held_out = centralised_data(config)
+            loaded.clear()  # one seed's data at a time
+            loaded[seed] = (data, train_split, held_out, held_out_test_loader(config))
+        data, train_split, held_out, tested = loaded[seed]
+        curve = train_centralised(
+            cached_adapted_model(config, data.num_labels).model, train_split, held_out, tested,
+            batch_size=args.batch_size, steps=args.steps, eval_every=args.eval_every,
+            lr=lr, seed=seed, label=key, restart_every=args.restart_every,
+        )  # fmt: skip
+        points = [list(p) for p in curve.points]
+        runs[key] = {"selection-score": selection_score(points), "test": curve.test,
+                     "validation": points}  # fmt: skip
+        save_task_entry(args.json, args.task, entry)  # nothing finished is lost
+        return runs[key]
+
+    try:
+        for method in args.methods:
+            scores = {lr: run(method, lr, args.seeds[0])["selection-score"]
+                      for lr in args.learning_rates}  # fmt: skip
+            chosen = choose_rate(scores)
+            print(f"[{method}] validation (last {SELECT_LAST} evaluations) "
+                  + ", ".join(f"lr {lr:g}: {s:.4f}" for lr, s in scores.items())
+                  + f" -> lr {chosen:g}", flush=True)  # fmt: skip
+            for seed in args.seeds[1:]:
+                run(method, chosen, seed)
+    except (ConfigError, ValueError) as err:
+        print(f"centralised reference: {err}", file=sys.stderr)
+        return 2
+    summarise(entry, args)
+    save_task_entry(args.json, args.task, entry)
+    print(f"\n| method | lr (chosen) | test per seed {args.seeds} | mean [95% CI] |")
+    print("|---|---|---|---|")
+    for method, info in entry["methods"].items():
+        low, high = info["test-interval"]
+        bounds = "" if low is None else f" [{low:.4f}, {high:.4f}]"
+        print(f"| {method} | {info['learning-rate']:g} | "
+              + " ".join(f"{t:.3f}" for t in info["test"])
+              + f" | {info['test-score']:.4f}{bounds} |")  # fmt: skip
+    print(f"centralised reference ({args.reference}): {entry['test-score']:.4f}; written to "
+          f"{args.json}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
