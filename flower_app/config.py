@@ -139,9 +139,7 @@ class RunConfig:
     fraction_train: float = setting(
         1.0, "fraction of nodes sampled per round", check=fraction, affects=()
     )
-    min_train_nodes: int = setting(
-        2, "minimum nodes sampled per round", check=positive, affects=()
-    )
+    min_train_nodes: int = setting(2, "minimum nodes sampled per round", check=positive, affects=())
     min_available_nodes: int = setting(
         2, "nodes to wait for before a round", check=positive, affects=()
     )

@@ -69,4 +69,3 @@ def run_folder(config: RunConfig, default_name: str) -> Path:
         return folder
     name = check_folder_name(config.run_name or default_name, "run-name")
     return confined(confined(config.output_dir, "output-dir", root) / name, "run-name", root)
-

@@ -158,4 +158,3 @@ def times_stack(C: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     if C.device.type == "cpu":
         return torch.from_numpy(np.matmul(C.contiguous().numpy(), A.numpy()))
     return C @ A
-

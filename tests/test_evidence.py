@@ -140,7 +140,9 @@ def test_tuning_table_marks_a_choice_at_an_end_of_the_range():
     assert rows["d"].endswith("| 0.6000 | – | – | – |")
 
 
-def test_evidence_report_pairs_seeds_and_writes_the_schema(tmp_path):
+def _finished_grid(tmp_path: Path):
+    """The GRID tuned (0.001 for both) and run: FLoRG 0.80 / 0.81 / 0.78 on test at seeds
+    0 / 1 / 2, FedIT 0.70 / 0.71 / 0.68."""
     path = tmp_path / "ev.yaml"
     path.write_text(GRID)
     out = tmp_path / "out"
@@ -161,6 +163,11 @@ def test_evidence_report_pairs_seeds_and_writes_the_schema(tmp_path):
         base = 0.8 if run.overrides["method"] == "florg" else 0.7
         test = [0.5] + [base + offsets[seed]] * 4
         _fake_run(out, run, [0.5, 0.6, 0.6, 0.6, 0.6], test)
+    return grid, out
+
+
+def test_evidence_report_pairs_seeds_and_writes_the_schema(tmp_path):
+    grid, out = _finished_grid(tmp_path)
     report = write_evidence(grid, out).read_text()
     summary = json.loads((out / "evidence" / "summary.json").read_text())
     task = summary["tasks"]["movie-sentiment"]
@@ -187,6 +194,43 @@ def test_evidence_report_pairs_seeds_and_writes_the_schema(tmp_path):
     assert "| florg | 0.500 | 0.797 | 0.797 | 0.797 | 0.797 |" in report
     assert "| fedit | 0.500 | 0.697 | 0.697 | 0.697 | 0.697 |" in report
     assert (out / "plots" / "evidence_forest.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_seeded_centralised_reference_and_the_learning_bars(tmp_path):
+    grid, out = _finished_grid(tmp_path)
+    (out / "centralised.json").write_text(
+        json.dumps({"tasks": {"movie-sentiment": {"test-score": 0.99}}})
+    )
+    seeded = tmp_path / "centralised-reference.json"
+    seeded.write_text(json.dumps({"tasks": {"movie-sentiment": {
+        "test-score": 0.9, "test-interval": [0.85, 0.95], "reference-method": "fedit",
+        "seeds": [0, 1, 2], "methods": {"fedit": {"learning-rate": 0.002}},
+    }}}))  # fmt: skip
+    report = write_evidence(grid, out).read_text()
+    assert "centralised reference: 0.9900 (one run)" in report
+    report = write_evidence(grid, out, centralised_files=[seeded]).read_text()
+    summary = json.loads((out / "evidence" / "summary.json").read_text())
+    task = summary["tasks"]["movie-sentiment"]
+    chance = task["chance"]
+    assert task["centralised"] == 0.9 and task["centralised_interval"] == [0.85, 0.95]
+    label = "fedit, lr 0.002 chosen on validation, 3 seeds"
+    assert f"centralised reference: 0.9000 [0.8500, 0.9500] ({label})" in report
+    learning = report.split("## Learning")[1].split("## ")[0]
+    above = 0.9 - chance
+    assert (
+        f"| movie-sentiment | centralised reference ({label}) | {above:+.4f} "
+        f"[{0.85 - chance:+.4f}, {0.95 - chance:+.4f}] | mean ≥ 0.25 | "
+        f"{'yes' if above >= 0.25 else 'no'} |"
+    ) in learning
+    # FLoRG 0.80 / 0.81 / 0.78: mean 0.79667, sd 0.015275, t_{0.975, 2} = 4.302653
+    half = 4.302653 * 0.0152753 / 3**0.5
+    mean = 0.7966667 - chance
+    florg_row = next(line for line in learning.splitlines() if "| florg |" in line)
+    cells = [c.strip() for c in florg_row.strip("|").split("|")]
+    assert cells[2] == f"{mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}]"
+    assert cells[3:] == ["mean ≥ 0.15", "yes" if mean >= 0.15 else "no"]
+    fedit_mean = 0.6966667 - chance
+    assert f"| mean ≥ 0.15 | {'yes' if fedit_mean >= 0.15 else 'no'} |" in learning
 
 
 def test_test_split_is_disjoint_from_training_and_validation():

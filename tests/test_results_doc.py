@@ -36,6 +36,12 @@ Test score per tested round, mean over seeds:
 |---|---|
 | FLoRG beats fedit | holds |
 
+## Learning
+
+| task | what | above chance, mean [95% CI] | bar | met |
+|---|---|---|---|---|
+| movie-sentiment | florg | +0.2000 [+0.1000, +0.3000] | mean ≥ 0.15 | yes |
+
 ## FLoRG's server step
 
 ### movie-sentiment
@@ -63,6 +69,8 @@ DOC = """# Results
 
 <!-- SERVER -->
 
+<!-- LEARNING -->
+
 ## Appendix
 """
 
@@ -80,6 +88,8 @@ def test_sync_copies_each_table_and_replaces_an_earlier_copy(tmp_path):
     assert "<!-- STATUS -->\n**Status: 1 of 2 runs.**\n<!-- /STATUS -->" in text
     server = "#### movie-sentiment\n\n| variant | seeds | Gram error, mean over rounds |"
     assert server in text and "| florg | 2 | 0.0500 [0.0400, 0.0600] |\n<!-- /SERVER -->" in text
+    learning = "| movie-sentiment | florg | +0.2000 [+0.1000, +0.3000] | mean ≥ 0.15 | yes |"
+    assert f"{learning}\n<!-- /LEARNING -->" in text
     report.write_text(REPORT.replace("| holds |", "| does not hold |"))
     sync(doc, report)  # a second copy replaces the first; the status stays
     text = doc.read_text()

@@ -3,7 +3,8 @@
     python -m florg_tools.experiments run GRID [--out DIR] [--only TEXT ...] [--max-runs N]
     python -m florg_tools.experiments report GRID [--out DIR]
     python -m florg_tools.experiments list GRID
-    python -m florg_tools.experiments evidence GRID [--with GRID[=DIR] ...] [--publish DIR]
+    python -m florg_tools.experiments evidence GRID [--with GRID[=DIR] ...] \
+        [--centralised FILE ...] [--publish DIR]
 
 GRID is a YAML file or the name of one in conf/grids/. ``run`` runs the unfinished runs
 through the Flower simulation engine (finished ones are skipped, so it resumes) and then
@@ -20,6 +21,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from florg_tools.experiments.aggregate import collect, markdown_report, write_csv
@@ -62,12 +64,20 @@ def publish(grid: Grid, out: Path, target: Path) -> Path:
 
 
 def publish_evidence(
-    grid: Grid, out: Path, target: Path, ablations: list[tuple[Grid, Path]]
+    grid: Grid,
+    out: Path,
+    target: Path,
+    ablations: list[tuple[Grid, Path]],
+    centralised_files: Sequence[Path] = (),
 ) -> Path:
     """Copy the evidence report (evidence.md as README.md, summary.json, tuning.json,
-    centralised.json, the evidence plots) and every finished run's config, metrics and
-    summary (the main grid's and the ablations') to ``target``."""
+    centralised.json, the seeded centralised references, the evidence plots) and every
+    finished run's config, metrics and summary (the main grid's and the ablations') to
+    ``target``."""
     target.mkdir(parents=True, exist_ok=True)
+    for path in centralised_files:
+        if path.resolve().parent != target:
+            shutil.copy2(path, target / path.name)
     shutil.copy2(out / "evidence.md", target / "README.md")
     shutil.copy2(out / "evidence" / "summary.json", target / "summary.json")
     for source_grid, source_out in [(grid, out), *ablations]:
@@ -138,6 +148,15 @@ def _parser() -> argparse.ArgumentParser:
                 help="more grids whose runs join the report (other tasks, ablations, a "
                 "method run at another commit), read from DIR (default: results/<name>)",
             )
+            cmd.add_argument(
+                "--centralised",
+                type=Path,
+                action="append",
+                default=[],
+                metavar="FILE",
+                help="a seeded centralised reference (benchmarks/centralised_reference.py's "
+                "JSON); its tasks replace the grid folders' centralised.json",
+            )
         if name in ("run", "report", "evidence"):
             cmd.add_argument(
                 "--publish",
@@ -181,10 +200,16 @@ def main(argv: list[str] | None = None) -> int:
             if other.tuning is not None:
                 other = load_grid(other.path, load_choices(other_out))
             ablations.append((other, other_out))
-        report = write_evidence(grid, out, ablations)
+        missing = [str(p) for p in args.centralised if not p.is_file()]
+        if missing:
+            print(f"error: --centralised: no such file: {', '.join(missing)}", file=sys.stderr)
+            return 2
+        report = write_evidence(grid, out, ablations, args.centralised)
         print(f"[grid {grid.name}] evidence: {report}")
         if args.publish is not None:
-            target = publish_evidence(grid, out, args.publish.resolve(), ablations)
+            target = publish_evidence(
+                grid, out, args.publish.resolve(), ablations, args.centralised
+            )
             print(f"[grid {grid.name}] published to {target}")
         return 0
     code = 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,6 +48,11 @@ REFERENCE = "florg"
 # ||A_new - A_prev||_F; each the mean over the adapted layers.
 SERVER_DIAGNOSTICS = {"gram_rel_error": "Gram error", "drift": "drift"}
 CENTRALISED_FILE = "centralised.json"
+# Issue 11's "done when": the centralised reference >= 0.25 above chance, FLoRG and FedIT
+# >= 0.15 above chance on average (final-round test score).
+CENTRALISED_BAR = 0.25
+FEDERATED_BAR = 0.15
+BAR_METHODS = ("florg", "fedit")
 
 
 @dataclass
@@ -140,6 +146,8 @@ def evidence_summary(
         tasks[task] = {
             "chance": _chance(task, max_test),
             "centralised": centralised.get(task, {}).get("test-score"),
+            "centralised_interval": centralised.get(task, {}).get("test-interval"),
+            "centralised_label": _centralised_label(centralised.get(task, {})),
             "test_examples": max_test,
             "methods": {
                 label: {
@@ -168,8 +176,7 @@ def _task_lines(task: str, info: dict[str, Any], by_method: dict[str, MethodRuns
         f"### {task}",
         "",
         f"Chance (majority class of the {info['test_examples']} test examples): "
-        f"{info['chance']:.4f}; centralised reference: "
-        + ("not measured" if info["centralised"] is None else f"{info['centralised']:.4f}"),
+        f"{info['chance']:.4f}; centralised reference: {_centralised_text(info)}",
         "",
         "| method | lr | seeds | test, final round | test, mean of last 3 | above chance, final "
         f"(mean) | {REFERENCE} − method, final [95% CI] | wins of {REFERENCE} |",
@@ -189,6 +196,66 @@ def _task_lines(task: str, info: dict[str, Any], by_method: dict[str, MethodRuns
             f"{mean_interval(runs.test_last3)} | {above:+.4f} | {diff} | {wins} |"
         )
     return lines + [""] + _curve_lines(by_method)
+
+
+def _centralised_label(entry: dict[str, Any]) -> str | None:
+    """How a seeded reference (benchmarks/centralised_reference.py) was measured."""
+    if not entry.get("seeds"):
+        return None
+    method = entry.get("reference-method", "?")
+    lr = entry.get("methods", {}).get(method, {}).get("learning-rate")
+    rate = "" if lr is None else f", lr {lr:g} chosen on validation"
+    return f"{method}{rate}, {len(entry['seeds'])} seeds"
+
+
+def _centralised_text(info: dict[str, Any]) -> str:
+    if info["centralised"] is None:
+        return "not measured"
+    low, high = info.get("centralised_interval") or (None, None)
+    bounds = "" if low is None else f" [{low:.4f}, {high:.4f}]"
+    label = info.get("centralised_label")
+    how = f" ({label})" if label else " (one run)"
+    return f"{info['centralised']:.4f}{bounds}{how}"
+
+
+def _learning_lines(
+    summary: dict[str, Any], methods: dict[str, dict[str, MethodRuns]]
+) -> list[str]:
+    """Issue 11's bar for "the methods learn": the centralised reference at least
+    ``CENTRALISED_BAR`` above chance, FLoRG and FedIT at least ``FEDERATED_BAR`` above chance
+    on average (final round, mean over seeds), every other method above chance (its 95%
+    interval clear of the chance level)."""
+    lines = [
+        "| task | what | above chance, mean [95% CI] | bar | met |",
+        "|---|---|---|---|---|",
+    ]
+    for task, by_method in methods.items():
+        info = summary["tasks"][task]
+        chance = info["chance"]
+        if info["centralised"] is not None:
+            low, high = info.get("centralised_interval") or (None, None)
+            shifted = "" if low is None else f" [{low - chance:+.4f}, {high - chance:+.4f}]"
+            above = info["centralised"] - chance
+            lines.append(
+                f"| {task} | centralised reference ({info.get('centralised_label') or 'one run'})"
+                f" | {above:+.4f}{shifted} | mean ≥ {CENTRALISED_BAR} | "
+                f"{'yes' if above >= CENTRALISED_BAR else 'no'} |"
+            )
+        for label, runs in by_method.items():
+            interval = mean_interval([score - chance for score in runs.test_final])
+            if label in BAR_METHODS:
+                bar, met = f"mean ≥ {FEDERATED_BAR}", interval.mean >= FEDERATED_BAR
+            else:
+                bar, met = "interval above 0", not math.isnan(interval.low) and interval.low > 0
+            outcome = "too few seeds" if interval.n < 2 else ("yes" if met else "no")
+            lines.append(f"| {task} | {label} | {_signed(interval)} | {bar} | {outcome} |")
+    return lines
+
+
+def _signed(interval: Any) -> str:
+    if math.isnan(interval.low):
+        return f"{interval.mean:+.4f} (n = {interval.n})"
+    return f"{interval.mean:+.4f} [{interval.low:+.4f}, {interval.high:+.4f}]"
 
 
 def _scores_by_round(runs: MethodRuns) -> dict[int, list[float]]:
@@ -387,15 +454,23 @@ def _plots(methods: dict[str, dict[str, MethodRuns]], folder: Path) -> list[Path
     return [curve_path, forest_path]
 
 
-def write_evidence(grid: Grid, out: Path, ablations: Iterable[tuple[Grid, Path]] = ()) -> Path:
-    """Write summary.json, evidence.md and the two plots under ``out``; returns the md."""
+def write_evidence(
+    grid: Grid,
+    out: Path,
+    ablations: Iterable[tuple[Grid, Path]] = (),
+    centralised_files: Iterable[Path] = (),
+) -> Path:
+    """Write summary.json, evidence.md and the two plots under ``out``; returns the md.
+    The centralised reference of a task comes from its grid folder's centralised.json,
+    unless one of ``centralised_files`` (benchmarks/centralised_reference.py's seeded
+    reference) has the task: the last file naming it wins."""
     ablations = list(ablations)
     sources = [(grid, out), *ablations]
     centralised: dict[str, Any] = {}
-    for _, source_out in sources:  # each grid's folder may hold its tasks' reference
-        if (source_out / CENTRALISED_FILE).is_file():
-            document = json.loads((source_out / CENTRALISED_FILE).read_text())
-            centralised.update(document.get("tasks", {}))
+    paths = [source_out / CENTRALISED_FILE for _, source_out in sources]
+    for path in [*(p for p in paths if p.is_file()), *centralised_files]:
+        tasks = json.loads(path.read_text()).get("tasks", {})
+        centralised.update({t: e for t, e in tasks.items() if e.get("test-score") is not None})
     methods = collect_methods(grid, out, ablations)
     summary = evidence_summary(grid, methods, centralised)
     (out / "evidence").mkdir(parents=True, exist_ok=True)
@@ -410,6 +485,7 @@ def write_evidence(grid: Grid, out: Path, ablations: Iterable[tuple[Grid, Path]]
     for task, by_method in methods.items():
         lines += _task_lines(task, summary["tasks"][task], by_method)
     lines += ["## Verdicts", ""] + _verdict_rows(methods) + [""]
+    lines += ["## Learning", ""] + _learning_lines(summary, methods) + [""]
     server = [line for task, by in methods.items() for line in _server_lines(task, by)]
     lines += ["## FLoRG's server step", ""]
     lines += server or ["No run of this report recorded FLoRG's server diagnostics.", ""]

@@ -4,7 +4,8 @@
         [--report docs/results/evidence/README.md] [--status FILE]
 
 docs/results.md marks the places with ``<!-- VERDICTS -->``, ``<!-- TESTS -->``,
-``<!-- TUNING -->``, ``<!-- SERVER -->`` (FLoRG's server step per variant; and
+``<!-- TUNING -->``, ``<!-- SERVER -->`` (FLoRG's server step per variant),
+``<!-- LEARNING -->`` (each task's scores above chance against issue 11's bars; and
 ``<!-- STATUS -->``, filled from ``--status`` when given); each
 marker, or a marked block ``<!-- X --> ... <!-- /X -->`` from an earlier copy, is replaced
 by the matching part of the report that ``florg experiments evidence ... --publish`` wrote.
@@ -22,11 +23,15 @@ INTRO = {
     "(paired differences FLoRG − baseline over seeds, 95% t intervals; communication from "
     "exact parameter counts):",
     "TESTS": "From the same report (chance: the majority class of the test examples; "
-    "centralised reference: LoRA trained on all the data in one process, "
-    "`evidence-centralised.json`):",
+    "centralised reference: LoRA trained on all the data in one process; with an interval "
+    "when seeded, `centralised-reference.json`, else one run, `<grid>-centralised.json`):",
     "SERVER": "From the same report (each run's Gram error ||A_new^T A_new - Q||_F / ||Q||_F "
     "and drift ||A_new - A_prev||_F, averaged over the adapted layers and the rounds; mean "
     "and 95% t interval over seeds; paired differences over the shared seeds):",
+    "LEARNING": "From the same report (final-round test score minus chance, mean and 95% t "
+    "interval over seeds; the bars are issue 11's: the centralised reference at least 0.25 "
+    "above chance, FLoRG and FedIT at least 0.15 on average, every other method above "
+    "chance):",
     "TUNING": "From the same report (mean validation score of the last 3 rounds; for "
     "FedSA-LoRA its personalised models'; a choice marked *largest tried* or *smallest "
     "tried* sits at an end of the range, so that method's best value may lie outside it):",
@@ -59,8 +64,10 @@ def report_parts(report: str) -> dict[str, str]:
         if not line or line.startswith(("|", "### ", "No run"))
     ]  # fmt: skip
     server_text = re.sub(r"\n{3,}", "\n\n", "\n".join(server)).strip().replace("### ", "#### ")
+    learning = [line for line in _section(report, "Learning").splitlines() if line.startswith("|")]
     return {
         "VERDICTS": "\n".join(verdicts),
+        "LEARNING": "\n".join(learning),
         "TESTS": tests_text,
         "TUNING": "\n\n".join(tuning),
         "SERVER": server_text,

@@ -43,9 +43,7 @@ def get_method(name: str) -> Method:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(
-            f"unknown method {name!r}; choose one of {', '.join(_REGISTRY)}"
-        ) from None
+        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(_REGISTRY)}") from None
 
 
 def build_strategy(
