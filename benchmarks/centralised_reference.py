@@ -140,7 +140,7 @@ def _bounds(interval: Any) -> list[float | None]:
 
 def summarise(entry: dict[str, Any], args: argparse.Namespace) -> None:
     """Fill the per-method choice and test interval, and the task's reference."""
-    from florg_tools.experiments.stats import mean_interval
+    from florg_tools.experiments.stats import mean_interval, paired_difference
 
     runs = entry["runs"]
     methods = {}
@@ -158,6 +158,14 @@ def summarise(entry: dict[str, Any], args: argparse.Namespace) -> None:
             "test-interval": _bounds(interval),
         }  # fmt: skip
     reference = methods[args.reference]
+    for method, info in methods.items():
+        if method != args.reference and len(args.seeds) > 1:
+            # the same seed gives both methods the same data, head init and batches
+            paired = paired_difference(info["test"], reference["test"])
+            info[f"minus-{args.reference}"] = {
+                "mean": paired.difference.mean, "interval": _bounds(paired.difference),
+                "wins": paired.wins, "seeds": len(args.seeds),
+            }  # fmt: skip
     entry.update({
         "reference-method": args.reference,
         "test-score": reference["test-score"],
@@ -247,6 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {method} | {info['learning-rate']:g} | "
               + " ".join(f"{t:.3f}" for t in info["test"])
               + f" | {info['test-score']:.4f}{bounds} |")  # fmt: skip
+    for method, info in entry["methods"].items():
+        paired = info.get(f"minus-{args.reference}")
+        if paired is not None:
+            low, high = paired["interval"]
+            print(f"{method} − {args.reference}, paired over seeds: {paired['mean']:+.4f} "
+                  f"[{low:+.4f}, {high:+.4f}], ahead on {paired['wins']} of "
+                  f"{paired['seeds']}")  # fmt: skip
     print(f"centralised reference ({args.reference}): {entry['test-score']:.4f}; written to "
           f"{args.json}")  # fmt: skip
     return 0

@@ -88,6 +88,12 @@ def test_summary_tunes_on_seed_zero_and_reports_the_chosen_rates_seeds():
     assert fedit["test-interval"] == pytest.approx([0.62 - half, 0.62 + half], abs=1e-6)
     assert entry["methods"]["florg"]["learning-rate"] == 2e-3
     assert entry["methods"]["florg"]["test"] == [0.52, 0.54, 0.56]
+    # FLoRG − FedIT per seed: -0.08, -0.10, -0.06; mean -0.08, sd 0.02
+    paired = entry["methods"]["florg"]["minus-fedit"]
+    assert paired["mean"] == pytest.approx(-0.08)
+    assert paired["interval"] == pytest.approx([-0.08 - half, -0.08 + half], abs=1e-6)
+    assert (paired["wins"], paired["seeds"]) == (0, 3)
+    assert "minus-fedit" not in fedit
     assert entry["reference-method"] == "fedit"
     assert entry["test-score"] == pytest.approx(0.62)
     assert entry["test-interval"] == fedit["test-interval"]
