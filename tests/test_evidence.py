@@ -213,7 +213,7 @@ def test_a_seeded_centralised_reference_and_the_learning_bars(tmp_path):
     task = summary["tasks"]["movie-sentiment"]
     chance = task["chance"]
     assert task["centralised"] == 0.9 and task["centralised_interval"] == [0.85, 0.95]
-    label = "fedit, lr 0.002 chosen on validation, 3 seeds"
+    label = "fedit's adapter, lr 0.002 chosen on validation, 3 seeds"
     assert f"centralised reference: 0.9000 [0.8500, 0.9500] ({label})" in report
     learning = report.split("## Learning")[1].split("## ")[0]
     above = 0.9 - chance

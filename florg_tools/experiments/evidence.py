@@ -205,7 +205,7 @@ def _centralised_label(entry: dict[str, Any]) -> str | None:
     method = entry.get("reference-method", "?")
     lr = entry.get("methods", {}).get(method, {}).get("learning-rate")
     rate = "" if lr is None else f", lr {lr:g} chosen on validation"
-    return f"{method}{rate}, {len(entry['seeds'])} seeds"
+    return f"{method}'s adapter{rate}, {len(entry['seeds'])} seeds"
 
 
 def _centralised_text(info: dict[str, Any]) -> str:
