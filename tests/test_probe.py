@@ -8,7 +8,12 @@ import pytest
 import torch
 from safetensors.numpy import save_file
 
-from florg_tools.experiments.probe import ProbeError, probe_row, refit_accuracy
+from florg_tools.experiments.probe import (
+    ProbeError,
+    _checkpoint_arrays,
+    probe_row,
+    refit_accuracy,
+)
 from flower_app.config import resolve_config
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data
@@ -41,6 +46,21 @@ def test_the_federated_head_scores_what_the_run_scored(tmp_path, tiny_bert_dir, 
     assert float(cells[2]) == pytest.approx(accuracy, abs=5e-4)
     assert 0.0 <= float(cells[3]) <= 1.0
     assert float(cells[4]) == pytest.approx(float(cells[3]) - float(cells[2]), abs=1.5e-3)
+
+
+def test_round_0_is_the_model_the_server_starts_from(tmp_path, tiny_bert_dir, sentiment_task_dir):
+    folder, _ = _run_folder(tmp_path, tiny_bert_dir, sentiment_task_dir, "florg")
+    config = resolve_config({}, json.loads((folder / "config.json").read_text()))
+    data = load_task_data(config)
+    initial = cached_adapted_model(config, data.num_labels, data.spec.kind)
+    accuracy = evaluate_task(config, initial.model, torch.device("cpu"), split="test")["accuracy"]
+    assert _checkpoint_arrays(folder, 0) == (0, None)  # no round-0 file: keep the init
+    assert _checkpoint_arrays(folder, None)[0] == 2
+    cells = [c.strip() for c in probe_row(folder, 0).strip("|").split("|")]
+    assert cells[1] == "0"
+    assert float(cells[2]) == pytest.approx(accuracy, abs=5e-4)
+    with pytest.raises(ProbeError, match="no checkpoint of round 1"):
+        probe_row(folder, 1)
 
 
 def test_a_personal_methods_global_model_is_refused(tmp_path, tiny_bert_dir, sentiment_task_dir):

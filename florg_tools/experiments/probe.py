@@ -3,12 +3,13 @@
     python -m florg_tools.experiments.probe RUN_DIR [RUN_DIR ...] [--round T]
 
 For each run folder: load the global model the ServerApp checkpointed after round ``T``
-(default: the last), collect the features its classification head sees on the run's
-whole training pool and on its held-out test split, refit that head centrally (a
-multinomial logistic regression on the standardised features, the same for every run) and
-print, as a markdown table, the test accuracy of the federated head beside the refitted
-one. When the refit is far better, the federated head is what holds the model back; when
-the two agree, the features are.
+(default: the last; ``--round 0`` without a round-0 checkpoint: the seeded model the
+ServerApp starts from, the baseline the federated rounds improve on), collect the features
+its classification head sees on the run's whole training pool and on its held-out test
+split, refit that head centrally (a multinomial logistic regression on the standardised
+features, the same for every run) and print, as a markdown table, the test accuracy of the
+federated head beside the refitted one. When the refit is far better, the federated head
+is what holds the model back; when the two agree, the features are.
 
 Runs whose global model is not a method output alone are refused: a method with personal
 parts (FedSA-LoRA: its global B is zero) or with a server-side fold (FedEx-LoRA: its
@@ -50,10 +51,14 @@ def _run_config(folder: Path) -> RunConfig:
     return resolve_config({}, {k: v for k, v in saved.items() if k in SCHEMA})
 
 
-def _checkpoint_arrays(folder: Path, round_: int | None) -> tuple[int, dict]:
+def _checkpoint_arrays(folder: Path, round_: int | None) -> tuple[int, dict | None]:
+    """The checkpointed global arrays after ``round_`` (None: the last); round 0 without
+    a checkpoint is the initial model (None arrays: keep the seeded initialisation)."""
     rounds = sorted(folder.glob("checkpoint/round-*/arrays.safetensors"))
     if round_ is not None:
         rounds = [p for p in rounds if int(p.parent.name.split("-")[1]) == round_]
+    if not rounds and round_ == 0:
+        return 0, None
     if not rounds:
         which = "any round" if round_ is None else f"round {round_}"
         raise ProbeError(f"{folder}: no checkpoint of {which} (checkpoint/round-*/)")
@@ -124,7 +129,8 @@ def probe_row(folder: Path, round_: int | None = None) -> str:
     if config.max_test_examples <= 0:
         raise ProbeError(f"{folder}: the run scored no test split (max-test-examples = 0)")
     at, arrays = _checkpoint_arrays(folder, round_)
-    adapted.load_shared_state(arrays)
+    if arrays is not None:
+        adapted.load_shared_state(arrays)
     device = pick_device(config.device)
     loader = {
         split: make_loader(tokenized_split(config, split), config.eval_batch_size, False, 0)
@@ -145,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     parser.add_argument("runs", type=Path, nargs="+", help="finished run folders")
-    parser.add_argument("--round", type=int, default=None, help="checkpointed round to probe")
+    parser.add_argument("--round", type=int, default=None,
+                        help="checkpointed round to probe (0: the initial model)")  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(HEADER, flush=True)
