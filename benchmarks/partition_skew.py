@@ -51,30 +51,13 @@ def label_balance(counts: Sequence[Sequence[int]]) -> float:
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Spearman's rank correlation (ties get their mean rank); None if a side is constant."""
+    from scipy.stats import spearmanr
+
     if len(x) != len(y) or len(x) < 2:
         raise ValueError("spearman needs two sequences of the same length, at least 2")
-
-    def ranks(values: Sequence[float]) -> list[float]:
-        order = sorted(range(len(values)), key=lambda i: values[i])
-        out = [0.0] * len(values)
-        start = 0
-        while start < len(order):
-            end = start
-            while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-                end += 1
-            for i in order[start : end + 1]:
-                out[i] = (start + end) / 2
-            start = end + 1
-        return out
-
-    rx, ry = ranks(x), ranks(y)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    sxx = sum((a - mx) ** 2 for a in rx)
-    syy = sum((b - my) ** 2 for b in ry)
-    if sxx == 0 or syy == 0:
+    if len(set(x)) < 2 or len(set(y)) < 2:
         return None
-    return sxy / math.sqrt(sxx * syy)
+    return float(spearmanr(x, y).statistic)
 
 
 def seed_settings(grid: Grid) -> dict[int, dict[str, Any]]:
