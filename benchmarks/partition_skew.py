@@ -15,6 +15,11 @@ by ln K (1 = every client holds the K labels in equal shares; 0 = every client h
 label). With ``--summary`` (the evidence report's ``summary.json``) it adds each method's
 final-round test score per seed and the Spearman rank correlation between balance and
 score over the seeds; with five seeds that correlation is descriptive, not a test.
+``--dirichlet-alpha RHO`` partitions the same training pool with another rho instead of
+the grid's (how balanced a milder or harsher split of the same seeds would be; no scores,
+since no run trained on it):
+
+    python benchmarks/partition_skew.py --grid evidence-snli --dirichlet-alpha 5
 """
 
 from __future__ import annotations
@@ -94,7 +99,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grid", required=True, help="a grid file or a name in conf/grids/")
     parser.add_argument("--summary", type=Path, help="the evidence report's summary.json")
     parser.add_argument("--json", type=Path, help="also write the table here")
+    parser.add_argument(
+        "--dirichlet-alpha",
+        type=float,
+        default=None,
+        metavar="RHO",
+        help="partition with this Dirichlet rho instead of the grid's",
+    )
     args = parser.parse_args(argv)
+    if args.dirichlet_alpha is not None and not args.dirichlet_alpha > 0:
+        parser.error(f"--dirichlet-alpha must be > 0, got {args.dirichlet_alpha}")
+    if args.dirichlet_alpha is not None and args.summary is not None:
+        parser.error("--summary scores the grid's own partitions: leave out --dirichlet-alpha")
     if args.summary is not None and not args.summary.is_file():
         parser.error(f"--summary {args.summary}: no such file")
     return args
@@ -112,6 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     except GridError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.dirichlet_alpha is not None:
+        if settings[next(iter(settings))].get("partitioner") != "dirichlet":
+            print(f"error: {grid.name} does not partition by Dirichlet draws", file=sys.stderr)
+            return 2
+        for overrides in settings.values():
+            overrides["dirichlet-alpha"] = args.dirichlet_alpha
     task = str(settings[next(iter(settings))]["task"])
     scores: dict[str, dict[int, float]] = {}
     if args.summary is not None:

@@ -89,9 +89,25 @@ def test_counts_are_each_clients_training_rows(skew_grid, tmp_path, capsys):
     assert written["spearman"] == {}  # two seeds: too few for a correlation
 
 
+def test_another_rho_repartitions_the_same_pool(skew_grid, tmp_path, capsys):
+    out = tmp_path / "rho.json"
+    assert skew.main(["--grid", str(skew_grid), "--json", str(out)]) == 0
+    harsh = json.loads(out.read_text())["seeds"]
+    args = ["--grid", str(skew_grid), "--dirichlet-alpha", "100", "--json", str(out)]
+    assert skew.main(args) == 0
+    assert "Dirichlet rho = 100.0" in capsys.readouterr().out
+    mild = json.loads(out.read_text())["seeds"]
+    for before, after in zip(harsh, mild, strict=True):
+        assert sum(map(sum, after["clients"])) == sum(map(sum, before["clients"])) == 90
+        assert after["balance"] > before["balance"]  # rho 100 against the grid's 0.3
+
+
 def test_bad_input_is_a_clear_error(tmp_path, capsys):
     assert skew.main(["--grid", str(tmp_path / "nope.yaml")]) == 2
     assert "not found" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         skew.main(["--grid", "evidence", "--summary", str(tmp_path / "missing.json")])
     assert "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        skew.main(["--grid", "evidence", "--dirichlet-alpha", "0"])
+    assert "must be > 0" in capsys.readouterr().err
