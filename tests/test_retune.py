@@ -105,6 +105,8 @@ def test_cli_prints_both_choices_with_their_test_interval(grid_folders, capsys):
     )
     assert "above chance +0.110 [-0.017, +0.237]" in out
     assert "chosen on seed 0: 0.001: seeds 0: 0.700, 1: 0.400; mean 0.5500" in out
+    # paired: 0.6 - 0.7 and 0.62 - 0.4 -> mean 0.06, sd 0.22627, half-width 2.0330
+    assert "0.002 − 0.001, paired over seeds 0, 1: 0.0600 [-1.9730, 2.0930], ahead on 1 of 2" in out
 
 
 def test_cli_rejects_an_empty_folder_and_a_missing_one(tmp_path, capsys):

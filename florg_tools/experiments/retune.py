@@ -7,7 +7,8 @@ from any grid folders, scores each run as the tuning stage does (the validation 
 named by the run's ``val-score-key``, mean of its last three rounds), and chooses each
 combination's value on the mean over ``--seeds`` instead. Test scores are not looked at
 for the choice; they are printed afterwards for the value chosen on the first seed alone
-(the grids' choice) and for the value chosen on the mean, over every seed found.
+(the grids' choice) and for the value chosen on the mean, over every seed found, with
+their paired difference when the two differ.
 
     python -m florg_tools.experiments.retune \
         docs/results/evidence/runs/evidence-snli docs/results/evidence-snli-seed-tuning/runs \
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from florg_tools.experiments.communication import load_metrics
-from florg_tools.experiments.stats import mean_interval
+from florg_tools.experiments.stats import mean_interval, paired_difference
 from florg_tools.experiments.tuning import selection_score
 
 __all__ = ["Choice", "RunScore", "choose", "find_runs", "main"]
@@ -152,6 +153,19 @@ def _test_line(runs: Sequence[RunScore], combo: str, value: Any, chance: float |
     return line
 
 
+def _paired_line(runs: Sequence[RunScore], combo: str, value: Any, other: Any) -> str:
+    """The paired test difference value − other over the seeds both have."""
+    a, b = dict(_tests(runs, combo, value)), dict(_tests(runs, combo, other))
+    shared = sorted(set(a) & set(b))
+    if len(shared) < 2:
+        return f"{value:g} − {other:g}: fewer than two shared seeds"
+    paired = paired_difference([a[s] for s in shared], [b[s] for s in shared])
+    return (
+        f"{value:g} − {other:g}, paired over seeds {', '.join(map(str, shared))}: "
+        f"{paired.difference}, ahead on {paired.wins} of {len(shared)}"
+    )
+
+
 def report(runs: Sequence[RunScore], seeds: Sequence[int], key: str, chance: float | None) -> str:
     """The markdown table of validation scores and, per combination, the test scores of
     the one-seed and the mean-over-seeds choices."""
@@ -176,6 +190,8 @@ def report(runs: Sequence[RunScore], seeds: Sequence[int], key: str, chance: flo
                 notes.append(f"  {label}: no choice (a validation score is missing)")
             else:
                 notes.append(f"  {label}: {_test_line(runs, choice.combo, value, chance)}")
+        if None not in (first, choice.chosen) and first != choice.chosen:
+            notes.append(f"  {_paired_line(runs, choice.combo, choice.chosen, first)}")
     return "\n".join([*lines, "", *notes])
 
 
