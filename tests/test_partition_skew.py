@@ -100,6 +100,10 @@ def test_another_rho_repartitions_the_same_pool(skew_grid, tmp_path, capsys):
     for before, after in zip(harsh, mild, strict=True):
         assert sum(map(sum, after["clients"])) == sum(map(sum, before["clients"])) == 90
         assert after["balance"] > before["balance"]  # rho 100 against the grid's 0.3
+    iid = tmp_path / "iid.yaml"
+    iid.write_text(skew_grid.read_text().replace("partitioner: dirichlet", "partitioner: iid"))
+    assert skew.main(["--grid", str(iid), "--dirichlet-alpha", "2"]) == 2
+    assert "does not partition by Dirichlet draws" in capsys.readouterr().err
 
 
 def test_bad_input_is_a_clear_error(tmp_path, capsys):
