@@ -24,7 +24,6 @@ otherwise the command stops and names both.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from florg_tools.experiments.communication import load_metrics
+from florg_tools.experiments.runs import finished_run
 from florg_tools.experiments.stats import mean_interval, paired_difference
 from florg_tools.experiments.tuning import selection_score
 
@@ -69,13 +69,10 @@ class Choice:
 
 def _run_score(folder: Path, key: str, per: Sequence[str]) -> RunScore | None:
     """The run in ``folder``, or None when it is not a finished run."""
-    try:
-        summary = json.loads((folder / "summary.json").read_text())
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    found = finished_run(folder)
+    if found is None:
         return None
-    if summary.get("status") != "finished":
-        return None
+    summary, config = found
     missing = [k for k in (*per, key, "seed") if k not in config]
     if missing:
         raise ValueError(f"{folder}: config.json has no {', '.join(missing)}")
@@ -173,8 +170,9 @@ def report(runs: Sequence[RunScore], seeds: Sequence[int], key: str, chance: flo
     head = ["combination", key, *[f"seed {s}" for s in seeds], "mean", "chosen on"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes = []
+    one_seed = {c.combo: c.chosen for c in choose(runs, seeds[:1])}
     for choice in choices:
-        first = choose([r for r in runs if r.combo == choice.combo], seeds[:1])[0].chosen
+        first = one_seed[choice.combo]
         for value, scores in choice.scores.items():
             marks = [
                 m for m, v in ((f"seed {seeds[0]}", first), ("mean", choice.chosen)) if v == value

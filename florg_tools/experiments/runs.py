@@ -4,24 +4,34 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from florg_tools.experiments.grid import GridRun
 
-__all__ = ["is_finished", "run_dir"]
+__all__ = ["finished_run", "is_finished", "run_dir"]
 
 
 def run_dir(out: Path, run: GridRun) -> Path:
     return out / "runs" / run.run_id
 
 
-def is_finished(folder: Path, run: GridRun) -> bool:
-    """Whether ``folder`` holds a finished run with ``run``'s settings (its config.json
-    agrees with every override, so editing a grid file reruns the runs it changed)."""
+def finished_run(folder: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(summary, config)`` of the run the ServerApp wrote to ``folder``, or None when
+    either file is missing or unreadable or the run has not finished."""
     try:
         summary = json.loads((folder / "summary.json").read_text())
         config = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
-        return False
+        return None
     if summary.get("status") != "finished":
+        return None
+    return summary, config
+
+
+def is_finished(folder: Path, run: GridRun) -> bool:
+    """Whether ``folder`` holds a finished run with ``run``'s settings (its config.json
+    agrees with every override, so editing a grid file reruns the runs it changed)."""
+    found = finished_run(folder)
+    if found is None:
         return False
-    return all(config.get(key) == value for key, value in run.overrides.items())
+    return all(found[1].get(key) == value for key, value in run.overrides.items())

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from florg_tools.experiments.communication import load_metrics
+from florg_tools.experiments.runs import finished_run
 
 HEADER = (
     "| lr | method | validation accuracy, rounds 0-T | rounds at one class | largest swing "
@@ -33,13 +34,10 @@ HEADER = (
 
 def swing_row(folder: Path, one_class: float, tolerance: float = 0.005) -> str | None:
     """The table row of a finished run folder, or None when it has not finished."""
-    try:
-        summary = json.loads((folder / "summary.json").read_text())
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    found = finished_run(folder)
+    if found is None:
         return None
-    if summary.get("status") != "finished":
-        return None
+    summary, config = found
     rows = load_metrics(folder / "metrics.jsonl")
     accuracy = [float(r["accuracy"]) for r in rows if r.get("accuracy") is not None]
     trained = accuracy[1:]  # after round 0, the model before any training
@@ -90,12 +88,11 @@ def _split_means(values: np.ndarray, drops: np.ndarray) -> str:
 
 def florg_row(folder: Path) -> str | None:
     """The ``--florg`` row of a finished FLoRG run folder (None otherwise)."""
-    try:
-        summary = json.loads((folder / "summary.json").read_text())
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    found = finished_run(folder)
+    if found is None:
         return None
-    if summary.get("status") != "finished" or not str(config["method"]).startswith("florg"):
+    config = found[1]
+    if not str(config["method"]).startswith("florg"):
         return None
     metrics = [r for r in load_metrics(folder / "metrics.jsonl") if r.get("accuracy") is not None]
     by_round = {int(r["round"]): float(r["accuracy"]) for r in metrics}
