@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from florg_tools.experiments.runs import finished_run
+from florg_tools.experiments.runs import finished_runs_under
 from florg_tools.experiments.stats import Paired, mean_interval, paired_difference
 
 __all__ = ["Arm", "ArmRun", "collect", "main", "parse_arm", "report"]
@@ -85,41 +85,34 @@ def parse_arm(text: str) -> Arm:
 def collect(roots: Sequence[Path], key: str, arms: Sequence[Arm]) -> list[ArmRun]:
     """Every finished run directly under ``roots`` that one of ``arms`` matches."""
     found: dict[tuple[str, Any, int], ArmRun] = {}
-    for root in roots:
-        if not root.is_dir():
-            raise FileNotFoundError(f"{root}: no such folder")
-        for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-            run = finished_run(folder)
-            if run is None:
-                continue
-            summary, config = run
-            owners = [arm for arm in arms if arm.matches(config)]
-            if not owners:
-                continue
-            if len(owners) > 1:
-                labels = " and ".join(arm.label for arm in owners)
-                raise ValueError(f"{folder}: matches the arms {labels}; make them narrower")
-            if key not in config or "seed" not in config:
-                raise ValueError(f"{folder}: config.json has no {key!r} or 'seed'")
-            if summary.get("final-test-score") is None or summary.get("test-last3") is None:
-                raise ValueError(f"{folder}: summary.json has no test scores")
-            entry = ArmRun(
-                owners[0].label,
-                config[key],
-                int(config["seed"]),
-                float(summary["final-test-score"]),
-                float(summary["test-last3"]),
-                folder,
+    for folder, summary, config in finished_runs_under(roots):
+        owners = [arm for arm in arms if arm.matches(config)]
+        if not owners:
+            continue
+        if len(owners) > 1:
+            labels = " and ".join(arm.label for arm in owners)
+            raise ValueError(f"{folder}: matches the arms {labels}; make them narrower")
+        if key not in config or "seed" not in config:
+            raise ValueError(f"{folder}: config.json has no {key!r} or 'seed'")
+        if summary.get("final-test-score") is None or summary.get("test-last3") is None:
+            raise ValueError(f"{folder}: summary.json has no test scores")
+        entry = ArmRun(
+            owners[0].label,
+            config[key],
+            int(config["seed"]),
+            float(summary["final-test-score"]),
+            float(summary["test-last3"]),
+            folder,
+        )
+        ident = (entry.arm, entry.value, entry.seed)
+        seen = found.get(ident)
+        if seen is not None and (seen.final, seen.last3) != (entry.final, entry.last3):
+            raise ValueError(
+                f"{seen.folder} and {folder} are the same run ({entry.arm}, "
+                f"{key}={entry.value}, seed {entry.seed}) with different test scores "
+                f"({seen.final} vs {entry.final})"
             )
-            ident = (entry.arm, entry.value, entry.seed)
-            seen = found.get(ident)
-            if seen is not None and (seen.final, seen.last3) != (entry.final, entry.last3):
-                raise ValueError(
-                    f"{seen.folder} and {folder} are the same run ({entry.arm}, "
-                    f"{key}={entry.value}, seed {entry.seed}) with different test scores "
-                    f"({seen.final} vs {entry.final})"
-                )
-            found.setdefault(ident, entry)
+        found.setdefault(ident, entry)
     return list(found.values())
 
 

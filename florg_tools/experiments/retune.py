@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from florg_tools.experiments.communication import load_metrics
-from florg_tools.experiments.runs import finished_run
+from florg_tools.experiments.runs import finished_runs_under
 from florg_tools.experiments.stats import mean_interval, paired_difference
 from florg_tools.experiments.tuning import selection_score
 
@@ -67,12 +67,10 @@ class Choice:
         return sum(scores) / len(scores)  # type: ignore[arg-type]
 
 
-def _run_score(folder: Path, key: str, per: Sequence[str]) -> RunScore | None:
-    """The run in ``folder``, or None when it is not a finished run."""
-    found = finished_run(folder)
-    if found is None:
-        return None
-    summary, config = found
+def _run_score(
+    folder: Path, summary: dict[str, Any], config: dict[str, Any], key: str, per: Sequence[str]
+) -> RunScore:
+    """The finished run in ``folder``, scored."""
     missing = [k for k in (*per, key, "seed") if k not in config]
     if missing:
         raise ValueError(f"{folder}: config.json has no {', '.join(missing)}")
@@ -86,21 +84,16 @@ def _run_score(folder: Path, key: str, per: Sequence[str]) -> RunScore | None:
 def find_runs(roots: Sequence[Path], key: str, per: Sequence[str]) -> list[RunScore]:
     """Every finished run directly under ``roots``; a run found twice is kept once."""
     found: dict[tuple[str, Any, int], RunScore] = {}
-    for root in roots:
-        if not root.is_dir():
-            raise FileNotFoundError(f"{root}: no such folder")
-        for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-            run = _run_score(folder, key, per)
-            if run is None:
-                continue
-            ident = (run.combo, run.value, run.seed)
-            if ident in found and found[ident].validation != run.validation:
-                raise ValueError(
-                    f"{found[ident].folder} and {folder} are the same run "
-                    f"({run.combo}, {key}={run.value}, seed {run.seed}) with different "
-                    f"validation scores ({found[ident].validation} vs {run.validation})"
-                )
-            found.setdefault(ident, run)
+    for folder, summary, config in finished_runs_under(roots):
+        run = _run_score(folder, summary, config, key, per)
+        ident = (run.combo, run.value, run.seed)
+        if ident in found and found[ident].validation != run.validation:
+            raise ValueError(
+                f"{found[ident].folder} and {folder} are the same run "
+                f"({run.combo}, {key}={run.value}, seed {run.seed}) with different "
+                f"validation scores ({found[ident].validation} vs {run.validation})"
+            )
+        found.setdefault(ident, run)
     return list(found.values())
 
 

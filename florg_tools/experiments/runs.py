@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from florg_tools.experiments.grid import GridRun
 
-__all__ = ["finished_run", "is_finished", "run_dir"]
+__all__ = ["finished_run", "finished_runs_under", "is_finished", "run_dir"]
 
 
 def run_dir(out: Path, run: GridRun) -> Path:
@@ -26,6 +27,20 @@ def finished_run(folder: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
     if summary.get("status") != "finished":
         return None
     return summary, config
+
+
+def finished_runs_under(
+    roots: Sequence[Path],
+) -> Iterator[tuple[Path, dict[str, Any], dict[str, Any]]]:
+    """``(folder, summary, config)`` of every finished run folder directly under each of
+    ``roots``, in name order; a root that is not a folder is an error."""
+    for root in roots:
+        if not root.is_dir():
+            raise FileNotFoundError(f"{root}: no such folder")
+        for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+            found = finished_run(folder)
+            if found is not None:
+                yield folder, *found
 
 
 def is_finished(folder: Path, run: GridRun) -> bool:
