@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reference", default="fedit", help="the method whose mean is the "
                         "task's reference (default: LoRA, FedIT's adapter)")  # fmt: skip
     parser.add_argument("--learning-rates", type=_floats, default=[5e-4, 1e-3, 2e-3])
+    parser.add_argument("--head-learning-rate", type=float, default=0.0,
+                        help="the task head's learning rate, the same for every method and "
+                        "candidate (default 0: each run's adapter rate)")  # fmt: skip
     parser.add_argument("--seeds", type=_ints, default=[0, 1, 2, 3, 4],
                         help="the first one also tunes")  # fmt: skip
     parser.add_argument("--steps", type=int, default=300, help="AdamW steps per run")
@@ -86,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.steps < SELECT_LAST * args.eval_every:
         parser.error(f"--steps must allow {SELECT_LAST} evaluations: at least "
                      f"{SELECT_LAST} x --eval-every")  # fmt: skip
+    if args.head_learning_rate < 0:
+        parser.error("--head-learning-rate must be >= 0 (0: the adapter's rate)")
     if args.max_test_examples < 1:
         parser.error("--max-test-examples must be >= 1: the reference is a test score")
     return args
@@ -198,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     settings = {name.replace("_", "-"): getattr(args, name) for name in SETTINGS}
+    if args.head_learning_rate:  # keyed only when set, so earlier files stay valid
+        settings["head-learning-rate"] = args.head_learning_rate
     entry = load_task_entry(args.json, args.task, settings)
     runs = entry["runs"]
     print(
@@ -225,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             cached_adapted_model(config, data.num_labels).model, train_split, held_out, tested,
             batch_size=args.batch_size, steps=args.steps, eval_every=args.eval_every,
             lr=lr, seed=seed, label=key, restart_every=args.restart_every,
+            head_lr=config.head_lr, weight_decay=config.weight_decay,
         )  # fmt: skip
         points = [list(p) for p in curve.points]
         runs[key] = {"selection-score": selection_score(points), "test": curve.test,

@@ -39,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=120, help="total AdamW steps")
     parser.add_argument("--eval-every", type=int, default=30, help="steps between evaluations")
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--head-learning-rate", type=float, default=0.0,
+                        help="the task head's learning rate (0: --learning-rate)")  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-train-examples", type=int, default=1600)
     parser.add_argument("--max-eval-examples", type=int, default=200)
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             cached_adapted_model(config, data.num_labels).model, train_split, held_out, tested,
             batch_size=args.batch_size, steps=args.steps, eval_every=args.eval_every,
             lr=args.learning_rate, seed=args.seed, label=method,
+            head_lr=config.head_lr, weight_decay=config.weight_decay,
         )  # fmt: skip
         table[method] = curve.points
         if curve.test is not None:

@@ -149,6 +149,7 @@ def train(msg: Message, context: Context) -> Message:
         epochs=config.local_epochs,
         max_steps=config.local_steps,
         lr=config.learning_rate,
+        head_lr=config.head_lr,
         weight_decay=config.weight_decay,
         device=pick_device(config.device),
         progress=config.progress_bar,

@@ -188,7 +188,16 @@ class RunConfig:
     )
     batch_size: int = setting(16, "local batch size", check=positive, affects=())
     eval_batch_size: int = setting(64, "evaluation batch size", check=positive, affects=())
-    learning_rate: float = setting(1e-3, "AdamW learning rate", check=positive, affects=())
+    learning_rate: float = setting(
+        1e-3, "AdamW learning rate of the adapter", check=positive, affects=()
+    )
+    head_learning_rate: float = setting(
+        0.0,
+        "AdamW learning rate of the task head and any other trained non-adapter "
+        "parameter (0 = learning-rate)",
+        check=non_negative,
+        affects=(),
+    )
     weight_decay: float = setting(0.0, "AdamW weight decay", check=non_negative, affects=())
     max_seq_length: int = setting(
         128, "tokeniser max length", check=positive, affects=(TOKENISATION,)
@@ -314,6 +323,12 @@ class RunConfig:
     def heads(self) -> tuple[str, ...] | None:
         names = tuple(h.strip() for h in self.head_modules.split(",") if h.strip())
         return names or None
+
+    @property
+    def head_lr(self) -> float:
+        """The task head's learning rate: ``head-learning-rate``, or ``learning-rate``
+        where that is 0 (the default: one rate for everything, the paper's protocol)."""
+        return self.head_learning_rate or self.learning_rate
 
     @property
     def clients_evaluate(self) -> bool:

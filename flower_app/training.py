@@ -1,4 +1,10 @@
-"""Local training (AdamW over the trainable parameters) and evaluation loops."""
+"""Local training (AdamW over the trainable parameters) and evaluation loops.
+
+The optimiser has two parameter groups when the task head's learning rate differs from the
+adapter's (the run setting ``head-learning-rate``): the adapter matrices (FLoRG's ``A``,
+LoRA's ``lora_A`` / ``lora_B``) train at ``lr``, every other trained parameter (the task
+head, and anything else a method leaves trainable) at ``head_lr``. With equal rates it is
+the one group it always was, so the default reproduces every earlier run bit for bit."""
 
 from __future__ import annotations
 
@@ -28,6 +34,33 @@ def _batch_to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     return {k: v.to(device) for k, v in batch.items()}
 
 
+def is_adapter_parameter(name: str) -> bool:
+    """Whether the parameter called ``name`` (``model.named_parameters()``) is an adapter
+    matrix: FLoRG's ``<layer>.A`` or PEFT's ``<layer>.lora_A.<adapter>.weight`` /
+    ``lora_B``; the rest of what trains is the task head."""
+    return name == "A" or name.endswith(".A") or ".lora_A." in name or ".lora_B." in name
+
+
+def make_optimizer(
+    model: nn.Module, *, lr: float, head_lr: float | None = None, weight_decay: float
+) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters of ``model``: the adapter at ``lr``, everything
+    else at ``head_lr`` (``None``: ``lr``). Equal rates give one parameter group."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise ValueError("the model has no trainable parameters")
+    if head_lr is None or head_lr == lr:
+        return torch.optim.AdamW([p for _, p in named], lr=lr, weight_decay=weight_decay)
+    adapter = [p for n, p in named if is_adapter_parameter(n)]
+    rest = [p for n, p in named if not is_adapter_parameter(n)]
+    groups = [
+        {"params": params, "lr": rate}
+        for params, rate in ((adapter, lr), (rest, head_lr))
+        if params
+    ]
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+
+
 def train_local(
     model: nn.Module,
     loader: DataLoader,
@@ -37,17 +70,16 @@ def train_local(
     lr: float,
     weight_decay: float,
     device: torch.device,
+    head_lr: float | None = None,
     progress: bool = False,
     description: str = "local training",
 ) -> TrainResult:
-    """``epochs`` passes over ``loader`` (or exactly ``max_steps`` steps when > 0).
+    """``epochs`` passes over ``loader`` (or exactly ``max_steps`` steps when > 0), with a
+    fresh AdamW (``make_optimizer``: the adapter at ``lr``, the head at ``head_lr``).
 
     The batches carry the model's own targets (``labels``, or ``start_positions`` /
     ``end_positions`` for extractive QA), so ``model(**batch).loss`` is the task loss."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no trainable parameters")
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    optimizer = make_optimizer(model, lr=lr, head_lr=head_lr, weight_decay=weight_decay)
     total = max_steps if max_steps > 0 else epochs * len(loader)
     model.to(device).train()
     bar = None

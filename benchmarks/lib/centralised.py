@@ -11,13 +11,15 @@ from typing import Any
 
 
 def centralised_settings(args: argparse.Namespace, method: str, lr: float) -> dict[str, Any]:
-    """The run settings of one centralised run: no partitioning, no weight decay, CPU."""
+    """The run settings of one centralised run: no partitioning, no weight decay, CPU; the
+    head's learning rate is ``args.head_learning_rate`` where given (0 = ``lr``)."""
     return {
         "method": method, "model": args.model, "task": args.task, "partitioner": "iid",
         "seed": args.seed, "rank": args.rank,
         "max-train-examples": args.max_train_examples,
         "max-eval-examples": args.max_eval_examples, "batch-size": args.batch_size,
-        "learning-rate": lr, "weight-decay": 0.0, "device": "cpu", "progress-bar": False,
+        "learning-rate": lr, "head-learning-rate": getattr(args, "head_learning_rate", 0.0),
+        "weight-decay": 0.0, "device": "cpu", "progress-bar": False,
         "max-test-examples": getattr(args, "max_test_examples", 0),
         "projection-sharing": getattr(args, "projection_sharing", "shape"),
     }  # fmt: skip
@@ -73,9 +75,12 @@ def train_centralised(
     seed: int,
     label: str,
     restart_every: int | None = None,
+    head_lr: float | None = None,
+    weight_decay: float = 0.0,
 ) -> CentralisedCurve:
     """Train ``model`` for ``steps`` AdamW steps in chunks of ``restart_every`` steps (a
-    fresh optimiser per chunk, as in a round; default ``eval_every``), scoring the
+    fresh optimiser per chunk, as in a round; default ``eval_every``; the adapter at
+    ``lr``, the head at ``head_lr``, as ``flower_app.training.make_optimizer``), scoring the
     validation loader every ``eval_every`` steps and after the last. The batches are
     shuffled with ``seed``, so every method at one seed sees the same."""
     import torch
@@ -90,7 +95,10 @@ def train_centralised(
     points = [(0, initial.accuracy, initial.loss)]
     done = 0
     for chunk, scored in chunk_schedule(steps, eval_every, restart_every or eval_every):
-        train_local(model, train, epochs=1, max_steps=chunk, lr=lr, weight_decay=0.0, device=device)
+        train_local(
+            model, train, epochs=1, max_steps=chunk, lr=lr, head_lr=head_lr,
+            weight_decay=weight_decay, device=device,
+        )  # fmt: skip
         done += chunk
         if not scored:
             continue

@@ -123,6 +123,7 @@ def run_loop(
             epochs=config.local_epochs,
             max_steps=config.local_steps,
             lr=config.learning_rate,
+            head_lr=config.head_lr,
             weight_decay=config.weight_decay,
             device=device,
             progress=False,

@@ -30,7 +30,7 @@ from florg_tools.experiments.grid import Grid, GridError, load_grid
 from florg_tools.experiments.plots import write_plots
 from florg_tools.experiments.runner import run_grid
 from florg_tools.experiments.runs import is_finished, run_dir
-from florg_tools.experiments.tuning import load_choices
+from florg_tools.experiments.tuning import load_candidates, load_choices
 
 DEFAULT_RESULTS = Path(__file__).resolve().parents[2] / "results"
 
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = (args.out or DEFAULT_RESULTS / grid.name).resolve()
     if grid.tuning is not None:
-        grid = load_grid(grid.path, load_choices(out))
+        grid = load_grid(grid.path, load_choices(out), load_candidates(out))
     if args.command == "list":
         for run in grid.runs:
             done = is_finished(run_dir(out, run), run)
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             other = load_grid(name)
             other_out = (Path(folder) if folder else DEFAULT_RESULTS / other.name).resolve()
             if other.tuning is not None:
-                other = load_grid(other.path, load_choices(other_out))
+                other = load_grid(other.path, load_choices(other_out), load_candidates(other_out))
             ablations.append((other, other_out))
         missing = [str(p) for p in args.centralised if not p.is_file()]
         if missing:

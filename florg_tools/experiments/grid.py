@@ -28,6 +28,8 @@ optional)::
       values: [0.0005, 0.001, 0.002]
       seed: 0                      # the one seed the tuning runs use
       per: [task, method]          # `grid` axes the choice depends on
+      extend: 2.0                  # optional (protocol v2): a choice at an end of the
+      max-extensions: 4            #   values tried adds that end x/÷ extend, until interior
 
 A run's id names its axis values except those equal to ``base`` (``method=fedit,seed=1``),
 so the same setting reached from two blocks is one run, run once.
@@ -37,7 +39,11 @@ of the ``per`` axes at ``seed``; the choice is the value with the best validatio
 ``score`` (mean over the last three rounds; ties go to the earlier value), written to
 ``<out>/tuning.json`` by ``choose_tuned``. The ``grid`` runs of a combination exist once
 its choice does (``load_grid(path, choices)``), with ``key`` set to it, so the tuning
-run at the chosen value is also the grid's run for ``seed``. Runs are ordered by the
+run at the chosen value is also the grid's run for ``seed``. With ``extend``, a
+combination whose best value sits at an end of the values it has tried gets one more
+value past that end (``choose_tuned`` computes them, ``load_grid(path, choices,
+candidates)`` adds their runs), at most ``max-extensions`` times, so a choice is interior
+unless the record says the cap was reached. Runs are ordered by the
 first ``per`` axis, each value's tuning runs before its grid runs.
 """
 
@@ -59,7 +65,8 @@ _TOP_KEYS = {
     "name", "description", "simulation", "run-timeout", "base", "grid", "blocks", "report",
     "tuning",
 }  # fmt: skip
-_TUNING_KEYS = {"key", "values", "seed", "per"}
+_TUNING_KEYS = {"key", "values", "seed", "per", "extend", "max-extensions"}
+_TUNING_REQUIRED = {"key", "values", "seed", "per"}
 TUNING_BLOCK = "tuning"
 TUNING_FILE = "tuning.json"
 _SIMULATION_KEYS = {"num-supernodes", "num-cpus-per-client", "num-gpus-per-client"}
@@ -95,6 +102,8 @@ class Tuning:
     values: tuple[Any, ...]
     seed: int
     per: tuple[str, ...]
+    extend: float = 0.0  # > 1: a choice at an end of the values tried extends them
+    max_extensions: int = 0
 
     def combo(self, assignment: Mapping[str, Any]) -> str:
         """The id of the combination an assignment belongs to (``method=fedit,task=snli``)."""
@@ -195,7 +204,7 @@ def _tuning(raw: Any, blocks: dict[str, dict[str, list[Any]]], base: dict, path:
     if not isinstance(raw, Mapping):
         raise GridError(f"{where}: expected a mapping with key, values, seed, per")
     _check_keys(raw, _TUNING_KEYS, where)
-    missing = sorted(_TUNING_KEYS - set(raw))
+    missing = sorted(_TUNING_REQUIRED - set(raw))
     if missing:
         raise GridError(f"{where}: missing {', '.join(missing)}")
     key, per = str(raw["key"]), tuple(str(p) for p in raw["per"])
@@ -211,30 +220,41 @@ def _tuning(raw: Any, blocks: dict[str, dict[str, list[Any]]], base: dict, path:
         raise GridError(f"{where}: `grid` and `base` must not set the tuned key '{key}'")
     if not set(per) <= set(main) or not set(main) <= {*per, "seed"}:
         raise GridError(f"{where}.per: must name the axes of `grid` other than seed")
-    return Tuning(key, values, int(raw["seed"]), per)
+    extend = float(raw.get("extend", 0.0))
+    max_extensions = int(raw.get("max-extensions", 4 if extend else 0))
+    if extend and (extend <= 1 or max_extensions < 1):
+        raise GridError(f"{where}: extend must be > 1 and max-extensions >= 1")
+    if extend and not all(isinstance(v, int | float) and v > 0 for v in values):
+        raise GridError(f"{where}.extend: needs positive numeric values")
+    return Tuning(key, values, int(raw["seed"]), per, extend, max_extensions)
 
 
 def _tuned_blocks(
-    tuning: Tuning, blocks: dict[str, dict[str, list[Any]]], choices: Mapping[str, Any]
+    tuning: Tuning,
+    blocks: dict[str, dict[str, list[Any]]],
+    choices: Mapping[str, Any],
+    candidates: Mapping[str, list[Any]],
 ) -> tuple[dict[str, dict[str, list[Any]]], list[str], int]:
-    """The tuning block, and the `grid` block split into one block per combination that
-    has a choice; also the combinations still waiting and the run count once all are made."""
+    """One tuning block per combination (its candidate values: ``candidates[combo]`` or
+    the grid's), and the `grid` block split into one block per combination that has a
+    choice; also the combinations still waiting and the run count once all are made."""
     main = blocks.pop(MAIN_BLOCK)
     per_axes = {k: main[k] for k in tuning.per}
     seeds = main.get("seed", [DEFAULTS["seed"]])
-    tuned = {TUNING_BLOCK: {**per_axes, tuning.key: list(tuning.values), "seed": [tuning.seed]}}
-    pending, combos = [], 0
+    tuned: dict[str, dict[str, list[Any]]] = {}
+    pending, expected = [], 0
+    shared = 1 if tuning.seed in seeds else 0
     for values in itertools.product(*per_axes.values()):
         assignment = dict(zip(per_axes, values, strict=True))
-        combos += 1
         combo = tuning.combo(assignment)
+        chosen = {k: [v] for k, v in assignment.items()}
+        tried = list(candidates.get(combo) or tuning.values)
+        tuned[f"{TUNING_BLOCK}:{combo}"] = {**chosen, tuning.key: tried, "seed": [tuning.seed]}
+        expected += len(tried) + len(seeds) - shared
         if combo not in choices:
             pending.append(combo)
             continue
-        chosen = {k: [v] for k, v in assignment.items()}
         tuned[f"{MAIN_BLOCK}:{combo}"] = {**chosen, tuning.key: [choices[combo]], "seed": seeds}
-    shared = 1 if tuning.seed in seeds else 0
-    expected = combos * (len(tuning.values) + len(seeds) - shared)
     return {**tuned, **blocks}, pending, expected
 
 
@@ -245,19 +265,39 @@ def _ordered(runs: list[GridRun], tuning: Tuning, first_axis: list[Any]) -> list
     def rank(run: GridRun) -> tuple[int, int]:
         value = run.axes.get(axis)
         position = first_axis.index(value) if value in first_axis else len(first_axis)
-        return position, 0 if TUNING_BLOCK in run.blocks else 1
+        in_tuning = any(_main_name(b) == TUNING_BLOCK for b in run.blocks)
+        return position, 0 if in_tuning else 1
 
     return sorted(runs, key=rank)
 
 
+def _merged(blocks: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:
+    """The axes of several blocks as one: each key's values in first-seen order."""
+    merged: dict[str, list[Any]] = {}
+    for block in blocks:
+        for key, values in block.items():
+            merged.setdefault(key, [])
+            merged[key] += [v for v in values if v not in merged[key]]
+    return merged
+
+
 def _main_name(name: str) -> str:
-    return MAIN_BLOCK if name.startswith(f"{MAIN_BLOCK}:") else name
+    """A per-combination block's name without its combination (``main``, ``tuning``)."""
+    for block in (MAIN_BLOCK, TUNING_BLOCK):
+        if name.startswith(f"{block}:"):
+            return block
+    return name
 
 
-def load_grid(path: str | Path, choices: Mapping[str, Any] | None = None) -> Grid:
+def load_grid(
+    path: str | Path,
+    choices: Mapping[str, Any] | None = None,
+    candidates: Mapping[str, list[Any]] | None = None,
+) -> Grid:
     """Read and check a grid file (a path, or a name in conf/grids/); every run's settings
     are validated with the app's schema before anything runs. ``choices`` maps a tuning
-    combination (``Tuning.combo``) to its chosen value (``<out>/tuning.json``)."""
+    combination (``Tuning.combo``) to its chosen value, ``candidates`` to the values it
+    tries when tuning extended them (both from ``<out>/tuning.json``)."""
     from omegaconf import OmegaConf
 
     path = Path(path)
@@ -306,7 +346,9 @@ def load_grid(path: str | Path, choices: Mapping[str, Any] | None = None) -> Gri
         tuning = _tuning(raw["tuning"], blocks, base, path)
         main_axes = dict(blocks[MAIN_BLOCK])
         first_axis = list(main_axes[tuning.per[0]])
-        blocks, pending, expected = _tuned_blocks(tuning, blocks, dict(choices or {}))
+        blocks, pending, expected = _tuned_blocks(
+            tuning, blocks, dict(choices or {}), dict(candidates or {})
+        )
 
     num_supernodes = int(simulation.get("num-supernodes", 2))
     num_cpus = simulation.get("num-cpus-per-client", 1)
@@ -324,7 +366,8 @@ def load_grid(path: str | Path, choices: Mapping[str, Any] | None = None) -> Gri
         ]
         blocks = {
             MAIN_BLOCK: main_axes,
-            **{k: v for k, v in blocks.items() if not k.startswith(f"{MAIN_BLOCK}:")},
+            TUNING_BLOCK: _merged([v for k, v in blocks.items() if _main_name(k) == TUNING_BLOCK]),
+            **{k: v for k, v in blocks.items() if _main_name(k) == k},
         }
     for run in runs:
         if run.setting("min-available-nodes") > num_supernodes:

@@ -27,9 +27,9 @@ from typing import IO, Any
 import tomli_w
 
 from florg_tools.experiments.communication import load_metrics
-from florg_tools.experiments.grid import Grid, GridRun, load_grid
+from florg_tools.experiments.grid import Grid, GridRun
 from florg_tools.experiments.runs import is_finished, run_dir
-from florg_tools.experiments.tuning import choose_tuned
+from florg_tools.experiments.tuning import tuned_grid
 from florg_tools.flwr_cli import run_flower_app
 from florg_tools.flwr_home import CONFIG_FILE_NAME, simulation_connection
 from florg_tools.superlink import local_superlink
@@ -107,10 +107,9 @@ def _pending(grid: Grid, out: Path, only: list[str] | None, tried: set[str]) -> 
 
 
 def _with_choices(grid: Grid, out: Path) -> Grid:
-    """A grid with a tuning stage, re-read with the choices its finished tuning runs make."""
-    if grid.tuning is None:
-        return grid
-    return load_grid(grid.path, choose_tuned(grid, out)["choices"])
+    """A grid with a tuning stage, re-read with the choices (and, with ``extend``, the
+    extended candidate values) its finished tuning runs make."""
+    return tuned_grid(grid, out)
 
 
 def run_grid(

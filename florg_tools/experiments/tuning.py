@@ -10,14 +10,24 @@ Ties go to the earlier candidate. Test scores are never looked at here.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from florg_tools.experiments.communication import load_metrics
-from florg_tools.experiments.grid import TUNING_BLOCK, TUNING_FILE, Grid
+from florg_tools.experiments.grid import TUNING_BLOCK, TUNING_FILE, Grid, load_grid
 from florg_tools.experiments.runs import is_finished, run_dir
 
-__all__ = ["SELECT_ROUNDS", "choose_tuned", "load_choices", "selection_score"]
+__all__ = [
+    "SELECT_ROUNDS",
+    "best_value",
+    "choose_tuned",
+    "load_candidates",
+    "load_choices",
+    "next_candidate",
+    "selection_score",
+    "tuned_grid",
+]
 
 SELECT_ROUNDS = 3
 
@@ -35,16 +45,45 @@ def selection_score(
     return sum(float(r[key]) for r in tail) / len(tail)
 
 
+def best_value(scores: Mapping[float, float]) -> float:
+    """The value with the best score; ties go to the smaller value."""
+    return max(sorted(scores), key=lambda v: (scores[v], -v))
+
+
+def next_candidate(
+    scores: Mapping[float, float | None], factor: float, extensions_left: int
+) -> float | None:
+    """Evidence protocol v2: the next value to try when the best of ``scores`` lies at an
+    end of the values tried (``factor`` times the largest, or the smallest divided by it);
+    None when the choice is interior, when no extension is left, or while a value is
+    unscored (None: it must finish first). ``factor`` <= 1 turns extension off."""
+    if factor <= 1 or extensions_left <= 0 or len(scores) < 2:
+        return None
+    if any(score is None for score in scores.values()):
+        return None
+    best = best_value({v: float(s) for v, s in scores.items() if s is not None})
+    if best == max(scores):
+        return best * factor
+    if best == min(scores):
+        return best / factor
+    return None
+
+
 def choose_tuned(grid: Grid, out: Path) -> dict[str, Any]:
     """Score the finished tuning runs under ``out``, choose where every candidate has
-    finished, and write ``<out>/tuning.json``; returns the document."""
+    finished, and write ``<out>/tuning.json``; returns the document.
+
+    With ``extend`` (protocol v2), a combination whose best value lies at an end of the
+    values it has tried gets the next value past that end instead of a choice; its
+    ``path`` (every value tried, in order) and ``candidates`` go into the document, which
+    ``load_grid(path, choices, candidates)`` reads back."""
     tuning = grid.tuning
     if tuning is None:
         raise ValueError(f"grid {grid.name} has no tuning stage")
     table: dict[str, dict[str, Any]] = {}
     for run in grid.runs_in(TUNING_BLOCK):
         combo = tuning.combo(run.axes)
-        entry = table.setdefault(combo, {"scores": {}, "runs": {}})
+        entry = table.setdefault(combo, {"scores": {}, "runs": {}, "path": []})
         folder = run_dir(out, run)
         value = run.axes[tuning.key]
         score = None
@@ -54,14 +93,29 @@ def choose_tuned(grid: Grid, out: Path) -> dict[str, Any]:
             score = selection_score(load_metrics(folder / "metrics.jsonl"), key=key)
         entry["scores"][repr(value)] = score
         entry["runs"][repr(value)] = run.run_id
-    choices = {}
+        entry["path"].append(value)
+    choices, candidates = {}, {}
     for combo, entry in table.items():
-        scores = [(entry["scores"][repr(v)], i, v) for i, v in enumerate(tuning.values)]
-        if any(score is None for score, _, _ in scores):
+        path = entry["path"]
+        scores = {v: entry["scores"][repr(v)] for v in path}
+        if any(score is None for score in scores.values()):
+            if len(path) > len(tuning.values):
+                candidates[combo] = path
             continue
-        best = max(scores, key=lambda t: (t[0], -t[1]))
-        entry["chosen"] = best[2]
-        choices[combo] = best[2]
+        extensions_left = tuning.max_extensions - (len(path) - len(tuning.values))
+        extra = next_candidate(scores, tuning.extend, extensions_left)
+        if extra is not None:
+            candidates[combo] = [*path, extra]
+            continue
+        if len(path) > len(tuning.values):
+            candidates[combo] = path
+        if tuning.extend > 1:
+            chosen = best_value(scores)
+        else:  # v1: ties go to the earlier candidate in the grid's order
+            chosen = max(((s, -i, v) for i, (v, s) in enumerate(scores.items())))[2]
+        entry["chosen"] = chosen
+        entry["at-edge"] = len(path) > 1 and chosen in (min(path), max(path))
+        choices[combo] = chosen
     document = {
         "key": tuning.key,
         "values": list(tuning.values),
@@ -71,8 +125,27 @@ def choose_tuned(grid: Grid, out: Path) -> dict[str, Any]:
         "choices": choices,
         "table": table,
     }
+    if tuning.extend > 1:
+        document["extend"] = {"factor": tuning.extend, "max-extensions": tuning.max_extensions}
+        document["candidates"] = candidates
     (out / TUNING_FILE).write_text(json.dumps(document, indent=2) + "\n")
     return document
+
+
+def tuned_grid(grid: Grid, out: Path) -> Grid:
+    """``grid`` re-read with the choices and extended candidates its finished tuning runs
+    make (repeated while an extension's run has already finished, so a resumed grid
+    reaches the same state as an uninterrupted one)."""
+    if grid.tuning is None:
+        return grid
+    seen: dict[str, list[Any]] | None = None
+    while True:
+        document = choose_tuned(grid, out)
+        candidates = document.get("candidates", {})
+        grid = load_grid(grid.path, document["choices"], candidates)
+        if candidates == seen:
+            return grid
+        seen = candidates
 
 
 def load_choices(out: Path) -> dict[str, Any]:
@@ -83,9 +156,21 @@ def load_choices(out: Path) -> dict[str, Any]:
         return {}
 
 
+def load_candidates(out: Path) -> dict[str, list[Any]]:
+    """The extended candidate values recorded in ``<out>/tuning.json`` (empty if none)."""
+    try:
+        return dict(json.loads((out / TUNING_FILE).read_text()).get("candidates") or {})
+    except (OSError, json.JSONDecodeError, AttributeError, TypeError):
+        return {}
+
+
 def tuning_markdown(document: dict[str, Any]) -> list[str]:
-    """The tuning table: one row per combination, one column per candidate value."""
-    values = document["values"]
+    """The tuning table: one row per combination, one column per candidate value (every
+    value any combination tried, the extensions of protocol v2 included)."""
+    values = list(document["values"])
+    for entry in document["table"].values():
+        values += [v for v in entry.get("path", []) if v not in values]
+    values.sort()
     head = ["combination", *[f"{document['key']} = {v:g}" for v in values], "chosen"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for combo, entry in sorted(document["table"].items()):
@@ -93,13 +178,14 @@ def tuning_markdown(document: dict[str, Any]) -> list[str]:
         for v in values:
             score = entry["scores"].get(repr(v))
             cells.append("–" if score is None else f"{score:.4f}")
-        lines.append(f"| {combo} | " + " | ".join(cells) + f" | {_chosen_cell(entry, values)} |")
+        tried = entry.get("path") or document["values"]
+        lines.append(f"| {combo} | " + " | ".join(cells) + f" | {_chosen_cell(entry, tried)} |")
     return lines
 
 
 def _chosen_cell(entry: dict[str, Any], values: list[Any]) -> str:
-    """The chosen value, marked when it sits at an end of the candidate range: the best
-    value may then lie outside the range (the method is possibly under-tuned)."""
+    """The chosen value, marked when it sits at an end of the values tried: the best
+    value may then lie outside them (the method is possibly under-tuned)."""
     chosen = entry.get("chosen")
     if chosen is None:
         return "–"
