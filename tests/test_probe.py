@@ -74,3 +74,22 @@ def test_refit_separates_separable_features():
     y = torch.randint(0, 2, (200,))
     x = torch.randn(200, 5) + 6.0 * y[:, None]
     assert refit_accuracy(x[:150], y[:150], x[150:], y[150:], 2) == 1.0
+
+
+def test_a_published_run_without_checkpoint_says_how_to_regenerate_it(tmp_path):
+    run_id = "learning-rate=0.001,method=florg,seed=3,task=snli"
+    evidence = tmp_path / "docs" / "results" / "evidence" / "runs" / "evidence-snli" / run_id
+    older = tmp_path / "docs" / "results" / "main" / "runs" / "method=florg,seed=0"
+    for folder in (evidence, older):
+        folder.mkdir(parents=True)
+        assert _checkpoint_arrays(folder, 0) == (0, None)  # round 0 needs no checkpoint
+    with pytest.raises(ProbeError) as err:
+        _checkpoint_arrays(evidence, None)
+    message = str(err.value)
+    assert "no checkpoint of any round" in message
+    assert f"florg experiments run evidence-snli --out DIR --only {run_id}" in message
+    assert "evidence-snli-tuning.json to DIR/tuning.json" in message  # published choices
+    assert f"probe DIR/runs/{run_id}" in message
+    with pytest.raises(ProbeError, match="florg experiments run main --out DIR") as err:
+        _checkpoint_arrays(older, 20)
+    assert "tuning.json" not in str(err.value)  # an untuned grid needs no choices

@@ -14,6 +14,18 @@ is what holds the model back; when the two agree, the features are.
 Runs whose global model is not a method output alone are refused: a method with personal
 parts (FedSA-LoRA: its global B is zero) or with a server-side fold (FedEx-LoRA: its
 residual lives in the strategy's state).
+
+The runs published under ``docs/results/`` keep ``config.json``, ``metrics.jsonl`` and
+``summary.json`` only, no checkpoint: ``--round 0`` works on them as they are; any later
+round needs the run's checkpoint back, which the grid runner regenerates by rerunning the
+run (deterministic: the same settings, seed, data and partition), e.g.::
+
+    florg experiments run GRID --out DIR --only RUN_ID --no-report
+    python -m florg_tools.experiments.probe DIR/runs/RUN_ID
+
+(a tuned grid needs its published choices first, ``docs/results/evidence/GRID-tuning.json``
+copied to ``DIR/tuning.json``; the evidence grids rerun at their own commit,
+``scripts/evidence_grid.sh``). A missing checkpoint's error prints that command.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ HEADER = (
     "| run | round | federated head, test | refitted head, test | refit − federated |\n"
     "|---|---|---|---|---|"
 )
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 HEAD = "classifier"  # the head module of Hugging Face's *ForSequenceClassification models
 
 
@@ -51,6 +64,34 @@ def _run_config(folder: Path) -> RunConfig:
     return resolve_config({}, {k: v for k, v in saved.items() if k in SCHEMA})
 
 
+def regenerate_hint(folder: Path) -> str:
+    """How to get a run folder's checkpoint back: rerun the run with the grid runner.
+
+    A published run lies at ``docs/results/<grid>/runs/<run id>`` (or, for the evidence
+    grids, ``docs/results/evidence/runs/<grid>/<run id>``), which names its grid."""
+    folder = Path(folder)
+    if folder.parent.name == "runs":
+        grid = folder.parent.parent.name
+    elif folder.parent.parent.name == "runs":
+        grid = folder.parent.name
+    else:
+        grid = "GRID"
+    tuning = f"docs/results/evidence/{grid}-tuning.json"
+    first = (
+        f" (first copy {tuning} to DIR/tuning.json, the published tuning choices; the "
+        "evidence grids rerun at their own commit, scripts/evidence_grid.sh)"
+        if (ROOT / tuning).is_file()
+        else ""
+    )
+    return (
+        "Published runs (docs/results/) keep config.json, metrics.jsonl and summary.json "
+        "only; regenerate the checkpoint by rerunning the run, which the grid runner does "
+        f"deterministically: `florg experiments run {grid} --out DIR --only {folder.name} "
+        f"--no-report`{first}, then probe DIR/runs/{folder.name}. Round 0 needs no "
+        "checkpoint (--round 0)."
+    )
+
+
 def _checkpoint_arrays(folder: Path, round_: int | None) -> tuple[int, dict | None]:
     """The checkpointed global arrays after ``round_`` (None: the last); round 0 without
     a checkpoint is the initial model (None arrays: keep the seeded initialisation)."""
@@ -61,7 +102,9 @@ def _checkpoint_arrays(folder: Path, round_: int | None) -> tuple[int, dict | No
         return 0, None
     if not rounds:
         which = "any round" if round_ is None else f"round {round_}"
-        raise ProbeError(f"{folder}: no checkpoint of {which} (checkpoint/round-*/)")
+        raise ProbeError(
+            f"{folder}: no checkpoint of {which} (checkpoint/round-*/). {regenerate_hint(folder)}"
+        )
     path = rounds[-1]
     return int(path.parent.name.split("-")[1]), load_file(str(path))
 
