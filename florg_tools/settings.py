@@ -1,15 +1,18 @@
-"""pyproject.toml's ``[tool.flwr.app.config]``, generated from the one declaration of the
-run settings (``flower_app.config.RunConfig``): every key with its default, its help as a
-comment and the cache groups it affects.
+"""pyproject.toml's ``[tool.flwr.app.config]`` and the reference page docs/settings.md,
+both generated from the one declaration of the run settings
+(``flower_app.config.RunConfig``): every key with its default, its help and the cache
+groups it affects.
 
 Command line::
 
-    python -m florg_tools.settings --check   # exit 1 (and a diff) when pyproject differs
-    python -m florg_tools.settings --write   # rewrite the table from the schema
+    python -m florg_tools.settings --check   # exit 1 (and a diff) when either differs
+    python -m florg_tools.settings --write   # rewrite both from the schema
     python -m florg_tools.settings           # print the generated table
+    python -m florg_tools.settings --doc-only  # print the generated page
 
 The table runs from its header to the next table header (or the end of the file); the
-lines before the header are kept as they are.
+lines before the header are kept as they are. The page is generated whole: its preamble
+is ``DOC_PREAMBLE`` below (edit it here), then one table row per key.
 """
 
 from __future__ import annotations
@@ -24,9 +27,18 @@ import tomli_w
 
 from flower_app.config import SCHEMA
 
-__all__ = ["HEADER", "PYPROJECT", "generated_table", "replace_table", "table_in"]
+__all__ = [
+    "DOC",
+    "HEADER",
+    "PYPROJECT",
+    "generated_doc",
+    "generated_table",
+    "replace_table",
+    "table_in",
+]
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+DOC = PYPROJECT.parent / "docs" / "settings.md"  # the page, beside pyproject.toml
 HEADER = "[tool.flwr.app.config]"
 _NEXT_TABLE = re.compile(r"^\[", re.MULTILINE)
 
@@ -46,6 +58,59 @@ def generated_table() -> str:
     for key, spec in SCHEMA.items():
         groups = f" [{', '.join(sorted(spec.affects))}]" if spec.affects else ""
         lines.append(f"{_literal(key, spec.default)}  # {spec.help}{groups}")
+    return "\n".join(lines) + "\n"
+
+
+DOC_PREAMBLE = """\
+# Settings
+
+<!-- Generated from flower_app/config.py (RunConfig) by `python -m florg_tools.settings
+--write`; edit the schema (or this preamble, florg_tools/settings.py) there, not here. -->
+
+Every run setting is one field of `RunConfig` in `flower_app/config.py`: its default, the
+check of its values, its help and the cached artefacts it affects. This page and the
+`[tool.flwr.app.config]` table of `pyproject.toml` are generated from it by
+`python -m florg_tools.settings --write`; `python -m florg_tools.settings --check` (and
+`tests/test_settings_doc.py`, `tests/test_config.py`) fail when either is out of date.
+A field `data_path` is the key `data-path`.
+
+A run takes the defaults below, then a preset (a flat TOML table of settings,
+`conf/<name>.toml`), then explicit values; an explicit value always wins:
+
+```bash
+flwr run . local-simulation --stream --run-config "method='fedit' num-server-rounds=10"
+flwr run . local-simulation --stream --run-config conf/paper.toml   # a preset as it is
+florg launch --preset paper --set batch-size=16                      # preset < --set
+```
+
+Unknown keys and bad values fail before any training with a message naming the key.
+The presets, tasks and models, and what a run writes: [usage.md](usage.md).
+
+*affects*: the cached artefacts a key changes (`data`: which examples each client gets;
+`tokenisation`: how examples become model inputs; `model`: the adapted model before
+training). The on-disk caches (`flower_app/disk_cache.py`) key on every setting of the
+groups they depend on; a key that affects none changes how a run is carried out only.
+"""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def generated_doc() -> str:
+    """docs/settings.md: the preamble, then ``| key | default | help | affects |`` rows."""
+    lines = [
+        DOC_PREAMBLE.rstrip("\n"),
+        "",
+        "## All settings (schema order)",
+        "",
+        "| key | default | help | affects |",
+        "|---|---|---|---|",
+    ]
+    for key, spec in SCHEMA.items():
+        default = tomli_w.dumps({"v": spec.default}).strip().removeprefix("v = ")
+        affects = ", ".join(sorted(spec.affects)) or "–"
+        lines.append(f"| `{key}` | `{_cell(default)}` | {_cell(spec.help)} | {affects} |")
     return "\n".join(lines) + "\n"
 
 
@@ -71,33 +136,67 @@ def replace_table(text: str) -> str:
     return text[:start] + generated_table() + ("\n" + rest if rest else "")
 
 
+def _diff(current: str, wanted: str, path: Path, what: str) -> list[str]:
+    return list(
+        difflib.unified_diff(
+            current.splitlines(keepends=True), wanted.splitlines(keepends=True),
+            f"{path} (as written)", f"{what} generated from flower_app/config.py",
+        )
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m florg_tools.settings", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m florg_tools.settings", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="fail when pyproject differs")
-    mode.add_argument("--write", action="store_true", help="rewrite pyproject's table")
+    mode.add_argument("--check", action="store_true", help="fail when either file differs")
+    mode.add_argument("--write", action="store_true", help="rewrite pyproject's table and the page")
+    mode.add_argument("--doc-only", action="store_true", help="print the generated page")
     parser.add_argument("--pyproject", type=Path, default=PYPROJECT)
+    parser.add_argument(
+        "--doc",
+        type=Path,
+        default=None,
+        help="the page (default: docs/settings.md beside --pyproject)",
+    )
     args = parser.parse_args(argv)
+    doc = args.doc if args.doc is not None else args.pyproject.parent / "docs" / "settings.md"
+    if args.doc_only:
+        sys.stdout.write(generated_doc())
+        return 0
     if not (args.check or args.write):
         sys.stdout.write(generated_table())
         return 0
     text = args.pyproject.read_text(encoding="utf-8")
+    page = doc.read_text(encoding="utf-8") if doc.is_file() else None
     if args.write:
         new = replace_table(text)
         if new != text:
             args.pyproject.write_text(new, encoding="utf-8")
         print(f"{args.pyproject}: {HEADER} {'rewritten' if new != text else 'up to date'}")
+        wanted = generated_doc()
+        if page != wanted:
+            doc.parent.mkdir(parents=True, exist_ok=True)
+            doc.write_text(wanted, encoding="utf-8")
+        print(f"{doc}: {'rewritten' if page != wanted else 'up to date'}")
         return 0
-    current, wanted = table_in(text), generated_table()
-    if current == wanted:
-        return 0
-    diff = difflib.unified_diff(
-        current.splitlines(keepends=True), wanted.splitlines(keepends=True),
-        f"{args.pyproject} (as written)", "generated from flower_app/config.py",
-    )  # fmt: skip
-    sys.stdout.writelines(diff)
-    print(f"{args.pyproject}: {HEADER} is out of date: python -m florg_tools.settings --write")
-    return 1
+    stale = []
+    diff = _diff(table_in(text), generated_table(), args.pyproject, HEADER)
+    if diff:
+        sys.stdout.writelines(diff)
+        stale.append(f"{args.pyproject}: {HEADER} is out of date")
+    if page is None:
+        stale.append(f"{doc}: missing")
+    else:
+        diff = _diff(page, generated_doc(), doc, "the page")
+        if diff:
+            sys.stdout.writelines(diff)
+            stale.append(f"{doc}: out of date")
+    for line in stale:
+        print(f"{line}: python -m florg_tools.settings --write")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":
