@@ -53,6 +53,7 @@ class AdaptedModel:
                     subtract_init=config.subtract_init,
                     head_modules=config.heads,
                     train_head=config.train_head,
+                    signs=self.method.florg_signs(config.rank),
                 ),
             )
             self.model = model

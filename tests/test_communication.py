@@ -46,6 +46,7 @@ def test_counts_match_the_tensors_each_method_sends(layout, tiny_bert_config):
     expected = {
         "florg": florg,
         "florg-no-procrustes": florg,
+        "florg-signed": florg,
         "fedit": both,
         "federa": both,
         "fedex-lora": both,

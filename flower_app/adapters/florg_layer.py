@@ -1,5 +1,9 @@
 """FLoRGLinear: a frozen nn.Linear plus the Gram update s * L A^T A R (paper, section 3.1).
 
+With ``signs`` (the method ``florg-signed``) the update is s * L A^T D A R, D = diag(signs)
+a fixed r x r matrix of +-1: the core A^T D A is then any symmetric matrix of rank <= r
+rather than only a positive semi-definite one, and LAt below becomes L A^T D.
+
 Shapes: W0 (d_out x d_in), L (d_out x k), A (r x k), R (k x d_in), k = min(d_in, d_out).
 The forward never forms a k x k or d_out x d_in matrix:
 
@@ -50,6 +54,7 @@ class FLoRGLinear(nn.Module):
         scaling: float,
         subtract_init: bool = False,
         projections: FLoRGProjections | None = None,
+        signs: np.ndarray | None = None,
     ) -> None:
         super().__init__()
         d_out, d_in = base_layer.weight.shape
@@ -74,10 +79,19 @@ class FLoRGLinear(nn.Module):
             )
         self.projections = projections
         self.A = nn.Parameter(torch.as_tensor(A_init, dtype=dtype, device=device).clone())
-        # Option: W0 <- W0 - s L A1^T A1 R (float64), so the output is unchanged before training.
+        if signs is not None:
+            signs = np.asarray(signs, dtype=np.float64)
+            if signs.shape != (r,) or not np.all(np.abs(signs) == 1.0):
+                raise ValueError(f"signs must be r = {r} entries of +1 or -1, got {signs}")
+            self.register_buffer("signs", torch.as_tensor(signs, dtype=dtype, device=device))
+        else:
+            self.signs = None
+        # Option: W0 <- W0 - s L A1^T D A1 R (float64), so the output is unchanged before
+        # training (D = I without signs).
         self.subtract_init = bool(subtract_init)
         if self.subtract_init:
-            delta = self.scaling * (L @ A_init.T) @ (A_init @ R)
+            d = np.ones(r) if signs is None else signs
+            delta = self.scaling * ((L @ A_init.T) * d) @ (A_init @ R)
             with torch.no_grad():
                 w64 = base_layer.weight.detach().to(torch.float64)
                 base_layer.weight.copy_((w64 - torch.as_tensor(delta, device=device)).to(dtype))
@@ -102,8 +116,10 @@ class FLoRGLinear(nn.Module):
         return self.base_layer.out_features
 
     def lora_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(L A^T, A R): the d_out x r and r x d_in factors with Delta W = s * (L A^T)(A R)."""
-        return self.L @ self.A.T, self.A @ self.R
+        """(L A^T D, A R): the d_out x r and r x d_in factors with Delta W = s * (L A^T D)(A R)
+        (D = I without ``signs``)."""
+        left = self.L @ self.A.T
+        return (left if self.signs is None else left * self.signs), self.A @ self.R
 
     def delta_weight(self) -> torch.Tensor:
         """s * L A^T A R (d_out x d_in); for tests and export only, never in the forward."""
@@ -117,4 +133,6 @@ class FLoRGLinear(nn.Module):
         return result + (self.scaling * update).to(result.dtype)
 
     def extra_repr(self) -> str:
-        return f"r={self.r}, k={self.k}, scaling={self.scaling:g}, subtract={self.subtract_init}"
+        signed = "" if self.signs is None else f", signs={self.signs.tolist()}"
+        base = f"r={self.r}, k={self.k}, scaling={self.scaling:g}, subtract={self.subtract_init}"
+        return base + signed

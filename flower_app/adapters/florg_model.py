@@ -11,6 +11,7 @@ Export: L A^T A R = (L A^T)(A R), so a FLoRG layer *is* a rank-r LoRA with
 lora_B = L A^T (d_out x r), lora_A = A R (r x d_in) and the same scaling alpha/r.
 With ``subtract_init`` the frozen weight was W0 - s L A1^T A1 R, which exports
 exactly as the rank-2r LoRA  B = [L A^T, -L A1^T],  A = [A R; A1 R].
+With ``signs`` (florg-signed, D = diag(signs)) every L A^T above is L A^T D.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class FLoRGConfig:
     subtract_init: bool = False
     head_modules: tuple[str, ...] | None = None
     train_head: bool = True
+    # florg-signed: the sign of each row of A in the core A^T D A (None: all +1, the paper)
+    signs: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         check_rank_and_alpha(self.r, self.alpha)
@@ -65,6 +68,10 @@ class FLoRGConfig:
                 f"projection_init {self.projection_init!r} unknown; "
                 f"choose one of {PROJECTION_INITS}"
             )
+        if self.signs is not None and (
+            len(self.signs) != self.r or any(abs(v) != 1 for v in self.signs)
+        ):
+            raise ValueError(f"signs must be r = {self.r} entries of +1 or -1, got {self.signs}")
         if self.projection_sharing not in PROJECTION_SHARINGS:
             raise ValueError(
                 f"projection_sharing {self.projection_sharing!r} unknown; "
@@ -108,8 +115,9 @@ def inject_florg(model: nn.Module, config: FLoRGConfig) -> dict[str, FLoRGLinear
             shared[cache_key] = (L, R, holder)
         L, R, holder = shared[cache_key]
         A1 = seeded_rng(config.seed, name, "A").standard_normal((config.r, k)) * config.a_init_std
+        signs = None if config.signs is None else np.asarray(config.signs, dtype=np.float64)
         layer = FLoRGLinear(
-            linear, L, R, A1, config.scaling, config.subtract_init, projections=holder
+            linear, L, R, A1, config.scaling, config.subtract_init, projections=holder, signs=signs
         )
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
@@ -158,6 +166,11 @@ def florg_fingerprint(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def _signed(layer: FLoRGLinear, left: torch.Tensor) -> torch.Tensor:
+    """``left`` (d_out x r) times the layer's D = diag(signs) (unchanged without signs)."""
+    return left if layer.signs is None else left * layer.signs.to(left.dtype)
+
+
 def _lora_export_factors(layer: FLoRGLinear) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(lora_B, lora_A, rank) with s * lora_B @ lora_A equal to the layer's update over W0."""
     with torch.no_grad():
@@ -166,7 +179,7 @@ def _lora_export_factors(layer: FLoRGLinear) -> tuple[torch.Tensor, torch.Tensor
             return left, right, layer.r
         A1 = layer.A_init.to(torch.float64)
         L64, R64 = layer.L.to(torch.float64), layer.R.to(torch.float64)
-        B = torch.cat([left, -(L64 @ A1.T)], dim=1)
+        B = torch.cat([left, -_signed(layer, L64 @ A1.T)], dim=1)
         A = torch.cat([right, A1 @ R64], dim=0)
         return B, A, 2 * layer.r
 
@@ -191,7 +204,9 @@ def export_peft_lora(
         linear = layer.base_layer
         if layer.subtract_init:  # restore the original W0 = (W0 - s L A1^T A1 R) + s L A1^T A1 R
             A1 = layer.A_init.to(torch.float64)
-            restore = layer.scaling * (layer.L.double() @ A1.T) @ (A1 @ layer.R.double())
+            restore = (
+                layer.scaling * _signed(layer, layer.L.double() @ A1.T) @ (A1 @ layer.R.double())
+            )
             with torch.no_grad():
                 linear.weight.copy_((linear.weight.double() + restore).to(linear.weight.dtype))
         parent_name, _, child = name.rpartition(".")

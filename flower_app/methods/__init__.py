@@ -60,6 +60,7 @@ def build_strategy(
 # The registry: one line per method module; each module's METHODS are registered in order.
 METHOD_MODULES = (
     "florg",  # florg, florg-no-procrustes
+    "florg_signed",
     "fedit",
     "federa",
     "ffa_lora",

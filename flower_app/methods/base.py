@@ -78,6 +78,10 @@ class Method:
         """The LoRA initialisation its clients use (``flower_app/adapters/lora.py``)."""
         return "default"
 
+    def florg_signs(self, rank: int) -> tuple[float, ...] | None:
+        """A FLoRG adapter's row signs D in ``s L AᵀDA R`` (None: the paper's D = I)."""
+        return None
+
     def prepare_model(self, adapted: AdaptedModel) -> None:
         """Called once after the adapter is injected (FedEx-LoRA keeps W0)."""
 
