@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from florg_tools.experiments.results_doc import fill, sync
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "results.md"
 
 REPORT = """# Evidence: ev
 
@@ -100,3 +107,41 @@ def test_sync_copies_each_table_and_replaces_an_earlier_copy(tmp_path):
 def test_a_missing_marker_is_an_error():
     with pytest.raises(ValueError, match="VERDICTS"):
         fill("# nothing here", "VERDICTS", "x")
+
+
+def test_the_results_page_holds_the_published_report_and_leads_with_the_verdicts(tmp_path):
+    """docs/results.md takes the published report's tables unchanged (no marker lost or
+    duplicated in its prose), and reads verdicts first: the place for protocol v2, then
+    v1's verdicts, then the report's remaining tables."""
+    doc = tmp_path / "results.md"
+    doc.write_text(PAGE.read_text())
+    sync(doc, ROOT / "docs" / "results" / "evidence" / "README.md")
+    assert doc.read_text() == PAGE.read_text()
+    text = PAGE.read_text()
+    order = [
+        "## Protocol v2 (in progress)",
+        "## Protocol v1: the verdicts",
+        "### What to conclude",
+        "<!-- VERDICTS -->",
+        "<!-- LEARNING -->",
+        "## Protocol v1: the report's tables",
+        "<!-- TESTS -->",
+        "<!-- TUNING -->",
+        "<!-- SERVER -->",
+    ]
+    assert [text.count(part) for part in order] == [1] * len(order)
+    assert [text.index(part) for part in order] == sorted(text.index(part) for part in order)
+
+
+def test_published_runs_keep_config_metrics_and_summary_only():
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(
+        ["git", "ls-files", "docs/results"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    in_runs = [path for path in listed if "/runs/" in path]
+    assert in_runs, "no published run found"
+    extra = [
+        p for p in in_runs if Path(p).name not in ("config.json", "metrics.jsonl", "summary.json")
+    ]
+    assert not extra, extra[:5]
