@@ -5,8 +5,9 @@
 #   PREPARE_ONLY=1 bash scripts/evidence_v2.sh ROOT   # prepare only
 #   TASKS="movie-sentiment snli" bash scripts/evidence_v2.sh ROOT   # which tasks (default: both)
 #
-# The worktree ROOT/v2 is checked out at V2_COMMIT (below; fixed once the first v2 run is
-# published) with its own .venv. Runs already published under docs/results/evidence-v2/
+# The worktree ROOT/v2 is checked out at V2_COMMIT (below: the code every v2 run ran at,
+# fixed once the first v2 run was published) with its own .venv; the grid files are data,
+# copied from this checkout. Runs already published under docs/results/evidence-v2/
 # are copied into the worktree's results/ first, so the runner skips them (runs are
 # deterministic). Per task, in this order (each step resumes):
 #   1. FLoRG and FedIT of the main grid (the verdict's first rows);
@@ -18,7 +19,7 @@
 #       --publish docs/results/evidence-v2
 set -euo pipefail
 cd "$(dirname "$0")/.."
-V2_COMMIT=${V2_COMMIT:-PINNED_COMMIT}
+V2_COMMIT=34820fb
 ROOT="${1:-../florg-evidence}"
 TASKS="${TASKS:-movie-sentiment snli}"
 PUBLISHED=docs/results/evidence-v2
@@ -41,6 +42,7 @@ grids_of() {  # task -> its main grid and variants grid
 
 for task in $TASKS; do
   for grid in $(grids_of "$task"); do
+    cp "conf/grids/$grid.yaml" "$dir/conf/grids/"
     out="$dir/results/$grid"
     mkdir -p "$out/runs"
     [ ! -d "$PUBLISHED/runs/$grid" ] || cp -rn "$PUBLISHED/runs/$grid/." "$out/runs/"

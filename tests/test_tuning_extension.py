@@ -142,3 +142,82 @@ def test_a_v1_grid_records_no_extension(tmp_path):
     document = choose_tuned(grid, out)
     assert "candidates" not in document
     assert document["choices"]["method=florg,task=movie-sentiment"] == 0.002
+
+
+V2 = """
+name: ev2
+simulation: {num-supernodes: 2}
+base: {max-test-examples: 40, num-server-rounds: 4, head-learning-rate: 0.004}
+tuning: {key: learning-rate, values: [0.001, 0.002], seed: 0, per: [task, method], extend: 2}
+grid:
+  task: [movie-sentiment]
+  method: [florg, fedit, florg-signed]
+  seed: [0, 1, 2]
+"""
+VARIANTS = """
+name: ev2v
+simulation: {num-supernodes: 2}
+base: {max-test-examples: 40, num-server-rounds: 4, head-learning-rate: 0.004,
+       subtract-init: false}
+tuning: {key: learning-rate, values: [0.001, 0.002], seed: 0,
+         per: [task, method, subtract-init], extend: 2}
+grid:
+  task: [movie-sentiment]
+  method: [florg]
+  subtract-init: [true, false]
+  seed: [0, 1, 2]
+"""
+TEST = {"florg": 0.70, "fedit": 0.80, "florg-signed": 0.75, True: 0.72}  # True: subtract-init
+
+
+def _run_all(path, out, validation):
+    grid = load_grid(path)
+    done: set[str] = set()
+    for _ in range(10):
+        grid = tuned_grid(grid, out)
+        pending = [r for r in grid.runs if r.run_id not in done]
+        if not pending:
+            return grid
+        for run in pending:
+            key = run.overrides.get("subtract-init") or run.overrides["method"]
+            seed = run.overrides["seed"]
+            test = [0.5] + [TEST[key] + 0.01 * seed] * 4
+            _fake_run(out, run, *(_val(validation(run.overrides))[:1] + (test,)))
+            done.add(run.run_id)
+    raise AssertionError("the grid did not settle")
+
+
+def test_the_v2_summary_records_head_lr_paths_choices_and_variants(tmp_path):
+    from florg_tools.experiments.evidence import write_evidence
+
+    (tmp_path / "ev2.yaml").write_text(V2)
+    (tmp_path / "ev2v.yaml").write_text(VARIANTS)
+    out, vout = tmp_path / "out", tmp_path / "vout"
+    out.mkdir()
+    vout.mkdir()
+    # florg peaks at 0.004 (two extensions up), the others at 0.002 (one extension)
+    peak = {"florg": 0.004}
+    grid = _run_all(
+        tmp_path / "ev2.yaml",
+        out,
+        lambda o: 0.9 - abs(o["learning-rate"] - peak.get(o["method"], 0.002)),
+    )
+    variants = _run_all(tmp_path / "ev2v.yaml", vout,
+                        lambda o: 0.9 - abs(o["learning-rate"] - 0.002))  # fmt: skip
+    report = write_evidence(grid, out, [(variants, vout)]).read_text()
+    summary = json.loads((out / "evidence" / "summary.json").read_text())
+    assert summary["protocol"] == "v2"
+    task = summary["tasks"]["movie-sentiment"]
+    assert set(task["methods"]) == {"florg", "fedit"}
+    assert set(task["variants"]) == {"florg-signed", "florg subtract-init=True"}
+    florg = task["methods"]["florg"]
+    assert florg["head_lr"] == 0.004 and florg["chosen_lr"] == florg["lr"] == 0.004
+    assert florg["lr_path"] == [0.001, 0.002, 0.004, 0.008]
+    assert task["methods"]["fedit"]["lr_path"] == [0.001, 0.002, 0.004]
+    signed = task["variants"]["florg-signed"]
+    assert signed["chosen_lr"] == 0.002 and signed["test_final"] == [0.75, 0.76, 0.77]
+    assert task["variants"]["florg subtract-init=True"]["lr_path"] == [0.001, 0.002, 0.004]
+    # the variants' two verdicts: beats FLoRG (+0.05, +0.02), closes the gap to FedIT (no)
+    assert "| florg-signed beats the paper's FLoRG | movie-sentiment | test final, " in report
+    assert "florg-signed − florg, 3 seeds | 0.0500 [0.0500, 0.0500] | holds |" in report
+    assert "florg subtract-init=True − fedit, 3 seeds | -0.0800 [-0.0800, -0.0800] |" in report

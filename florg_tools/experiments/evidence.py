@@ -48,6 +48,21 @@ REFERENCE = "florg"
 # ||A_new - A_prev||_F; each the mean over the adapted layers.
 SERVER_DIAGNOSTICS = {"gram_rel_error": "Gram error", "drift": "drift"}
 CENTRALISED_FILE = "centralised.json"
+# FLoRG settings whose non-default values make a variant (its own row and label)
+VARIANT_KEYS = ("rank-mismatch", "projection-sharing", "subtract-init", "projection-init")
+# Protocol v2: these FLoRG variants are reported under ``variants`` and each gets the
+# verdicts "closes the gap to FedIT" and "beats the paper's FLoRG"
+V2_COMPARED = "fedit"
+
+
+def is_v2_variant(label: str) -> bool:
+    """FLoRG with a subtract-init / projection-init setting, or florg-signed."""
+    return label == "florg-signed" or (
+        label.startswith(f"{REFERENCE} ")
+        and any(f"{k}=" in label for k in ("subtract-init", "projection-init"))
+    )
+
+
 # Issue 11's "done when": the centralised reference >= 0.25 above chance, FLoRG and FedIT
 # >= 0.15 above chance on average (final-round test score).
 CENTRALISED_BAR = 0.25
@@ -68,10 +83,23 @@ class MethodRuns:
     params_per_round: float | None
     # FLoRG's server step, per diagnostic (SERVER_DIAGNOSTICS): seed -> mean over rounds
     server: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
+    # protocol v2: the head's learning rate, the adapter rates tuning tried (in order) and
+    # the one it chose (from the grid's tuning.json)
+    head_lr: float | None = None
+    lr_path: list[float] | None = None
+    chosen_lr: float | None = None
+
+
+def _tuning_document(out: Path) -> dict[str, Any]:
+    try:
+        return json.loads((out / "tuning.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
 def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str], MethodRuns]:
     found: dict[tuple[str, str], MethodRuns] = {}
+    tuning = _tuning_document(out)
     runs = sorted(grid.runs_in(block), key=lambda r: r.setting("seed"))
     for run in runs:
         folder = run_dir(out, run)
@@ -83,6 +111,13 @@ def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str],
         key = (str(run.setting("task")), method_label(run.overrides))
         entry = found.setdefault(key, MethodRuns(None, [], [], [], {}, None))
         entry.lr = float(run.setting("learning-rate"))
+        entry.head_lr = float(run.setting("head-learning-rate") or entry.lr)
+        if grid.tuning is not None and tuning:
+            combo = grid.tuning.combo(run.axes)
+            row = tuning.get("table", {}).get(combo, {})
+            entry.lr_path = [float(v) for v in row.get("path", tuning.get("values", []))]
+            chosen = tuning.get("choices", {}).get(combo)
+            entry.chosen_lr = None if chosen is None else float(chosen)
         seed = int(run.setting("seed"))
         entry.seeds.append(seed)
         entry.test_final.append(float(summary["final-test-score"]))
@@ -102,10 +137,11 @@ def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str],
 
 
 def method_label(overrides: dict[str, Any]) -> str:
-    """The method, plus the FLoRG variant an ablation sets (``florg rank-mismatch=truncate``);
-    a variant setting pinned at its default (the evidence grids pin both) adds nothing."""
+    """The method, plus the FLoRG variant an ablation sets (``florg rank-mismatch=truncate``,
+    ``florg subtract-init=True``); a variant setting pinned at its default (the evidence
+    grids pin them) adds nothing."""
     label = str(overrides.get("method", DEFAULTS["method"]))
-    for key in ("rank-mismatch", "projection-sharing"):
+    for key in VARIANT_KEYS:
         if key in overrides and overrides[key] != DEFAULTS[key]:
             label += f" {key}={overrides[key]}"
     return label
@@ -141,25 +177,36 @@ def evidence_summary(
 ) -> dict[str, Any]:
     """The machine-readable summary (docs/results/evidence/summary.json's schema)."""
     max_test = int(grid.base.get("max-test-examples", 0))
+    v2 = grid.tuning is not None and grid.tuning.extend > 1
     tasks = {}
     for task, by_method in methods.items():
+        entries = {label: _method_entry(runs, v2) for label, runs in by_method.items()}
         tasks[task] = {
             "chance": _chance(task, max_test),
             "centralised": centralised.get(task, {}).get("test-score"),
             "centralised_interval": centralised.get(task, {}).get("test-interval"),
             "centralised_label": _centralised_label(centralised.get(task, {})),
             "test_examples": max_test,
-            "methods": {
-                label: {
-                    "lr": runs.lr,
-                    "seeds": runs.seeds,
-                    "test_final": runs.test_final,
-                    "test_last3": runs.test_last3,
-                }
-                for label, runs in by_method.items()
-            },
+            "methods": {k: v for k, v in entries.items() if not (v2 and is_v2_variant(k))},
         }
-    return {"grid": grid.name, "reference": REFERENCE, "tasks": tasks}
+        if v2:
+            tasks[task]["variants"] = {k: v for k, v in entries.items() if is_v2_variant(k)}
+    protocol = {"protocol": "v2"} if v2 else {}
+    return {"grid": grid.name, "reference": REFERENCE, **protocol, "tasks": tasks}
+
+
+def _method_entry(runs: MethodRuns, v2: bool) -> dict[str, Any]:
+    """One method's summary: v1's keys, plus under protocol v2 ``head_lr``, ``lr_path``
+    (every adapter rate tuning tried, in order) and ``chosen_lr``."""
+    entry: dict[str, Any] = {
+        "lr": runs.lr,
+        "seeds": runs.seeds,
+        "test_final": runs.test_final,
+        "test_last3": runs.test_last3,
+    }
+    if v2:
+        entry |= {"head_lr": runs.head_lr, "lr_path": runs.lr_path, "chosen_lr": runs.chosen_lr}
+    return entry
 
 
 def _paired(ref: MethodRuns, other: MethodRuns, field: str):
@@ -339,6 +386,9 @@ def _verdict_rows(methods: dict[str, dict[str, MethodRuns]]) -> list[str]:
         for label, runs in by_method.items():
             if label == REFERENCE:
                 continue
+            if is_v2_variant(label):
+                rows += _variant_rows(task, label, runs, by_method)
+                continue
             for field, name in (("test_final", "final"), ("test_last3", "last 3")):
                 paired, common = _paired(ref, runs, field)
                 if paired is None:
@@ -350,6 +400,27 @@ def _verdict_rows(methods: dict[str, dict[str, MethodRuns]]) -> list[str]:
                     f"{paired.difference} | {verdict(paired.difference)} |"
                 )
         rows += _communication_rows(task, ref, by_method)
+    return rows
+
+
+def _variant_rows(
+    task: str, label: str, runs: MethodRuns, by_method: dict[str, MethodRuns]
+) -> list[str]:
+    """Protocol v2's two questions for a FLoRG variant, on the final-round test score:
+    does it beat the paper's FLoRG (variant − FLoRG), does it close the gap to FedIT
+    (variant − FedIT; "beats" when the interval is above 0)."""
+    rows = []
+    for other, claim in ((REFERENCE, f"{label} beats the paper's FLoRG"),
+                         (V2_COMPARED, f"{label} closes the gap to FedIT")):  # fmt: skip
+        against = by_method.get(other)
+        paired, common = (None, []) if against is None else _paired(runs, against, "test_final")
+        if paired is None:
+            rows.append(f"| {claim} | {task} | final | too few seeds | – |")
+            continue
+        rows.append(
+            f"| {claim} | {task} | test final, {label} − {other}, {len(common)} seeds | "
+            f"{paired.difference} | {verdict(paired.difference)} |"
+        )
     return rows
 
 
