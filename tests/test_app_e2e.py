@@ -17,6 +17,7 @@ from flower_app.adapters.targets import adapter_layout
 from flower_app.methods import method_names
 from flower_app.methods.communication import round_communication
 from strategies.florg import aggregate_florg
+from strategies.florg_signed import aggregate_florg_signed
 from tests.flower_harness import local_simulation_superlink
 
 METHODS = method_names()
@@ -106,7 +107,7 @@ def test_every_method_runs_end_to_end(superlink, assets, method):
         assert (run_dir / "peft_lora" / "adapter_model.safetensors").exists()
         for key in ("rank", "gram_rel_error", "drift", "eigengap", "agg-seconds"):
             assert np.isfinite(history[2][key]), key
-        check_florg_round(run_dir / "updates" / "round-2.npz", method == "florg")
+        check_florg_round(run_dir / "updates" / "round-2.npz", method)
     assert [r["round"] for r in history if "test-score" in r] == [0, 1, 2]
     if method == "fedsa-lora":
         check_personalised_scores(history, summary)
@@ -130,8 +131,11 @@ def check_personalised_scores(history: list[dict], summary: dict) -> None:
         assert 0.0 <= row["personalized-val-score"] <= 1.0
 
 
-def check_florg_round(path: Path, procrustes: bool) -> None:
-    """The global A after round 2 equals the core function applied to the clients' replies."""
+def check_florg_round(path: Path, method: str) -> None:
+    """The global A after round 2 equals the core function applied to the clients' replies
+    (florg-signed's: FLoRG's step per sign block)."""
+    procrustes = method != "florg-no-procrustes"
+    aggregate = aggregate_florg_signed if method == "florg-signed" else aggregate_florg
     saved = np.load(path)
     weights = saved["weights"]
     assert sorted(saved["partitions"].tolist()) == list(range(NUM_NODES))
@@ -144,7 +148,7 @@ def check_florg_round(path: Path, procrustes: bool) -> None:
     for layer in layers:
         key = f"{layer}.A"
         clients = [saved[f"client{i}/{key}"] for i in range(NUM_NODES)]
-        expected, _ = aggregate_florg(clients, weights, saved[f"prev/{key}"], procrustes=procrustes)
+        expected, _ = aggregate(clients, weights, saved[f"prev/{key}"], procrustes=procrustes)
         np.testing.assert_allclose(saved[f"new/{key}"], expected, rtol=1e-12, atol=1e-14)
 
 
