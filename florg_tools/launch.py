@@ -20,6 +20,12 @@ still change e.g. ``num-server-rounds``).
 
 Exit status: 0 finished:completed; 1 the run failed, was stopped or its status is
 unknown; 2 bad usage or run config; 3 timed out (the run is stopped); 130 interrupted.
+
+SIGTERM (or SIGHUP) is handled like Ctrl-C -- the run is asked to stop, the ephemeral
+SuperLink and everything it spawned are stopped, the temporary Flower home is removed --
+and then the launcher ends by that signal (``florg_tools.processes.signals_interrupt``). If
+it is killed outright (SIGKILL), the SuperLink's parent-death signal and its watchdog
+(``florg_tools.processes.spawn``) stop them instead.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from florg_tools.flwr_home import (
     ray_address_env,
     read_flower_config,
 )
+from florg_tools.processes import die_by_signal, signals_interrupt
 from florg_tools.run_config import ConfigValidationError, collect_run_config, is_this_app
 from florg_tools.superlink import local_superlink
 
@@ -167,6 +174,19 @@ def _ephemeral_connection(flwr_home: Path, connection: str | None) -> tuple[str,
 
 
 def main(argv: list[str] | None = None) -> int:
+    with signals_interrupt() as received:
+        try:
+            code = _main(argv)
+        except KeyboardInterrupt:
+            if received.signum is None:
+                raise
+            code = EXIT_INTERRUPTED
+    if received.signum is not None:  # cleaned up: now end as SIGTERM would have
+        return die_by_signal(received.signum)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     args = _build_parser().parse_args(argv)
     flwr_home = resolve_flwr_home(args.flwr_home)
     sink = None if args.quiet else sys.stdout

@@ -10,18 +10,53 @@ children). Nothing is ever found or killed by name.
 ``TrackedProcess`` follows one started process: it, its descendants and every process
 carrying its tag, sampled in the background so that short-lived children are recorded
 too; ``stop()`` ends them all (SIGTERM, then SIGKILL) and returns the survivors.
+
+Nothing outlives the process that started it (the *starter*), also when the starter is
+killed from outside -- SIGTERM from ``timeout``, or SIGKILL, which no handler sees.
+``spawn`` arms two mechanisms:
+
+* **a parent-death signal** on the started process itself: ``prctl(PR_SET_PDEATHSIG,
+  SIGKILL)`` (Linux, through ctypes on libc) in a ``preexec_fn``, so the kernel kills it
+  the moment its starter dies. It covers the direct child only, and it fires when the
+  *thread* that forked dies, so it is set only when ``spawn`` runs on the main thread
+  (a worker thread that ends would otherwise kill a SuperLink that should live on);
+* **a watchdog** per spawned process: a small Python process (this module,
+  ``_watchdog_main``; stdlib + psutil only) in its own session, so that signals sent to the
+  starter's process group (``timeout``, Ctrl-C) do not reach it. It holds the read end of a
+  pipe whose write end only the starter holds (close-on-exec: no program the starter
+  executes inherits it). When the starter dies, however it dies, the kernel closes
+  that end and the watchdog reads EOF (it also checks every second that its parent is
+  still the starter, for a write end kept open by a ``fork`` without ``exec``). It then
+  stops every process carrying the tag plus the started process and its descendants
+  (SIGTERM, SIGKILL after 3 s, by pid and by process group: ``_signal_until_gone``), which
+  reaches the grandchildren PDEATHSIG cannot (``flower-superexec`` in its own session,
+  ``flwr-simulation``, Ray's services), and exits. ``TrackedProcess.stop()`` releases it
+  (closes the pipe: it finds nothing left and exits; it is reaped); a watchdog whose
+  process and tagged processes have all exited while the starter lives ends by itself.
+  SIGTERM to the watchdog itself (an outer tracker stopping the starter's tree, since the
+  watchdog carries the starter's own tag) also makes it sweep before it exits.
+
+Why a watchdog rather than only a signal handler in the starter: a handler never runs
+on SIGKILL, and PDEATHSIG alone would leave the SuperLink's SuperExec (another session)
+orphaned, holding its zombie ``flwr-simulation``. Handlers remain useful for a *graceful*
+stop; ``signals_interrupt`` (used by ``florg launch``) turns SIGTERM/SIGHUP into
+``KeyboardInterrupt``, so the usual ``finally`` blocks stop the run and the SuperLink, and
+``die_by_signal`` then ends the process with the signal's default action.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,13 +66,16 @@ __all__ = [
     "TAG_ENV_VAR",
     "LeakedProcessesError",
     "ProcInfo",
+    "ReceivedSignal",
     "TrackedProcess",
     "children",
     "cpu_seconds",
     "descendants",
+    "die_by_signal",
     "is_alive",
     "process_info",
     "process_table",
+    "signals_interrupt",
     "spawn",
     "still_alive",
     "tagged_processes",
@@ -342,7 +380,10 @@ class TrackedProcess:
             self.popen.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=5.0)
-        return self.survivors()
+        survivors = self.survivors()
+        if self.tag:
+            _release_watchdog(self.tag)  # it sweeps the tag once more, then exits
+        return survivors
 
 
 def spawn(
@@ -352,23 +393,291 @@ def spawn(
     log_path: Path,
     cwd: Path | None = None,
     header: bool = False,
+    die_with_starter: bool = True,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``command`` in a new session with a fresh tag added to ``env``, stdin from
     ``/dev/null`` and stdout + stderr appended to ``log_path`` (after a ``$ command`` line
-    with ``header``); returns the process and its tag."""
+    with ``header``); returns the process and its tag.
+
+    With ``die_with_starter`` (the default) the process gets a parent-death signal
+    (SIGKILL; only when called on the main thread) and a watchdog that stops everything
+    carrying the tag once this process dies, however it dies (module docstring);
+    ``TrackedProcess.stop()`` releases the watchdog."""
     tag = uuid.uuid4().hex
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log_file:
-        if header:
-            log_file.write(f"$ {' '.join(command)}\n".encode())
-            log_file.flush()
-        popen = subprocess.Popen(
-            list(command),
-            env={**env, TAG_ENV_VAR: tag},
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    _reap_watchdogs()
+    watchdog = _start_watchdog(tag, log_path) if die_with_starter else None
+    preexec = _parent_death_signal(os.getpid()) if die_with_starter else None
+    try:
+        with log_path.open("ab") as log_file:
+            if header:
+                log_file.write(f"$ {' '.join(command)}\n".encode())
+                log_file.flush()
+            popen = subprocess.Popen(
+                list(command),
+                env={**env, TAG_ENV_VAR: tag},
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=preexec,  # prctl only (see _parent_death_signal)
+            )
+    except BaseException:
+        if watchdog is not None:
+            _close_watchdog(watchdog)
+        raise
+    if watchdog is not None:
+        with contextlib.suppress(OSError, ValueError):  # a watchdog that died: no pipe
+            assert watchdog.stdin is not None
+            watchdog.stdin.write(f"{popen.pid}\n".encode())
+            watchdog.stdin.flush()
+        with _watchdogs_lock:
+            _watchdogs[tag] = watchdog
     return popen, tag
+
+
+# --------------------------------------------------------------------------------------
+# A graceful stop on SIGTERM in the starter
+
+
+@dataclass
+class ReceivedSignal:
+    """What ``signals_interrupt`` caught: the first signal's number, or ``None``."""
+
+    signum: int | None = None
+
+
+@contextlib.contextmanager
+def signals_interrupt(
+    signums: Sequence[int] = (signal.SIGTERM, signal.SIGHUP),
+) -> Iterator[ReceivedSignal]:
+    """Within the block, the first of ``signums`` raises ``KeyboardInterrupt`` (recorded
+    in the yielded ``ReceivedSignal``), so ``finally`` blocks and context managers stop
+    what was started, as on Ctrl-C. Later ones are ignored, so as not to cut that cleanup
+    short: GNU ``timeout`` sends its signal twice, to the process and to its group (a
+    stuck cleanup still ends with SIGKILL, and the watchdogs then stop what is left).
+    The default handlers come back on exit. Only signals whose handler is the default are
+    taken over; off the main thread nothing is. Call ``die_by_signal(received.signum)``
+    after the block to end as the signal would have.
+    """
+    received = ReceivedSignal()
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if received.signum is None:
+            received.signum = signum
+            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    taken: list[int] = []
+    try:
+        for sig in signums:
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                signal.signal(sig, handler)
+                taken.append(sig)
+        yield received
+    finally:
+        for sig in taken:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+def die_by_signal(signum: int) -> int:
+    """End this process with ``signum``'s default action (the exit status a parent sees
+    for a process killed by it); returns ``128 + signum`` if it is blocked."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    time.sleep(0.1)
+    return 128 + signum
+
+
+# --------------------------------------------------------------------------------------
+# Dying with the starter: parent-death signal and watchdog (module docstring)
+
+_PR_SET_PDEATHSIG = 1
+_WATCH_INTERVAL = 1.0  # seconds between the watchdog's checks of its parent
+_IDLE_SCAN_INTERVAL = 5.0  # between its scans for tagged orphans once the process exited
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.restype = ctypes.c_int
+    prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]
+    return prctl
+
+
+_PRCTL = _load_prctl()
+
+
+def _parent_death_signal(starter: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child receive SIGKILL when the thread that forks it
+    dies (``None`` off Linux, or off the main thread, whose end is not the starter's).
+    It runs between fork and exec: one foreign call, no allocation-heavy Python, no
+    locks; a starter that died before the call is caught by comparing the parent pid."""
+    prctl = _PRCTL
+    if prctl is None or threading.current_thread() is not threading.main_thread():
+        return None
+    kill = int(signal.SIGKILL)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, kill, 0, 0, 0)
+        if os.getppid() != starter:  # the starter died before prctl took effect
+            os.kill(os.getpid(), kill)
+
+    return preexec
+
+
+_watchdogs: dict[str, subprocess.Popen[bytes]] = {}
+_watchdogs_lock = threading.Lock()
+
+
+def _start_watchdog(tag: str, log_path: Path) -> subprocess.Popen[bytes] | None:
+    """Start the watchdog of ``tag`` (``None`` if it cannot be started: the process then
+    only has its parent-death signal). Its stderr goes to ``log_path``, where it reports
+    what it had to stop."""
+    package_root = str(Path(__file__).resolve().parent.parent)
+    code = (
+        f"import sys; sys.path.append({package_root!r}); "
+        "from florg_tools.processes import _watchdog_main; _watchdog_main()"
+    )
+    try:
+        with log_path.open("ab") as log_file:
+            return subprocess.Popen(
+                [sys.executable, "-c", code, tag, str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+                start_new_session=True,  # out of the starter's group: its signals miss us
+            )
+    except OSError:
+        return None
+
+
+def _close_watchdog(watchdog: subprocess.Popen[bytes], wait: float = 20.0) -> None:
+    """Close the pipe (the watchdog sweeps its tag and exits) and reap it."""
+    with contextlib.suppress(OSError, ValueError):
+        if watchdog.stdin is not None:
+            watchdog.stdin.close()
+    try:
+        watchdog.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        watchdog.kill()
+        watchdog.wait()
+
+
+def _release_watchdog(tag: str, wait: float = 20.0) -> None:
+    with _watchdogs_lock:
+        watchdog = _watchdogs.pop(tag, None)
+    if watchdog is not None:
+        _close_watchdog(watchdog, wait)
+
+
+def _reap_watchdogs() -> None:
+    """Reap the watchdogs that ended by themselves (what they guarded exited)."""
+    with _watchdogs_lock:
+        done = [tag for tag, w in _watchdogs.items() if w.poll() is not None]
+        finished = [_watchdogs.pop(tag) for tag in done]
+    for watchdog in finished:
+        _close_watchdog(watchdog)
+
+
+class _Sweep(BaseException):
+    """Raised in the watchdog by SIGTERM: stop everything now."""
+
+
+def _watch(tag: str, starter: int, recorded: dict[int, ProcInfo]) -> str | None:
+    """Wait until the starter is gone (the reason) or nothing is left to guard (``None``);
+    records the pids the starter writes to stdin."""
+    fd = sys.stdin.fileno()
+    buffer = b""
+    announced = False
+    next_scan = 0.0
+    try:
+        while True:
+            if os.getppid() != starter:
+                return f"its starter (pid {starter}) died"
+            ready, _, _ = select.select([fd], [], [], _WATCH_INTERVAL)
+            if ready:
+                data = os.read(fd, 4096)
+                if not data:
+                    return f"its starter (pid {starter}) exited or released it"
+                *lines, buffer = (buffer + data).split(b"\n")
+                for line in lines:
+                    announced = True  # (one that already exited cannot be read any more)
+                    info = process_info(int(line)) if line.strip().isdigit() else None
+                    if info is not None:
+                        recorded[info.pid] = info
+                continue
+            if not announced or any(is_alive(info) for info in recorded.values()):
+                continue
+            if time.monotonic() >= next_scan:
+                if not tagged_processes(tag):
+                    return None
+                next_scan = time.monotonic() + _IDLE_SCAN_INTERVAL
+    except _Sweep:
+        return "it was sent SIGTERM"
+
+
+def _sweep(
+    tag: str, recorded: Mapping[int, ProcInfo], timeout: float = 15.0
+) -> tuple[int, list[ProcInfo]]:
+    """Stop every process carrying ``tag`` and the ``recorded`` ones with their
+    descendants; (how many were found alive, the survivors)."""
+    seen: dict[int, ProcInfo] = dict(recorded)
+    found: set[tuple[int, float]] = set()
+
+    def find_alive() -> list[ProcInfo]:
+        table = process_table(tag)
+        for root in list(seen.values()):
+            now = table.get(root.pid)
+            if now is not None and now.same_process(root):
+                for info in descendants(table, root.pid):
+                    seen.setdefault(info.pid, info)
+        alive = {
+            pid: table[pid]
+            for pid, rec in seen.items()
+            if pid in table and table[pid].same_process(rec) and not table[pid].zombie
+        }
+        for info in tagged_processes(tag, table):
+            alive[info.pid] = info
+        alive.pop(os.getpid(), None)
+        found.update(info.key for info in alive.values())
+        return list(alive.values())
+
+    survivors = _signal_until_gone(find_alive, timeout)
+    return len(found), survivors
+
+
+def _watchdog_main() -> None:
+    """The watchdog (``python -c ... TAG STARTER_PID``; stdin: the starter's pipe, stderr:
+    the started process's log)."""
+    tag, starter = sys.argv[1], int(sys.argv[2])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    watching = [True]
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if watching[0]:  # later ones: the sweep is already under way
+            watching[0] = False
+            raise _Sweep
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    recorded: dict[int, ProcInfo] = {}
+    reason = _watch(tag, starter, recorded)
+    watching[0] = False
+    if reason is None:
+        return
+    count, survivors = _sweep(tag, recorded)
+    if count:
+        message = f"[watchdog {os.getpid()}] {reason}: stopped {count} process(es) it started"
+        if survivors:
+            message += "; still alive: " + ", ".join(
+                f"{p.pid} ({p.cmdline[:60]})" for p in survivors
+            )
+        print(message, file=sys.stderr, flush=True)
