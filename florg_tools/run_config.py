@@ -2,8 +2,9 @@
 
 Flattening nested tables to Flower's dotted keys, the app's declared defaults, rejecting
 unknown keys, writing the overrides as a TOML file for ``flwr run --run-config F.toml``,
-``--set`` values, and the launcher's layering (file < ``--preset`` < ``--set``, resolved with
-this app's schema; ``--resume RUN_DIR``).
+``--set`` values, the presets (``load_preset``: the one reader of ``conf/<name>.toml``; the
+apps never read presets), and the launcher's layering (file < ``--preset`` < ``--set``,
+resolved with this app's schema; ``--resume RUN_DIR``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ __all__ = [
     "collect_run_config",
     "flatten_run_config",
     "is_this_app",
+    "load_preset",
     "parse_set_value",
+    "preset_path",
     "resolve_layers",
     "resume_run_config",
     "write_run_config_toml",
@@ -155,6 +158,41 @@ def resume_run_config(run_dir: Path, overrides: Mapping[str, Any] | None = None)
     return config
 
 
+def preset_path(name: str, app_dir: Path | None = None) -> Path:
+    """``<app>/conf/<name>.toml`` (this app's by default), or ``name`` itself when it is a
+    path ending in ``.toml``."""
+    if name.endswith(".toml"):
+        return Path(name)
+    if app_dir is None:
+        from flower_app.config import CONF_DIR
+
+        return CONF_DIR / f"{name}.toml"
+    return Path(app_dir) / "conf" / f"{name}.toml"
+
+
+def load_preset(name: str, app_dir: Path | None = None) -> dict[str, Any]:
+    """The settings of the preset ``name`` (``preset_path``): a flat TOML table of run-config
+    keys, the same file ``flwr run --run-config`` accepts. A missing or unreadable file
+    raises ConfigValidationError naming ``--preset`` and the presets there; for this app
+    (``app_dir`` None or this app) unknown keys and bad values raise its ConfigError."""
+    path = preset_path(name, app_dir)
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.toml")) if path.parent.is_dir() else []
+        raise ConfigValidationError(f"--preset: {path} not found; presets in conf/: {known}")
+    try:
+        with path.open("rb") as fh:
+            values = flatten_run_config(tomllib.load(fh))
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ConfigValidationError(f"--preset: cannot read {path}: {err}") from err
+    if app_dir is None or is_this_app(Path(app_dir)):
+        from flower_app.config import check_keys, coerce_setting
+
+        check_keys(values, str(path))
+        for key, value in values.items():
+            coerce_setting(key, value)
+    return values
+
+
 def collect_run_config(args: argparse.Namespace) -> dict[str, Any]:
     """The launcher's overrides from its parsed arguments: ``--resume``, or
     ``--run-config-file`` < ``--preset`` (the app's ``conf/NAME.toml``, or a ``.toml`` path:
@@ -178,9 +216,7 @@ def collect_run_config(args: argparse.Namespace) -> dict[str, Any]:
     if args.run_config_file is not None:
         config.update(toml_layer(args.run_config_file, "--run-config-file"))
     if args.preset is not None:
-        name = str(args.preset)
-        path = Path(name) if name.endswith(".toml") else args.app / "conf" / f"{name}.toml"
-        config.update(toml_layer(path, "--preset"))
+        config.update(load_preset(str(args.preset), args.app))
     for item in args.sets:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

@@ -13,7 +13,8 @@ presets are resolved before a run starts:
 
 1. the defaults (pyproject's table);
 2. a preset: a flat TOML table of run-config keys, ``conf/<name>.toml``
-   (flower_app/presets.py reads and checks one);
+   (read and checked by the tooling, ``florg_tools.run_config.load_preset``; the apps
+   never read presets);
 3. explicit values: ``--run-config "key=value ..."`` (flwr run), ``--set key=value``
    (launcher).
 
@@ -52,7 +53,7 @@ from flower_app.config_checks import (
 from flower_app.config_checks import is_folder_name as is_folder_name  # re-exported
 from flower_app.methods import get_method
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the presets (flower_app/presets.py)
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # presets and grids (the tooling's)
 
 
 # Groups of settings a derived artefact depends on; every setting names the groups it

@@ -11,7 +11,7 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from florg_tools.run_config import resume_run_config
+from florg_tools.run_config import load_preset, resume_run_config
 from flower_app.checkpoint import (
     check_resumable,
     load_checkpoint,
@@ -21,7 +21,6 @@ from flower_app.checkpoint import (
 )
 from flower_app.config import DEFAULTS, ConfigError, resolve_config
 from flower_app.methods import build_strategy
-from flower_app.presets import load_preset
 from flower_app.recorder import RunRecorder
 from strategies.flower.base import from_array_record, to_array_record
 

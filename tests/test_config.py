@@ -13,7 +13,7 @@ from flwr.common.config import get_fused_config_from_dir, parse_config_args
 
 from florg_tools import settings as settings_tool
 from florg_tools.launch import _build_parser
-from florg_tools.run_config import collect_run_config, write_run_config_toml
+from florg_tools.run_config import collect_run_config, load_preset, write_run_config_toml
 from flower_app.config import (
     CONF_DIR,
     DATA,
@@ -29,7 +29,6 @@ from flower_app.config import (
     settings_for,
     to_attr,
 )
-from flower_app.presets import load_preset
 from flower_app.runtime import cached_adapted_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,7 +167,7 @@ def test_preset_key_is_refused_with_a_pointer_to_the_toml_layer():
 
 
 def test_a_bad_preset_file_names_the_file_and_the_key(tmp_path):
-    with pytest.raises(ConfigError, match=r"preset: .*nonexistent\.toml not found.*paper"):
+    with pytest.raises(ValueError, match=r"--preset: .*nonexistent\.toml not found.*paper"):
         load_preset("nonexistent")
     bad = tmp_path / "bad.toml"
     bad.write_text("rank = 2\nnum-epochs = 3\n")
@@ -178,7 +177,7 @@ def test_a_bad_preset_file_names_the_file_and_the_key(tmp_path):
     with pytest.raises(ConfigError, match="rank"):
         load_preset(str(bad))
     bad.write_text("rank = \n")
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ValueError, match="--preset: cannot read"):
         load_preset(str(bad))
 
 
