@@ -29,7 +29,38 @@ from flower_app.adapters.florg_model import (
 )
 from flower_app.adapters.lora import LoRAConfig, get_lora_state, inject_lora, set_lora_state
 from flower_app.config import RunConfig
-from flower_app.methods import get_method
+from flower_app.methods import Method, get_method
+
+
+def florg_config(config: RunConfig, method: Method) -> FLoRGConfig:
+    """The FLoRG adapter of a run with the settings ``config`` (every field from them)."""
+    return FLoRGConfig(
+        r=config.rank,
+        alpha=config.alpha,
+        target_modules=config.targets,
+        seed=config.seed,
+        a_init_std=config.a_init_std,
+        projection_init=config.projection_init,
+        projection_sharing=config.projection_sharing,
+        subtract_init=config.subtract_init,
+        head_modules=config.heads,
+        train_head=config.train_head,
+        signs=method.florg_signs(config.rank),
+    )
+
+
+def lora_config(config: RunConfig, method: Method) -> LoRAConfig:
+    """The LoRA adapter of a run with the settings ``config`` (every field from them)."""
+    return LoRAConfig(
+        r=config.rank,
+        alpha=config.alpha,
+        target_modules=config.targets,
+        seed=config.seed,
+        init=method.lora_init(config),
+        freeze_A="A" in method.frozen,
+        head_modules=config.heads,
+        train_head=config.train_head,
+    )
 
 
 class AdaptedModel:
@@ -40,37 +71,10 @@ class AdaptedModel:
         self.config = config
         self.held_tensors: dict[str, dict[str, torch.Tensor]] = {}
         if self.method.adapter == "florg":
-            inject_florg(
-                model,
-                FLoRGConfig(
-                    r=config.rank,
-                    alpha=config.alpha,
-                    target_modules=config.targets,
-                    seed=config.seed,
-                    a_init_std=config.a_init_std,
-                    projection_init=config.projection_init,
-                    projection_sharing=config.projection_sharing,
-                    subtract_init=config.subtract_init,
-                    head_modules=config.heads,
-                    train_head=config.train_head,
-                    signs=self.method.florg_signs(config.rank),
-                ),
-            )
+            inject_florg(model, florg_config(config, self.method))
             self.model = model
         else:
-            self.model = inject_lora(
-                model,
-                LoRAConfig(
-                    r=config.rank,
-                    alpha=config.alpha,
-                    target_modules=config.targets,
-                    seed=config.seed,
-                    init=self.method.lora_init(config),
-                    freeze_A="A" in self.method.frozen,
-                    head_modules=config.heads,
-                    train_head=config.train_head,
-                ),
-            )
+            self.model = inject_lora(model, lora_config(config, self.method))
         self.method.prepare_model(self)
 
     @property

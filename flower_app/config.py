@@ -28,6 +28,16 @@ tell which keys a run config set, so nothing is layered inside them: the key ``p
 remains only to refuse ``preset=NAME`` with a pointer to the above; it must be ''.)
 Unknown keys and bad values raise ``ConfigError`` naming the key, before any model is
 built or any client trains (the value checks and the coercion: flower_app/config_checks.py).
+
+Settings and methods depend one way, this module -> the method registry
+(flower_app/methods/): the values ``method`` may take are the registered names (the
+registry's check ``RegisteredMethod``), and ``resolve_config`` is the one validation every
+caller runs (the apps, the launcher, the grids, the benchmarks), so it has to know them.
+The registry never imports this module, not even for annotations: a method is handed a
+``RunConfig`` and reads the settings it needs by name, and what a method derives from the
+settings lives with the method (``Method.evaluates_on_clients``, ``Method.lora_init``,
+``Method.build_strategy``). The other way round, with the check outside ``resolve_config``,
+a run with a misspelt method would pass every caller that only resolves settings.
 """
 
 from __future__ import annotations
@@ -40,7 +50,6 @@ from typing import Any, NamedTuple, get_type_hints
 from flower_app.config_checks import FOLDER_NAME_HINT as FOLDER_NAME_HINT  # re-exported
 from flower_app.config_checks import (
     ConfigError,
-    RegisteredMethod,
     at_least_one,
     coerce,
     empty,
@@ -51,7 +60,7 @@ from flower_app.config_checks import (
     positive,
 )
 from flower_app.config_checks import is_folder_name as is_folder_name  # re-exported
-from flower_app.methods import get_method
+from flower_app.methods import RegisteredMethod
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # presets and grids (the tooling's)
 
@@ -330,13 +339,6 @@ class RunConfig:
         """The task head's learning rate: ``head-learning-rate``, or ``learning-rate``
         where that is 0 (the default: one rate for everything, the paper's protocol)."""
         return self.head_learning_rate or self.learning_rate
-
-    @property
-    def clients_evaluate(self) -> bool:
-        """A method with personal parts (FedSA-LoRA's B) is evaluated on the clients."""
-        return self.client_eval == "on" or (
-            self.client_eval == "auto" and get_method(self.method).personal
-        )
 
     def tests_round(self, server_round: int) -> bool:
         """Whether the server scores the held-out test split after ``server_round``:

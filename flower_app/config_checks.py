@@ -3,7 +3,9 @@
 A check is a predicate on the coerced value; ``coerce`` names what a failing value must
 be in the ``ConfigError`` it raises: the check's ``hint`` when it has one, else ``one of``
 its ``options`` when it has those, else its name (``positive``, ``fraction``, ...).  The
-checks are used by the declaration of every setting, ``RunConfig`` in flower_app/config.py.
+checks are used by the declaration of every setting, ``RunConfig`` in flower_app/config.py
+(the ``method`` setting's, ``RegisteredMethod``, is the method registry's:
+flower_app/methods/__init__.py).
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from typing import Any
-
-from flower_app.methods import method_names
 
 
 class ConfigError(ValueError):
@@ -64,19 +64,6 @@ empty.hint = (  # type: ignore[attr-defined]
     "`flwr run . CONNECTION --run-config conf/NAME.toml`, or "
     "`python -m florg_tools.launch --preset NAME [--set key=value ...]`"
 )
-
-
-class RegisteredMethod:
-    """The ``method`` check: a name in the method registry (flower_app/methods/)."""
-
-    __name__ = "registered_method"
-
-    def __call__(self, x: str) -> bool:
-        return x in method_names()
-
-    @property
-    def options(self) -> tuple[str, ...]:
-        return method_names()
 
 
 def one_of(*options: str) -> Callable[[str], bool]:

@@ -88,7 +88,8 @@ class RunRecorder:
         # interrupted run had written for those rounds.
         purge = int(self.rows[-1]["round"]) + 1 if self.rows else None
         self.tracker = open_tracker(config.tensorboard, run_dir, purge_step=purge)
-        personal = config.clients_evaluate and get_method(config.method).personal
+        method = get_method(config.method)
+        personal = method.evaluates_on_clients(config) and method.personal
         self.test_key = "personalized-test-score" if personal else "test-score"
         self.val_key = "personalized-val-score" if personal else "score"
 

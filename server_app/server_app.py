@@ -25,7 +25,6 @@ from flower_app.checkpoint import (
 )
 from flower_app.config import ConfigError, RunConfig, resolve_config
 from flower_app.console import install_console
-from flower_app.methods import build_strategy
 from flower_app.modeling import pick_device, resolve_model_source
 from flower_app.recorder import INFO, RunRecorder, make_run_dir
 from flower_app.runtime import cached_adapted_model
@@ -147,21 +146,8 @@ def main(grid: Grid, context: Context) -> None:
         load_test_data(config)  # a task without a test split fails here, before training
     adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)  # rank > k etc.
     initial_state = adapted.shared_state()
-    strategy = build_strategy(
-        config.method,
-        initial_state,
-        fraction_train=config.fraction_train,
-        min_train_nodes=config.min_train_nodes,
-        min_available_nodes=config.min_available_nodes,
-        weighting=config.aggregation_weights,
-        clients_evaluate=config.clients_evaluate,
-        updates_dir=run_dir / "updates" if config.save_client_updates else None,
-        residual_mode=config.fedex_residual,
-        screen_updates=config.screen_updates,
-        screen_kappa=config.screen_kappa,
-        fingerprint=adapted.fingerprint(),
-        server_device=config.server_device,
-        rank_mismatch=config.rank_mismatch,
+    strategy = adapted.method.build_strategy(
+        config, initial_state, fingerprint=adapted.fingerprint(), run_dir=run_dir
     )
     lineage = checkpoint.lineage if checkpoint else new_lineage()
     start_arrays = to_array_record(checkpoint.arrays if checkpoint else initial_state)

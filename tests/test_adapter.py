@@ -31,11 +31,18 @@ from flower_app.adapters.lora import (
 )
 from flower_app.adapters.projections import fingerprint, make_projections, projection_key
 from flower_app.adapters.targets import adapter_layout
+from flower_app.config import DEFAULTS, ConfigError, resolve_config
 
 # The shared tiny BERT with 3 labels and an intermediate size of 48:
 # query/value are 32x32; intermediate.dense is 48x32 and output.dense 32x48 (both ways).
 TINY = tiny_bert_config(num_labels=3, intermediate_size=48)
 TARGETS = ("query", "value", "intermediate.dense", "output.dense")
+
+
+def florg_config(**fields) -> FLoRGConfig:
+    """A FLoRGConfig with the run setting's default ``a-init-std`` unless given (the
+    adapter declares no default of its own)."""
+    return FLoRGConfig(**{"a_init_std": DEFAULTS["a-init-std"], **fields})
 
 
 def tiny_bert(seed: int = 0) -> BertForSequenceClassification:
@@ -135,7 +142,7 @@ def test_kaiming_and_svd_initialisations():
 
 def test_injection_freezes_all_but_A_and_head():
     model = tiny_bert()
-    layers = inject_florg(model, FLoRGConfig(r=4, target_modules=TARGETS))
+    layers = inject_florg(model, florg_config(r=4, target_modules=TARGETS))
     assert len(layers) == 2 * 5  # per layer: query, value, intermediate.dense, 2x output.dense
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {f"{n}.A" for n in layers} | {"classifier.weight", "classifier.bias"}
@@ -145,14 +152,14 @@ def test_injection_freezes_all_but_A_and_head():
     state = get_florg_state(model)
     assert set(state) == trainable
     frozen_head = tiny_bert()
-    inject_florg(frozen_head, FLoRGConfig(r=2, target_modules=("query",), train_head=False))
+    inject_florg(frozen_head, florg_config(r=2, target_modules=("query",), train_head=False))
     assert all(n.endswith(".A") for n, p in frozen_head.named_parameters() if p.requires_grad)
 
 
 def test_state_roundtrip_and_identical_init_across_builds():
     a, b = tiny_bert(), tiny_bert()
-    inject_florg(a, FLoRGConfig(target_modules=TARGETS, seed=3))
-    inject_florg(b, FLoRGConfig(target_modules=TARGETS, seed=3))
+    inject_florg(a, florg_config(target_modules=TARGETS, seed=3))
+    inject_florg(b, florg_config(target_modules=TARGETS, seed=3))
     sa, sb = get_florg_state(a), get_florg_state(b)
     assert all(np.array_equal(sa[key], sb[key]) for key in sa)
     assert florg_fingerprint(a) == florg_fingerprint(b)
@@ -174,10 +181,10 @@ def test_subtract_init_leaves_output_unchanged():
     x = tokens()
     reference = tiny_bert()(x).logits
     model = tiny_bert()
-    inject_florg(model, FLoRGConfig(target_modules=TARGETS, a_init_std=0.3, subtract_init=True))
+    inject_florg(model, florg_config(target_modules=TARGETS, a_init_std=0.3, subtract_init=True))
     torch.testing.assert_close(model(x).logits, reference, rtol=0, atol=1e-5)
     plain = tiny_bert()
-    inject_florg(plain, FLoRGConfig(target_modules=TARGETS, a_init_std=0.3))
+    inject_florg(plain, florg_config(target_modules=TARGETS, a_init_std=0.3))
     assert (plain(x).logits - reference).abs().max() > 1e-4  # the paper's default does move it
 
 
@@ -187,7 +194,7 @@ def test_subtract_init_leaves_output_unchanged():
 def test_peft_export_reproduces_logits(tmp_path, subtract_init, sharing):
     x = tokens()
     model = tiny_bert()
-    config = FLoRGConfig(
+    config = florg_config(
         r=3,
         target_modules=TARGETS,
         subtract_init=subtract_init,
@@ -208,19 +215,19 @@ def test_peft_export_reproduces_logits(tmp_path, subtract_init, sharing):
 
 def test_florg_bad_input():
     with pytest.raises(ValueError, match="match no nn.Linear"):
-        inject_florg(tiny_bert(), FLoRGConfig(target_modules=("q_proj",)))
+        inject_florg(tiny_bert(), florg_config(target_modules=("q_proj",)))
     with pytest.raises(ValueError, match="exceeds k"):
-        inject_florg(tiny_bert(), FLoRGConfig(r=33, target_modules=("query",)))
-    with pytest.raises(ValueError, match="a_init_std"):
-        FLoRGConfig(a_init_std=0.0)
+        inject_florg(tiny_bert(), florg_config(r=33, target_modules=("query",)))
+    with pytest.raises(ConfigError, match="a-init-std"):  # A = 0 is a stationary point
+        resolve_config({}, {"a-init-std": 0.0})
     with pytest.raises(ValueError, match="r must be"):
-        FLoRGConfig(r=0)
+        florg_config(r=0)
     with pytest.raises(ValueError, match="projection_init"):
-        FLoRGConfig(projection_init="orthogonal")
+        florg_config(projection_init="orthogonal")
     model = tiny_bert()
-    inject_florg(model, FLoRGConfig(target_modules=("query",)))
+    inject_florg(model, florg_config(target_modules=("query",)))
     with pytest.raises(ValueError, match="already carries"):
-        inject_florg(model, FLoRGConfig(target_modules=("value",)))
+        inject_florg(model, florg_config(target_modules=("value",)))
 
 
 def test_adapter_layout_counts_shapes_and_head():
@@ -335,7 +342,7 @@ def test_lora_bad_input():
 
 def test_shape_sharing_holds_one_pair_per_shape():
     model = tiny_bert()
-    layers = inject_florg(model, FLoRGConfig(target_modules=TARGETS, seed=4))
+    layers = inject_florg(model, florg_config(target_modules=TARGETS, seed=4))
     by_shape: dict[tuple[int, int], list[FLoRGLinear]] = {}
     for layer in layers.values():
         by_shape.setdefault(tuple(layer.base_layer.weight.shape), []).append(layer)
@@ -360,7 +367,7 @@ def test_shape_sharing_holds_one_pair_per_shape():
 def test_module_sharing_is_the_per_module_derivation():
     model = tiny_bert()
     layers = inject_florg(
-        model, FLoRGConfig(target_modules=TARGETS, seed=4, projection_sharing="module")
+        model, florg_config(target_modules=TARGETS, seed=4, projection_sharing="module")
     )
     holders = {id(layer.projections) for layer in layers.values()}
     assert len(holders) == len(layers)
@@ -375,7 +382,7 @@ def test_module_sharing_is_the_per_module_derivation():
     with pytest.raises(ValueError, match="projection sharing"):
         projection_key("m", 3, 4, "layer", "semi-orthogonal")
     with pytest.raises(ValueError, match="projection_sharing"):
-        FLoRGConfig(projection_sharing="layer")
+        florg_config(projection_sharing="layer")
 
 
 def test_shared_projections_keep_the_dense_formula_and_survive_conversion():
@@ -406,7 +413,7 @@ def test_fingerprint_covers_the_sharing_mode():
     for sharing in ("shape", "module"):
         a, b = tiny_bert(), tiny_bert()
         for m in (a, b):
-            inject_florg(m, FLoRGConfig(target_modules=TARGETS, projection_sharing=sharing))
+            inject_florg(m, florg_config(target_modules=TARGETS, projection_sharing=sharing))
         assert florg_fingerprint(a) == florg_fingerprint(b)
         prints[sharing] = florg_fingerprint(a)
     assert prints["shape"] != prints["module"]
@@ -416,7 +423,7 @@ def test_fingerprint_covers_the_sharing_mode():
         m = tiny_bert()
         inject_florg(
             m,
-            FLoRGConfig(
+            florg_config(
                 target_modules=("query",), projection_init="svd", projection_sharing=sharing
             ),
         )

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flower_app.adapters.florg_model import FLoRGConfig, florg_layers, inject_florg
+from flower_app.adapters.florg_model import florg_layers, inject_florg
 from flower_app.adapters.lora import LoRAConfig, inject_lora, lora_layers
-from tests.test_adapter import TARGETS, perturb_As, tiny_bert
+from tests.test_adapter import TARGETS, florg_config, perturb_As, tiny_bert
 
 _spec = importlib.util.spec_from_file_location(
     "adapter_growth", Path(__file__).resolve().parents[1] / "benchmarks" / "adapter_growth.py"
@@ -24,7 +24,7 @@ _spec.loader.exec_module(growth)
 
 def test_florg_change_is_the_scaled_change_of_the_gram_matrix():
     model = tiny_bert()
-    inject_florg(model, FLoRGConfig(r=3, alpha=6.0, target_modules=TARGETS, seed=2))
+    inject_florg(model, florg_config(r=3, alpha=6.0, target_modules=TARGETS, seed=2))
     adapted = SimpleNamespace(is_florg=True, model=model)
     layers = florg_layers(model)
     start_A = {n: layer.A.detach().double().clone() for n, layer in layers.items()}

@@ -78,29 +78,32 @@ def _is_type_checking(node: ast.AST) -> bool:
     )
 
 
-def _runtime_nodes(tree: ast.AST):
+def _runtime_nodes(tree: ast.AST, type_checking: bool = False):
     """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` (annotations
-    only, never run)."""
+    only, never run), which ``type_checking`` includes too."""
     stack = [tree]
     while stack:
         node = stack.pop()
         yield node
-        if _is_type_checking(node):
+        if _is_type_checking(node) and not type_checking:
             stack.extend(node.orelse)
         else:
             stack.extend(ast.iter_child_nodes(node))
 
 
-def import_graph(packages: tuple[str, ...] = GRAPH_PACKAGES) -> dict[str, set[str]]:
+def import_graph(
+    packages: tuple[str, ...] = GRAPH_PACKAGES, type_checking: bool = False
+) -> dict[str, set[str]]:
     """module -> the modules of ``packages`` it imports, function-local imports included,
-    ``if TYPE_CHECKING:`` imports not (they never run); ``from pkg import mod`` imports
-    ``pkg.mod`` when that is a module (else ``pkg``)."""
+    ``if TYPE_CHECKING:`` imports only with ``type_checking`` (they never run); ``from pkg
+    import mod`` imports ``pkg.mod`` when that is a module (else ``pkg``)."""
     paths = {_module_name(p): p for package in packages for p in _modules(package)}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         is_package = path.name == "__init__.py"
         edges: set[str] = set()
-        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in _runtime_nodes(tree, type_checking):
             if isinstance(node, ast.Import):
                 edges.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -146,8 +149,9 @@ def test_find_cycle_finds_a_cycle_and_accepts_a_dag():
 
 def test_import_graph_sees_function_local_and_from_imports():
     graph = import_graph()
-    # flower_app/methods/base.py imports RunConfig only under TYPE_CHECKING
-    assert "flower_app.config" not in graph["flower_app.methods.base"]
+    # flower_app/methods/base.py imports AdapterStrategy only under TYPE_CHECKING
+    assert "strategies.flower.base" not in graph["flower_app.methods.base"]
+    assert "strategies.flower.base" in import_graph(type_checking=True)["flower_app.methods.base"]
     assert "flower_app.config" in graph["server_app.server_app"]
     # a function-local import (flower_app/disk_cache.py: cache_root)
     assert "flower_app.asset_registry" in graph["flower_app.disk_cache"]
@@ -161,6 +165,30 @@ def test_the_import_graph_has_no_cycle():
     print(find_cycle(import_graph()))" prints None or the cycle."""
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def reachable(graph: dict[str, set[str]], start: set[str]) -> set[str]:
+    """Every module some module of ``start`` imports, directly or not."""
+    seen: set[str] = set()
+    stack = list(start)
+    while stack:
+        for child in graph[stack.pop()]:
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+    return seen
+
+
+def test_settings_and_methods_depend_one_way():
+    """flower_app/config.py reads the method registry (the values of ``method``); nothing
+    the registry imports, annotations (``if TYPE_CHECKING:``) and function-local imports
+    included, reaches the settings (the config.py docstring says why this way)."""
+    graph = import_graph(type_checking=True)
+    assert "flower_app.methods" in graph["flower_app.config"]
+    methods = {m for m in graph if m.split(".")[:2] == ["flower_app", "methods"]}
+    assert len(methods) > 5
+    reached = reachable(graph, methods)
+    assert not reached & {"flower_app.config", "flower_app.config_checks", "flower_app.adapted"}
 
 
 def test_the_runtime_caches_and_the_data_do_not_import_each_other_in_a_cycle():

@@ -20,9 +20,9 @@ from flower_app.checkpoint import (
     save_checkpoint,
 )
 from flower_app.config import DEFAULTS, ConfigError, resolve_config
-from flower_app.methods import build_strategy
 from flower_app.recorder import RunRecorder
 from strategies.flower.base import from_array_record, to_array_record
+from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1
 TaskIdentity.task_id = 1
@@ -95,12 +95,12 @@ def test_a_restored_strategy_continues_exactly(method):
         [{k: v + 0.05 * rng.standard_normal(v.shape) for k, v in initial.items()} for _ in range(3)]
         for _ in range(3)
     ]
-    kwargs = {"residual_mode": "factored"} if method == "fedex-lora" else {}
-    first = build_strategy(method, initial, **kwargs)
+    kwargs = {"fedex_residual": "factored"} if method == "fedex-lora" else {}
+    first = strategy_for(method, initial, **kwargs)
     for t in (1, 2):
         first.aggregate_train(t, [reply(c, i) for i, c in enumerate(rounds[t - 1])])
     arrays = json.loads(json.dumps(first.state_json()))
-    second = build_strategy(method, initial, **kwargs)
+    second = strategy_for(method, initial, **kwargs)
     second.restore(first.state_arrays(), arrays)
     if method == "fedex-lora":
         assert second.node_synced == {}  # a resumed run's clients are sent every residual
@@ -113,7 +113,7 @@ def test_a_restored_strategy_continues_exactly(method):
         for layer, value in first.cumulative.items():
             np.testing.assert_array_equal(second.cumulative[layer], value)
     with pytest.raises(ValueError, match="checkpoint"):
-        build_strategy("ffa-lora", {"l.lora_B": np.zeros((5, 2))}).restore(
+        strategy_for("ffa-lora", {"l.lora_B": np.zeros((5, 2))}).restore(
             first.state_arrays(), arrays
         )
 

@@ -7,12 +7,13 @@ import pytest
 import torch
 from transformers import BertForSequenceClassification
 
-from flower_app.adapters.florg_model import FLoRGConfig, get_florg_state, inject_florg
+from flower_app.adapters.florg_model import get_florg_state, inject_florg
 from flower_app.adapters.lora import LoRAConfig, get_lora_state, inject_lora
 from flower_app.adapters.targets import adapter_layout
 from flower_app.methods import method_names
 from flower_app.methods.communication import round_communication
 from strategies.fedex_lora import aggregate_fedex_lora
+from tests.test_adapter import florg_config
 
 METHODS = method_names()
 
@@ -37,7 +38,7 @@ def test_counts_match_the_tensors_each_method_sends(layout, tiny_bert_config):
     shapes, head = layout
     r = 3
     m = model(tiny_bert_config)
-    inject_florg(m, FLoRGConfig(r=r, target_modules=TARGETS))
+    inject_florg(m, florg_config(r=r, target_modules=TARGETS))
     florg = n_params(get_florg_state(m))
     lora = inject_lora(model(tiny_bert_config), LoRAConfig(r=r, target_modules=TARGETS))
     both = n_params(get_lora_state(lora, ("A", "B")))

@@ -12,14 +12,15 @@ from flwr.supercore.task_identity import TaskIdentity
 from peft import PeftModel
 
 from flower_app.adapters.florg_layer import FLoRGLinear
-from flower_app.adapters.florg_model import FLoRGConfig, export_peft_lora, inject_florg
+from flower_app.adapters.florg_model import export_peft_lora, inject_florg
 from flower_app.adapters.projections import make_projections
-from flower_app.methods import build_strategy, get_method
+from flower_app.methods import get_method
 from flower_app.methods.communication import round_communication
 from strategies.florg import aggregate_florg
 from strategies.florg_signed import aggregate_florg_signed, row_signs, sign_blocks
 from strategies.flower.base import from_array_record, to_array_record
-from tests.test_adapter import TARGETS, perturb_As, tiny_bert, tokens
+from tests.strategy_helpers import strategy_for
+from tests.test_adapter import TARGETS, florg_config, perturb_As, tiny_bert, tokens
 
 TaskIdentity.run_id = 1
 TaskIdentity.task_id = 1
@@ -62,14 +63,14 @@ def test_bad_signs_are_refused():
     with pytest.raises(ValueError, match="signs"):
         FLoRGLinear(base, L, R, np.ones((2, 6)), 1.0, signs=np.array([1.0, 0.5]))
     with pytest.raises(ValueError, match="signs"):
-        FLoRGConfig(r=2, signs=(1.0, 1.0, -1.0))
+        florg_config(r=2, signs=(1.0, 1.0, -1.0))
 
 
 @pytest.mark.parametrize("subtract_init", [False, True])
 def test_signed_model_exports_to_peft_with_the_same_logits(tmp_path, subtract_init):
     x = tokens()
     model = tiny_bert()
-    config = FLoRGConfig(
+    config = florg_config(
         r=4, target_modules=TARGETS, subtract_init=subtract_init, a_init_std=0.1,
         signs=row_signs(4),
     )  # fmt: skip
@@ -125,9 +126,7 @@ def test_signed_strategy_equals_the_numpy_reference(rank_mismatch):
         "enc.v.A": rng.standard_normal((3, 8)),  # odd r: blocks of 2 and 1 rows
         "classifier.weight": rng.standard_normal((2, 8)),
     }
-    strategy = build_strategy(
-        "florg-signed", state, server_device="cpu", rank_mismatch=rank_mismatch
-    )
+    strategy = strategy_for("florg-signed", state, server_device="cpu", rank_mismatch=rank_mismatch)
     clients = [{k: v + 0.3 * rng.standard_normal(v.shape) for k, v in state.items()}
                for _ in range(3)]  # fmt: skip
     arrays, metrics = strategy.aggregate_train(1, [reply(c) for c in clients])
@@ -149,7 +148,7 @@ def test_signed_traffic_is_florgs():
 def test_fedavg_gap_is_the_distance_to_the_plain_mean_over_the_move():
     rng = np.random.default_rng(2)
     state = {"enc.q.A": rng.standard_normal((2, 6)), "classifier.weight": np.zeros((2, 6))}
-    strategy = build_strategy("florg", state, server_device="cpu")
+    strategy = strategy_for("florg", state, server_device="cpu")
     clients = [{k: v + 0.2 * rng.standard_normal(v.shape) for k, v in state.items()}
                for _ in range(4)]  # fmt: skip
     _, metrics = strategy.aggregate_train(1, [reply(c) for c in clients])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -15,8 +17,9 @@ from florg_tools.flwr_cli import run_flower_app
 from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
 from flower_app.adapters.targets import adapter_layout
 from flower_app.config import ConfigError, resolve_config
-from flower_app.methods import Method, build_strategy, get_method, method_names, register_method
+from flower_app.methods import Method, get_method, method_names, register_method
 from tests.flower_harness import local_simulation_superlink
+from tests.strategy_helpers import strategy_for
 
 ROOT = Path(__file__).resolve().parent.parent
 APP_PARTS = ("pyproject.toml", "flower_app", "client_app", "server_app", "strategies", "conf")
@@ -34,10 +37,10 @@ from flower_app.methods.base import Method
 
 
 class ToyFrozenA(Method):
-    def build_strategy(self, initial_state, options, **kwargs):
+    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flower.lora_strategies import FFALoRAStrategy
 
-        return FFALoRAStrategy(initial_state, **kwargs)
+        return FFALoRAStrategy(initial_state, **self.strategy_settings(config, run_dir=run_dir))
 
 
 TOY = ToyFrozenA(
@@ -72,13 +75,82 @@ def test_unknown_methods_and_bad_declarations_are_refused():
         Method(name="x", summary="", adapter="lora", shared=("A",), frozen=("A",))
 
 
-def test_the_strategy_factory_passes_each_method_only_what_it_reads():
+def test_each_method_builds_its_strategy_from_the_run_settings(tmp_path):
     state = {"l.lora_A": np.zeros((2, 3)), "l.lora_B": np.zeros((3, 2))}
-    fedex = build_strategy("fedex-lora", state, residual_mode="factored", fingerprint=7)
+    fedex = strategy_for("fedex-lora", state, fedex_residual="factored", fingerprint=7)
     assert fedex.residual_mode == "factored"
-    florg = build_strategy("florg-no-procrustes", {"l.A": np.eye(2)}, fingerprint=7)
-    assert florg.fingerprint == 7 and not florg.procrustes
-    assert build_strategy("ffa-lora", {"l.lora_B": np.zeros((3, 2))}).method == "ffa-lora"
+    florg = strategy_for(
+        "florg-no-procrustes", {"l.A": np.eye(2)}, fingerprint=7, rank_mismatch="truncate",
+        server_device="cpu", screen_kappa=3.0, aggregation_weights="num-examples",
+    )  # fmt: skip
+    assert florg.fingerprint == 7 and not florg.procrustes and florg.rank_mismatch == "truncate"
+    assert florg.server_device.type == "cpu" and florg.screen_kappa == 3.0
+    assert florg.weighting == "num-examples" and florg.updates_dir is None
+    ffa = strategy_for("ffa-lora", {"l.lora_B": np.zeros((3, 2))}, min_train_nodes=3)
+    assert ffa.method == "ffa-lora" and ffa.min_train_nodes == 3 and ffa.fraction_evaluate == 0
+    # client-eval=auto: a method with personal parts is evaluated on its clients
+    fedsa = strategy_for("fedsa-lora", {"l.lora_A": np.zeros((2, 3))}, save_client_updates=True)
+    assert fedsa.fraction_evaluate == 1.0 and fedsa.updates_dir is None  # no run folder
+    saved = strategy_for(
+        "fedit", state, run_dir=tmp_path, save_client_updates=True, screen_updates=False
+    )
+    assert saved.updates_dir == tmp_path / "updates" and not saved.screen_updates
+
+
+# A new strategy option of one method (docs/adding-a-strategy-option.md): FLoRG's L/R
+# fingerprint check made optional. One setting in flower_app/config.py ...
+NEW_SETTING = """    florg_check_fingerprint: bool = setting(
+        True, "FLoRG: reject a client whose L/R fingerprint differs", affects=()
+    )
+"""
+# ... and its use in flower_app/methods/florg.py.
+NEW_USE = (
+    "            fingerprint=fingerprint,\n",
+    "            fingerprint=fingerprint if config.florg_check_fingerprint else None,\n",
+)
+CHECK_NEW_OPTION = """
+import numpy as np
+from flower_app.config import resolve_config
+from flower_app.methods import build_strategy
+
+state = {"l.A": np.eye(2)}
+on = build_strategy(resolve_config({}), state, fingerprint=7)
+off = build_strategy(resolve_config({}, {"florg-check-fingerprint": False}), state, fingerprint=7)
+signed = resolve_config({}, {"method": "florg-signed", "florg-check-fingerprint": False})
+fedit = resolve_config({}, {"method": "fedit", "florg-check-fingerprint": False})
+lora = {"l.lora_A": np.zeros((2, 3)), "l.lora_B": np.zeros((3, 2))}
+print(on.fingerprint, off.fingerprint, build_strategy(signed, state, fingerprint=7).fingerprint,
+      build_strategy(fedit, lora, fingerprint=7).method)
+"""
+
+
+def test_a_new_strategy_option_is_one_setting_plus_its_use_in_the_method_module(tmp_path):
+    """In a copy of the app, a FLoRG option added as one RunConfig field and one line of
+    flower_app/methods/florg.py reaches FLoRG's strategy (and florg-signed's, which builds
+    its strategy as FLoRG does), from the run settings, with no other file touched."""
+    app = tmp_path / "app"
+    for part in ("flower_app", "strategies"):
+        shutil.copytree(ROOT / part, app / part, ignore=shutil.ignore_patterns("__pycache__"))
+    config_py = app / "flower_app" / "config.py"
+    text = config_py.read_text()
+    anchor = "    lora_init: str = setting(\n"
+    assert text.count(anchor) == 1
+    config_py.write_text(text.replace(anchor, NEW_SETTING + anchor))
+    florg_py = app / "flower_app" / "methods" / "florg.py"
+    text = florg_py.read_text()
+    assert text.count(NEW_USE[0]) == 1
+    florg_py.write_text(text.replace(*NEW_USE))
+    changed = sorted(
+        str(path.relative_to(app))
+        for path in app.rglob("*.py")
+        if path.read_text() != (ROOT / path.relative_to(app)).read_text()
+    )
+    assert changed == ["flower_app/config.py", "flower_app/methods/florg.py"]
+    out = subprocess.run(
+        [sys.executable, "-c", CHECK_NEW_OPTION], cwd=app, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["7", "None", "None", "fedit"]
 
 
 def _app_with_toy_method(folder: Path) -> Path:

@@ -12,8 +12,8 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from florg_tools.experiments.tuning import selection_score
 from flower_app.config import resolve_config
-from flower_app.methods import build_strategy
 from flower_app.recorder import RunRecorder
+from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1  # messages are normally built inside a run
 TaskIdentity.task_id = 1
@@ -28,7 +28,7 @@ def evaluation_reply(**metrics: float) -> Message:
 
 
 def test_common_split_scores_are_a_plain_mean_over_clients_own_shares_are_weighted():
-    strategy = build_strategy("fedsa-lora", PREV, fingerprint=7)
+    strategy = strategy_for("fedsa-lora", PREV, fingerprint=7)
     replies = [
         evaluation_reply(**{"num-examples": 30, "accuracy": 0.9, "test-score": 0.6}),
         evaluation_reply(**{"num-examples": 10, "accuracy": 0.5, "test-score": 0.8}),

@@ -25,9 +25,9 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.methods import build_strategy
 from strategies.florg import aggregate_florg
 from strategies.flower.base import from_array_record, to_array_record
+from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1
 TaskIdentity.task_id = 1
@@ -174,7 +174,7 @@ BAD_INPUTS: list[tuple[str, Callable[[], Message], str]] = [
     "make_bad,reason", [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS]
 )
 def test_bad_reply_is_rejected_with_a_clear_log_line(make_bad, reason, caplog):
-    strategy = build_strategy("florg", PREV, fingerprint=FINGERPRINT)
+    strategy = strategy_for("florg", PREV, fingerprint=FINGERPRINT)
     good = good_state()
     ok = message(to_array_record(good), good_metrics())
     with caplog.at_level(logging.WARNING, logger="flwr.florg"):
@@ -187,7 +187,7 @@ def test_bad_reply_is_rejected_with_a_clear_log_line(make_bad, reason, caplog):
 
 
 def test_float64_arrays_are_accepted():
-    strategy = build_strategy("florg", PREV, fingerprint=FINGERPRINT)
+    strategy = strategy_for("florg", PREV, fingerprint=FINGERPRINT)
     record = ArrayRecord({k: Array(np.asarray(v, np.float64)) for k, v in good_state().items()})
     _, metrics = strategy.aggregate_train(1, [message(record, good_metrics())])
     assert metrics["rejected"] == 0 and metrics["clients"] == 1
@@ -196,7 +196,7 @@ def test_float64_arrays_are_accepted():
 @pytest.mark.parametrize("value", [float("nan"), [3.0], 1e300])
 def test_fedex_residual_round_garbage_does_not_crash_the_server(value):
     state = {"l.lora_A": np.zeros((1, 2)), "l.lora_B": np.zeros((2, 1))}
-    strategy = build_strategy("fedex-lora", state)
+    strategy = strategy_for("fedex-lora", state)
     metrics = {"num-examples": 5, "train-loss": 1.0, "partition-id": 0}
     client = {"l.lora_A": np.ones((1, 2)), "l.lora_B": np.ones((2, 1))}
     bad = message(to_array_record(client), {**metrics, "residual-round": value})
@@ -206,7 +206,7 @@ def test_fedex_residual_round_garbage_does_not_crash_the_server(value):
 
 
 def test_a_reply_with_a_nan_partition_id_cannot_crash_the_ledger():
-    strategy = build_strategy("fedit", {"l.lora_A": np.zeros((1, 2)), "l.lora_B": np.zeros((2, 1))})
+    strategy = strategy_for("fedit", {"l.lora_A": np.zeros((1, 2)), "l.lora_B": np.zeros((2, 1))})
     client = {"l.lora_A": np.ones((1, 2)), "l.lora_B": np.ones((2, 1))}
     bad = message(to_array_record(client), {"num-examples": 5, "partition-id": float("nan")})
     _, out = strategy.aggregate_train(1, [bad])

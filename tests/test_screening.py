@@ -10,9 +10,10 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.methods import build_strategy, method_names
+from flower_app.methods import method_names
 from strategies.florg import aggregate_florg
 from strategies.flower.base import from_array_record, to_array_record
+from tests.strategy_helpers import strategy_for
 
 METHODS = method_names()
 
@@ -71,13 +72,13 @@ def test_a_scaled_adapter_is_screened_out_for_every_method(method, factor, caplo
     prev = state_for(method, rng)
     clients = [honest(prev, rng, spread=s) for s in (0.5, 1.0, 1.5, 2.0, 1.0)]
     clients[3] = scaled(clients[3], factor)
-    strategy = build_strategy(method, prev)
+    strategy = strategy_for(method, prev)
     with caplog.at_level(logging.WARNING, logger="flwr.florg"):
         arrays, metrics = strategy.aggregate_train(1, [reply(c, i) for i, c in enumerate(clients)])
     assert metrics["screened"] == 1 and metrics["clients"] == N - 1
     assert "screened out update from partition 3" in caplog.text
     # the same as aggregating the four honest clients alone
-    reference = build_strategy(method, prev, screen_updates=False)
+    reference = strategy_for(method, prev, screen_updates=False)
     expected, _ = reference.aggregate_train(
         1, [reply(c, i) for i, c in enumerate(clients) if i != 3]
     )
@@ -91,7 +92,7 @@ def test_without_screening_florg_is_dominated_by_a_x10_client():
     prev = florg_state(rng)
     clients = [honest(prev, rng) for _ in range(N)]
     clients[0] = scaled(clients[0], 10.0)
-    strategy = build_strategy("florg", prev, screen_updates=False)
+    strategy = strategy_for("florg", prev, screen_updates=False)
     arrays, metrics = strategy.aggregate_train(1, [reply(c, i) for i, c in enumerate(clients)])
     assert metrics["screened"] == 0 and metrics["clients"] == N
     grams = [c["enc.q.A"].T @ c["enc.q.A"] for c in clients]
@@ -106,7 +107,7 @@ def test_screening_keeps_every_honest_client_when_steps_differ_up_to_8_fold():
     prev = florg_state(rng)
     for spreads in ((1.0, 1.0, 1.0, 1.0, 1.0), (0.2, 0.5, 1.0, 1.5, 6.0), (1.0, 8.0)):
         clients = [honest(prev, rng, spread=s) for s in spreads]
-        strategy = build_strategy("florg", prev)
+        strategy = strategy_for("florg", prev)
         _, metrics = strategy.aggregate_train(1, [reply(c, i) for i, c in enumerate(clients)])
         assert metrics["screened"] == 0 and metrics["clipped"] == 0, spreads
         assert metrics["screen-ratio-max"] < 10.0
@@ -117,7 +118,7 @@ def test_a_poisoned_head_is_screened_too():
     prev = florg_state(rng)
     clients = [honest(prev, rng) for _ in range(N)]
     clients[2]["classifier.weight"] = 100 * clients[2]["classifier.weight"]
-    _, metrics = build_strategy("florg", prev).aggregate_train(
+    _, metrics = strategy_for("florg", prev).aggregate_train(
         1, [reply(c, i) for i, c in enumerate(clients)]
     )
     assert metrics["screened"] == 1
@@ -129,7 +130,7 @@ def test_a_claim_of_a_billion_examples_is_clipped(caplog):
     clients = [honest(prev, rng) for _ in range(N)]
     claims = [100, 120, 90, 110, 10**9]
     messages = [reply(c, i, n) for i, (c, n) in enumerate(zip(clients, claims, strict=True))]
-    strategy = build_strategy("florg", prev, weighting="num-examples")
+    strategy = strategy_for("florg", prev, aggregation_weights="num-examples")
     with caplog.at_level(logging.WARNING, logger="flwr.florg"):
         arrays, metrics = strategy.aggregate_train(1, messages)
     assert metrics["clipped"] == 1 and metrics["screened"] == 0 and metrics["clients"] == N
@@ -139,7 +140,7 @@ def test_a_claim_of_a_billion_examples_is_clipped(caplog):
     expected, _ = aggregate_florg(As, weights, prev["enc.q.A"])
     np.testing.assert_allclose(from_array_record(arrays)["enc.q.A"], expected, rtol=1e-6)
     assert metrics["examples"] == 1520
-    plain = build_strategy("florg", prev, weighting="num-examples", screen_updates=False)
+    plain = strategy_for("florg", prev, aggregation_weights="num-examples", screen_updates=False)
     _, unscreened = plain.aggregate_train(1, messages)
     assert unscreened["clipped"] == 0 and unscreened["examples"] > 1e9
 
@@ -149,12 +150,16 @@ def test_replies_are_aggregated_in_partition_order_whatever_the_arrival_order():
     prev = florg_state(rng)
     clients = [honest(prev, rng) for _ in range(N)]
     messages = [reply(c, i) for i, c in enumerate(clients)]
-    a, _ = build_strategy("florg", prev).aggregate_train(1, messages)
-    b, _ = build_strategy("florg", prev).aggregate_train(1, messages[::-1])
+    a, _ = strategy_for("florg", prev).aggregate_train(1, messages)
+    b, _ = strategy_for("florg", prev).aggregate_train(1, messages[::-1])
     for key, value in from_array_record(a).items():
         np.testing.assert_array_equal(from_array_record(b)[key], value)
 
 
 def test_kappa_below_one_is_refused():
+    from strategies.flower.lora_strategies import FedITStrategy
+
+    with pytest.raises(ValueError, match="screen-kappa"):
+        strategy_for("fedit", {"l.lora_A": np.zeros((1, 2))}, screen_kappa=0.5)
     with pytest.raises(ValueError, match="screen_kappa"):
-        build_strategy("fedit", {"l.lora_A": np.zeros((1, 2))}, screen_kappa=0.5)
+        FedITStrategy({"l.lora_A": np.zeros((1, 2))}, screen_kappa=0.5)

@@ -7,9 +7,9 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.methods import build_strategy
 from strategies.florg import aggregate_florg
 from strategies.flower.base import from_array_record, to_array_record
+from tests.strategy_helpers import strategy_for
 
 # Messages are normally built inside a run; give this process a run identity.
 TaskIdentity.run_id = 1
@@ -35,7 +35,7 @@ def client_state(scale=0.1):
 
 
 def test_florg_aggregates_like_the_core_and_fedavgs_the_head():
-    strategy = build_strategy("florg", PREV, fingerprint=7)
+    strategy = strategy_for("florg", PREV, fingerprint=7)
     clients = [client_state() for _ in range(3)]
     arrays, metrics = strategy.aggregate_train(
         1, [reply(c, **{"lr-fingerprint": 7}) for c in clients]
@@ -52,7 +52,7 @@ def test_florg_aggregates_like_the_core_and_fedavgs_the_head():
 @pytest.mark.parametrize("rank_mismatch", ["procrustes", "truncate"])
 def test_florg_strategy_passes_device_and_rank_policy(rank_mismatch):
     state = {**PREV, "enc.v.A": rng.standard_normal((2, 6))}
-    strategy = build_strategy("florg", state, server_device="cpu", rank_mismatch=rank_mismatch)
+    strategy = strategy_for("florg", state, server_device="cpu", rank_mismatch=rank_mismatch)
     assert strategy.server_device.type == "cpu" and strategy.rank_mismatch == rank_mismatch
     clients = [{k: v + 0.5 * rng.standard_normal(v.shape) for k, v in state.items()}]
     clients.append({k: rng.standard_normal(v.shape) for k, v in state.items()})
@@ -70,10 +70,14 @@ def test_florg_strategy_passes_device_and_rank_policy(rank_mismatch):
     )  # fmt: skip
     assert np.linalg.norm(new["enc.q.A"] - differ) > 1e-3
     assert metrics["rank"] == 4
+    with pytest.raises(ValueError, match="rank-mismatch"):
+        strategy_for("florg", state, rank_mismatch="svd")
+    from strategies.flower.florg import FLoRGStrategy
+
     with pytest.raises(ValueError, match="rank_mismatch"):
-        build_strategy("florg", state, rank_mismatch="svd")
+        FLoRGStrategy(state, rank_mismatch="svd")
     # The FLoRG keys are ignored by the other methods.
-    build_strategy("fedit", {"l.lora_A": np.ones((2, 3))}, server_device="cpu")
+    strategy_for("fedit", {"l.lora_A": np.ones((2, 3))}, server_device="cpu")
 
 
 @pytest.mark.parametrize(
@@ -85,7 +89,7 @@ def test_florg_strategy_passes_device_and_rank_policy(rank_mismatch):
     ],
 )
 def test_bad_replies_are_rejected_not_aggregated(bad):
-    strategy = build_strategy("florg", PREV)
+    strategy = strategy_for("florg", PREV)
     good = client_state()
     arrays, metrics = strategy.aggregate_train(1, [reply(good), reply(bad(client_state()))])
     assert metrics["rejected"] == 1 and metrics["clients"] == 1
@@ -94,7 +98,7 @@ def test_bad_replies_are_rejected_not_aggregated(bad):
 
 
 def test_florg_rejects_a_client_with_other_projections():
-    strategy = build_strategy("florg", PREV, fingerprint=0xABC)
+    strategy = strategy_for("florg", PREV, fingerprint=0xABC)
     _, metrics = strategy.aggregate_train(
         1, [reply(client_state(), **{"lr-fingerprint": 0xABC}),
             reply(client_state(), **{"lr-fingerprint": 0xDEF})]
@@ -103,7 +107,7 @@ def test_florg_rejects_a_client_with_other_projections():
 
 
 def test_no_valid_reply_keeps_the_global_model():
-    strategy = build_strategy("fedit", {"l.lora_A": np.ones((2, 3)), "l.lora_B": np.ones((3, 2))})
+    strategy = strategy_for("fedit", {"l.lora_A": np.ones((2, 3)), "l.lora_B": np.ones((3, 2))})
     arrays, metrics = strategy.aggregate_train(1, [reply({"l.lora_A": np.ones((2, 3))})])
     assert arrays is None and metrics["rejected"] == 1
     np.testing.assert_array_equal(strategy.global_state["l.lora_A"], np.ones((2, 3)))
@@ -111,7 +115,7 @@ def test_no_valid_reply_keeps_the_global_model():
 
 def test_num_examples_weighting():
     state = {"l.lora_A": np.zeros((1, 2)), "l.lora_B": np.zeros((2, 1))}
-    strategy = build_strategy("fedit", state, weighting="num-examples")
+    strategy = strategy_for("fedit", state, aggregation_weights="num-examples")
     a = {"l.lora_A": np.ones((1, 2)), "l.lora_B": np.ones((2, 1))}
     b = {"l.lora_A": 3 * np.ones((1, 2)), "l.lora_B": 3 * np.ones((2, 1))}
     r1, r2 = reply(a), reply(b)

@@ -42,24 +42,27 @@ def build_model(shape: ModelShape, seed: int) -> nn.Module:
 def build_method(
     method: str, shape: ModelShape, s: Settings
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """(model, AdamW over its trainable parameters) for 'florg' or 'lora'."""
+    """(model, its optimiser) for 'florg' or 'lora' (the app's ``fedit``): the adapter and
+    the optimiser (``flower_app.training.make_optimizer``) of a run with the app's default
+    settings at rank ``s.rank`` and alpha ``s.alpha``."""
     ensure_repo_on_path()
-    from flower_app.adapters.florg_model import FLoRGConfig, inject_florg
-    from flower_app.adapters.lora import LoRAConfig, inject_lora
+    from flower_app.adapted import AdaptedModel
+    from flower_app.config import resolve_config
+    from flower_app.training import make_optimizer
 
-    model = build_model(shape, s.seed)
-    targets = ("query", "value")
-    if method == "florg":
-        inject_florg(model, FLoRGConfig(r=s.rank, alpha=s.alpha, target_modules=targets))
-    elif method == "lora":
-        with warnings.catch_warnings():  # peft touches transformers' deprecated attribute
-            warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
-            model = inject_lora(model, LoRAConfig(r=s.rank, alpha=s.alpha, target_modules=targets))
-    else:
+    app_method = {"florg": "florg", "lora": "fedit"}.get(method)
+    if app_method is None:
         raise ValueError(f"unknown method {method!r}")
+    settings = {"method": app_method, "rank": s.rank, "alpha": s.alpha}
+    config = resolve_config({}, {**settings, "target-modules": "query,value"})
+    with warnings.catch_warnings():  # peft touches transformers' deprecated attribute
+        warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
+        model = AdaptedModel(build_model(shape, s.seed), config).model
     model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    return model, torch.optim.AdamW(params, lr=1e-3)
+    optimizer = make_optimizer(
+        model, lr=config.learning_rate, head_lr=config.head_lr, weight_decay=config.weight_decay
+    )
+    return model, optimizer
 
 
 def make_batch(shape: ModelShape, seed: int) -> Batch:

@@ -54,7 +54,6 @@ def run_loop(
     import torch
 
     from flower_app.config import resolve_config
-    from flower_app.methods import build_strategy
     from flower_app.modeling import pick_device
     from flower_app.runtime import cached_adapted_model
     from flower_app.task_data import load_task_data, make_loader, tokenized_split
@@ -70,16 +69,8 @@ def run_loop(
     t_setup0 = time.perf_counter()
     data = load_task_data(config)
     adapted = cached_adapted_model(config, data.num_labels)
-    strategy = build_strategy(
-        config.method,
-        adapted.shared_state(),
-        fraction_train=config.fraction_train,
-        min_train_nodes=config.min_train_nodes,
-        min_available_nodes=config.min_available_nodes,
-        weighting=config.aggregation_weights,
-        clients_evaluate=False,
-        updates_dir=None,
-        residual_mode=config.fedex_residual,
+    strategy = adapted.method.build_strategy(
+        config, adapted.shared_state(), fingerprint=adapted.fingerprint()
     )
     device = pick_device(config.device)
     eval_loader = make_loader(

@@ -39,15 +39,17 @@ from flower_app.adapters.state import load_arrays, module_parameters, to_numpy
 from flower_app.adapters.targets import check_rank_and_alpha, find_head_modules, find_target_linears
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FLoRGConfig:
-    """FLoRG adapter settings; the paper's defaults are r = 4, alpha = 16."""
+    """FLoRG adapter settings; the paper's defaults are r = 4, alpha = 16. A run builds it
+    from its settings (``flower_app.adapted.florg_config``); ``a_init_std`` has no default
+    here: its default and its check (> 0) are the run setting ``a-init-std``'s."""
 
     r: int = 4
     alpha: float = 16.0
     target_modules: tuple[str, ...] = ("query", "value")
     seed: int = 0
-    a_init_std: float = 0.02
+    a_init_std: float
     projection_init: str = "semi-orthogonal"
     projection_sharing: str = "shape"
     subtract_init: bool = False
@@ -58,11 +60,6 @@ class FLoRGConfig:
 
     def __post_init__(self) -> None:
         check_rank_and_alpha(self.r, self.alpha)
-        if not self.a_init_std > 0:
-            raise ValueError(
-                f"a_init_std must be > 0, got {self.a_init_std!r}: "
-                "A = 0 is a stationary point (grad_A = A(H + H^T) = 0)"
-            )
         if self.projection_init not in PROJECTION_INITS:
             raise ValueError(
                 f"projection_init {self.projection_init!r} unknown; "

@@ -2,10 +2,11 @@
 
 A method is one module in this folder (its client side, server side and communication,
 see ``base.py``, ending with ``METHODS = (...)``) plus its line in ``METHOD_MODULES``
-below. Everything else reads the
-registry: the run-config validation (``method``), model building
-(``flower_app/adapted.py``), the strategy factory (``build_strategy``), the
-communication accounting (``communication.py``) and both apps.
+below. Everything else reads the registry: the run-config validation (the ``method``
+setting's check, ``RegisteredMethod``, used by flower_app/config.py), model building
+(``flower_app/adapted.py``), the strategy (``build_strategy``: the method builds it from
+the run's settings), the communication accounting (``communication.py``) and both apps.
+Nothing here imports flower_app.config (see ``base.py``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flower_app.methods.base import STRATEGY_OPTIONS, Method
+from flower_app.methods.base import Method, RunSettings
 
 if TYPE_CHECKING:
     from strategies.flower.base import AdapterStrategy
 
-__all__ = ["Method", "build_strategy", "get_method", "method_names", "register_method"]
+__all__ = [
+    "Method",
+    "RegisteredMethod",
+    "build_strategy",
+    "get_method",
+    "method_names",
+    "register_method",
+]
 
 _REGISTRY: dict[str, Method] = {}
 
@@ -46,15 +54,25 @@ def get_method(name: str) -> Method:
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(_REGISTRY)}") from None
 
 
+class RegisteredMethod:
+    """The check of the ``method`` setting (flower_app/config.py): a registered name."""
+
+    __name__ = "registered_method"
+
+    def __call__(self, x: str) -> bool:
+        return x in _REGISTRY
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return method_names()
+
+
 def build_strategy(
-    method: str, initial_state: Mapping[str, np.ndarray], **kwargs: Any
+    config: RunSettings, initial_state: Mapping[str, np.ndarray], **kwargs: Any
 ) -> AdapterStrategy:
-    """The Flower strategy of ``method``: kwargs go to ``AdapterStrategy``, except the
-    method options ``fingerprint``, ``server_device``, ``rank_mismatch`` (FLoRG) and
-    ``residual_mode`` (FedEx-LoRA), which methods that do not use them ignore."""
-    spec = get_method(method)
-    options = {key: kwargs.pop(key) for key in STRATEGY_OPTIONS if key in kwargs}
-    return spec.build_strategy(initial_state, options, **kwargs)
+    """The Flower strategy of the run ``config`` (a RunConfig): its method's
+    ``build_strategy`` (keywords: ``fingerprint``, ``run_dir``)."""
+    return get_method(config.method).build_strategy(config, initial_state, **kwargs)
 
 
 # The registry: one line per method module; each module's METHODS are registered in order.

@@ -19,20 +19,34 @@ One module per method in this folder creates its ``Method`` and the registry
 (``flower_app/methods/__init__.py``) names it in one line. Method modules import
 nothing heavy at module level (torch, PEFT, Flower are imported inside the hooks), so
 reading the registry costs nothing: the run-config validation uses it.
+
+Settings and methods depend one way: flower_app/config.py reads this registry (the values
+the ``method`` setting may take), and nothing in this folder imports flower_app.config,
+not even for annotations. A method is handed the run's ``RunConfig`` (``config``) and
+reads the settings it needs from it by name: the strategy is built from it
+(``build_strategy``; the arguments every method shares: ``strategy_settings``), and so are
+the settings a method derives (``evaluates_on_clients``, ``lora_init``). A new strategy
+option of one method is a ``RunConfig`` setting plus its use in that method's module
+(docs/adding-a-strategy-option.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from flower_app.adapted import AdaptedModel
-    from flower_app.config import RunConfig
     from strategies.flower.base import AdapterStrategy
+
+# A run's settings, flower_app.config.RunConfig, and the model carrying a method's adapter,
+# flower_app.adapted.AdaptedModel (built from them): methods read their attributes by name
+# and import neither module (the dependency runs config -> methods only).
+RunSettings = Any
+AdaptedModel = Any
 
 ADAPTERS = ("florg", "lora")
 # The parts each adapter can share, with their shape per layer of W0 (d_out x d_in).
@@ -40,8 +54,6 @@ PART_SHAPES = {
     "florg": {"A": lambda d_out, d_in, r: (r, min(d_in, d_out))},
     "lora": {"A": lambda d_out, d_in, r: (r, d_in), "B": lambda d_out, d_in, r: (d_out, r)},
 }
-# Keyword options of ``build_strategy`` that only some methods read (the rest ignore them).
-STRATEGY_OPTIONS = ("fingerprint", "server_device", "rank_mismatch", "residual_mode")
 
 
 @dataclass(frozen=True)
@@ -74,7 +86,12 @@ class Method:
         """Whether clients keep parts of their own (then they evaluate by default)."""
         return bool(self.local)
 
-    def lora_init(self, config: RunConfig) -> str:
+    def evaluates_on_clients(self, config: RunSettings) -> bool:
+        """Whether clients evaluate every round (``client-eval``: 'on', 'off', or 'auto':
+        when the method has personal parts, FedSA-LoRA's B)."""
+        return config.client_eval == "on" or (config.client_eval == "auto" and self.personal)
+
+    def lora_init(self, config: RunSettings) -> str:
         """The LoRA initialisation its clients use (``flower_app/adapters/lora.py``)."""
         return "default"
 
@@ -95,11 +112,37 @@ class Method:
 
     # -- server side --------------------------------------------------------------------
     def build_strategy(
-        self, initial_state: Mapping[str, np.ndarray], options: Mapping[str, Any], **kwargs: Any
+        self,
+        config: RunSettings,
+        initial_state: Mapping[str, np.ndarray],
+        *,
+        fingerprint: int | None = None,
+        run_dir: Path | None = None,
     ) -> AdapterStrategy:
-        """The method's Flower strategy; ``kwargs`` go to ``AdapterStrategy``, ``options``
-        holds the ``STRATEGY_OPTIONS`` given (each method reads the ones it needs)."""
+        """The method's Flower strategy for a run with the settings ``config``, starting
+        from ``initial_state``: its class called with ``strategy_settings`` plus the
+        method's own options, each read from ``config``. ``fingerprint``: the L/R
+        fingerprint of the server's model (FLoRG checks the clients' against it);
+        ``run_dir``: the run folder (``save-client-updates`` writes there)."""
         raise NotImplementedError(f"method {self.name!r} has no strategy")
+
+    def strategy_settings(
+        self, config: RunSettings, *, run_dir: Path | None = None
+    ) -> dict[str, Any]:
+        """The ``AdapterStrategy`` arguments every method takes from the settings:
+        sampling, weighting, whether clients evaluate, where client updates are saved,
+        screening."""
+        save = run_dir is not None and config.save_client_updates
+        return {
+            "fraction_train": config.fraction_train,
+            "min_train_nodes": config.min_train_nodes,
+            "min_available_nodes": config.min_available_nodes,
+            "weighting": config.aggregation_weights,
+            "clients_evaluate": self.evaluates_on_clients(config),
+            "updates_dir": Path(run_dir) / "updates" if save else None,
+            "screen_updates": config.screen_updates,
+            "screen_kappa": config.screen_kappa,
+        }
 
     # -- communication (parameters per client, round and adapted layer) -----------------
     def adapter_params(self, d_out: int, d_in: int, r: int) -> int:

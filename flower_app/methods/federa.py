@@ -11,10 +11,10 @@ class FeDeRA(Method):
     def lora_init(self, config):
         return config.lora_init
 
-    def build_strategy(self, initial_state, options, **kwargs):
+    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flower.lora_strategies import FeDeRAStrategy
 
-        return FeDeRAStrategy(initial_state, **kwargs)
+        return FeDeRAStrategy(initial_state, **self.strategy_settings(config, run_dir=run_dir))
 
 
 FEDERA = FeDeRA(

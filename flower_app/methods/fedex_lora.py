@@ -24,11 +24,14 @@ PRISTINE = "fedex-pristine-W0"  # AdaptedModel.held_tensors: W0 before any fold
 
 
 class FedExLoRA(Method):
-    def build_strategy(self, initial_state, options, **kwargs):
+    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flower.fedex_lora import FedExLoRAStrategy
 
-        mode = options.get("residual_mode", "dense")
-        return FedExLoRAStrategy(initial_state, residual_mode=mode, **kwargs)
+        return FedExLoRAStrategy(
+            initial_state,
+            residual_mode=config.fedex_residual,
+            **self.strategy_settings(config, run_dir=run_dir),
+        )
 
     def extra_down_params(self, d_out, d_in, r, num_clients, residual_mode):
         if residual_mode == "dense":

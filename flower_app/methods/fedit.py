@@ -6,10 +6,10 @@ from flower_app.methods.base import Method
 
 
 class FedIT(Method):
-    def build_strategy(self, initial_state, options, **kwargs):
+    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flower.lora_strategies import FedITStrategy
 
-        return FedITStrategy(initial_state, **kwargs)
+        return FedITStrategy(initial_state, **self.strategy_settings(config, run_dir=run_dir))
 
 
 FEDIT = FedIT(

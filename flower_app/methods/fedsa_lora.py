@@ -9,10 +9,10 @@ from flower_app.methods.base import Method
 
 
 class FedSALoRA(Method):
-    def build_strategy(self, initial_state, options, **kwargs):
+    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flower.lora_strategies import FedSALoRAStrategy
 
-        return FedSALoRAStrategy(initial_state, **kwargs)
+        return FedSALoRAStrategy(initial_state, **self.strategy_settings(config, run_dir=run_dir))
 
 
 FEDSA_LORA = FedSALoRA(

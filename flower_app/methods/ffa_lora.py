@@ -7,10 +7,10 @@ from flower_app.methods.base import Method
 
 
 class FFALoRA(Method):
-    def build_strategy(self, initial_state, options, **kwargs):
+    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flower.lora_strategies import FFALoRAStrategy
 
-        return FFALoRAStrategy(initial_state, **kwargs)
+        return FFALoRAStrategy(initial_state, **self.strategy_settings(config, run_dir=run_dir))
 
 
 FFA_LORA = FFALoRA(

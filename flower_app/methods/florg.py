@@ -17,16 +17,20 @@ from flower_app.methods.base import Method
 class FLoRG(Method):
     procrustes: bool = True
 
-    def build_strategy(self, initial_state, options, **kwargs):
+    def strategy_class(self) -> type:
+        """The strategy ``build_strategy`` calls (florg-signed: its per-sign-block step)."""
         from strategies.flower.florg import FLoRGStrategy
 
-        return FLoRGStrategy(
+        return FLoRGStrategy
+
+    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
+        return self.strategy_class()(
             initial_state,
             procrustes=self.procrustes,
-            fingerprint=options.get("fingerprint"),
-            server_device=options.get("server_device", "auto"),
-            rank_mismatch=options.get("rank_mismatch", "procrustes"),
-            **kwargs,
+            fingerprint=fingerprint,
+            server_device=config.server_device,
+            rank_mismatch=config.rank_mismatch,
+            **self.strategy_settings(config, run_dir=run_dir),
         )
 
 

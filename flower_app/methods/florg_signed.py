@@ -22,17 +22,11 @@ class FLoRGSigned(FLoRG):
 
         return row_signs(rank)
 
-    def build_strategy(self, initial_state, options, **kwargs):
+    def strategy_class(self) -> type:
+        """FLoRG's step per sign block, built with FLoRG's options (``FLoRG.build_strategy``)."""
         from strategies.flower.florg import FLoRGSignedStrategy
 
-        return FLoRGSignedStrategy(
-            initial_state,
-            procrustes=self.procrustes,
-            fingerprint=options.get("fingerprint"),
-            server_device=options.get("server_device", "auto"),
-            rank_mismatch=options.get("rank_mismatch", "procrustes"),
-            **kwargs,
-        )
+        return FLoRGSignedStrategy
 
 
 METHODS = (
