@@ -18,7 +18,8 @@ method trains at the same learning rate.
 
 The training is the centralised reference's (benchmarks/centralized_baseline.py): the app's
 ``resolve_config``, ``cached_adapted_model``, ``tokenized_split`` of the whole training
-split, ``train_local`` (AdamW, fresh per chunk) and ``evaluate``; one torch thread.
+split, ``lib.centralised.train_centralised`` (a client round's ``train_steps``, AdamW fresh
+per chunk) and ``evaluate``; one torch thread.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,15 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "benchmarks"))
     import torch
-    from lib.centralised import centralised_data, centralised_settings
+    from lib.centralised import centralised_data, centralised_settings, train_centralised
 
     from flower_app.config import ConfigError, resolve_config
     from flower_app.runtime import cached_adapted_model
-    from flower_app.task_data import make_loader
-    from flower_app.training import evaluate, train_local
 
     torch.set_num_threads(args.threads)
-    device = torch.device("cpu")
     print(
         f"adapter growth: {args.model} on {args.task}, {args.max_train_examples} training / "
         f"{args.max_eval_examples} validation examples, batch {args.batch_size}, r = "
@@ -140,23 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"adapter growth: {err}", file=sys.stderr)
         return 2
     rows: list[tuple[str, float, int, float, float, float, float, float]] = []
-    for (method, lr), config in configs.items():
+
+    def run(method: str, lr: float, config) -> None:
         # a fresh model per run (the cache returns a new copy), the same batches for all
         adapted = cached_adapted_model(config, data.num_labels)
-        train = make_loader(train_split, args.batch_size, shuffle=True, seed=0)
         start_weights = effective_weights(adapted)
-        start = time.perf_counter()
-        done = 0
-        initial = evaluate(adapted.model, held_out, device)
-        rows.append((method, lr, 0, float("nan"), initial.accuracy, 0.0, 0.0, head_norm(adapted)))
-        while done < args.steps:
-            chunk = min(args.eval_every, args.steps - done)
-            trained = train_local(
-                adapted.model, train, epochs=1, max_steps=chunk, lr=lr,
-                weight_decay=0.0, device=device,
-            )  # fmt: skip
-            done += chunk
-            result = evaluate(adapted.model, held_out, device)
+        start_head = head_norm(adapted)
+
+        def after_chunk(done, trained, result) -> None:
             change = relative_change(start_weights, effective_weights(adapted))
             row = (
                 method, lr, done, trained.loss, result.accuracy,
@@ -165,10 +153,21 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(
                 f"[{method} lr {lr:g}] step {done:>4} | train loss {trained.loss:.4f} | "
-                f"val acc {result.accuracy:.3f} | rel_dW median {row[5]:.4f} max {row[6]:.4f}"
-                f" | head {row[7]:.3f} | {time.perf_counter() - start:.0f}s",
+                f"rel_dW median {row[5]:.4f} max {row[6]:.4f} | head {row[7]:.3f}",
                 flush=True,
             )
+
+        first = len(rows)
+        curve = train_centralised(
+            config, adapted.model, train_split, held_out, None, steps=args.steps,
+            eval_every=args.eval_every, label=f"{method} lr {lr:g}", seed=0,
+            after_chunk=after_chunk,
+        )  # fmt: skip
+        initial = curve.points[0][1]
+        rows.insert(first, (method, lr, 0, float("nan"), initial, 0.0, 0.0, start_head))
+
+    for (method, lr), config in configs.items():
+        run(method, lr, config)
     print(
         "\n| method | lr | step | train loss | val acc | rel_dW median | rel_dW max | head norm |"
     )

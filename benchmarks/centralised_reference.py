@@ -229,10 +229,9 @@ def main(argv: list[str] | None = None) -> int:
             loaded[seed] = (data, train_split, held_out, held_out_test_loader(config))
         data, train_split, held_out, tested = loaded[seed]
         curve = train_centralised(
-            cached_adapted_model(config, data.num_labels).model, train_split, held_out, tested,
-            batch_size=args.batch_size, steps=args.steps, eval_every=args.eval_every,
-            lr=lr, seed=seed, label=key, restart_every=args.restart_every,
-            head_lr=config.head_lr, weight_decay=config.weight_decay,
+            config, cached_adapted_model(config, data.num_labels).model, train_split,
+            held_out, tested, steps=args.steps, eval_every=args.eval_every, label=key,
+            restart_every=args.restart_every,
         )  # fmt: skip
         points = [list(p) for p in curve.points]
         runs[key] = {"selection-score": selection_score(points), "test": curve.test,

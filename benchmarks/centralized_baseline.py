@@ -16,7 +16,8 @@ a grid at that size measures noise, not methods.
 Everything is the app's own code: ``resolve_config`` with the grid's settings,
 ``cached_adapted_model`` (so FLoRG's L, R and A and the LoRA baselines' seeded A are built
 exactly as a client builds them), ``tokenized_split`` of the whole training split,
-``train_local`` (AdamW, fresh per chunk as in a round) and ``evaluate`` on the validation
+a client round's ``train_steps`` (``flower_app.client_round``: AdamW with the run's
+settings, fresh per chunk as in a round) and ``evaluate`` on the validation
 split the ServerApp uses.  Methods that differ only in aggregation (FedIT, FeDeRA without
 ``lora-init=federa-svd``, FedEx-LoRA, FedSA-LoRA) are the same model here.  One torch
 thread, as a simulation actor uses.
@@ -118,10 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     table: dict[str, list[tuple[int, float, float]]] = {}
     for method, config in configs.items():
         curve = train_centralised(
-            cached_adapted_model(config, data.num_labels).model, train_split, held_out, tested,
-            batch_size=args.batch_size, steps=args.steps, eval_every=args.eval_every,
-            lr=args.learning_rate, seed=args.seed, label=method,
-            head_lr=config.head_lr, weight_decay=config.weight_decay,
+            config, cached_adapted_model(config, data.num_labels).model, train_split,
+            held_out, tested, steps=args.steps, eval_every=args.eval_every, label=method,
         )  # fmt: skip
         table[method] = curve.points
         if curve.test is not None:

@@ -109,11 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                 data_cache.extend(centralised_data(config))
             data, train_split, held_out = data_cache
             curve = train_centralised(
-                cached_adapted_model(config, data.num_labels).model, train_split, held_out,
-                None, batch_size=args.batch_size, steps=args.steps, eval_every=args.eval_every,
-                lr=config.learning_rate, seed=args.seed, label=key,
-                restart_every=args.restart_every, head_lr=config.head_lr,
-                weight_decay=config.weight_decay,
+                config, cached_adapted_model(config, data.num_labels).model, train_split,
+                held_out, None, steps=args.steps, eval_every=args.eval_every, label=key,
+                restart_every=args.restart_every,
             )  # fmt: skip
             points = [list(p) for p in curve.points]
             runs[key] = {"head-learning-rate": head_lr, "validation": points,

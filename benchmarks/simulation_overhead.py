@@ -20,11 +20,12 @@ same local training + aggregation + server evaluation in a plain Python loop, in
     services, the ClientApp actors) and of the ``flwr`` CLI children of the launcher, at
     every row.
 (b) Loop.  The same work in this process with the app's own modules: ``load_task_data``,
-    ``cached_adapted_model``, per client ``tokenized_split(config, "train", pid, N)``,
-    ``make_loader`` with the ClientApp's seed, ``train_local`` with the ClientApp's
-    arguments, the strategy's ``aggregate_adapter`` (``aggregate_florg`` per layer) + FedAvg
-    of the head from ``build_strategy``, and the ServerApp's evaluation of the global model
-    on the validation split.
+    ``cached_adapted_model``, per client the ClientApp's round
+    (``flower_app.client_round.train_round``: its partition, seeds and training settings),
+    the ServerApp's strategy (``Method.build_strategy`` from the same settings) aggregating
+    the checked replies (``AdapterStrategy.aggregate_replies``: screening, the method's rule,
+    FedAvg of the head), and the ServerApp's evaluation of the global model on the
+    validation split.
 
 Parallelism.  The simulation trains the clients IN PARALLEL, one Ray actor per client with
 1 CPU; Ray sets ``OMP_NUM_THREADS`` to the actor's CPUs (1) inside each actor when it

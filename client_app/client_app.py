@@ -9,6 +9,10 @@ node's disk when the node operator sets ``$FLORG_NODE_STATE_DIR``
 (``<dir>/<run lineage>/partition-<id>/round-<t>.safetensors``, written after each training
 round; the lineage id comes from the server and is checked to be 32 hex digits, so a run
 setting cannot point these writes elsewhere), else they restart from zero.
+
+A training round itself (receive, seed, train, reply) is flower_app/client_round.py, shared
+with the benchmarks; the testing settings ``fault-*`` act through the client mod
+flower_app/faults.py, attached here.
 """
 
 from __future__ import annotations
@@ -16,26 +20,25 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import time
 import uuid
 from pathlib import Path
 
 import numpy as np
-import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log as flwr_log
 
+from flower_app.client_round import receive, train_round
 from flower_app.config import resolve_config
+from flower_app.faults import inject_faults
 from flower_app.modeling import pick_device
 from flower_app.node_config import use_node_data
 from flower_app.runtime import cached_adapted_model
-from flower_app.task_data import load_task_data, make_loader, tokenized_split
+from flower_app.task_data import load_task_data
 from flower_app.task_eval import evaluate_task
-from flower_app.training import train_local
-from strategies.flower.base import ADAPTER_SUFFIXES, from_array_record, to_array_record
+from strategies.flower.base import from_array_record, to_array_record
 
-app = ClientApp()
+app = ClientApp(mods=[inject_faults])  # fault-* (testing): flower_app/faults.py
 
 LOCAL_STATE = "local-state"  # the context's record of a method's personal parts
 NODE_STATE_ENV = "FLORG_NODE_STATE_DIR"
@@ -109,7 +112,7 @@ def _prepare(msg: Message, context: Context, *, training: bool):
     config, num_partitions = use_node_data(config, context.node_config, num_partitions)
     data = load_task_data(config)
     adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)
-    adapted.load_shared_state(from_array_record(msg.content["arrays"]))
+    shared = from_array_record(msg.content["arrays"])
     local = context.state.array_records.get(LOCAL_STATE)
     state = from_array_record(local) if local is not None else None
     folder = _node_state_dir(msg, partition_id) if adapted.method.personal else None
@@ -117,75 +120,36 @@ def _prepare(msg: Message, context: Context, *, training: bool):
         server_round = int(_message_config(msg).get("server-round", 0))
         state = _load_local_state(folder, server_round + (0 if training else 1))
     try:
-        adapted.load_local_state(state)
+        receive(adapted, shared, state)
     except (KeyError, ValueError) as err:  # a persisted state of another shape
-        if local is not None:
+        if local is not None or state is None:
             raise
         flwr_log(WARNING, "[florg] ignoring persisted local state in %s: %s", folder, err)
-        adapted.load_local_state(None)
+        receive(adapted, shared, None)
     return config, partition_id, num_partitions, adapted
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    """One training round (flower_app/client_round.py); the node keeps its own parts."""
     config, pid, num_partitions, adapted = _prepare(msg, context, training=True)
-    if config.fault_partition == pid and config.fault_kind == "raise":
-        raise RuntimeError(f"fault injected on partition {pid} (run config 'fault-partition')")
     server_round = int(msg.content["config"].get("server-round", 0))
     metrics: dict[str, float] = {"partition-id": pid, "lr-fingerprint": adapted.fingerprint()}
     metrics |= adapted.method.receive_on_client(msg, context, adapted)  # FedEx-LoRA's fold
-    dataset = tokenized_split(config, "train", pid, num_partitions)
-    loader = make_loader(
-        dataset, config.batch_size, shuffle=True, seed=config.seed + 1000 * server_round + pid
+    reply = train_round(
+        config,
+        adapted,
+        server_round=server_round,
+        partition_id=pid,
+        num_partitions=num_partitions,
+        metrics=metrics,
     )
-    # Dropout draws from torch's global generator: seed it per (run seed, round, partition) so
-    # a round trains the same wherever and whenever it runs (a resumed run equals the
-    # uninterrupted one; issue 15).
-    torch.manual_seed(config.seed + 1000 * server_round + pid)
-    t0 = time.perf_counter()
-    result = train_local(
-        adapted.model,
-        loader,
-        epochs=config.local_epochs,
-        max_steps=config.local_steps,
-        lr=config.learning_rate,
-        head_lr=config.head_lr,
-        weight_decay=config.weight_decay,
-        device=pick_device(config.device),
-        progress=config.progress_bar,
-        description=f"round {server_round} partition {pid}",
-    )
-    adapted.model.to("cpu")
-    payload = adapted.shared_state()
-    local = adapted.local_state()
-    if local:
-        context.state[LOCAL_STATE] = to_array_record(local)
+    if reply.local:
+        context.state[LOCAL_STATE] = to_array_record(reply.local)
         folder = _node_state_dir(msg, pid)
         if folder is not None:
-            _save_local_state(folder, server_round, local)
-    num_examples: float = result.num_examples
-    if config.fault_partition == pid:
-        key = next(iter(payload))
-        if config.fault_kind == "nan":
-            payload[key] = np.full_like(payload[key], np.nan)
-        elif config.fault_kind == "shape":
-            payload[key] = payload[key][..., :-1]
-        elif config.fault_kind == "scale":  # poisoning: every adapter tensor x fault-scale
-            for name in payload:
-                if name.endswith(ADAPTER_SUFFIXES):
-                    payload[name] = payload[name] * config.fault_scale
-        elif config.fault_kind == "claim":  # poisoning: claims fault-scale examples
-            num_examples = config.fault_scale
-    metrics.update(
-        {
-            "num-examples": num_examples,
-            "train-loss": result.loss,
-            "steps": result.steps,
-            "train-seconds": time.perf_counter() - t0,
-        }
-    )
-    content = RecordDict({"arrays": to_array_record(payload), "metrics": MetricRecord(metrics)})
-    return Message(content=content, reply_to=msg)
+            _save_local_state(folder, server_round, reply.local)
+    return Message(content=reply.content(), reply_to=msg)
 
 
 @app.evaluate()

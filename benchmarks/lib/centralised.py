@@ -1,11 +1,13 @@
 """What the centralised benchmarks share (centralized_baseline.py, centralised_reference.py,
-adapter_growth.py): one process trains a method's adapter on the whole training split, with
-the app's own config, data and tokenisation."""
+head_learning_rate.py, adapter_growth.py): one process trains a method's adapter on the
+whole training split, with the app's own config, data and tokenisation, and trains as a
+client's round does (``flower_app.client_round.train_steps``)."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,42 +65,42 @@ def chunk_schedule(steps: int, eval_every: int, restart_every: int) -> list[tupl
 
 
 def train_centralised(
+    config: Any,
     model: Any,
     train_split: Any,
     held_out: Any,
     tested: Any | None,
     *,
-    batch_size: int,
     steps: int,
     eval_every: int,
-    lr: float,
-    seed: int,
     label: str,
+    seed: int | None = None,
     restart_every: int | None = None,
-    head_lr: float | None = None,
-    weight_decay: float = 0.0,
+    after_chunk: Callable[[int, Any, Any], None] | None = None,
 ) -> CentralisedCurve:
-    """Train ``model`` for ``steps`` AdamW steps in chunks of ``restart_every`` steps (a
-    fresh optimiser per chunk, as in a round; default ``eval_every``; the adapter at
-    ``lr``, the head at ``head_lr``, as ``flower_app.training.make_optimizer``), scoring the
-    validation loader every ``eval_every`` steps and after the last. The batches are
-    shuffled with ``seed``, so every method at one seed sees the same."""
-    import torch
-
+    """Train ``model`` for ``steps`` AdamW steps with the run's settings ``config``
+    (``flower_app.client_round.train_steps``, what a client's round trains with: batches
+    of ``batch-size``, the adapter at ``learning-rate``, the head at its own rate,
+    ``weight-decay``) in chunks of ``restart_every`` steps (a fresh optimiser per chunk,
+    as in a round; default ``eval_every``), scoring the validation loader every
+    ``eval_every`` steps and after the last; ``after_chunk(step, train result, validation
+    result)`` is called after each scoring. The batches are shuffled with ``seed``
+    (default: the run's), so every method at one seed sees the same."""
+    from flower_app.client_round import train_steps
+    from flower_app.modeling import pick_device
     from flower_app.task_data import make_loader
-    from flower_app.training import evaluate, train_local
+    from flower_app.training import evaluate
 
-    device = torch.device("cpu")
-    train = make_loader(train_split, batch_size, shuffle=True, seed=seed)
+    device = pick_device(config.device)
+    train = make_loader(
+        train_split, config.batch_size, shuffle=True, seed=config.seed if seed is None else seed
+    )
     start = time.perf_counter()
     initial = evaluate(model, held_out, device)
     points = [(0, initial.accuracy, initial.loss)]
     done = 0
     for chunk, scored in chunk_schedule(steps, eval_every, restart_every or eval_every):
-        train_local(
-            model, train, epochs=1, max_steps=chunk, lr=lr, head_lr=head_lr,
-            weight_decay=weight_decay, device=device,
-        )  # fmt: skip
+        trained = train_steps(config, model, train, max_steps=chunk)
         done += chunk
         if not scored:
             continue
@@ -109,6 +111,8 @@ def train_centralised(
             f" | {time.perf_counter() - start:.0f}s",
             flush=True,
         )
+        if after_chunk is not None:
+            after_chunk(done, trained, result)
     test = None if tested is None else evaluate(model, tested, device).accuracy
     if test is not None:
         print(f"[{label}] test accuracy {test:.4f}", flush=True)

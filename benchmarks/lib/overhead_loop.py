@@ -48,19 +48,22 @@ class LoopResult:
 def run_loop(
     sizes: Sizes, work: Path, client_threads: int = 1, calibrate: bool = True
 ) -> LoopResult:
+    """The simulation's rounds in a plain loop: every client's round is the ClientApp's
+    (``flower_app.client_round``), the strategy the ServerApp's (the method builds it from
+    the settings), its replies aggregated as the ServerApp's are once checked
+    (``AdapterStrategy.aggregate_replies``: screening, weighting, the method's rule)."""
     ensure_repo_on_path()
     t_import0 = time.perf_counter()
     import numpy as np
     import torch
 
+    from flower_app.client_round import receive, train_round
     from flower_app.config import resolve_config
     from flower_app.modeling import pick_device
     from flower_app.runtime import cached_adapted_model
     from flower_app.task_data import load_task_data, make_loader, tokenized_split
-    from flower_app.training import evaluate, train_local
-    from strategies.averaging import weighted_average
-    from strategies.flower.base import split_state
-    from strategies.validation import normalize_weights
+    from flower_app.training import evaluate
+    from strategies.flower.base import Reply
 
     import_s = time.perf_counter() - t_import0
     n = sizes.clients
@@ -83,8 +86,7 @@ def run_loop(
         return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
 
     def server_evaluate(state: dict[str, Any]):
-        adapted.load_shared_state(state)
-        adapted.load_local_state(None)
+        receive(adapted, state)
         result = evaluate(adapted.model, eval_loader, device)
         adapted.model.to("cpu")
         return result
@@ -95,32 +97,12 @@ def run_loop(
     def client_train(state: dict[str, Any], pid: int, server_round: int, threads: int = 0):
         torch.set_num_threads(threads or client_threads)
         try:
-            return _client_train(state, pid, server_round)
+            receive(adapted, state)
+            return train_round(
+                config, adapted, server_round=server_round, partition_id=pid, num_partitions=n
+            )
         finally:
             torch.set_num_threads(default_threads)
-
-    def _client_train(state: dict[str, Any], pid: int, server_round: int):
-        adapted.load_shared_state(state)
-        adapted.load_local_state(None)
-        loader = make_loader(
-            tokenized_split(config, "train", pid, n),
-            config.batch_size,
-            shuffle=True,
-            seed=config.seed + 1000 * server_round + pid,
-        )
-        result = train_local(
-            adapted.model,
-            loader,
-            epochs=config.local_epochs,
-            max_steps=config.local_steps,
-            lr=config.learning_rate,
-            head_lr=config.head_lr,
-            weight_decay=config.weight_decay,
-            device=device,
-            progress=False,
-        )
-        adapted.model.to("cpu")
-        return adapted.shared_state(), result
 
     t = time.perf_counter()
     initial = server_evaluate(as_sent(strategy.global_state))
@@ -130,24 +112,25 @@ def run_loop(
     for server_round in range(1, sizes.rounds + 1):
         w0, c0, b0 = time.perf_counter(), time.process_time(), machine_busy_s()
         sent = as_sent(strategy.global_state)
-        payloads, sizes_n, train_wall, train_cpu = [], [], [], []
+        replies, train_wall, train_cpu = [], [], []
         for pid in range(n):
             tw, tc = time.perf_counter(), time.process_time()
-            payload, result = client_train(sent, pid, server_round)
+            reply = client_train(sent, pid, server_round)
             train_wall.append(time.perf_counter() - tw)
             train_cpu.append(time.process_time() - tc)
-            payloads.append(as_sent(payload))
-            sizes_n.append(float(result.num_examples))
+            replies.append(
+                Reply(
+                    node=pid,
+                    partition=pid,
+                    arrays=as_sent(reply.shared),
+                    num_examples=float(reply.metrics["num-examples"]),
+                    train_loss=float(reply.metrics["train-loss"]),
+                )
+            )
         ta = time.perf_counter()
-        weights = normalize_weights(
-            None if config.aggregation_weights == "uniform" else sizes_n, len(payloads)
-        )
-        new_state, _ = strategy.aggregate_adapter(server_round, payloads, weights)
-        for key in split_state(strategy.global_state)[1]:
-            new_state[key] = weighted_average([p[key] for p in payloads], weights, key)
-        strategy.global_state = new_state
+        strategy.aggregate_replies(server_round, replies)
         te = time.perf_counter()
-        result = server_evaluate(as_sent(new_state))
+        result = server_evaluate(as_sent(strategy.global_state))
         t_end = time.perf_counter()
         cpu = time.process_time() - c0
         rounds.append(

@@ -183,7 +183,30 @@ class AdapterStrategy(FedAvg):
                     node,
                     err,
                 )
-        checked.sort(key=lambda r: (r.partition, r.node))  # arrival order never matters
+        return self.aggregate_replies(
+            server_round,
+            checked,
+            failures=failures,
+            rejected=rejected,
+            up_params=up_params,
+            node_metrics=nodes.metrics(),
+        )
+
+    def aggregate_replies(
+        self,
+        server_round: int,
+        checked: list[Reply],
+        *,
+        failures: int = 0,
+        rejected: int = 0,
+        up_params: int = 0,
+        node_metrics: Mapping[str, float] | None = None,
+    ) -> tuple[ArrayRecord | None, MetricRecord]:
+        """Steps 3 to 6 over the checked replies (``aggregate_train`` counted the failed
+        and rejected ones and the parameters sent up): screen, weight, aggregate, record.
+        A caller without Flower messages (benchmarks/lib/overhead_loop.py) starts here."""
+        # partition order: the order replies arrive in never matters
+        checked = sorted(checked, key=lambda r: (r.partition, r.node))
         kept, sizes, screening = self.screen(server_round, checked)
         metrics: dict[str, float] = {
             "clients": len(kept),
@@ -192,7 +215,7 @@ class AdapterStrategy(FedAvg):
             **screening,
             "up-params": up_params,
             "down-params": self._down_params.get(server_round, 0),
-            **nodes.metrics(),
+            **(node_metrics or {}),
         }
         if not kept:
             log.warning(
