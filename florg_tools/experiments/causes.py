@@ -170,16 +170,22 @@ def _label(config: Any) -> str:
     return label
 
 
-def reachable_rows(folders: Sequence[Path], seed: int = 0) -> list[dict[str, Any]]:
-    """One row per run: its label, seed, and per frame the reachable fraction of its final
-    update and of random matrices of the same shapes."""
-    rows = []
+def _loaded(folders: Sequence[Path], rows: list[dict[str, Any]]):
+    """(folder, config, final updates) of each run; a run without them adds a skipped row."""
     for folder in folders:
         try:
             config, updates = final_updates(folder)
         except ValueError as err:
             rows.append({"run": folder.name, "skipped": str(err)})
             continue
+        yield folder, config, updates
+
+
+def reachable_rows(folders: Sequence[Path], seed: int = 0) -> list[dict[str, Any]]:
+    """One row per run: its label, seed, and per frame the reachable fraction of its final
+    update and of random matrices of the same shapes."""
+    rows: list[dict[str, Any]] = []
+    for folder, config, updates in _loaded(folders, rows):
         row: dict[str, Any] = {"run": folder.name, "label": _label(config), "seed": config.seed}
         rng = np.random.default_rng(seed)
         for init in FRAMES:
@@ -198,13 +204,8 @@ def reachable_rows(folders: Sequence[Path], seed: int = 0) -> list[dict[str, Any
 
 def init_share_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
     """One row per FLoRG run: coef and share of ΔW⁰ in the final update (module doc)."""
-    rows = []
-    for folder in folders:
-        try:
-            config, updates = final_updates(folder)
-        except ValueError as err:
-            rows.append({"run": folder.name, "skipped": str(err)})
-            continue
+    rows: list[dict[str, Any]] = []
+    for folder, config, updates in _loaded(folders, rows):
         if not config.method.startswith("florg"):
             rows.append({"run": folder.name, "skipped": f"{config.method} starts at ΔW = 0"})
             continue
