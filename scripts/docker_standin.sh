@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # For a machine that reaches package indexes but no container registry (this project's CI
 # machines): build local STAND-INS for Flower's official images under the official names
-# (flwr/superlink:1.41.0, flwr/supernode:1.41.0, flwr/superexec:1.41.0) and fill
+# (flwr/superlink:1.42.0, flwr/supernode:1.42.0, flwr/superexec:1.42.0) and fill
 # docker/wheelhouse/ so that docker/Dockerfile builds offline; then
 # `bash scripts/docker_demo.sh` runs docker/compose.yml + docker/with-tls.yml unchanged.
 # On a machine that can pull, do not run this: compose pulls the official images.

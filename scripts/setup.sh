@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine: a virtual environment in .venv with the CPU build of
-# PyTorch installed first (so nothing pulls the CUDA wheels), then this project.
+# PyTorch installed first (so nothing pulls the CUDA wheels), then this project (with
+# flwr[simulation,dp] 1.42, pyproject.toml; the dp extra is the privacy accountant).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3.11}"

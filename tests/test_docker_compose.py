@@ -523,8 +523,9 @@ def test_the_wheelhouse_requirements_are_the_images():
 
     reqs = wheel_requirements(ROOT)
     assert f"torch=={_arg_default('TORCH_VERSION')}" in reqs
-    assert f"flwr=={FLWR_VERSION}" in reqs
+    assert f"flwr[dp]=={FLWR_VERSION}" in reqs  # dp-accounting, for dp=central
     run = next(i for i in _instructions() if "> requirements.txt" in i)
+    assert "printf 'flwr[dp]==%s\\n' \"${FLWR_VERSION}\" >> requirements.txt" in run
     code = re.search(r'python -c "(.*?)" > requirements\.txt', run)
     assert code
     proc = subprocess.run(

@@ -11,7 +11,7 @@ What runs, in order (docs/deploy-docker.md, "What the test runs"):
    the end, also after a failure, and no process of it may survive;
 2. ``florg_tools.deploy.docker_offline.prepare`` (what ``scripts/docker_standin.sh`` runs):
    the wheelhouse fetched by the host's pip into ``docker/wheelhouse/``, and the
-   stand-ins for ``flwr/superlink``, ``flwr/supernode``, ``flwr/superexec`` 1.41.0;
+   stand-ins for ``flwr/superlink``, ``flwr/supernode``, ``flwr/superexec`` 1.42.0;
 3. ``bash scripts/docker_demo.sh`` itself, in the engine's network namespace: it checks
    that docker/compose.yml and docker/with-tls.yml are the generated ones, runs
    ``compose up -d --build`` on them unchanged (the app image is built from

@@ -64,7 +64,7 @@ __all__ = [
 
 # The Flower version of every image (flwr/superlink, flwr/supernode, and flwr/superexec
 # that docker/Dockerfile extends); tests check it against pyproject's flwr pin.
-FLWR_VERSION = "1.41.0"
+FLWR_VERSION = "1.42.0"
 APP_IMAGE = f"florg-superexec:{FLWR_VERSION}"
 # The non-root user of Flower's images (flwr/base: `useradd --uid 49999 app`).
 APP_UID = 49999

@@ -111,12 +111,13 @@ def dockerfile_arg(name: str, root: Path = ROOT) -> str:
 
 def wheel_requirements(root: Path = ROOT) -> list[str]:
     """What the image builds install: pip and setuptools (the stand-in venv; the build
-    backend of this project), torch at the Dockerfile's pin, flwr at the images' version,
-    and every dependency of pyproject.toml but torch and flwr (as docker/Dockerfile)."""
+    backend of this project), torch at the Dockerfile's pin, flwr at the images' version
+    with its ``dp`` extra (dp-accounting, for ``dp=central``), and every dependency of
+    pyproject.toml but torch and flwr (as docker/Dockerfile)."""
     deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
     rest = [d for d in deps if re.split(r"[\[<>=!~; ]", d)[0] not in ("torch", "flwr")]
     torch = dockerfile_arg("TORCH_VERSION", root)
-    return ["pip", "setuptools>=68", f"torch=={torch}", f"flwr=={FLWR_VERSION}", *rest]
+    return ["pip", "setuptools>=68", f"torch=={torch}", f"flwr[dp]=={FLWR_VERSION}", *rest]
 
 
 def _asset_sources() -> list[Source]:
