@@ -1,8 +1,19 @@
-"""The benchmarks' reusable parts, imported by the scripts in ``benchmarks/`` (which put
-this folder's parent on ``sys.path``: ``from lib.core_settings import ...``).
+"""The benchmarks, one subpackage per subject; run each from the repository root as a
+module, e.g. ``python -m benchmarks.core.core_benchmark --quick``.
 
-``paths``: the repository root and putting it on ``sys.path`` (the product's packages).
-``core_*``: ``core_benchmark.py`` -- its settings, the server-step and client-step workers
-and the report. ``overhead_*``: ``simulation_overhead.py`` (and ``deployment_overhead.py``)
--- the run settings, the simulation's CPU monitor, the two measurements and the report.
+``core``: the FLoRG server step and a client training step (``core_benchmark``).
+``overhead``: the Flower simulation and a SuperLink deployment against a plain loop of the
+same work (``simulation_overhead``, ``deployment_overhead``).
+``centralised``: one process training on the whole training split -- the seeded
+centralised reference (``centralised_reference``), protocol v2's head learning rate
+(``head_learning_rate``) and how far the adapters move the weights (``adapter_growth``).
+``evidence``: the evidence grids' client partitions against their per-seed scores
+(``partition_skew``).
+``faults``: one poisoning client, with and without update screening (``poisoning``).
+
+Numbers and where they are published: ``docs/benchmarks.md``.
 """
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]

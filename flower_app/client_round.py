@@ -1,8 +1,8 @@
 """What one client does in one round, written once.
 
 The ClientApp (client_app/client_app.py) runs it for every training message; the
-benchmarks that replay rounds outside Flower (benchmarks/lib/overhead_loop.py) run it as
-it is, and the centralised benchmarks (benchmarks/lib/centralised.py) train with the same
+benchmarks that replay rounds outside Flower (benchmarks/overhead/loop.py) run it as
+it is, and the centralised benchmarks (benchmarks/centralised/training.py) train with the same
 ``train_steps``. A round:
 
 1. **receive**: load the global arrays and the client's own parts into the adapted model

@@ -1,25 +1,18 @@
-"""benchmarks/adapter_growth.py: the relative change of the adapted weights it prints is
+"""benchmarks.centralised.adapter_growth: the relative change of the adapted weights it prints is
 s ||A_t^T A_t - A_0^T A_0||_F / ||W0||_F for FLoRG (L, R semi-orthogonal, paper eq. (1))
 and s ||B A||_F / ||W0||_F for LoRA, whose B starts at zero."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from benchmarks.centralised import adapter_growth as growth
 from flower_app.adapters.florg_model import florg_layers, inject_florg
 from flower_app.adapters.lora import LoRAConfig, inject_lora, lora_layers
 from tests.test_adapter import TARGETS, florg_config, perturb_As, tiny_bert
-
-_spec = importlib.util.spec_from_file_location(
-    "adapter_growth", Path(__file__).resolve().parents[1] / "benchmarks" / "adapter_growth.py"
-)
-growth = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(growth)
 
 
 def test_florg_change_is_the_scaled_change_of_the_gram_matrix():

@@ -1,4 +1,4 @@
-"""benchmarks/centralised_reference.py: the centralised reference follows the grids'
+"""benchmarks.centralised.centralised_reference: the centralised reference follows the grids'
 protocol (rate chosen on the mean validation score of the last three evaluations at the
 first seed, ties to the smaller rate; every seed at the chosen rate; mean and 95% t
 interval of the test scores), resumes from the runs it recorded, and its AdamW restarts
@@ -6,22 +6,13 @@ never straddle an evaluation."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-from lib.centralised import chunk_schedule  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location(
-    "centralised_reference", BENCHMARKS / "centralised_reference.py"
-)
-reference = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(reference)
+from benchmarks.centralised import centralised_reference as reference
+from benchmarks.centralised.training import chunk_schedule
 
 
 def test_restarts_every_15_steps_and_evaluates_every_60():
@@ -157,3 +148,28 @@ def test_a_small_real_run_tunes_seeds_and_resumes(tmp_path: Path, capsys):
     assert reference.main(argv) == 0  # resumes: nothing left to train
     out = capsys.readouterr().out
     assert "3 runs already in" in out and "test accuracy" not in out
+
+
+def test_one_seed_and_one_rate_is_a_single_run_per_method():
+    """The single-run case (once ``centralized_baseline.py``): no file, no tuning budget
+    needed, and the reference is FedIT when it runs, else the first method."""
+    args = reference.parse_args(["--seeds", "0", "--learning-rates", "1e-3", "--steps", "30",
+                                 "--eval-every", "30", "--methods", "florg,ffa-lora"])  # fmt: skip
+    assert args.json is None and args.reference == "florg"
+    assert reference.parse_args(["--methods", "florg,fedit"]).reference == "fedit"
+    assert reference.load_task_entry(None, "snli", {"steps": 30}) == {
+        "settings": {"steps": 30}, "runs": {},
+    }  # fmt: skip
+    reference.save_task_entry(None, "snli", {"settings": {}, "runs": {}})  # writes nothing
+
+
+def test_a_single_run_prints_its_curve_and_writes_no_file(tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--task", "movie-sentiment", "--methods", "florg", "--steps", "4",
+            "--eval-every", "2", "--max-train-examples", "32", "--max-eval-examples", "16",
+            "--max-test-examples", "16", "--learning-rates", "1e-3", "--seeds", "0"]  # fmt: skip
+    assert reference.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| florg | 0.001 | " in out and "step 0 | step 2 | step 4" in out
+    assert "writing no file" in out and "written to" not in out
+    assert list(tmp_path.iterdir()) == []

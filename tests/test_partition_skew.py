@@ -1,24 +1,16 @@
-"""benchmarks/partition_skew.py: the label balance and the rank correlation on hand-computed
+"""benchmarks.evidence.partition_skew: the label balance and the rank correlation on hand-computed
 cases, and the label counts are exactly the rows each client trains on (disjoint, covering
 the pool, seeded), joined with a summary.json's per-seed test scores."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
+from benchmarks.evidence import partition_skew as skew
 from florg_tools.synthetic import make_sentiment_task
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-_spec = importlib.util.spec_from_file_location("partition_skew", BENCHMARKS / "partition_skew.py")
-skew = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(skew)
 
 
 def test_label_balance_hand_cases():

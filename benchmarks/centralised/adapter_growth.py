@@ -1,8 +1,8 @@
 """How far each method's adapter moves the adapted weights as centralised training runs, per
-learning rate: the diagnosis of FLoRG's stall at large learning rates (docs/results.md,
-"FLoRG and the learning rate").
+learning rate: the diagnosis of FLoRG's stall at large learning rates
+(docs/results/v1-protocol-notes.md, "Why FLoRG stalls at 2e-3 on SNLI").
 
-    python benchmarks/adapter_growth.py --task snli --learning-rates 5e-4,2e-3 \
+    python -m benchmarks.centralised.adapter_growth --task snli --learning-rates 5e-4,2e-3 \
         --methods florg,fedit --steps 300 --eval-every 30
 
 Every ``--eval-every`` steps it prints, per method and learning rate: the mean training
@@ -16,10 +16,10 @@ L and R are semi-orthogonal, ||s L M R||_F = s ||M||_F, so FLoRG's row is also t
 the change of s A^T A. Also the Frobenius norm of the trainable head's weights, which every
 method trains at the same learning rate.
 
-The training is the centralised reference's (benchmarks/centralized_baseline.py): the app's
-``resolve_config``, ``cached_adapted_model``, ``tokenized_split`` of the whole training
-split, ``lib.centralised.train_centralised`` (a client round's ``train_steps``, AdamW fresh
-per chunk) and ``evaluate``; one torch thread.
+The training is the centralised reference's (``benchmarks.centralised.training``): the
+app's ``resolve_config``, ``cached_adapted_model``, ``tokenized_split`` of the whole
+training split, ``train_centralised`` (a client round's ``train_steps``, AdamW fresh per
+chunk) and ``evaluate``; one torch thread.
 """
 
 from __future__ import annotations
@@ -27,9 +27,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,11 +104,13 @@ def head_norm(adapted: object) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(REPO))
-    sys.path.insert(0, str(REPO / "benchmarks"))
     import torch
-    from lib.centralised import centralised_data, centralised_settings, train_centralised
 
+    from benchmarks.centralised.training import (
+        centralised_data,
+        centralised_settings,
+        train_centralised,
+    )
     from flower_app.config import ConfigError, resolve_config
     from flower_app.runtime import cached_adapted_model
 

@@ -2,24 +2,41 @@
 validation at one seed, then five seeds at the chosen rate, held-out test scores with a
 95% t interval.
 
-    python benchmarks/centralised_reference.py --task snli --steps 600 --eval-every 60 \
-        --json docs/results/evidence/centralised-reference.json
-    python benchmarks/centralised_reference.py --task movie-sentiment --steps 300 \
-        --eval-every 30 --json docs/results/evidence/centralised-reference.json
+    python -m benchmarks.centralised.centralised_reference --task snli --steps 600 \
+        --eval-every 60 --json docs/results/evidence/centralised-reference.json
+    python -m benchmarks.centralised.centralised_reference --task movie-sentiment \
+        --steps 300 --eval-every 30 --json docs/results/evidence/centralised-reference.json
 
-A single centralised run (``centralized_baseline.py``) tells whether a budget learns at
-all, but one test score on 1,000 examples carries a standard error of about 0.015, and its
-learning rate is fixed rather than chosen. Here every method gets what a grid method gets
+One seed and one learning rate make it a single centralised run per method, which tells
+whether a model, task, learning rate and step budget learn at all (a federated run of R
+rounds of S local steps cannot beat a centralised run of about R x S steps of the same
+batch size; chance-level accuracy there means a grid at that size measures noise):
+
+    python -m benchmarks.centralised.centralised_reference --methods florg,fedit \
+        --seeds 0 --learning-rates 1e-3 --steps 120 --eval-every 30
+
+Without ``--json`` nothing is written. A single run is not a reference, though: one test
+score on 1,000 examples carries a standard error of about 0.015, and its learning rate is
+fixed rather than chosen. With several seeds every method gets what a grid method gets
 (``conf/grids/evidence*.yaml``): each candidate learning rate runs at the first seed, the
 one with the best validation score averaged over the last three evaluations wins (ties go
 to the smaller rate, as in ``florg_tools.experiments.tuning``), and the chosen rate runs
 every seed. A seed sets the head's and the adapter's initialisation, the training subset
 and the batch order. Test scores are never used for a choice.
 
+Everything is the app's own code (``benchmarks.centralised.training``): ``resolve_config``
+with the grid's settings, ``cached_adapted_model`` (FLoRG's L, R and A and the LoRA
+baselines' seeded A built exactly as a client builds them), ``tokenized_split`` of the
+whole training split, a client round's ``train_steps`` (AdamW with the run's settings,
+restarted every ``--restart-every`` steps as in a round) and ``evaluate`` on the
+validation split the ServerApp uses. Methods that differ only in aggregation (FedIT,
+FeDeRA without ``lora-init=federa-svd``, FedEx-LoRA, FedSA-LoRA) are the same model here.
+
 The JSON (merged per task, the schema the evidence report reads from a grid's
 ``centralised.json``) records every run as it finishes, so an interrupted call resumes
 where it stopped when repeated with the same settings. ``test-score`` is the mean test
-score of the ``--reference`` method (LoRA, i.e. FedIT's adapter, by default).
+score of the ``--reference`` method (LoRA, i.e. FedIT's adapter, by default; the first of
+``--methods`` when FedIT is not among them).
 """
 
 from __future__ import annotations
@@ -31,7 +48,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
 SELECT_LAST = 3  # evaluations averaged for the choice, as the grids' tuning stage
 SETTINGS = (
     "model", "steps", "eval_every", "restart_every", "batch_size", "max_train_examples",
@@ -52,8 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="all-MiniLM-L6-v2")
     parser.add_argument("--task", default="movie-sentiment")
     parser.add_argument("--methods", default="fedit,florg", help="comma-separated")
-    parser.add_argument("--reference", default="fedit", help="the method whose mean is the "
-                        "task's reference (default: LoRA, FedIT's adapter)")  # fmt: skip
+    parser.add_argument("--reference", default=None, help="the method whose mean is the "
+                        "task's reference (default: LoRA, FedIT's adapter, when among "
+                        "--methods, else the first method)")  # fmt: skip
     parser.add_argument("--learning-rates", type=_floats, default=[5e-4, 1e-3, 2e-3])
     parser.add_argument("--head-learning-rate", type=float, default=0.0,
                         help="the task head's learning rate, the same for every method and "
@@ -72,12 +89,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--projection-sharing", default="shape", choices=("shape", "module"))
-    parser.add_argument("--json", type=Path, required=True,
-                        help="merge this task's reference into this file")  # fmt: skip
+    parser.add_argument("--json", type=Path, default=None,
+                        help="merge this task's reference into this file (and resume from "
+                        "it); without it nothing is written")  # fmt: skip
     args = parser.parse_args(argv)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not args.methods:
         parser.error("--methods names no method")
+    if args.reference is None:
+        args.reference = "fedit" if "fedit" in args.methods else args.methods[0]
     if args.reference not in args.methods:
         parser.error(f"--reference {args.reference} is not among --methods {args.methods}")
     if not args.learning_rates or not args.seeds:
@@ -86,9 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--seeds repeats a seed: {args.seeds}")
     if min(args.steps, args.eval_every, args.restart_every) < 1:
         parser.error("--steps, --eval-every and --restart-every must be >= 1")
-    if args.steps < SELECT_LAST * args.eval_every:
-        parser.error(f"--steps must allow {SELECT_LAST} evaluations: at least "
-                     f"{SELECT_LAST} x --eval-every")  # fmt: skip
+    if len(args.learning_rates) > 1 and args.steps < SELECT_LAST * args.eval_every:
+        parser.error(f"--steps must allow {SELECT_LAST} evaluations to choose a learning "
+                     f"rate: at least {SELECT_LAST} x --eval-every")  # fmt: skip
     if args.head_learning_rate < 0:
         parser.error("--head-learning-rate must be >= 0 (0: the adapter's rate)")
     if args.max_test_examples < 1:
@@ -111,9 +131,11 @@ def run_key(method: str, lr: float, seed: int) -> str:
     return f"method={method},lr={lr:g},seed={seed}"
 
 
-def load_task_entry(path: Path, task: str, settings: dict[str, Any]) -> dict[str, Any]:
+def load_task_entry(path: Path | None, task: str, settings: dict[str, Any]) -> dict[str, Any]:
     """This task's entry of ``path`` when it was written with the same settings (its runs
-    are reused), else a fresh one."""
+    are reused), else (or without a path) a fresh one."""
+    if path is None:
+        return {"settings": settings, "runs": {}}
     try:
         entry = json.loads(path.read_text()).get("tasks", {}).get(task, {})
     except (OSError, ValueError):
@@ -124,7 +146,10 @@ def load_task_entry(path: Path, task: str, settings: dict[str, Any]) -> dict[str
     return entry
 
 
-def save_task_entry(path: Path, task: str, entry: dict[str, Any]) -> None:
+def save_task_entry(path: Path | None, task: str, entry: dict[str, Any]) -> None:
+    """Merge this task's entry into ``path`` (nothing without a path)."""
+    if path is None:
+        return
     try:
         document = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -182,22 +207,34 @@ def summarise(entry: dict[str, Any], args: argparse.Namespace) -> None:
         "test-examples": args.max_test_examples,
         "select": f"validation accuracy, mean of the last {SELECT_LAST} evaluations, seed "
                   f"{args.seeds[0]}",
-        "command": "python benchmarks/centralised_reference.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.centralised.centralised_reference "
+        + " ".join(sys.argv[1:]),
     })  # fmt: skip
+
+
+def print_curves(entry: dict[str, Any], args: argparse.Namespace) -> None:
+    """The validation accuracy by step of every run at the first seed (method x rate)."""
+    seed = args.seeds[0]
+    rows = {(m, lr): entry["runs"][run_key(m, lr, seed)]["validation"]
+            for m in args.methods for lr in args.learning_rates}  # fmt: skip
+    steps = [step for step, _, _ in next(iter(rows.values()))]
+    print(f"\nvalidation accuracy by step, seed {seed}:")
+    print("| method | lr | " + " | ".join(f"step {s}" for s in steps) + " |")
+    print("|---|---|" + "---|" * len(steps))
+    for (method, lr), points in rows.items():
+        print(f"| {method} | {lr:g} | " + " | ".join(f"{acc:.3f}" for _, acc, _ in points) + " |")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(REPO))
-    sys.path.insert(0, str(REPO / "benchmarks"))
     import torch
-    from lib.centralised import (
+
+    from benchmarks.centralised.training import (
         centralised_data,
         centralised_settings,
         held_out_test_loader,
         train_centralised,
     )
-
     from flower_app.config import ConfigError, resolve_config
     from flower_app.runtime import cached_adapted_model
 
@@ -211,8 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         f"centralised reference: {args.model} on {args.task}, methods {args.methods}, "
         f"lr {args.learning_rates} tuned at seed {args.seeds[0]}, seeds {args.seeds}, "
         f"{args.steps} steps of batch {args.batch_size} (AdamW restarted every "
-        f"{args.restart_every}); {len(runs)} runs already in "
-        f"{args.json}",
+        f"{args.restart_every}); "
+        + (f"{len(runs)} runs already in {args.json}" if args.json else "writing no file"),
         flush=True,
     )
     loaded: dict[int, tuple[Any, Any, Any, Any]] = {}  # seed -> data, train, val, test
@@ -254,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     summarise(entry, args)
     save_task_entry(args.json, args.task, entry)
+    print_curves(entry, args)
     print(f"\n| method | lr (chosen) | test per seed {args.seeds} | mean [95% CI] |")
     print("|---|---|---|---|")
     for method, info in entry["methods"].items():
@@ -269,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{method} − {args.reference}, paired over seeds: {paired['mean']:+.4f} "
                   f"[{low:+.4f}, {high:+.4f}], ahead on {paired['wins']} of "
                   f"{paired['seeds']}")  # fmt: skip
-    print(f"centralised reference ({args.reference}): {entry['test-score']:.4f}; written to "
-          f"{args.json}")  # fmt: skip
+    written = f"; written to {args.json}" if args.json else ""
+    print(f"centralised reference ({args.reference}): {entry['test-score']:.4f}{written}")
     return 0
 
 

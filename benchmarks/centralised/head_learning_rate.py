@@ -1,9 +1,10 @@
 """Evidence protocol v2: choose the task head's learning rate once, centrally, for every method.
 
-    python benchmarks/head_learning_rate.py --task movie-sentiment --steps 300 \
-        --eval-every 30 --json docs/results/evidence-v2/head-learning-rate.json
-    python benchmarks/head_learning_rate.py --task snli --steps 600 --eval-every 60 \
-        --json docs/results/evidence-v2/head-learning-rate.json
+    python -m benchmarks.centralised.head_learning_rate --task movie-sentiment \
+        --steps 300 --eval-every 30 \
+        --json docs/results/evidence-v2/head-learning-rate-movie-sentiment.json
+    python -m benchmarks.centralised.head_learning_rate --task snli --steps 600 \
+        --eval-every 60 --json docs/results/evidence-v2/head-learning-rate-snli.json
 
 In protocol v1 one learning rate drove both the adapter and the head, so a method whose
 adapter needs a small rate (FLoRG) also trained its head slowly. Protocol v2 fixes the
@@ -27,7 +28,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
 SETTINGS = (
     "model", "method", "adapter_learning_rate", "steps", "eval_every", "restart_every",
     "batch_size", "max_train_examples", "max_eval_examples", "rank", "seed",
@@ -75,12 +75,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(REPO))
-    sys.path.insert(0, str(REPO / "benchmarks"))
     import torch
-    from centralised_reference import load_task_entry, save_task_entry, selection_score
-    from lib.centralised import centralised_data, centralised_settings, train_centralised
 
+    from benchmarks.centralised.centralised_reference import (
+        load_task_entry,
+        save_task_entry,
+        selection_score,
+    )
+    from benchmarks.centralised.training import (
+        centralised_data,
+        centralised_settings,
+        train_centralised,
+    )
     from florg_tools.experiments.tuning import best_value, next_candidate
     from flower_app.config import ConfigError, resolve_config
     from flower_app.runtime import cached_adapted_model
@@ -139,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "chosen": chosen,
         "at-edge": chosen in (min(path), max(path)),
         "select": f"validation accuracy, mean of the last 3 evaluations, seed {args.seed}",
-        "command": "python benchmarks/head_learning_rate.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.centralised.head_learning_rate " + " ".join(sys.argv[1:]),
     })  # fmt: skip
     save_task_entry(args.json, args.task, entry)
     print("| head lr | validation (last 3 evaluations) |\n|---|---|")

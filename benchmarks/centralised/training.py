@@ -1,7 +1,7 @@
-"""What the centralised benchmarks share (centralized_baseline.py, centralised_reference.py,
-head_learning_rate.py, adapter_growth.py): one process trains a method's adapter on the
-whole training split, with the app's own config, data and tokenisation, and trains as a
-client's round does (``flower_app.client_round.train_steps``)."""
+"""What the centralised benchmarks share (``centralised_reference``, ``head_learning_rate``,
+``adapter_growth``): one process trains a method's adapter on the whole training split,
+with the app's own config, data and tokenisation, and trains as a client's round does
+(``flower_app.client_round.train_steps``)."""
 
 from __future__ import annotations
 

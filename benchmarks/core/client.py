@@ -15,8 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lib.core_settings import METHODS, Batch, ModelShape, Settings
-from lib.paths import ensure_repo_on_path
+from benchmarks.core.settings import METHODS, Batch, ModelShape, Settings
 
 
 def build_model(shape: ModelShape, seed: int) -> nn.Module:
@@ -45,7 +44,6 @@ def build_method(
     """(model, its optimiser) for 'florg' or 'lora' (the app's ``fedit``): the adapter and
     the optimiser (``flower_app.training.make_optimizer``) of a run with the app's default
     settings at rank ``s.rank`` and alpha ``s.alpha``."""
-    ensure_repo_on_path()
     from flower_app.adapted import AdaptedModel
     from flower_app.config import resolve_config
     from flower_app.training import make_optimizer

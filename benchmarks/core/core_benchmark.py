@@ -2,8 +2,8 @@
 and, where present, on a GPU) and a client training step (FLoRG vs PEFT LoRA) at MiniLM size
 and at the RoBERTa-large shape, measured side by side in one run.
 
-    python benchmarks/core_benchmark.py            # full run (about 10 minutes on 2 CPU cores)
-    python benchmarks/core_benchmark.py --quick    # smoke test for CI
+    python -m benchmarks.core.core_benchmark          # full run (about 10 minutes on 2 cores)
+    python -m benchmarks.core.core_benchmark --quick  # smoke test for CI
 
 The machine this runs on is shared, so every timing is taken as wall time *and* as the
 CPU time of the benchmarking process (``time.process_time``: all its threads, user + sys).
@@ -55,17 +55,13 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parent  # holds lib/, the parts of this benchmark
-if str(BENCHMARKS) not in sys.path:
-    sys.path.insert(0, str(BENCHMARKS))
-
-from lib.core_client import client_worker, memory_worker  # noqa: E402
-from lib.core_report import (  # noqa: E402
+from benchmarks import REPO_ROOT
+from benchmarks.core.client import client_worker, memory_worker
+from benchmarks.core.report import (
     cpu_count,
     machine_info,
     ok,
@@ -73,8 +69,10 @@ from lib.core_report import (  # noqa: E402
     print_server,
     ratio_of,
 )
-from lib.core_server import gpu_worker, server_worker  # noqa: E402
-from lib.core_settings import METHODS, QUICK, Settings, settings_from_json  # noqa: E402
+from benchmarks.core.server import gpu_worker, server_worker
+from benchmarks.core.settings import METHODS, QUICK, Settings, settings_from_json
+
+WORKER_MODULE = "benchmarks.core.core_benchmark"
 
 
 def _last_json_line(text: str) -> dict[str, Any]:
@@ -85,10 +83,11 @@ def _last_json_line(text: str) -> dict[str, Any]:
 
 
 def _run_worker(args: Sequence[str], env_extra: dict[str, str]) -> dict[str, Any]:
-    """Run this file as a worker in a fresh interpreter and return its JSON answer."""
+    """Run this module as a worker in a fresh interpreter (from the repository root, where
+    ``benchmarks`` imports) and return its JSON answer."""
     env = {**os.environ, **env_extra}
-    cmd = [sys.executable, str(Path(__file__).resolve()), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    cmd = [sys.executable, "-m", WORKER_MODULE, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, cwd=REPO_ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"worker {args} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return _last_json_line(proc.stdout)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lib.core_settings import ModelShape, Settings
+from benchmarks.core.settings import ModelShape, Settings
 
 
 def cpu_count() -> int:

@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lib.core_settings import ServerShape, Settings
-from lib.paths import ensure_repo_on_path
+from benchmarks.core.settings import ServerShape, Settings
 
 
 def server_problems(
@@ -68,7 +67,6 @@ def _compare(
 
 def server_worker(s: Settings, shape_name: str) -> dict[str, Any]:
     """Dense reference, numpy loop and batched torch (CPU) for one shape, interleaved."""
-    ensure_repo_on_path()
     from strategies.florg import aggregate_florg, aggregate_florg_reference
     from strategies.florg_torch import aggregate_florg_layers
 
@@ -122,7 +120,6 @@ def gpu_worker(s: Settings) -> dict[str, Any]:
     """The batched torch step on CUDA (wall ms, inputs from host numpy to host numpy)."""
     if not torch.cuda.is_available():
         return {"available": False, "reason": "CUDA not available"}
-    ensure_repo_on_path()
     from strategies.florg import aggregate_florg
     from strategies.florg_torch import aggregate_florg_layers
 

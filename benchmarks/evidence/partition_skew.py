@@ -1,8 +1,8 @@
 """How label-skewed each seed's client partitions are, beside each method's test score.
 
-    python benchmarks/partition_skew.py --grid evidence-snli \
+    python -m benchmarks.evidence.partition_skew --grid evidence-snli \
         --summary docs/results/evidence/summary.json
-    python benchmarks/partition_skew.py --grid evidence \
+    python -m benchmarks.evidence.partition_skew --grid evidence \
         --summary docs/results/evidence/summary.json
 
 A grid's seed sets the Dirichlet (rho) draw that splits the training pool over the
@@ -19,7 +19,7 @@ score over the seeds; with five seeds that correlation is descriptive, not a tes
 the grid's (how balanced a milder or harsher split of the same seeds would be; no scores,
 since no run trained on it):
 
-    python benchmarks/partition_skew.py --grid evidence-snli --dirichlet-alpha 5
+    python -m benchmarks.evidence.partition_skew --grid evidence-snli --dirichlet-alpha 5
 """
 
 from __future__ import annotations
@@ -33,11 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lib.paths import ensure_repo_on_path
-
-ensure_repo_on_path()
-
-from florg_tools.experiments.grid import MAIN_BLOCK, Grid, GridError, load_grid  # noqa: E402
+from florg_tools.experiments.grid import MAIN_BLOCK, Grid, GridError, load_grid
 
 
 def label_balance(counts: Sequence[Sequence[int]]) -> float:

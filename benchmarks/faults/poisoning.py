@@ -22,8 +22,9 @@ distance of any round) that the threshold kappa must clear.
 With ``--workdir``, a run whose folder already holds a summary.json and whose config.json has
 the requested settings is not run again (``--fresh`` runs everything).
 
-    python benchmarks/poisoning.py --workdir W --json W/poisoning.json --plot W/poisoning.png
-    python benchmarks/poisoning.py --rounds 2 --quick    # smoke test
+    python -m benchmarks.faults.poisoning --workdir W --json W/poisoning.json \
+        --plot W/poisoning.png
+    python -m benchmarks.faults.poisoning --rounds 2 --quick    # smoke test
 
 Nine runs; each took 4.4-7.4 min on 2 CPU cores shared with other work (load average 15-25),
 46 min in all (docs/faults.md); an idle machine should need well under half (not measured).
@@ -42,9 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from benchmarks import REPO_ROOT
 
 NODES = 5
 ATTACKER = 1
@@ -245,7 +244,7 @@ def plot(runs: list[dict[str, Any]], path: Path, kappa: float) -> None:
         ax.set_xticks(x, attacks)
         ax.set_xlabel("partition 1 of 5 sends")
     left.legend(fontsize=8)
-    fig.suptitle("FLoRG, one poisoning client of five (benchmarks/poisoning.py)", fontsize=10)
+    fig.suptitle("FLoRG, one poisoning client of five (benchmarks.faults.poisoning)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

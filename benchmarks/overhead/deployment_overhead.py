@@ -1,14 +1,14 @@
 """Deployment overhead: the same FLoRG run through the simulation engine and through a real
 SuperLink + SuperNodes (TLS on loopback), per-round wall time side by side, in one run.
 
-    python benchmarks/deployment_overhead.py                 # MiniLM + SNLI, 2 clients, 3 rounds
-    python benchmarks/deployment_overhead.py --rounds 4
-    python benchmarks/deployment_overhead.py --quick         # tiny random BERT, 2 rounds (smoke)
+    python -m benchmarks.overhead.deployment_overhead          # MiniLM + SNLI, 2 clients, 3 rounds
+    python -m benchmarks.overhead.deployment_overhead --rounds 4
+    python -m benchmarks.overhead.deployment_overhead --quick  # tiny random BERT, 2 rounds (smoke)
 
 Sizes (default): model all-MiniLM-L6-v2, task snli, 2 clients (IID), 600 training / 200
 validation examples, batch 16, max length 128, 3 rounds, 1 local epoch -- the settings of
-``benchmarks/simulation_overhead.py`` (both import them from
-``benchmarks/lib/overhead_settings.py``, so both pin the same values).
+``benchmarks.overhead.simulation_overhead`` (both import them from
+``benchmarks.overhead.settings``, so both pin the same values).
 
 Modes, run one after another in this process:
 
@@ -42,12 +42,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-for path in (REPO_ROOT, REPO_ROOT / "benchmarks"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from lib.overhead_settings import RUN_NAME, Sizes, run_settings  # noqa: E402
+from benchmarks import REPO_ROOT
+from benchmarks.overhead.settings import RUN_NAME, Sizes, run_settings
 
 MODES = ("simulation", "deployment", "deployment-no-cache")
 

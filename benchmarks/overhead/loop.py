@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lib.overhead_monitor import foreign_cores, machine_busy_s
-from lib.overhead_settings import Sizes, run_settings
-from lib.paths import ensure_repo_on_path
+from benchmarks.overhead.monitor import foreign_cores, machine_busy_s
+from benchmarks.overhead.settings import Sizes, run_settings
 
 
 @dataclass
@@ -52,7 +51,6 @@ def run_loop(
     (``flower_app.client_round``), the strategy the ServerApp's (the method builds it from
     the settings), its replies aggregated as the ServerApp's are once checked
     (``AdapterStrategy.aggregate_replies``: screening, weighting, the method's rule)."""
-    ensure_repo_on_path()
     t_import0 = time.perf_counter()
     import numpy as np
     import torch

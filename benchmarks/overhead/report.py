@@ -9,10 +9,10 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from lib.overhead_loop import LoopResult
-from lib.overhead_monitor import CATEGORIES
-from lib.overhead_settings import TARGET_RATIO, Sizes
-from lib.overhead_sim import SimResult
+from benchmarks.overhead.loop import LoopResult
+from benchmarks.overhead.monitor import CATEGORIES
+from benchmarks.overhead.settings import TARGET_RATIO, Sizes
+from benchmarks.overhead.sim import SimResult
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -1,5 +1,5 @@
 """Simulation overhead: the pinned run config of both measurements (and of
-``deployment_overhead.py``), and the sizes it is built from."""
+``deployment_overhead``), and the sizes it is built from."""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lib.overhead_monitor import CATEGORIES, SimMonitor, busy_threads, foreign_cores
-from lib.overhead_settings import RUN_NAME, Sizes, run_settings
-from lib.paths import REPO_ROOT, ensure_repo_on_path
+from benchmarks import REPO_ROOT
+from benchmarks.overhead.monitor import CATEGORIES, SimMonitor, busy_threads, foreign_cores
+from benchmarks.overhead.settings import RUN_NAME, Sizes, run_settings
 
 
 @dataclass
@@ -32,7 +32,6 @@ class SimResult:
 
 
 def run_simulation(sizes: Sizes, work: Path, timeout: float) -> SimResult:
-    ensure_repo_on_path()
     from florg_tools.flwr_cli import run_flower_app
     from florg_tools.superlink import local_simulation_superlink
 

@@ -1,9 +1,9 @@
 """Simulation overhead: R rounds of FLoRG through the real Flower simulation engine versus the
 same local training + aggregation + server evaluation in a plain Python loop, in one run.
 
-    python benchmarks/simulation_overhead.py                    # 4 rounds, 2 clients
-    python benchmarks/simulation_overhead.py --rounds 6 --clients 2
-    python benchmarks/simulation_overhead.py --quick            # 2 rounds, tiny sizes (smoke test)
+    python -m benchmarks.overhead.simulation_overhead            # 4 rounds, 2 clients
+    python -m benchmarks.overhead.simulation_overhead --rounds 6 --clients 2
+    python -m benchmarks.overhead.simulation_overhead --quick    # 2 rounds, tiny sizes (smoke)
 
 (a) Simulation.  A private ``flower-superlink --simulation`` on a free port
     (``florg_tools.superlink.local_simulation_superlink``: N supernodes, 1 CPU each, stopped
@@ -64,14 +64,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parent  # holds lib/, the parts of this benchmark
-if str(BENCHMARKS) not in sys.path:
-    sys.path.insert(0, str(BENCHMARKS))
-
-from lib.overhead_loop import LoopResult, run_loop  # noqa: E402
-from lib.overhead_report import report  # noqa: E402
-from lib.overhead_settings import Sizes  # noqa: E402
-from lib.overhead_sim import SimResult, run_simulation  # noqa: E402
+from benchmarks.overhead.loop import LoopResult, run_loop
+from benchmarks.overhead.report import report
+from benchmarks.overhead.settings import Sizes
+from benchmarks.overhead.sim import SimResult, run_simulation
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

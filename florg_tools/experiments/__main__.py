@@ -154,8 +154,9 @@ def _parser() -> argparse.ArgumentParser:
                 action="append",
                 default=[],
                 metavar="FILE",
-                help="a seeded centralised reference (benchmarks/centralised_reference.py's "
-                "JSON); its tasks replace the grid folders' centralised.json",
+                help="a seeded centralised reference (the JSON of "
+                "benchmarks.centralised.centralised_reference); its tasks replace the grid "
+                "folders' centralised.json",
             )
         if name in ("run", "report", "evidence"):
             cmd.add_argument(

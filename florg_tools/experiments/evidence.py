@@ -246,7 +246,7 @@ def _task_lines(task: str, info: dict[str, Any], by_method: dict[str, MethodRuns
 
 
 def _centralised_label(entry: dict[str, Any]) -> str | None:
-    """How a seeded reference (benchmarks/centralised_reference.py) was measured."""
+    """How a seeded reference (benchmarks.centralised.centralised_reference) was measured."""
     if not entry.get("seeds"):
         return None
     method = entry.get("reference-method", "?")
@@ -533,8 +533,8 @@ def write_evidence(
 ) -> Path:
     """Write summary.json, evidence.md and the two plots under ``out``; returns the md.
     The centralised reference of a task comes from its grid folder's centralised.json,
-    unless one of ``centralised_files`` (benchmarks/centralised_reference.py's seeded
-    reference) has the task: the last file naming it wins."""
+    unless one of ``centralised_files`` (the seeded reference of
+    ``benchmarks.centralised.centralised_reference``) has the task: the last file naming it wins."""
     ablations = list(ablations)
     sources = [(grid, out), *ablations]
     centralised: dict[str, Any] = {}
