@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from florg_tools.deploy.certs import CertificateSet
-from florg_tools.deploy.processes import Deployment, thread_env
+from florg_tools.deploy.deployment import Deployment, thread_env
 from florg_tools.processes import TrackedProcess
 from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
 from flower_app.paths import OUTPUT_ROOT_ENV

@@ -279,9 +279,9 @@ def test_every_command_parses_with_flower_1_41(tls):
 
 
 def _loopback_argv(tmp_path: Path, monkeypatch, tls: bool) -> dict[str, list[str]]:
-    """The argv the loopback deployment (florg_tools.deploy.processes.Deployment, as the
+    """The argv the loopback deployment (florg_tools.deploy.deployment.Deployment, as the
     loopback deployment test drives it) would start, captured instead of started."""
-    from florg_tools.deploy import processes
+    from florg_tools.deploy import deployment as deploy_module
     from florg_tools.deploy.certs import generate_certificates
 
     started: dict[str, list[str]] = {}
@@ -298,11 +298,11 @@ def _loopback_argv(tmp_path: Path, monkeypatch, tls: bool) -> dict[str, list[str
         return _Fake(argv, name)
 
     ports = iter(range(41000, 41100))
-    monkeypatch.setattr(processes, "start_process", fake_start)
-    monkeypatch.setattr(processes, "wait_healthy", lambda *a, **k: None)
-    monkeypatch.setattr(processes, "find_free_port", lambda *a, **k: next(ports))
+    monkeypatch.setattr(deploy_module, "start_process", fake_start)
+    monkeypatch.setattr(deploy_module, "wait_healthy", lambda *a, **k: None)
+    monkeypatch.setattr(deploy_module, "find_free_port", lambda *a, **k: next(ports))
     certs = generate_certificates(tmp_path / "certs") if tls else None
-    deployment = processes.Deployment(tmp_path / "deploy", certs=certs, isolation="process")
+    deployment = deploy_module.Deployment(tmp_path / "deploy", certs=certs, isolation="process")
     deployment.start_superlink()
     for pid in range(N):
         deployment.start_supernode(pid, N, wait=False)

@@ -15,7 +15,7 @@ Modes, run one after another in this process:
 1. ``simulation``: a private ``flower-superlink --simulation`` (``florg_tools.superlink``),
    one Ray actor per client with 1 CPU (Ray sets its ``OMP_NUM_THREADS=1``); an actor lives
    through the run, so it loads the model and tokenises its partition once.
-2. ``deployment``: ``florg_tools.deploy.processes.Deployment`` -- a TLS SuperLink and one
+2. ``deployment``: ``florg_tools.deploy.deployment.Deployment`` -- a TLS SuperLink and one
    SuperNode per client on loopback (``OMP/OPENBLAS/MKL_NUM_THREADS=1`` per node, like the
    actors), with the on-disk cache (``flower_app.disk_cache``) in a fresh folder. A SuperNode
    starts a fresh ``flwr-clientapp`` process for every message: imports, model, data again.
@@ -79,7 +79,7 @@ def run_deployment(
     settings: dict[str, Any], sizes: Sizes, work: Path, timeout: float, cache: bool
 ) -> Any:
     from florg_tools.deploy.certs import generate_certificates
-    from florg_tools.deploy.processes import Deployment, thread_env
+    from florg_tools.deploy.deployment import Deployment, thread_env
     from florg_tools.flwr_cli import run_flower_app
 
     env = {

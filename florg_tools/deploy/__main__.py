@@ -116,8 +116,8 @@ def cmd_connection(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from florg_tools.deploy.deployment import Deployment, register_node, thread_env
     from florg_tools.deploy.netns import Namespaces
-    from florg_tools.deploy.processes import Deployment, register_node, thread_env
 
     directory = args.dir.expanduser().resolve()
     if args.netns and is_loopback(args.host):

@@ -2,7 +2,7 @@
 
 Every function here is pure: addresses, ports, certificate paths, partition ids and the
 isolation mode in, an argv list (or an environment mapping) out. Nothing is read from disk
-and nothing is started; ``florg_tools.deploy.processes`` runs these commands, the docker
+and nothing is started; ``florg_tools.deploy.deployment`` runs these commands, the docker
 compose files are checked against them, and ``docs/deploy-superlink.md`` shows them.
 
 Flower 1.41 (checked with ``--help`` of the 1.41 executables):
