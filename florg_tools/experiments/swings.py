@@ -5,12 +5,12 @@ whose global model predicts one class, and the largest change between consecutiv
         [--one-class 0.47] [--seed 0] [--florg]
 
 prints a markdown table, one row per finished run (learning rate, method), as in
-docs/results.md ("What the tuning runs show so far"). With ``--florg`` it prints, per
-finished FLoRG run, whether the server step moves with the swings: the range of the
-round's Gram error of the rank-r factor (``gram_rel_error``) and of the drift of A
-(``drift``), their correlation over rounds with the absolute change of validation
-accuracy, and their mean in the rounds where accuracy fell by more than 0.1 against the
-other rounds.
+docs/results/v1-diagnostics.md ("Round-to-round swings: a first diagnosis"). With
+``--florg`` it prints, per finished FLoRG run, whether the server step moves with the
+swings: the range of the round's Gram error of the rank-r factor (``gram_rel_error``) and
+of the drift of A (``drift``), their correlation over rounds with the absolute change of
+validation accuracy, and their mean in the rounds where accuracy fell by more than 0.1
+against the other rounds.
 """
 
 from __future__ import annotations
