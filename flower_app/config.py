@@ -57,10 +57,11 @@ from flower_app.config_checks import (
     fraction,
     non_negative,
     one_of,
+    open_unit_interval,
     positive,
 )
 from flower_app.config_checks import is_folder_name as is_folder_name  # re-exported
-from flower_app.methods import RegisteredMethod
+from flower_app.methods import RegisteredMethod, get_method
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # presets and grids (the tooling's)
 
@@ -314,6 +315,32 @@ class RunConfig:
         0, "testing: ServerApp dies after round N", check=non_negative, affects=()
     )
     resume: str = setting("", "run folder to continue from its last checkpointed round", affects=())
+    # -- issue 29: central differential privacy (docs/privacy.md) --
+    dp: str = setting(
+        "off",
+        "differential privacy: 'central' = the server clips each client's update and noises "
+        "the aggregate, user-level (epsilon, delta) in metrics.jsonl's dp-epsilon",
+        check=one_of("off", "central"),
+        affects=(),
+    )
+    dp_clipping_norm: float = setting(
+        1.0,
+        "dp=central: L2 bound C on each client's update per round (adapter and head jointly)",
+        check=positive,
+        affects=(),
+    )
+    dp_noise_multiplier: float = setting(
+        1.0,
+        "dp=central: noise multiplier z (Gaussian noise std z x the sensitivity, on the sum)",
+        check=positive,
+        affects=(),
+    )
+    dp_delta: float = setting(
+        1e-5,
+        "dp=central: the delta epsilon is reported at; set it well below 1 / the number of clients",
+        check=open_unit_interval,
+        affects=(),
+    )
     # -- issue 14: console and metric tracking (flower_app/console.py, tracking.py) --
     log_level: str = setting(
         "info",
@@ -442,4 +469,10 @@ def resolve_config(
     config = RunConfig(**resolved)
     if not config.targets:
         raise ConfigError("target-modules: name at least one module")
+    try:  # the checks that depend on the method (dp=central's among them)
+        get_method(config.method).check_settings(config)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     return config

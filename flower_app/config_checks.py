@@ -35,6 +35,13 @@ def at_least_one(x: float) -> bool:
     return x >= 1
 
 
+def open_unit_interval(x: float) -> bool:
+    return 0 < x < 1
+
+
+open_unit_interval.hint = "strictly between 0 and 1"  # type: ignore[attr-defined]
+
+
 # Grid run ids look like "method=florg,seed=0,task=snli" (florg_tools/experiments/grid.py).
 _FOLDER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+:@%~-]{0,254}")
 FOLDER_NAME_HINT = (

@@ -172,6 +172,8 @@ class RunRecorder:
             )
         if row.get("clipped"):
             parts.append(f"{row['clipped']} example claims clipped")
+        if row.get("dp-epsilon") is not None:  # dp=central (docs/privacy.md)
+            parts.append(f"dp epsilon {row['dp-epsilon']:.4g} (delta {self.config.dp_delta:g})")
         parts.append(f"{row['elapsed-seconds']:.0f}s")
         flwr_log(INFO, " | ".join(parts))
 
@@ -206,6 +208,12 @@ class RunRecorder:
             summary["global-test-last3"] = glob.get("test-last3")
         return summary
 
+    def _privacy(self, last: dict[str, Any]) -> dict[str, Any]:
+        """dp=central: the run's (epsilon, delta) after its last round (docs/privacy.md)."""
+        if self.config.dp == "off":
+            return {}
+        return {"dp-epsilon": last.get("dp-epsilon"), "dp-delta": self.config.dp_delta}
+
     def write_summary(self, extra: dict[str, Any]) -> dict[str, Any]:
         last = self.rows[-1] if self.rows else {}
         first = self.rows[0] if self.rows else {}
@@ -222,6 +230,7 @@ class RunRecorder:
             "initial-score": first.get("score"),
             **{f"final-{k}": last[k] for k in QA_METRICS if k in last},
             **self._reported_scores(),
+            **self._privacy(last),
             "total-up-params": self.totals["up-params"],
             "total-down-params": self.totals["down-params"],
             "total-params": self.totals["up-params"] + self.totals["down-params"],

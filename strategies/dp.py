@@ -1,11 +1,14 @@
-"""Central differential privacy (issue 29): the mechanisms, numpy reference, no app wiring.
+"""Central differential privacy (issue 29): the mechanisms, numpy reference.
 
 Setting: a trusted server, user-level DP (one client = one unit: everything a client sends
 in a round may change arbitrarily between neighbouring federations), the add/remove-one
-neighbouring relation, the Gaussian mechanism, RDP accounting.  The run settings these
-functions will be driven by (pending app integration) are named by their run-config keys:
-``dp`` (off | central), ``dp-clipping-norm`` C, ``dp-noise-multiplier`` z, ``dp-delta``.
-Derivations, threat model and what is still to wire up: docs/privacy.md.
+neighbouring relation, the Gaussian mechanism, RDP accounting.  The run settings that drive
+these functions are named by their run-config keys: ``dp`` (off | central),
+``dp-clipping-norm`` C, ``dp-noise-multiplier`` z, ``dp-delta``.  The app's wiring: each
+method declares its mechanism (``Method.dp_mechanism``, flower_app/methods/), its strategy
+runs it (``AdapterStrategy.aggregate_private``, strategies/flower/) with a ``CentralDP``
+(the settings, the noise source, the ledger; end of this module).  Derivations and threat
+model: docs/privacy.md.
 
 The rule behind every mechanism here: each client's contribution to a SUM is bounded in L2
 norm by a sensitivity Delta (by clipping), the sum gets Gaussian noise of std z * Delta per
@@ -61,8 +64,8 @@ sent + clipped updates + noise = sent + ``noised_mean``.  The tests hold ``clip_
   helpers live in ``flwr.supercore``, an internal package (they were in ``flwr.common``
   before).
 
-Randomness: every function takes a ``numpy.random.Generator``.  The integration must draw
-it from OS entropy (``np.random.default_rng()`` without a seed), never from the run's
+Randomness: every function takes a ``numpy.random.Generator``.  The app draws it from OS
+entropy (``CentralDP``: ``np.random.default_rng()`` without a seed), never from the run's
 public ``seed`` setting: noise that can be regenerated from a known seed protects nothing.
 NumPy's PCG64 is not a cryptographic generator, and floating-point Gaussian sampling has
 known side channels (Mironov 2012, for Laplace); both are out of scope here and named in
@@ -73,7 +76,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -300,7 +303,7 @@ def _check_clipped(norm: float, bound: float, what: str) -> None:
 
 
 def noised_mean(
-    clipped_updates: Sequence[Arrays],
+    clipped_updates: Iterable[Arrays],
     clipping_norm: float,
     noise_multiplier: float,
     rng: np.random.Generator,
@@ -315,6 +318,8 @@ def noised_mean(
     dividing by m is post-processing when m is public.  ``num_sampled`` is that public m
     (the configured number of sampled clients, as Flower's ``num_sampled_clients``); None
     uses the number of updates, which is the same whenever every sampled client replied.
+    The updates are read one at a time (a generator keeps one client's dense FeDeRA product
+    update in memory, not all of them).
     Each input must already be clipped (checked: ||u_n|| <= C up to rounding).  Noise is
     drawn array by array in the first update's key order.  Returns float64 arrays in the
     inputs' structure.  Equal in distribution to Flower's
@@ -322,16 +327,18 @@ def noised_mean(
     """
     c = check_clipping_norm(clipping_norm)
     z = check_noise_multiplier(noise_multiplier, allow_zero=True)
-    if len(clipped_updates) == 0:
-        raise ValueError("noised_mean: no client updates")
-    m = len(clipped_updates) if num_sampled is None else int(num_sampled)
-    if m < len(clipped_updates):
-        raise ValueError(f"num_sampled={m} is smaller than the {len(clipped_updates)} updates")
-    sigma = noise_std_mean(c, z, m)
-    per_client = [_items(u) for u in clipped_updates]
-    keys = [key for key, _ in per_client[0]]
-    total = [np.zeros_like(a) for _, a in per_client[0]]
-    for i, items in enumerate(per_client):
+    first: Arrays | None = None
+    keys: list[Any] = []
+    total: list[np.ndarray] = []
+    n = 0
+    for i, update in enumerate(clipped_updates):
+        items = _items(update)
+        if first is None:
+            first, keys, total = (
+                update,
+                [key for key, _ in items],
+                [np.zeros_like(a) for _, a in items],
+            )
         if [key for key, _ in items] != keys:
             raise ValueError(f"client {i}: arrays {[k for k, _ in items]} differ from {keys}")
         norm = math.sqrt(sum(float(np.sum(a * a)) for _, a in items))
@@ -340,10 +347,17 @@ def noised_mean(
             if a.shape != total[j].shape:
                 raise ValueError(f"client {i}: array {key!r} has shape {a.shape}")
             total[j] += a
+        n += 1
+    if first is None:
+        raise ValueError("noised_mean: no client updates")
+    m = n if num_sampled is None else int(num_sampled)
+    if m < n:
+        raise ValueError(f"num_sampled={m} is smaller than the {n} updates")
+    sigma = noise_std_mean(c, z, m)
     out = [
         (key, s / m + rng.normal(0.0, sigma, s.shape)) for key, s in zip(keys, total, strict=True)
     ]
-    return _rebuild(clipped_updates[0], out)
+    return _rebuild(first, out)
 
 
 # --------------------------------------------------------------------------- FeDeRA
@@ -718,8 +732,7 @@ def private_florg_layers(
 #
 # Sampling: the amplification of q < 1 holds for Poisson sampling of clients.  Flower's
 # FedAvg samples a fixed number of nodes without replacement, and Flower's own fixed-clipping
-# wrapper accounts it with no amplification; the integration should do the same (record
-# q = 1) unless it samples clients by Poisson.
+# wrapper accounts it with no amplification; so does the app (``SAMPLE_RATE`` = 1 below).
 
 
 @contextmanager
@@ -865,3 +878,73 @@ class DpAccountant:
             return cls(state["delta"], state["compositions"])
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a DpAccountant state: {state!r}") from exc
+
+
+# --------------------------------------------------------------------------- a run's DP
+
+# Flower samples a fixed number of nodes per round without replacement (FedAvg's
+# ``configure_train``), not Poisson: no amplification is claimed, q = 1 (as Flower's own
+# fixed-clipping wrapper accounts it).
+SAMPLE_RATE = 1.0
+
+
+class CentralDP:
+    """One run's central DP as a strategy holds it: the mechanism the method declares
+    ('mean', 'product-mean' or 'gram', ``MECHANISMS``), C, z, delta, the noise source and
+    the ledger.
+
+    ``rng``: OS entropy by default (``np.random.default_rng()`` without a seed), never the
+    run's ``seed`` setting; tests pass their own.  z = 0 is accepted for tests only (the
+    run settings refuse it): the mechanisms then add no noise and ``release`` reports
+    epsilon = inf without recording a round.
+    """
+
+    def __init__(
+        self,
+        mechanism: str,
+        clipping_norm: float,
+        noise_multiplier: float,
+        delta: float,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        if mechanism not in set(MECHANISMS.values()):
+            raise ValueError(f"unknown DP mechanism {mechanism!r}")
+        self.mechanism = mechanism
+        self.clipping_norm = check_clipping_norm(clipping_norm)
+        self.noise_multiplier = check_noise_multiplier(noise_multiplier, allow_zero=True)
+        self.rng = np.random.default_rng() if rng is None else rng
+        self.accountant = DpAccountant(delta)
+        self.clipped = 0  # clients whose update was scaled down in the current round
+
+    @property
+    def delta(self) -> float:
+        return self.accountant.delta
+
+    def clip(self, update: Arrays) -> Any:
+        """``clip_update`` with C, counting the clients it scales down (``clipped``)."""
+        if flat_norm(update) > self.clipping_norm:
+            self.clipped += 1
+        return clip_update(update, self.clipping_norm)
+
+    def release(self) -> dict[str, float]:
+        """Record one released round (q = ``SAMPLE_RATE``); its metrics: ``dp-epsilon``, the
+        run's epsilon at delta after it, and ``dp-clipped``, how many clients were scaled
+        down (an unprotected count, like every metric: docs/privacy.md).  Resets the count."""
+        clipped, self.clipped = self.clipped, 0
+        if self.noise_multiplier == 0:
+            return {"dp-epsilon": math.inf, "dp-clipped": clipped}
+        self.accountant.record(self.noise_multiplier, SAMPLE_RATE)
+        return {"dp-epsilon": self.accountant.epsilon(), "dp-clipped": clipped}
+
+    def epsilon(self) -> float:
+        return self.accountant.epsilon()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The ledger (JSON): what a checkpoint keeps, so that a resumed run continues it."""
+        return self.accountant.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        accountant = DpAccountant.from_state_dict(state)
+        if accountant.delta != self.delta:
+            raise ValueError(f"{KEY_DELTA}: checkpoint {accountant.delta!r}, run {self.delta!r}")
+        self.accountant = accountant

@@ -13,7 +13,14 @@ A method declares
 - **server side**: its Flower strategy (``build_strategy``: the aggregation rule of
   ``strategies/<method>.py`` wrapped by ``strategies/flower/``);
 - **communication**: derived from the shared parts (the paper counts parameters), plus
-  whatever else the method sends down (FedEx-LoRA's residual).
+  whatever else the method sends down (FedEx-LoRA's residual);
+- **central differential privacy** (``dp=central``, docs/privacy.md): the mechanism its
+  strategy implements (``dp_mechanism``: 'mean', 'product-mean' or 'gram', see
+  ``strategies.dp``), or a ValueError saying why it has none (FedEx-LoRA).
+
+The settings a method needs checked beyond each value's own check (``check_settings``,
+run by ``flower_app.config.resolve_config``, before anything is built) raise a ValueError
+naming the key; dp=central's checks are there.
 
 One module per method in this folder creates its ``Method`` and the registry
 (``flower_app/methods/__init__.py``) names it in one line. Method modules import
@@ -110,6 +117,58 @@ class Method:
     def receive_on_server(self, adapted: AdaptedModel, strategy: AdapterStrategy) -> None:
         """Called by the server's evaluator after it loads the global arrays."""
 
+    # -- settings -----------------------------------------------------------------------
+    def check_settings(self, config: RunSettings) -> None:
+        """The checks of the run's settings that depend on the method, each ValueError
+        naming its key (``resolve_config`` raises it as a ConfigError): with ``dp=central``,
+        a method with a mechanism (``dp_mechanism``), C > 0, z > 0, 0 < delta < 1, uniform
+        weights (``strategies.dp.check_dp_settings``), no saved client updates, and the
+        accountant's package installed."""
+        if config.dp != "central":
+            return
+        from importlib.util import find_spec
+
+        from strategies.dp import check_dp_settings
+
+        self.dp_mechanism()
+        check_dp_settings(
+            clipping_norm=config.dp_clipping_norm,
+            noise_multiplier=config.dp_noise_multiplier,
+            delta=config.dp_delta,
+            aggregation_weights=config.aggregation_weights,
+        )
+        if config.save_client_updates:
+            raise ValueError(
+                "save-client-updates: refused under dp=central (the files would hold every "
+                "client's update before clipping and noise; docs/privacy.md)"
+            )
+        if find_spec("dp_accounting") is None:
+            raise ValueError('dp: dp=central needs dp-accounting: pip install "flwr[dp]"')
+
+    def dp_mechanism(self) -> str:
+        """The central-DP mechanism this method's strategy implements ('mean',
+        'product-mean' or 'gram'; docs/privacy.md), or ValueError saying why there is
+        none. A method that has none by default; declaring one is a promise that its
+        strategy's ``aggregate_private`` implements it."""
+        raise ValueError(
+            f"dp: dp=central is not supported for method {self.name!r}: it declares no "
+            "differential-privacy mechanism (docs/privacy.md)"
+        )
+
+    def central_dp(self, config: RunSettings) -> Any:
+        """The strategy's ``dp`` (a ``strategies.dp.CentralDP``, noise from OS entropy),
+        or None with ``dp=off``."""
+        if config.dp != "central":
+            return None
+        from strategies.dp import CentralDP
+
+        return CentralDP(
+            self.dp_mechanism(),
+            config.dp_clipping_norm,
+            config.dp_noise_multiplier,
+            config.dp_delta,
+        )
+
     # -- server side --------------------------------------------------------------------
     def build_strategy(
         self,
@@ -131,7 +190,7 @@ class Method:
     ) -> dict[str, Any]:
         """The ``AdapterStrategy`` arguments every method takes from the settings:
         sampling, weighting, whether clients evaluate, where client updates are saved,
-        screening."""
+        screening, central differential privacy."""
         save = run_dir is not None and config.save_client_updates
         return {
             "fraction_train": config.fraction_train,
@@ -142,6 +201,7 @@ class Method:
             "updates_dir": Path(run_dir) / "updates" if save else None,
             "screen_updates": config.screen_updates,
             "screen_kappa": config.screen_kappa,
+            "dp": self.central_dp(config),
         }
 
     # -- communication (parameters per client, round and adapted layer) -----------------

@@ -8,6 +8,9 @@ from flower_app.methods.base import Method
 
 
 class FeDeRA(Method):
+    def dp_mechanism(self):
+        return "product-mean"  # clip the product updates B A - B_sent A_sent with the head
+
     def lora_init(self, config):
         return config.lora_init
 

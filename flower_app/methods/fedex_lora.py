@@ -24,6 +24,12 @@ PRISTINE = "fedex-pristine-W0"  # AdaptedModel.held_tensors: W0 before any fold
 
 
 class FedExLoRA(Method):
+    def dp_mechanism(self):
+        """None: the refusal (``strategies.dp.FEDEX_REFUSAL``) says why."""
+        from strategies.dp import check_dp_supported
+
+        return check_dp_supported(self.name)  # raises
+
     def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flower.fedex_lora import FedExLoRAStrategy
 

@@ -6,6 +6,9 @@ from flower_app.methods.base import Method
 
 
 class FedIT(Method):
+    def dp_mechanism(self):
+        return "mean"  # clip reply - sent over A, B and the head; noised mean
+
     def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flower.lora_strategies import FedITStrategy
 

@@ -9,6 +9,9 @@ from flower_app.methods.base import Method
 
 
 class FedSALoRA(Method):
+    def dp_mechanism(self):
+        return "mean"  # clip reply - sent over A and the head; noised mean (B never leaves)
+
     def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flower.lora_strategies import FedSALoRAStrategy
 

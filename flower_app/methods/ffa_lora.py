@@ -7,6 +7,9 @@ from flower_app.methods.base import Method
 
 
 class FFALoRA(Method):
+    def dp_mechanism(self):
+        return "mean"  # clip reply - sent over B and the head; noised mean
+
     def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flower.lora_strategies import FFALoRAStrategy
 

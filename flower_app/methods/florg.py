@@ -17,6 +17,9 @@ from flower_app.methods.base import Method
 class FLoRG(Method):
     procrustes: bool = True
 
+    def dp_mechanism(self):
+        return "gram"  # clip A - A_prev with the head; noised Gram mean; eigh, Procrustes
+
     def strategy_class(self) -> type:
         """The strategy ``build_strategy`` calls (florg-signed: its per-sign-block step)."""
         from strategies.flower.florg import FLoRGStrategy

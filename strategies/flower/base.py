@@ -21,6 +21,18 @@ It samples nodes like FedAvg, then in ``aggregate_train``
 Subclasses only implement ``aggregate_adapter``. ``state_arrays`` / ``state_json`` and
 ``restore`` carry everything needed to continue a run from a checkpoint. The arrays
 travel as Flower ArrayRecords (strategies/flower/records.py).
+
+Central differential privacy (``dp=central``, docs/privacy.md): with ``dp`` (a
+``strategies.dp.CentralDP``) steps 4 and 5 are replaced by the method's mechanism,
+``aggregate_private``: each kept client's contribution (adapter and head jointly) is clipped
+to C and the sum gets Gaussian noise, divided by m = the number of clients sampled in the
+round (a client that failed or was rejected counts as one that did not move), then
+post-processed by the method's rule. The base class implements the mean mechanism
+(``dp_mechanism = "mean"``: FedIT, FFA-LoRA, FedSA-LoRA); FeDeRA and FLoRG override it,
+FedEx-LoRA has none. The median-ratio screening is off under dp=central: whether a client is
+kept would depend on the other clients, which the privacy analysis does not cover, and
+clipping already bounds what one client moves. Every round then records ``dp-epsilon``,
+and the ledger goes into the checkpoint (``state_json`` / ``restore``).
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from strategies.averaging import weighted_average
+from strategies.dp import CentralDP, check_dp_supported, noise_std_mean, noised_mean
 from strategies.flower import replies as _replies
 from strategies.flower import screening as _screening
 from strategies.flower.participation import NodeLedger
@@ -79,6 +92,9 @@ class AdapterStrategy(FedAvg):
     """FedAvg's sampling plus validated, method-specific aggregation of adapter arrays."""
 
     method = "adapter"
+    # The central-DP mechanism ``aggregate_private`` implements (strategies.dp.MECHANISMS);
+    # None: the strategy has none, and refuses ``dp``.
+    dp_mechanism: str | None = "mean"
 
     def __init__(
         self,
@@ -92,6 +108,7 @@ class AdapterStrategy(FedAvg):
         updates_dir: str | Path | None = None,
         screen_updates: bool = True,
         screen_kappa: float = DEFAULT_KAPPA,
+        dp: CentralDP | None = None,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -107,13 +124,38 @@ class AdapterStrategy(FedAvg):
         self.weighting = weighting
         self.screen_updates = bool(screen_updates)
         self.screen_kappa = float(screen_kappa)
+        self.dp = dp
+        if dp is not None:
+            self._check_dp(dp, weighting, updates_dir)
+            if self.screen_updates:
+                log.info("dp=central: the median-ratio screening is off (docs/privacy.md)")
+            self.screen_updates = False
         self.global_state: dict[str, np.ndarray] = {
             k: np.asarray(v, np.float64) for k, v in initial_state.items()
         }
         self.updates_dir = Path(updates_dir) if updates_dir else None
         self.round_metrics: dict[int, dict[str, float]] = {}
+        if dp is not None:
+            self.round_metrics[0] = {"dp-epsilon": 0.0}  # the initial state is public
         self._down_params: dict[int, int] = {}
+        self._sampled: dict[int, int] = {}  # round -> nodes sent a training message
         self.ledger = NodeLedger()  # node id -> partition id; lost nodes per round
+
+    def _check_dp(self, dp: CentralDP, weighting: str, updates_dir: Any) -> None:
+        """What the run settings check (Method.check_settings), again where the strategy
+        is built directly: a mechanism this class implements, uniform weights, no saved
+        client updates."""
+        if self.dp_mechanism is None:
+            check_dp_supported(self.method)  # FedEx-LoRA: the refusal with its reason
+        if self.dp_mechanism is None or dp.mechanism != self.dp_mechanism:
+            raise ValueError(
+                f"dp=central: {type(self).__name__} implements the mechanism "
+                f"{self.dp_mechanism!r}, not {dp.mechanism!r}"
+            )
+        if weighting != "uniform":
+            raise ValueError("dp=central needs aggregation-weights='uniform'")
+        if updates_dir is not None:
+            raise ValueError("dp=central: save-client-updates would store the raw updates")
 
     # -- sending ------------------------------------------------------------------------
     def configure_train(
@@ -124,6 +166,7 @@ class AdapterStrategy(FedAvg):
             for m in super().configure_train(server_round, arrays, config, grid)
         ]
         self._down_params[server_round] = sum(record_params(m.content) for m in messages)
+        self._sampled[server_round] = len(messages)
         self.ledger.sent(server_round, messages)
         return messages
 
@@ -217,7 +260,7 @@ class AdapterStrategy(FedAvg):
             "down-params": self._down_params.get(server_round, 0),
             **(node_metrics or {}),
         }
-        if not kept:
+        if not kept and self.dp is None:
             log.warning(
                 "round %d: no valid client update; the global model is unchanged", server_round
             )
@@ -225,12 +268,18 @@ class AdapterStrategy(FedAvg):
             return None, MetricRecord(metrics)
 
         payloads = [r.arrays for r in kept]
-        weights = normalize_weights(None if self.weighting == "uniform" else sizes, len(payloads))
         prev_state = self.global_state
         t0 = time.perf_counter()
-        new_state, info = self.aggregate_adapter(server_round, payloads, weights)
-        for key in split_state(prev_state)[1]:
-            new_state[key] = weighted_average([p[key] for p in payloads], weights, key)
+        if self.dp is None:
+            weights = normalize_weights(
+                None if self.weighting == "uniform" else sizes, len(payloads)
+            )
+            new_state, info = self.aggregate_adapter(server_round, payloads, weights)
+            for key in split_state(prev_state)[1]:
+                new_state[key] = weighted_average([p[key] for p in payloads], weights, key)
+        else:
+            new_state, info = self.release_private(server_round, payloads)
+            weights = np.full(len(payloads), 1.0 / max(len(payloads), 1))
         metrics["agg-seconds"] = time.perf_counter() - t0
         self.global_state = new_state
         losses = np.array([r.train_loss for r in kept])
@@ -251,6 +300,59 @@ class AdapterStrategy(FedAvg):
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """The method's rule over the adapter arrays (head handled by the base class)."""
         raise NotImplementedError
+
+    # -- central differential privacy (docs/privacy.md) -----------------------------------
+    # Why not Flower's DifferentialPrivacyServerSideFixedClipping: it wraps a strategy's
+    # aggregate_train and noises its OUTPUT, which for FeDeRA and FLoRG is a non-linear
+    # function of the replies (an SVD, an eigendecomposition and Procrustes), so the noise
+    # would not be the Gaussian mechanism on a statistic of bounded sensitivity; it would
+    # also clip before this strategy's reply checks, and its accounted mode accepts only
+    # FedAvg.aggregate_train. For the mean methods our mechanism equals it in distribution
+    # (tests/test_dp.py); strategies/dp.py's docstring lists why its helpers are not called.
+    def num_sampled(self, server_round: int, replies: int) -> int:
+        """m: the nodes sent a training message this round (public), at least the replies
+        (a caller without ``configure_train``, such as the overhead benchmark: the replies)."""
+        return max(self._sampled.get(server_round, 0), replies, 1)
+
+    def release_private(
+        self, server_round: int, payloads: list[dict[str, np.ndarray]]
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """One round under dp=central: the method's mechanism over the kept replies, the
+        round recorded by the accountant. With no reply kept the mechanism still releases
+        (the sent state plus noise: as if one client had not moved), so that whether a round
+        is released never depends on the clients' data."""
+        assert self.dp is not None
+        m = self.num_sampled(server_round, len(payloads))
+        if not payloads:
+            log.warning("round %d: no valid client update; dp=central releases noise only",
+                        server_round)  # fmt: skip
+        new_state, info = self.aggregate_private(
+            server_round, payloads or [dict(self.global_state)], m
+        )
+        info = {**info, "dp-sampled": m, **self.dp.release()}
+        return new_state, info
+
+    def aggregate_private(
+        self, server_round: int, payloads: list[dict[str, np.ndarray]], num_sampled: int
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """The mean mechanism (FedIT, FFA-LoRA, FedSA-LoRA; docs/privacy.md section 2): the
+        update reply - sent over every shared array, adapter and head jointly, clipped to C
+        (``strategies.dp.clip_update``), then ``noised_mean``: the sum plus N(0, (zC)^2 I),
+        divided by m; the new state is sent + that. Returns the whole new state."""
+        assert self.dp is not None
+        dp, sent = self.dp, self.global_state
+        updates = ({k: np.asarray(p[k], np.float64) - v for k, v in sent.items()} for p in payloads)
+        mean = noised_mean(
+            (dp.clip(u) for u in updates),
+            dp.clipping_norm,
+            dp.noise_multiplier,
+            dp.rng,
+            num_sampled=num_sampled,
+        )
+        new_state = {k: v + mean[k] for k, v in sent.items()}
+        return new_state, {
+            "dp-noise-std": noise_std_mean(dp.clipping_norm, dp.noise_multiplier, num_sampled)
+        }
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -305,11 +407,15 @@ class AdapterStrategy(FedAvg):
         return {f"global/{k}": v for k, v in self.global_state.items()}
 
     def state_json(self) -> dict[str, Any]:
-        """JSON state needed to continue: the node -> partition map learnt so far."""
-        return {
+        """JSON state needed to continue: the node -> partition map learnt so far; under
+        dp=central the privacy ledger (``dp``), so a resumed run continues the count."""
+        state: dict[str, Any] = {
             "method": self.method,
             "partitions": {str(k): v for k, v in self.ledger.partitions.items()},
         }
+        if self.dp is not None:
+            state["dp"] = self.dp.state_dict()
+        return state
 
     def restore(self, arrays: Mapping[str, np.ndarray], state: Mapping[str, Any]) -> None:
         """Continue from ``state_arrays`` / ``state_json`` of a checkpoint."""
@@ -322,6 +428,10 @@ class AdapterStrategy(FedAvg):
             raise ValueError("checkpoint arrays do not match this model's adapter")
         self.global_state = {k: np.asarray(v, np.float64) for k, v in saved.items()}
         self.ledger.partitions = {int(k): int(v) for k, v in state.get("partitions", {}).items()}
+        if (self.dp is None) != ("dp" not in state):
+            raise ValueError("checkpoint and run differ in dp (off / central)")
+        if self.dp is not None:
+            self.dp.load_state_dict(state["dp"])
 
     def start(  # type: ignore[override]
         self,

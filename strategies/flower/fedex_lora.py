@@ -21,6 +21,7 @@ from strategies.flower.base import AdapterStrategy
 
 class FedExLoRAStrategy(AdapterStrategy):
     method = "fedex-lora"
+    dp_mechanism = None  # refused: strategies.dp.FEDEX_REFUSAL says why
 
     def __init__(self, *args, residual_mode: str = "dense", **kwargs) -> None:
         super().__init__(*args, **kwargs)

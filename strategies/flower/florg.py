@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from strategies.dp import clip_florg_with_head, florg_sensitivity, noised_mean
+from strategies.dp_torch import private_florg_layers_torch
 from strategies.florg import RANK_MISMATCH_POLICIES, check_rank_mismatch
 from strategies.florg_signed import sign_blocks
 from strategies.florg_torch import aggregate_florg_layers
 from strategies.flower.base import AdapterStrategy, Reply, ReplyRejected, metric_number
+from strategies.flower.records import split_state
 
 
 class FLoRGStrategy(AdapterStrategy):
@@ -26,6 +29,7 @@ class FLoRGStrategy(AdapterStrategy):
     """
 
     method = "florg"
+    dp_mechanism = "gram"
 
     def __init__(
         self,
@@ -81,6 +85,64 @@ class FLoRGStrategy(AdapterStrategy):
             info |= self.fedavg_gaps(payloads, weights, new_As)
         return new_As, info
 
+    def blocks(self) -> dict[str, tuple[str, slice]]:
+        """The units of the server step: name -> (A key, its rows); FLoRG: each layer's
+        whole A."""
+        return {f"{layer}.A": (f"{layer}.A", slice(None)) for layer in self.layers()}
+
+    def aggregate_private(self, server_round, payloads, num_sampled):
+        """dp=central (docs/privacy.md section 4): each client's update A_n - A_prev over
+        every layer and its head update, scaled jointly (``clip_florg_with_head``: one
+        Gaussian mechanism, not two); the noised mean Gram matrix of every block
+        (Analyze-Gauss noise of std z Delta, Delta = C (2 max ||A_prev||_2 + C)), its
+        eigendecomposition, top r, Procrustes (or not: the ablation), batched on the
+        server's device (``private_florg_layers_torch``); the head is ``noised_mean``'s
+        with the same z. The 'truncate' policy, whatever ``rank-mismatch`` says: once noise
+        gives Q full rank it is the only one that makes sense."""
+        dp, sent = self.dp, self.global_state
+        c = dp.clipping_norm
+        keys = [f"{layer}.A" for layer in self.layers()]
+        head = list(split_state(sent)[1])
+        prev = {k: sent[k] for k in keys}
+        clipped: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+        heads = []
+        for p in payloads:
+            A = {k: np.asarray(p[k], np.float64) for k in keys}
+            h = {k: np.asarray(p[k], np.float64) - sent[k] for k in head} or None
+            ratio = sum(float(np.sum((A[k] - prev[k]) ** 2)) for k in keys)
+            ratio += sum(float(np.sum(v * v)) for v in (h or {}).values())
+            dp.clipped += int(ratio > c * c)
+            cA, ch = clip_florg_with_head(A, h, c, prev_A=prev)
+            for k in keys:
+                clipped[k].append(cA[k])
+            if ch is not None:
+                heads.append(ch)
+        blocks = self.blocks()
+        new_blocks, infos = private_florg_layers_torch(
+            {name: [a[rows] for a in clipped[key]] for name, (key, rows) in blocks.items()},
+            {name: prev[key][rows] for name, (key, rows) in blocks.items()},
+            c,
+            dp.noise_multiplier,
+            dp.rng,
+            centred=True,
+            num_sampled=num_sampled,
+            procrustes=self.procrustes,
+            device=str(self.server_device),
+        )
+        new = {
+            key: np.concatenate([new_blocks[n] for n, (k, _) in blocks.items() if k == key])
+            for key in keys
+        }
+        if heads:
+            mean = noised_mean(heads, c, dp.noise_multiplier, dp.rng, num_sampled=num_sampled)
+            new.update({k: sent[k] + mean[k] for k in head})
+        info = summarize_layers(infos, ("rank", "drift", "eigengap", "negative_eigenvalues"))
+        info["dp-sensitivity"] = florg_sensitivity(
+            c, {n: prev[k][r] for n, (k, r) in blocks.items()}
+        )
+        info["dp-noise-std"] = float(next(iter(infos.values()))["noise_std"])
+        return new, info
+
     def fedavg_gaps(
         self,
         payloads: list[dict[str, np.ndarray]],
@@ -113,6 +175,15 @@ class FLoRGSignedStrategy(FLoRGStrategy):
 
     method = "florg-signed"
 
+    def blocks(self) -> dict[str, tuple[str, slice]]:
+        """Each sign block of each layer's A (the blocks partition A's rows, so the joint
+        clipping and Delta of FLoRG cover them: docs/privacy.md section 4.3)."""
+        return {
+            f"{key}#{i}": (key, rows)
+            for key in (f"{layer}.A" for layer in self.layers())
+            for i, rows in enumerate(sign_blocks(self.global_state[key].shape[0]))
+        }
+
     def server_step(self, payloads, weights, rank_mismatch):
         keys = [f"{layer}.A" for layer in self.layers()]
         blocks: dict[str, list[np.ndarray]] = {}
@@ -132,10 +203,13 @@ class FLoRGSignedStrategy(FLoRGStrategy):
         return new_As, per_block
 
 
-def summarize_layers(per_layer: dict[str, dict[str, float]]) -> dict[str, float]:
+def summarize_layers(
+    per_layer: dict[str, dict[str, float]],
+    names: tuple[str, ...] = ("rank", "gram_rel_error", "drift", "eigengap"),
+) -> dict[str, float]:
     """Mean of each diagnostic over layers, plus the worst case (max / min) of each."""
     out: dict[str, float] = {}
-    for name in ("rank", "gram_rel_error", "drift", "eigengap"):
+    for name in names:
         values = np.array([float(info[name]) for info in per_layer.values()])
         out[name] = float(values.mean())
         worst = values.min() if name in ("rank", "eigengap") else values.max()

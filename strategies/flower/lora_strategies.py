@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from strategies.dp import federa_private_step, noise_std_mean, noised_mean, product_update
 from strategies.federa import aggregate_federa
 from strategies.fedit import aggregate_fedit
 from strategies.fedsa_lora import aggregate_fedsa_lora
 from strategies.ffa_lora import aggregate_ffa_lora
 from strategies.flower.base import AdapterStrategy
+from strategies.flower.records import split_state
 
 
 class FedITStrategy(AdapterStrategy):
@@ -30,6 +32,7 @@ class FeDeRAStrategy(AdapterStrategy):
     """Aggregate the products B_n A_n and re-factor by truncated SVD."""
 
     method = "federa"
+    dp_mechanism = "product-mean"
 
     def aggregate_adapter(self, server_round, payloads, weights):
         new: dict[str, np.ndarray] = {}
@@ -41,6 +44,47 @@ class FeDeRAStrategy(AdapterStrategy):
             )
             errors.append(info["trunc_rel_error"])
         return new, {"trunc_rel_error": float(np.mean(errors))}
+
+    def aggregate_private(self, server_round, payloads, num_sampled):
+        """dp=central (docs/privacy.md section 3): the rule is linear in the products, so
+        each client's unit is its product updates B_n A_n - B A (dense d_out x d_in per
+        layer) with its head update, clipped jointly to C; ``noised_mean`` of those plus
+        B A is the noised mean product, re-factored to rank r by ``federa_private_step``
+        (post-processing). One client's dense updates are in memory at a time."""
+        dp, sent = self.dp, self.global_state
+        layers = list(self.layers())
+        head = list(split_state(sent)[1])
+
+        def unit(p):
+            update = {
+                ("product", layer): product_update(
+                    p[f"{layer}.lora_B"], p[f"{layer}.lora_A"],
+                    sent[f"{layer}.lora_B"], sent[f"{layer}.lora_A"],
+                )
+                for layer in layers
+            }  # fmt: skip
+            update.update({("head", k): np.asarray(p[k], np.float64) - sent[k] for k in head})
+            return dp.clip(update)
+
+        mean = noised_mean(
+            (unit(p) for p in payloads),
+            dp.clipping_norm,
+            dp.noise_multiplier,
+            dp.rng,
+            num_sampled=num_sampled,
+        )
+        new: dict[str, np.ndarray] = {}
+        errors = []
+        for layer in layers:
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            product = sent[kb] @ sent[ka] + mean[("product", layer)]
+            new[kb], new[ka], info = federa_private_step(product, sent[kb].shape[1])
+            errors.append(info["trunc_rel_error"])
+        new.update({k: sent[k] + mean[("head", k)] for k in head})
+        return new, {
+            "trunc_rel_error": float(np.mean(errors)),
+            "dp-noise-std": noise_std_mean(dp.clipping_norm, dp.noise_multiplier, num_sampled),
+        }
 
 
 class FFALoRAStrategy(AdapterStrategy):
