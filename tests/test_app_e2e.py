@@ -16,6 +16,7 @@ from florg_tools.flwr_cli import run_flower_app
 from flower_app.adapters.targets import adapter_layout
 from flower_app.methods import method_names
 from flower_app.methods.communication import round_communication
+from strategies.dp import FEDEX_REFUSAL, epsilon_for
 from strategies.florg import aggregate_florg
 from strategies.florg_signed import aggregate_florg_signed
 from tests.flower_harness import local_simulation_superlink
@@ -114,6 +115,39 @@ def test_every_method_runs_end_to_end(superlink, assets, method):
     else:
         assert summary["test-score-key"] == "test-score"
         assert summary["final-test-score"] == history[2]["test-score"]
+
+
+# Issue 29's command, `florg launch --set dp=central --set dp-noise-multiplier=1.0
+# --set dp-clipping-norm=1.0 --set method=M --set num-server-rounds=2`, on the tiny model.
+DP = {"dp": "central", "dp-noise-multiplier": 1.0, "dp-clipping-norm": 1.0}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_runs_with_central_dp_and_reports_epsilon(superlink, assets, method):
+    """Every row has dp-epsilon, 0 before training, then the accountant's epsilon after t
+    rounds of z = 1 at q = 1 and the default delta; FedEx-LoRA fails before training, with
+    its reason."""
+    cheap = {"save-client-updates": False, "max-test-examples": 0, "client-eval": "off"}
+    outcome, run_dir = run(superlink, assets, f"dp-{method}", method=method, **DP, **cheap)
+    if method == "fedex-lora":
+        assert not outcome.ok
+        assert FEDEX_REFUSAL[:80] in outcome.log_text + (outcome.status_details or "")
+        assert not run_dir.exists()  # refused while resolving the settings
+        return
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
+    history = rows(run_dir)
+    assert [r["round"] for r in history] == [0, 1, 2]
+    epsilons = [r["dp-epsilon"] for r in history]
+    assert epsilons[0] == 0.0 and 0.0 < epsilons[1] < epsilons[2]
+    for t in (1, 2):
+        assert epsilons[t] == pytest.approx(epsilon_for(1.0, 1.0, t, 1e-5), rel=1e-9)
+        assert history[t]["dp-sampled"] == NUM_NODES and history[t]["clients"] == NUM_NODES
+        assert history[t]["dp-noise-std"] > 0 and history[t]["screened"] == 0
+        assert np.isfinite(history[t]["loss"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["dp-epsilon"] == epsilons[2] and summary["dp-delta"] == 1e-5
+    assert not (run_dir / "updates").exists()
+    assert f"dp epsilon {epsilons[2]:.4g}" in outcome.log_text
 
 
 def check_personalised_scores(history: list[dict], summary: dict) -> None:

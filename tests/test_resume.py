@@ -108,3 +108,29 @@ def test_a_server_that_dies_after_round_1_resumes_to_the_clean_result(superlink,
     assert (
         summary["resumed-after-round"] == 1 and summary["final-accuracy"] == history[-1]["accuracy"]
     )
+
+
+def test_a_dp_run_resumed_after_round_1_continues_the_privacy_count(superlink, assets):
+    """dp=central: the accountant's ledger is in the checkpoint, so the resumed run's epsilon
+    after rounds 2 and 3 is that of 2 and 3 rounds, not of 1 and 2 (issue 29)."""
+    from strategies.dp import epsilon_for
+
+    dp = {"dp": "central", "dp-noise-multiplier": 1.0, "dp-clipping-norm": 1.0, "dp-delta": 1e-4}
+    crash_dir = assets[2] / "outputs" / "crash-dp"
+    crashed = run(
+        superlink, settings(assets, crash_dir.name, "fedit", **dp, **{"fault-server-round": 1})
+    )
+    assert not crashed.ok and "fault-server-round" in crashed.log_text
+    state = json.loads((crash_dir / "checkpoint" / "round-000001" / "state.json").read_text())
+    assert state["strategy"]["dp"] == {"delta": 1e-4, "compositions": [[1.0, 1.0, 1]]}
+
+    resumed = run(superlink, resume_run_config(crash_dir))
+    assert resumed.ok, f"{resumed.message}\n{resumed.log_text[-3000:]}"
+    history = rows(crash_dir)
+    assert [r["round"] for r in history] == list(range(ROUNDS + 1))
+    expected = [0.0] + [epsilon_for(1.0, 1.0, t, 1e-4) for t in range(1, ROUNDS + 1)]
+    assert [r["dp-epsilon"] for r in history] == pytest.approx(expected, rel=1e-9)
+    summary = json.loads((crash_dir / "summary.json").read_text())
+    assert (
+        summary["resumed-after-round"] == 1 and summary["dp-epsilon"] == history[-1]["dp-epsilon"]
+    )
