@@ -247,7 +247,7 @@ class AdapterStrategy(FedAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord]:
         """Steps 3 to 6 over the checked replies (``aggregate_train`` counted the failed
         and rejected ones and the parameters sent up): screen, weight, aggregate, record.
-        A caller without Flower messages (benchmarks/lib/overhead_loop.py) starts here."""
+        A caller without Flower messages (benchmarks/overhead/loop.py) starts here."""
         # partition order: the order replies arrive in never matters
         checked = sorted(checked, key=lambda r: (r.partition, r.node))
         kept, sizes, screening = self.screen(server_round, checked)
