@@ -61,6 +61,23 @@ def make_optimizer(
     return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
 
 
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    step: int = 0,
+) -> torch.Tensor:
+    """One optimiser step on ``batch`` (on the model's device already); returns the detached
+    loss. A non-finite loss raises FloatingPointError before anything is updated."""
+    out = model(**batch)
+    if not torch.isfinite(out.loss):
+        raise FloatingPointError(f"non-finite training loss at step {step}")
+    optimizer.zero_grad(set_to_none=True)
+    out.loss.backward()
+    optimizer.step()
+    return out.loss.detach()
+
+
 def train_local(
     model: nn.Module,
     loader: DataLoader,
@@ -91,14 +108,9 @@ def train_local(
     while steps < total:
         for batch in loader:
             batch = _batch_to(batch, device)
-            out = model(**batch)
-            if not torch.isfinite(out.loss):
-                raise FloatingPointError(f"non-finite training loss at step {steps}")
-            optimizer.zero_grad(set_to_none=True)
-            out.loss.backward()
-            optimizer.step()
+            loss = train_step(model, optimizer, batch, step=steps)
             n = int(batch["input_ids"].shape[0])  # examples, or QA features (windows)
-            loss_sum += float(out.loss.detach()) * n
+            loss_sum += float(loss) * n
             examples += n
             steps += 1
             if bar is not None:

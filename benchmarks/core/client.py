@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from benchmarks.core.settings import METHODS, Batch, ModelShape, Settings
+from flower_app.training import is_adapter_parameter, train_step
 
 
 def build_model(shape: ModelShape, seed: int) -> nn.Module:
@@ -72,13 +73,6 @@ def make_batch(shape: ModelShape, seed: int) -> Batch:
     }
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch) -> None:
-    opt.zero_grad(set_to_none=True)
-    loss = model(**batch).loss
-    loss.backward()
-    opt.step()
-
-
 def param_counts(model: nn.Module) -> dict[str, int]:
     """Trainable parameters (adapter vs the rest, i.e. the head) and bytes held by the model
     (parameters and buffers; a tensor shared by several modules counted once)."""
@@ -86,7 +80,7 @@ def param_counts(model: nn.Module) -> dict[str, int]:
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if "lora_" in name or name.endswith(".A"):
+        if is_adapter_parameter(name):
             adapter += p.numel()
         else:
             head += p.numel()
