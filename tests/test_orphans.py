@@ -36,24 +36,13 @@ from florg_tools.processes import (
     still_alive,
     tagged_processes,
 )
+from tests.test_processes import TREE
 
 REPO = Path(__file__).resolve().parent.parent
 KILLS = [pytest.param(signal.SIGTERM, id="SIGTERM"), pytest.param(signal.SIGKILL, id="SIGKILL")]
 
-# A process with a child and a double-forked grandchild (re-parented to init: only its
-# environment tag links it to us); prints the two pids, then waits.
-TREE = """
-import subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-orphan = subprocess.Popen([sys.executable, "-c",
-    "import os, subprocess, sys; "
-    "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
-    "print(p.pid, flush=True); os._exit(0)"], stdout=subprocess.PIPE, text=True)
-grandchild = int(orphan.stdout.readline())
-orphan.wait()
-print(child.pid, grandchild, flush=True)
-time.sleep(120)
-"""
+# TREE (tests/test_processes.py): a child and a double-forked grandchild re-parented to
+# init (only its environment tag links it to us); prints the two pids, then waits.
 
 # A starter: spawns TREE (log: argv[1]), prints the tag, then waits to be killed.
 STARTER = """
