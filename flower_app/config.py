@@ -129,6 +129,12 @@ class RunConfig:
         check=non_negative,
         affects=(DATA,),
     )
+    task_kind: str = setting(
+        "",
+        "task kind (flower_app/task_kinds/: classification, extractive-qa, ...); "
+        "'' = the task's own (local data: classification)",
+        affects=(DATA,),
+    )
     target_modules: str = setting(
         "query,value", "comma-separated module names to adapt", affects=(MODEL,)
     )

@@ -157,7 +157,7 @@ def main(grid: Grid, context: Context) -> None:
     recorder = RunRecorder(
         run_dir,
         config,
-        score_metric=data.score_metric,
+        kind=data.kind,
         resumed=checkpoint.state["recorder"] if checkpoint else None,
     )
     evaluator = GlobalEvaluator(config, strategy, recorder, run_dir=run_dir, lineage=lineage)
