@@ -67,6 +67,8 @@ def task_spec(config: RunConfig) -> TaskSpec:
     if config.num_labels > 0:
         overrides["num_labels"] = config.num_labels
     label_field = config.label_field if config.data_path else None
+    # "a,b": two columns (was passed whole, as one column named "a,b", before issue 28).
+    fields = tuple(f.strip() for f in config.text_fields.split(",") if f.strip())
     if config.task_kind:
         overrides["kind"] = config.task_kind
     if config.task in TASKS and label_field == DEFAULTS["label-field"]:
@@ -75,7 +77,7 @@ def task_spec(config: RunConfig) -> TaskSpec:
         spec = resolve_task(
             config.task,
             config.data_path or None,
-            text_fields=config.text_fields or None,
+            text_fields=fields or None,
             label_field=label_field,
             **overrides,
         )

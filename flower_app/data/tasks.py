@@ -123,6 +123,19 @@ TASKS: dict[str, TaskSpec] = {
             label_names=("negative", "positive"),
         ),
         _squad("squad", asset="squad", hub_fallback="rajpurkar/squad"),
+        # Causal-LM (generative) versions: flower_app/task_kinds/causal_lm.py.
+        replace(
+            _squad("squad-gen", asset="squad", hub_fallback="rajpurkar/squad"), kind="causal-lm"
+        ),
+        TaskSpec(
+            "snli-gen",
+            ("premise", "hypothesis"),
+            num_labels=3,
+            asset="snli",
+            test_split="test",
+            label_names=("entailment", "neutral", "contradiction"),
+            kind="causal-lm",
+        ),
         _squad("rajpurkar/squad", hub_path="rajpurkar/squad"),
     )
 }

@@ -46,6 +46,7 @@ def get_kind(name: str) -> TaskKind:
 KIND_MODULES = (
     "classification",
     "extractive_qa",
+    "causal_lm",
 )
 for _module in KIND_MODULES:
     for _kind in import_module(f"{__name__}.{_module}").KINDS:

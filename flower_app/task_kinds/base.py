@@ -71,6 +71,9 @@ class TaskKind(ABC):
     name: ClassVar[str]
     score_metric: ClassVar[str]
     metric_names: ClassVar[tuple[str, ...]]
+    # The adapters' targets when ``target-modules`` is left at its default (None: that
+    # default, BERT-style ``query,value``; a decoder kind names ``q_proj,v_proj``).
+    default_target_modules: ClassVar[str | None] = None
 
     # ----------------------------------------------------------------- data
     def check_spec(self, spec: TaskSpec) -> None:
