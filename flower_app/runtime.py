@@ -32,9 +32,7 @@ def cached_adapted_model(
         config = replace(config, target_modules=task_kind.default_target_modules)
     tokenizer = cached_tokenizer(config.model)
     try:
-        model = task_kind.load_model(
-            config.model, num_labels, config.seed, tokenizer.pad_token_id
-        )
+        model = task_kind.load_model(config.model, num_labels, config.seed, tokenizer.pad_token_id)
     except ValueError as err:
         raise ConfigError(f"model: {err}") from err
     try:

@@ -167,9 +167,10 @@ def _app_with_toy_kind(folder: Path) -> Path:
 
 
 def test_the_registered_kinds_and_their_headline_metrics():
-    assert kind_names() == ("classification", "extractive-qa")
+    assert kind_names() == ("classification", "extractive-qa", "causal-lm")
     assert get_kind("classification").score_metric == "accuracy"
     assert get_kind("extractive-qa").metric_names == ("exact-match", "f1")
+    assert get_kind("causal-lm").default_target_modules == "q_proj,v_proj"
 
 
 def test_unknown_kinds_and_specs_a_kind_refuses_are_config_errors(tmp_path):

@@ -16,10 +16,11 @@ Dirichlet partition skews over). Three sources:
   column): the Alpaca prompt; bucket = the instruction hashed into 10 buckets; no short
   answers, so no generation scores.
 
-Features (``sft_features``): the prompt's tokens (``plain``: the prompt text after the
-tokenizer's BOS; ``chat``: the tokenizer's chat template with the prompt as the user's
-message) then the response's and EOS, padded to ``max_length``; ``labels`` are the
-response's tokens and EOS, and -100 (ignored by the loss) on the prompt and the padding.
+Features (``sft_features``): the prompt's tokens (``plain``: the prompt text, after the
+BOS token where the tokenizer starts texts with one; ``chat``: the tokenizer's chat
+template with the prompt as the user's message) then the response's and EOS, padded to
+``max_length``; ``labels`` are the response's tokens and EOS, and -100 (ignored by the
+loss) on the prompt and the padding.
 A pair longer than ``max_length`` keeps at most half of it for the response and cuts the
 prompt from the left (the question stays next to the answer).
 """
@@ -121,10 +122,10 @@ def from_instructions(
 
 
 def prompt_ids(tokenizer: Any, prompt: str, template: str) -> list[int]:
-    """The prompt's token ids under ``template``: ``plain`` (BOS, when the tokenizer has
-    one, then the text) or ``chat`` (the tokenizer's chat template, the prompt as the user's
-    message, ending where the assistant's reply starts). ValueError for a chat template
-    the tokenizer lacks."""
+    """The prompt's token ids under ``template``: ``plain`` (BOS where the tokenizer starts
+    a text with it, then the text) or ``chat`` (the tokenizer's chat template, the prompt as
+    the user's message, ending where the assistant's reply starts). ValueError for a chat
+    template the tokenizer lacks."""
     if template == "chat":
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
@@ -140,8 +141,14 @@ def prompt_ids(tokenizer: Any, prompt: str, template: str) -> list[int]:
     if template != "plain":
         raise ValueError(f"prompt template must be one of {TEMPLATES}, got {template!r}")
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return ([tokenizer.bos_token_id] if adds_bos(tokenizer) else []) + list(ids)
+
+
+def adds_bos(tokenizer: Any) -> bool:
+    """Whether the tokenizer starts a text with its BOS token (Llama's ``<s>``, Llama 3's
+    ``<|begin_of_text|>``; SmolLM2 and GPT-2 add none)."""
     bos = tokenizer.bos_token_id
-    return ([bos] if bos is not None else []) + list(ids)
+    return bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
 
 
 def response_ids(tokenizer: Any, response: str, template: str) -> list[int]:
