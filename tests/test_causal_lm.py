@@ -251,3 +251,16 @@ def test_causal_lm_trains_end_to_end_through_the_flower_simulation(tiny, tmp_pat
     assert rows[1]["train-loss"] > 0 and rows[1]["up-params"] > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["final-gen-f1"] == rows[1]["gen-f1"]
+
+
+def test_the_console_line_names_the_generative_scores_or_the_loss():
+    from flower_app.task_kinds import get_kind
+
+    kind = get_kind("causal-lm")
+    row = {"response-loss": 2.0, "perplexity": 7.389, "gen-exact-match": 10.0, "gen-f1": 25.5}
+    assert kind.console(row) == "response loss 2.0000 ppl 7.39 gen EM 10.00 F1 25.50"
+    assert kind.console({"response-loss": 2.0, "perplexity": 7.389}) == (
+        "response loss 2.0000 ppl 7.39"
+    )
+    assert kind.console({"personalized-gen-f1": 30.0}, "personalized-") == "personal gen-F1 30.00"
+    assert kind.console({"accuracy": None}) is None
