@@ -153,6 +153,11 @@ def test_batched_greedy_generation_equals_one_prompt_at_a_time(tiny, tokenizer):
 def test_generative_tasks_and_their_sources():
     assert TASKS["squad-gen"].kind == TASKS["snli-gen"].kind == "causal-lm"
     assert TASKS["squad-gen"].asset == TASKS["squad"].asset == "squad"
+    from flower_app.task_kinds.causal_lm import source_format
+
+    assert [source_format(TASKS[t]) for t in ("squad-gen", "snli-gen", "vicgalle/alpaca-gpt4")] == [
+        "squad", "labels", "instructions",
+    ]  # fmt: skip
     snli = datasets.Dataset.from_dict(
         {"premise": ["a man"], "hypothesis": ["a person"], "label": [0]},
         features=datasets.Features(

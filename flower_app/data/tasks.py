@@ -136,6 +136,16 @@ TASKS: dict[str, TaskSpec] = {
             label_names=("entailment", "neutral", "contradiction"),
             kind="causal-lm",
         ),
+        # FlowerTune's general-NLP instruction data (the Hub): instruction, input, output.
+        TaskSpec(
+            "vicgalle/alpaca-gpt4",
+            ("instruction", "input"),
+            label_field="output",
+            num_labels=None,
+            eval_split=None,  # train only: a seeded holdout_fraction becomes the eval split
+            hub_path="vicgalle/alpaca-gpt4",
+            kind="causal-lm",
+        ),
         _squad("rajpurkar/squad", hub_path="rajpurkar/squad"),
     )
 }
