@@ -183,6 +183,11 @@ def main(grid: Grid, context: Context) -> None:
         INFO,
         "[florg] final %s %.4f; summary: %s",
         data.score_metric,
-        summary[f"final-{data.score_metric}"] or float("nan"),
+        _or_nan(summary[f"final-{data.score_metric}"]),
         json.dumps({k: summary[k] for k in ("total-params", "wall-seconds")}),
     )
+
+
+def _or_nan(value: float | None) -> float:
+    """A score for the console, NaN when there is none (0.0 stays 0.0)."""
+    return float("nan") if value is None else float(value)
