@@ -34,7 +34,7 @@ import torch
 
 from flower_app.config import RunConfig
 from flower_app.modeling import pick_device
-from flower_app.task_data import make_loader, tokenized_split
+from flower_app.task_data import load_task_data, make_loader, tokenized_split
 from flower_app.training import TrainResult, train_local
 
 if TYPE_CHECKING:
@@ -72,7 +72,8 @@ def train_steps(
     """Train ``model`` on ``loader`` with the run's settings: a fresh AdamW (the adapter at
     ``learning-rate``, the head at ``RunConfig.head_lr``, ``weight-decay``) for
     ``local-epochs`` passes or ``local-steps`` steps (``max_steps`` overrides both: that
-    many steps), on ``device``, with the ``progress-bar``."""
+    many steps), on ``device``, with the ``progress-bar``, minimising the task kind's
+    training loss (flower_app/task_kinds/)."""
     return train_local(
         model,
         loader,
@@ -84,6 +85,7 @@ def train_steps(
         device=pick_device(config.device),
         progress=config.progress_bar,
         description=description,
+        loss_fn=load_task_data(config).kind.training_loss,
     )
 
 

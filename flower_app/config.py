@@ -129,6 +129,12 @@ class RunConfig:
         check=non_negative,
         affects=(DATA,),
     )
+    task_kind: str = setting(
+        "",
+        "task kind (flower_app/task_kinds/: classification, extractive-qa, causal-lm); "
+        "'' = the task's own (local data: classification)",
+        affects=(DATA,),
+    )
     target_modules: str = setting(
         "query,value", "comma-separated module names to adapt", affects=(MODEL,)
     )
@@ -212,6 +218,18 @@ class RunConfig:
     weight_decay: float = setting(0.0, "AdamW weight decay", check=non_negative, affects=())
     max_seq_length: int = setting(
         128, "tokeniser max length", check=positive, affects=(TOKENISATION,)
+    )
+    prompt_template: str = setting(
+        "plain",
+        "causal-lm: the prompt's layout, 'plain' text or the tokenizer's 'chat' template",
+        check=one_of("plain", "chat"),
+        affects=(TOKENISATION,),
+    )
+    max_new_tokens: int = setting(
+        32,
+        "causal-lm: greedy generation's length limit when scoring gen-exact-match / gen-f1",
+        check=positive,
+        affects=(),
     )
     doc_stride: int = setting(
         64,

@@ -38,10 +38,11 @@ def load_tokenizer(name: str):
     return tokenizer
 
 
-def _load_with_head(
+def load_with_head(
     auto_class, name: str, seed: int, pad_token_id: int | None, **kwargs: object
 ) -> nn.Module:
-    """``auto_class.from_pretrained`` in float32 with a seeded, freshly initialised head."""
+    """``auto_class.from_pretrained`` in float32 with a seeded, freshly initialised head
+    (each task kind's ``load_model``, flower_app/task_kinds/, names its class and head)."""
     from transformers.utils import logging as hf_logging
 
     source = resolve_model_source(name)
@@ -58,39 +59,6 @@ def _load_with_head(
     if model.config.pad_token_id is None and pad_token_id is not None:
         model.config.pad_token_id = pad_token_id
     return model
-
-
-def load_classifier(name: str, num_labels: int, seed: int, pad_token_id: int | None) -> nn.Module:
-    """The base model with a sequence-classification head; the head's init is seeded."""
-    from transformers import AutoModelForSequenceClassification
-
-    return _load_with_head(
-        AutoModelForSequenceClassification, name, seed, pad_token_id, num_labels=num_labels
-    )
-
-
-def load_question_answerer(name: str, seed: int, pad_token_id: int | None) -> nn.Module:
-    """The base model with an extractive-QA span head (``qa_outputs``: start and end logits,
-    hence ``num_labels=2`` whatever the checkpoint's config says); the head's init is seeded."""
-    from transformers import AutoModelForQuestionAnswering
-
-    try:
-        return _load_with_head(
-            AutoModelForQuestionAnswering, name, seed, pad_token_id, num_labels=2
-        )
-    except ValueError as err:  # an architecture without a QA head
-        raise ValueError(f"model {name!r} has no question-answering head: {err}") from err
-
-
-def load_task_model(
-    name: str, kind: str, num_labels: int, seed: int, pad_token_id: int | None
-) -> nn.Module:
-    """The base model with the head of the task ``kind`` (classification / extractive-qa)."""
-    from flower_app.data.tasks import EXTRACTIVE_QA
-
-    if kind == EXTRACTIVE_QA:
-        return load_question_answerer(name, seed, pad_token_id)
-    return load_classifier(name, num_labels, seed, pad_token_id)
 
 
 def pick_device(setting: str) -> torch.device:

@@ -20,10 +20,10 @@ from flwr.common.logger import log as flwr_log
 from flower_app.config import RunConfig
 from flower_app.methods import get_method
 from flower_app.paths import run_folder
+from flower_app.task_kinds import TaskKind, get_kind
 from flower_app.tracking import open_tracker
 
 INFO = 20
-QA_METRICS = ("exact-match", "f1")
 
 
 def make_run_dir(config: RunConfig) -> Path:
@@ -51,9 +51,11 @@ class RunRecorder:
     """Writes metrics.jsonl (one JSON row per round, round 0 = before training).
 
     Every row has ``score``, the task's headline metric as a fraction in [0, 1], and
-    ``score-metric`` naming it: ``accuracy`` for classification (``score`` = accuracy),
-    ``f1`` for extractive QA (``score`` = F1 / 100; the row's ``f1`` and ``exact-match``
-    are percentages as in the official SQuAD script, and its ``accuracy`` is null).
+    ``score-metric`` naming it (the task kind's, flower_app/task_kinds/): ``accuracy`` for
+    classification (``score`` = accuracy), ``f1`` for extractive QA (``score`` = F1 / 100;
+    the row's ``f1`` and ``exact-match`` are percentages as in the official SQuAD script,
+    and its ``accuracy`` is null). The kind's ``metric_names`` are kept in every row and
+    the summary (``final-<name>``); the console line is the kind's ``console``.
 
     The reported scores are the global model's (``test-score``; ``score`` on validation),
     except for a method with personal parts evaluated on its clients (FedSA-LoRA): its
@@ -67,15 +69,16 @@ class RunRecorder:
         self,
         run_dir: Path,
         config: RunConfig,
-        score_metric: str = "accuracy",
+        kind: TaskKind | None = None,
         resumed: dict[str, Any] | None = None,
     ) -> None:
         """``resumed`` (a checkpoint's ``state()``) continues a run: its rows are written
         back to metrics.jsonl (dropping any row of a round after the checkpoint), totals and
-        elapsed seconds go on from there."""
+        elapsed seconds go on from there. ``kind``: the task's kind (None: classification)."""
         self.run_dir = run_dir
         self.config = config
-        self.score_metric = score_metric
+        self.kind = kind if kind is not None else get_kind("classification")
+        self.score_metric = self.kind.score_metric
         self.path = run_dir / "metrics.jsonl"
         resumed = resumed or {}
         self.rows: list[dict[str, Any]] = list(resumed.get("rows", []))
@@ -125,7 +128,7 @@ class RunRecorder:
             "elapsed-seconds": time.perf_counter() - self.t0,
         }
         for key, value in evaluation.items():
-            if key in QA_METRICS or key.startswith("test-") or key == "eval-seconds":
+            if key in self.kind.metric_names or key.startswith("test-") or key == "eval-seconds":
                 row[key] = value
         for key, value in round_metrics.items():
             if key not in ("up-params", "down-params"):
@@ -147,18 +150,16 @@ class RunRecorder:
     def _print(self, row: dict[str, Any]) -> None:
         rounds = self.config.num_server_rounds
         parts = [f"[{self.config.method}] round {row['round']}/{rounds}"]
-        if row.get("f1") is not None:
-            parts.append(f"EM {row['exact-match']:.2f} F1 {row['f1']:.2f} loss {row['loss']:.4f}")
-        elif row["accuracy"] is not None:
-            parts.append(f"acc {row['accuracy']:.4f} loss {row['loss']:.4f}")
+        words = self.kind.console(row)
+        if words is not None:
+            parts.append(words)
         if row.get("test-score") is not None:
             parts.append(f"test {self.score_metric} {row['test-score']:.4f}")
         if row.get("personalized-test-score") is not None:
             parts.append(f"personal test score {row['personalized-test-score']:.4f}")
-        if "personalized-f1" in row:
-            parts.append(f"personal F1 {row['personalized-f1']:.2f}")
-        elif "personalized-accuracy" in row:
-            parts.append(f"personal acc {row['personalized-accuracy']:.4f}")
+        personal = self.kind.console(row, prefix="personalized-")
+        if personal is not None:
+            parts.append(personal)
         if "train-loss" in row:
             parts.append(f"train loss {row['train-loss']:.4f}")
         total = row["cum-up-params"] + row["cum-down-params"]
@@ -228,7 +229,7 @@ class RunRecorder:
             "score-metric": self.score_metric,
             "final-score": last.get("score"),
             "initial-score": first.get("score"),
-            **{f"final-{k}": last[k] for k in QA_METRICS if k in last},
+            **{f"final-{k}": last[k] for k in self.kind.metric_names if k in last},
             **self._reported_scores(),
             **self._privacy(last),
             "total-up-params": self.totals["up-params"],

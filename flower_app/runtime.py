@@ -7,13 +7,13 @@ received global arrays into the cached model.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from flower_app.adapted import AdaptedModel
-from flower_app.config import MODEL, ConfigError, RunConfig
-from flower_app.data.tasks import CLASSIFICATION
+from flower_app.config import DEFAULTS, MODEL, ConfigError, RunConfig
 from flower_app.disk_cache import disk_cached_model
-from flower_app.modeling import load_task_model
+from flower_app.task_kinds import get_kind
 from flower_app.tokenizer import cached_tokenizer
 
 __all__ = ["cached_adapted_model", "cached_tokenizer"]
@@ -22,13 +22,17 @@ __all__ = ["cached_adapted_model", "cached_tokenizer"]
 @lru_cache(maxsize=2)
 @disk_cached_model(groups=(MODEL,))  # a SuperNode starts a fresh ClientApp process per message
 def cached_adapted_model(
-    config: RunConfig, num_labels: int, kind: str = CLASSIFICATION
+    config: RunConfig, num_labels: int, kind: str = "classification"
 ) -> AdaptedModel:
-    """The base model with the head of the task ``kind`` and the run's adapter; bad
-    adapter settings raise ConfigError."""
+    """The base model with the head of the task ``kind`` (its ``load_model``,
+    flower_app/task_kinds/) and the run's adapter (on the kind's ``default_target_modules``
+    when ``target-modules`` is left at its default); bad adapter settings raise ConfigError."""
+    task_kind = get_kind(kind)
+    if task_kind.default_target_modules and config.target_modules == DEFAULTS["target-modules"]:
+        config = replace(config, target_modules=task_kind.default_target_modules)
     tokenizer = cached_tokenizer(config.model)
     try:
-        model = load_task_model(config.model, kind, num_labels, config.seed, tokenizer.pad_token_id)
+        model = task_kind.load_model(config.model, num_labels, config.seed, tokenizer.pad_token_id)
     except ValueError as err:
         raise ConfigError(f"model: {err}") from err
     try:

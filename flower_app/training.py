@@ -9,6 +9,7 @@ the one group it always was, so the default reproduces every earlier run bit for
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,16 @@ class EvalResult:
     loss: float
     accuracy: float
     num_examples: int
+
+
+# The loss of a training step: (model, batch) -> scalar tensor. Each task kind has its own
+# (flower_app/task_kinds/: ``TaskKind.training_loss``); the default is the model's own loss.
+LossFn = Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
+
+
+def model_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The model's own loss: the batch carries its targets."""
+    return model(**batch).loss
 
 
 def _batch_to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -66,16 +77,18 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     batch: dict[str, torch.Tensor],
     step: int = 0,
+    loss_fn: LossFn = model_loss,
 ) -> torch.Tensor:
-    """One optimiser step on ``batch`` (on the model's device already); returns the detached
-    loss. A non-finite loss raises FloatingPointError before anything is updated."""
-    out = model(**batch)
-    if not torch.isfinite(out.loss):
+    """One optimiser step on ``batch`` (on the model's device already) minimising
+    ``loss_fn(model, batch)``; returns the detached loss. A non-finite loss raises
+    FloatingPointError before anything is updated."""
+    loss = loss_fn(model, batch)
+    if not torch.isfinite(loss):
         raise FloatingPointError(f"non-finite training loss at step {step}")
     optimizer.zero_grad(set_to_none=True)
-    out.loss.backward()
+    loss.backward()
     optimizer.step()
-    return out.loss.detach()
+    return loss.detach()
 
 
 def train_local(
@@ -90,12 +103,14 @@ def train_local(
     head_lr: float | None = None,
     progress: bool = False,
     description: str = "local training",
+    loss_fn: LossFn = model_loss,
 ) -> TrainResult:
     """``epochs`` passes over ``loader`` (or exactly ``max_steps`` steps when > 0), with a
     fresh AdamW (``make_optimizer``: the adapter at ``lr``, the head at ``head_lr``).
 
-    The batches carry the model's own targets (``labels``, or ``start_positions`` /
-    ``end_positions`` for extractive QA), so ``model(**batch).loss`` is the task loss."""
+    Each step minimises ``loss_fn(model, batch)``, the task kind's training loss; the
+    default is the model's own (the batches carry its targets: ``labels``, or
+    ``start_positions`` / ``end_positions`` for extractive QA)."""
     optimizer = make_optimizer(model, lr=lr, head_lr=head_lr, weight_decay=weight_decay)
     total = max_steps if max_steps > 0 else epochs * len(loader)
     model.to(device).train()
@@ -108,7 +123,7 @@ def train_local(
     while steps < total:
         for batch in loader:
             batch = _batch_to(batch, device)
-            loss = train_step(model, optimizer, batch, step=steps)
+            loss = train_step(model, optimizer, batch, step=steps, loss_fn=loss_fn)
             n = int(batch["input_ids"].shape[0])  # examples, or QA features (windows)
             loss_sum += float(loss) * n
             examples += n

@@ -157,7 +157,7 @@ def main(grid: Grid, context: Context) -> None:
     recorder = RunRecorder(
         run_dir,
         config,
-        score_metric=data.score_metric,
+        kind=data.kind,
         resumed=checkpoint.state["recorder"] if checkpoint else None,
     )
     evaluator = GlobalEvaluator(config, strategy, recorder, run_dir=run_dir, lineage=lineage)
@@ -183,6 +183,11 @@ def main(grid: Grid, context: Context) -> None:
         INFO,
         "[florg] final %s %.4f; summary: %s",
         data.score_metric,
-        summary[f"final-{data.score_metric}"] or float("nan"),
+        _or_nan(summary[f"final-{data.score_metric}"]),
         json.dumps({k: summary[k] for k in ("total-params", "wall-seconds")}),
     )
+
+
+def _or_nan(value: float | None) -> float:
+    """A score for the console, NaN when there is none (0.0 stays 0.0)."""
+    return float("nan") if value is None else float(value)

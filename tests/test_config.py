@@ -83,7 +83,7 @@ def test_cache_groups_cover_what_the_hand_written_lists_did():
     assert set(keys_affecting(DATA, TOKENISATION)) == {
         "model", "task", "data-path", "text-fields", "label-field", "num-labels", "seed",
         "partitioner", "dirichlet-alpha", "max-train-examples", "max-eval-examples",
-        "max-test-examples", "max-seq-length", "doc-stride",
+        "max-test-examples", "max-seq-length", "doc-stride", "task-kind", "prompt-template",
     }  # fmt: skip
     config = resolve_config({}, {"rank": 8, "learning-rate": 0.1})
     assert settings_for(config, MODEL)["rank"] == 8

@@ -23,7 +23,7 @@ from flower_app.data.qa_features import (
     qa_features,
 )
 from flower_app.data.qa_loading import TITLE_BUCKET, TITLE_BUCKETS, load_qa_splits
-from flower_app.data.tasks import EXTRACTIVE_QA, resolve_task
+from flower_app.data.tasks import resolve_task
 from flower_app.methods import method_names
 from flower_app.qa_eval import best_span, postprocess_predictions
 
@@ -145,7 +145,7 @@ def test_squad_task_is_qa_and_falls_back_to_the_hub(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     spec = resolve_task("squad", cache_dir=tmp_path)  # nothing fetched there
     assert (spec.kind, spec.hub_path, spec.text_fields) == (
-        EXTRACTIVE_QA,
+        "extractive-qa",
         "rajpurkar/squad",
         ("question", "context"),
     )
@@ -337,13 +337,14 @@ def test_postprocessing_picks_the_best_valid_span():
 
 @pytest.mark.parametrize("scheme", ["iid", "dirichlet"])
 def test_partitions_split_examples_never_features(tiny, scheme):
-    from flower_app.task_data import load_task_data, qa_eval_set, tokenized_split
+    from flower_app.task_data import SplitView, load_task_data, tokenized_split
+    from flower_app.task_kinds.extractive_qa import qa_eval_set
 
     config = tiny_config(tiny, partitioner=scheme, **{"dirichlet-alpha": 0.3})
     data = load_task_data(config)
     ids = []
     for pid in range(3):
-        part = qa_eval_set(config, pid, 3)
+        part = qa_eval_set(SplitView(config, "eval", pid, 3))
         ids += part.examples["id"]
         assert set(part.example_index) == set(range(len(part.examples)))
         assert len(part.features) == len(part.example_index) >= len(part.examples) > 0
@@ -356,7 +357,7 @@ def test_partitions_split_examples_never_features(tiny, scheme):
             by_title = partition_dataset(
                 data.eval, 3, pid, "dirichlet", 0.3, config.seed, label_field=TITLE_BUCKET
             )
-            assert qa_eval_set(config, pid, 3).examples["id"] == by_title["id"]
+            assert qa_eval_set(SplitView(config, "eval", pid, 3)).examples["id"] == by_title["id"]
 
 
 # --------------------------------------------------------------------------- end to end
@@ -421,6 +422,7 @@ def test_span_head_trains_through_the_flower_simulation(tiny, superlink, tmp_pat
 
 def test_rows_carry_the_headline_score(tmp_path):
     from flower_app.recorder import RunRecorder
+    from flower_app.task_kinds import get_kind
 
     config = resolve_config({})
     (tmp_path / "cls").mkdir()
@@ -429,7 +431,7 @@ def test_rows_carry_the_headline_score(tmp_path):
     assert (row["score"], row["score-metric"], row["accuracy"]) == (0.75, "accuracy", 0.75)
     assert "f1" not in row
     (tmp_path / "qa").mkdir()
-    qa = RunRecorder(tmp_path / "qa", config, score_metric="f1")
+    qa = RunRecorder(tmp_path / "qa", config, kind=get_kind("extractive-qa"))
     qa.record(0, {"exact-match": 10.0, "f1": 20.0, "loss": 3.0, "score": 0.2}, {})
     qa.record(1, {"exact-match": 30.0, "f1": 45.0, "loss": 2.0, "score": 0.45}, {"up-params": 8})
     rows = [

@@ -29,12 +29,13 @@ def centralised_settings(args: argparse.Namespace, method: str, lr: float) -> di
 
 def centralised_data(config: Any) -> tuple[Any, Any, Any]:
     """(task data, the whole tokenised training split, the validation loader); built once,
-    since neither depends on the method. Raises ValueError for extractive QA."""
+    since neither depends on the method. Raises ValueError for any task kind but
+    classification (the references score accuracy over ``labels``)."""
     from flower_app.task_data import load_task_data, make_loader, tokenized_split
 
     data = load_task_data(config)
-    if data.is_qa:
-        raise ValueError("extractive QA is not supported here")
+    if data.spec.kind != "classification":
+        raise ValueError(f"task kind {data.spec.kind!r}: only classification is supported here")
     train_split = tokenized_split(config, "train", 0, 1)
     held_out = make_loader(
         tokenized_split(config, "eval"), config.eval_batch_size, shuffle=False, seed=0

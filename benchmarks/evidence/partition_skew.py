@@ -80,7 +80,7 @@ def client_label_counts(overrides: dict[str, Any], num_clients: int) -> list[lis
 
     config = resolve_config({}, overrides)
     data = load_task_data(config)
-    if data.is_qa:
+    if data.spec.kind != "classification":
         raise ValueError(f"task {config.task}: label skew needs a classification task")
     counts = []
     for pid in range(num_clients):

@@ -1,5 +1,5 @@
-"""Task specifications (text classification and extractive QA): the Hub, fetched assets,
-local files."""
+"""Task specifications (where a task's data lives, its columns and its kind): the Hub,
+fetched assets, local files. What a kind does with them: flower_app/task_kinds/."""
 
 from __future__ import annotations
 
@@ -10,9 +10,6 @@ from pathlib import Path
 from flower_app import asset_registry
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-CLASSIFICATION = "classification"
-EXTRACTIVE_QA = "extractive-qa"
-KINDS = (CLASSIFICATION, EXTRACTIVE_QA)
 
 
 @dataclass(frozen=True)
@@ -24,8 +21,9 @@ class TaskSpec:
     or ``asset`` (a fetched dataset, resolved to ``local_dir`` by ``resolve_task``; when it
     is not fetched, ``hub_fallback`` names the Hub dataset to read instead).
 
-    ``kind`` is ``classification`` (texts + an integer label) or ``extractive-qa`` (SQuAD
-    schema: ``text_fields`` = (question, context) and ``label_field`` = the answers column
+    ``kind`` names its task kind (flower_app/task_kinds/, which checks the spec fits):
+    ``classification`` (texts + an integer label) or ``extractive-qa`` (SQuAD schema:
+    ``text_fields`` = (question, context) and ``label_field`` = the answers column
     ``{"text": [...], "answer_start": [...]}``; ``num_labels`` is unused).
 
     The held-out test split (reported scores; never trained on, never used for tuning):
@@ -48,17 +46,13 @@ class TaskSpec:
     asset: str | None = None
     label_names: tuple[str, ...] | None = None
     holdout_fraction: float = 0.1
-    kind: str = CLASSIFICATION
+    kind: str = "classification"
     hub_fallback: str | None = None
     test_split: str | None = None
     test_from: str | None = None  # "train" or "eval": carve the test split from it
     test_size: int = 2000
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"{self.name}: kind must be one of {KINDS}, got {self.kind!r}")
-        if self.kind == EXTRACTIVE_QA and len(self.text_fields) != 2:
-            raise ValueError(f"{self.name}: extractive QA needs text_fields=(question, context)")
         if not 1 <= len(self.text_fields) <= 2:
             raise ValueError(f"{self.name}: text_fields must name one or two columns")
         if self.test_from not in (None, "train", "eval"):
@@ -92,7 +86,7 @@ def _squad(name: str, **source: str) -> TaskSpec:
         ("question", "context"),
         label_field="answers",
         num_labels=None,
-        kind=EXTRACTIVE_QA,
+        kind="extractive-qa",
         **source,  # type: ignore[arg-type]
     )
 
@@ -129,6 +123,29 @@ TASKS: dict[str, TaskSpec] = {
             label_names=("negative", "positive"),
         ),
         _squad("squad", asset="squad", hub_fallback="rajpurkar/squad"),
+        # Causal-LM (generative) versions: flower_app/task_kinds/causal_lm.py.
+        replace(
+            _squad("squad-gen", asset="squad", hub_fallback="rajpurkar/squad"), kind="causal-lm"
+        ),
+        TaskSpec(
+            "snli-gen",
+            ("premise", "hypothesis"),
+            num_labels=3,
+            asset="snli",
+            test_split="test",
+            label_names=("entailment", "neutral", "contradiction"),
+            kind="causal-lm",
+        ),
+        # FlowerTune's general-NLP instruction data (the Hub): instruction, input, output.
+        TaskSpec(
+            "vicgalle/alpaca-gpt4",
+            ("instruction", "input"),
+            label_field="output",
+            num_labels=None,
+            eval_split=None,  # train only: a seeded holdout_fraction becomes the eval split
+            hub_path="vicgalle/alpaca-gpt4",
+            kind="causal-lm",
+        ),
         _squad("rajpurkar/squad", hub_path="rajpurkar/squad"),
     )
 }

@@ -1,0 +1,134 @@
+"""What a task kind is: everything the app does differently for classification, extractive
+QA or any other kind of task, behind one interface.
+
+A task (``flower_app.data.tasks.TaskSpec``: where the data lives, which columns hold the
+inputs and targets) names its kind (``TaskSpec.kind``); the kind says
+
+- **data**: which specs it accepts (``check_spec``), how its (train, eval) examples are
+  read and subset (``load_splits``, with the number of labels the model's head needs) and
+  its held-out test split (``load_test``);
+- **partitioning**: the column a Dirichlet partition skews over (``partition_field``:
+  the label for classification, the article's title bucket for extractive QA);
+- **features**: the model inputs and targets of a split's examples (``features``; the
+  app caches them per split and partition, on disk too);
+- **model**: the base model with the kind's head (``load_model``);
+- **training loss**: ``training_loss(model, batch)`` (default: the model's own loss, the
+  batch carrying its targets);
+- **evaluation**: ``evaluate`` returns the kind's metrics (``metric_names``), ``loss``,
+  ``num-examples`` and ``score``, the headline metric as a fraction in [0, 1]
+  (``score_metric`` names the metric it comes from), and the console's words for them
+  (``console``).
+
+One module per kind in this folder defines its ``TaskKind`` subclass and ends with
+``KINDS = (...)``; the registry (``flower_app/task_kinds/__init__.py``) names the module
+in one line. Kind modules import flower_app.data and flower_app.modeling, never
+flower_app.task_data, task_eval or the apps (those import the registry): evaluation is
+handed a ``SplitView`` whose data the app has cached.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    import datasets
+    import torch
+    from torch import nn
+
+    from flower_app.config import RunConfig
+    from flower_app.data.tasks import TaskSpec
+
+
+class SplitView(Protocol):
+    """One split (``'eval'`` or ``'test'``) or one client's partition of it, as the app
+    holds it (``flower_app.task_data.SplitView``): hashable, so a kind may cache what it
+    derives from it (``functools.lru_cache``)."""
+
+    config: RunConfig
+    split: str
+    partition_id: int
+    num_partitions: int
+
+    def examples(self) -> datasets.Dataset:
+        """The split's (partition's) examples as ``load_splits`` / ``load_test`` gave them."""
+        ...
+
+    def features(self) -> datasets.Dataset:
+        """``TaskKind.features`` of ``examples()``, cached per process and on disk."""
+        ...
+
+
+class TaskKind(ABC):
+    """One kind of task; subclass it and override what differs (see the module docstring).
+
+    ``name`` is what ``TaskSpec.kind`` says; ``score_metric`` is the metric ``score`` comes
+    from (``score`` itself is always in [0, 1]); ``metric_names`` are the metrics
+    ``evaluate`` reports besides ``loss``, ``score`` and ``num-examples`` (rows and the
+    summary keep them: ``final-<name>``)."""
+
+    name: ClassVar[str]
+    score_metric: ClassVar[str]
+    metric_names: ClassVar[tuple[str, ...]]
+    # The adapters' targets when ``target-modules`` is left at its default (None: that
+    # default, BERT-style ``query,value``; a decoder kind names ``q_proj,v_proj``).
+    default_target_modules: ClassVar[str | None] = None
+
+    # ----------------------------------------------------------------- data
+    def check_spec(self, spec: TaskSpec) -> None:
+        """Raise ValueError when ``spec`` cannot be a task of this kind (default: any
+        spec can)."""
+        return None
+
+    @abstractmethod
+    def load_splits(
+        self, spec: TaskSpec, *, max_train: int | None, max_eval: int | None, seed: int
+    ) -> tuple[datasets.Dataset, datasets.Dataset, int]:
+        """(train, eval, num_labels): the seeded subsets of the task's examples and the
+        number of outputs the model's head needs."""
+
+    def load_test(self, spec: TaskSpec, max_test: int | None) -> datasets.Dataset:
+        """The held-out test examples (the same ``max_test`` rows for every seed); raise
+        ValueError when the task has none."""
+        raise ValueError(f"{self.name} tasks have no test split yet")
+
+    @abstractmethod
+    def partition_field(self, spec: TaskSpec) -> str:
+        """The column of the examples a Dirichlet partition skews over (its pseudo-label)."""
+
+    @abstractmethod
+    def features(
+        self, config: RunConfig, spec: TaskSpec, tokenizer: Any, examples: datasets.Dataset
+    ) -> datasets.Dataset:
+        """The model inputs and training targets of ``examples``, in torch format (a batch
+        of them is what ``training_loss`` gets). Bad settings raise ConfigError."""
+
+    # ----------------------------------------------------------------- model and training
+    @abstractmethod
+    def load_model(
+        self, name: str, num_labels: int, seed: int, pad_token_id: int | None
+    ) -> nn.Module:
+        """The base model ``name`` with this kind's head (its initialisation seeded)."""
+
+    def training_loss(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The loss one training step minimises: the model's own, the batch carrying its
+        targets (``labels``, ``start_positions`` / ``end_positions``...)."""
+        return model(**batch).loss
+
+    # ----------------------------------------------------------------- evaluation
+    @abstractmethod
+    def evaluate(self, model: nn.Module, data: SplitView, device: torch.device) -> dict[str, float]:
+        """The metrics of ``model`` on ``data``: ``metric_names``, ``loss``, ``score`` (in
+        [0, 1]) and ``num-examples`` (examples, not features)."""
+
+    def console(self, row: Mapping[str, Any], prefix: str = "") -> str | None:
+        """The console's words for the metrics of a metrics row (``prefix``: the keys'
+        prefix, ``personalized-`` for the clients' personalised models); None when the
+        row has none of them."""
+        key = prefix + self.score_metric
+        if prefix:
+            return f"personal {self.score_metric} {row[key]:.4f}" if key in row else None
+        if row.get(key) is None:
+            return None
+        return f"{self.score_metric} {row[key]:.4f} loss {row['loss']:.4f}"

@@ -1,0 +1,215 @@
+"""Causal-LM fine-tuning (instruction tuning, as FlowerTune does): (prompt, response)
+examples, the loss on the response tokens only, generative scores.
+
+The model is ``AutoModelForCausalLM`` with no task head (only the adapters train and
+travel); its adapters go on ``q_proj,v_proj`` when ``target-modules`` is left at its
+default (``default_target_modules``). The examples and features are
+``flower_app.data.sft``'s: which source format a task is in follows from its columns
+(``label_field`` ``answers``: the SQuAD schema, e.g. ``squad-gen``; ``label``: a labelled
+classification task, the label as a word, e.g. ``snli-gen``; any other: instructions,
+``text_fields`` = (instruction[, input]) and ``label_field`` = the output, as Alpaca and
+FlowerTune's data are), the prompt laid out by ``prompt-template`` (``plain`` or ``chat``).
+
+Evaluation (``flower_app.sft_eval``): ``response-loss`` (= ``loss``, per response token) and
+``perplexity`` every evaluated round; where the examples have short gold answers (SQuAD,
+labels), greedy generation of up to ``max-new-tokens`` tokens scored by ``gen-exact-match``
+and ``gen-f1`` (percent, SQuAD's normalisation, best over the gold answers). ``score`` is
+``gen-f1`` / 100 when there is generation, else -``response-loss``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from flower_app.task_kinds.base import SplitView, TaskKind
+
+if TYPE_CHECKING:
+    import datasets
+    import torch
+    from torch import nn
+
+    from flower_app.config import RunConfig
+    from flower_app.data.tasks import TaskSpec
+
+SQUAD, LABELS, INSTRUCTIONS = "squad", "labels", "instructions"
+
+
+def source_format(spec: TaskSpec) -> str:
+    """Which rows a causal-LM task has (module docstring)."""
+    if spec.label_field == "answers":
+        return SQUAD
+    if spec.label_field == "label":
+        return LABELS
+    return INSTRUCTIONS
+
+
+def load_causal_lm(name: str, seed: int, pad_token_id: int | None) -> nn.Module:
+    """The base model as ``AutoModelForCausalLM`` (float32; nothing newly initialised)."""
+    from transformers import AutoModelForCausalLM
+
+    from flower_app.modeling import load_with_head
+
+    try:
+        return load_with_head(AutoModelForCausalLM, name, seed, pad_token_id)
+    except ValueError as err:  # an encoder without a language-modelling head
+        raise ValueError(f"model {name!r} is no causal language model: {err}") from err
+
+
+def _sft(spec: TaskSpec, ds: datasets.Dataset) -> datasets.Dataset:
+    from flower_app.data import sft
+    from flower_app.data.qa_loading import TITLE_BUCKET
+
+    fmt = source_format(spec)
+    if fmt == SQUAD:
+        return sft.from_squad(ds, TITLE_BUCKET)
+    if fmt == LABELS:
+        return sft.from_classification(ds, spec.text_fields, spec.label_field)
+    return sft.from_instructions(ds, spec.text_fields, spec.label_field)
+
+
+def _instruction_splits(
+    spec: TaskSpec, max_train: int | None, max_eval: int | None, seed: int
+) -> tuple[datasets.Dataset, datasets.Dataset]:
+    from flower_app.data.loading import HOLDOUT_SEED, _load_raw, _subset
+
+    raw = _load_raw(spec)
+    for split in (spec.train_split, spec.eval_split):
+        if split is not None and split not in raw:
+            raise ValueError(f"{spec.name}: no split {split!r}; available: {list(raw)}")
+    train = raw[spec.train_split]
+    if spec.eval_split is not None:
+        evaluation = raw[spec.eval_split]
+    else:
+        parts = train.train_test_split(test_size=spec.holdout_fraction, seed=HOLDOUT_SEED)
+        train, evaluation = parts["train"], parts["test"]
+    return _subset(train, max_train, seed), _subset(evaluation, max_eval, seed)
+
+
+@lru_cache(maxsize=8)
+def _eval_prompts(
+    data: SplitView,
+) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[str, ...], ...]]:
+    """The tokenised prompts and gold answers of the examples of ``data`` that have any."""
+    from flower_app.data import sft
+    from flower_app.tokenizer import cached_tokenizer
+
+    config = data.config
+    tokenizer = cached_tokenizer(config.model)
+    examples = data.examples()
+    prompts, golds = [], []
+    room = max(1, config.max_seq_length - config.max_new_tokens)
+    for prompt, answers in zip(examples[sft.PROMPT], examples[sft.ANSWERS], strict=True):
+        if answers:
+            ids = sft.prompt_ids(tokenizer, prompt, config.prompt_template)
+            prompts.append(tuple(ids[-room:]))
+            golds.append(tuple(answers))
+    return tuple(prompts), tuple(golds)
+
+
+class CausalLM(TaskKind):
+    name = "causal-lm"
+    score_metric = "gen-f1"
+    metric_names = ("response-loss", "perplexity", "gen-exact-match", "gen-f1")
+    default_target_modules = "q_proj,v_proj"
+
+    def check_spec(self, spec: TaskSpec) -> None:
+        if source_format(spec) == SQUAD and len(spec.text_fields) != 2:
+            raise ValueError(f"{spec.name}: SQuAD-style data needs text_fields=(question, context)")
+
+    def load_splits(
+        self, spec: TaskSpec, *, max_train: int | None, max_eval: int | None, seed: int
+    ) -> tuple[datasets.Dataset, datasets.Dataset, int]:
+        fmt = source_format(spec)
+        if fmt == SQUAD:
+            from flower_app.data.qa_loading import load_qa_splits
+
+            train, evaluation = load_qa_splits(
+                spec, max_train=max_train, max_eval=max_eval, seed=seed
+            )
+        elif fmt == LABELS:
+            from flower_app.data.loading import load_task_splits
+
+            train, evaluation = load_task_splits(
+                spec, max_train=max_train, max_eval=max_eval, seed=seed
+            )
+        else:
+            train, evaluation = _instruction_splits(spec, max_train, max_eval, seed)
+        return _sft(spec, train), _sft(spec, evaluation), 0  # no head: num_labels is unused
+
+    def load_test(self, spec: TaskSpec, max_test: int | None) -> datasets.Dataset:
+        if source_format(spec) != LABELS:
+            raise ValueError(f"{spec.name}: causal-LM tasks have a test split only from labels")
+        from flower_app.data.loading import load_task_test
+
+        return _sft(spec, load_task_test(spec, max_test))
+
+    def partition_field(self, spec: TaskSpec) -> str:
+        from flower_app.data.sft import BUCKET
+
+        return BUCKET
+
+    def features(
+        self, config: RunConfig, spec: TaskSpec, tokenizer: Any, examples: datasets.Dataset
+    ) -> datasets.Dataset:
+        from flower_app.config import ConfigError
+        from flower_app.data.sft import sft_features
+
+        try:
+            return sft_features(examples, tokenizer, config.max_seq_length, config.prompt_template)
+        except ValueError as err:
+            key = "prompt-template" if "template" in str(err) else "model"
+            raise ConfigError(f"{key}: {err}") from err
+
+    def load_model(
+        self, name: str, num_labels: int, seed: int, pad_token_id: int | None
+    ) -> nn.Module:
+        return load_causal_lm(name, seed, pad_token_id)
+
+    def evaluate(self, model: nn.Module, data: SplitView, device: torch.device) -> dict[str, float]:
+        import math
+
+        from flower_app.data.batching import make_loader
+        from flower_app.sft_eval import generate_answers, generation_scores, response_loss
+        from flower_app.tokenizer import cached_tokenizer
+
+        config = data.config
+        loader = make_loader(data.features(), config.eval_batch_size, shuffle=False, seed=0)
+        loss, _ = response_loss(model, loader, device)
+        metrics = {
+            "response-loss": loss,
+            "perplexity": math.exp(min(loss, 700.0)) if math.isfinite(loss) else math.nan,
+            "loss": loss,
+        }
+        prompts, golds = _eval_prompts(data)
+        if prompts:
+            answers = generate_answers(
+                model,
+                prompts,
+                cached_tokenizer(config.model),
+                device,
+                max_new_tokens=config.max_new_tokens,
+                batch_size=config.eval_batch_size,
+            )
+            metrics |= generation_scores(answers, golds)
+            metrics["score"] = metrics["gen-f1"] / 100.0
+        else:
+            metrics["score"] = -loss
+        metrics["num-examples"] = len(data.examples())
+        return metrics
+
+    def console(self, row: Any, prefix: str = "") -> str | None:
+        key = prefix + "response-loss"
+        if prefix:
+            if prefix + "gen-f1" in row:
+                return f"personal gen-F1 {row[prefix + 'gen-f1']:.2f}"
+            return f"personal response loss {row[key]:.4f}" if key in row else None
+        if row.get(key) is None:
+            return None
+        words = f"response loss {row[key]:.4f} ppl {row['perplexity']:.2f}"
+        if row.get("gen-f1") is not None:
+            words += f" gen EM {row['gen-exact-match']:.2f} F1 {row['gen-f1']:.2f}"
+        return words
+
+
+KINDS = (CausalLM(),)
