@@ -49,6 +49,8 @@ from typing import Any, NamedTuple, get_type_hints
 
 from flower_app.config_checks import FOLDER_NAME_HINT as FOLDER_NAME_HINT  # re-exported
 from flower_app.config_checks import (
+    PRECISIONS,
+    QUANTIZATIONS,
     ConfigError,
     at_least_one,
     coerce,
@@ -275,6 +277,26 @@ class RunConfig:
         check=one_of("auto", "cpu", "cuda"),
         affects=(),
     )
+    # -- issue 28: memory and speed settings for LLMs (flower_app/precision.py) --
+    precision: str = setting(
+        "fp32",
+        "dtype of the frozen base weights and of the forward pass (autocast); the trained "
+        "adapter and head stay float32, fp16 steps use a GradScaler",
+        check=one_of(*PRECISIONS),
+        affects=(MODEL,),
+    )
+    gradient_checkpointing: bool = setting(
+        False,
+        "recompute activations in the backward pass (non-reentrant) to save memory",
+        affects=(MODEL,),
+    )
+    quantization: str = setting(
+        "none",
+        "load the frozen base through bitsandbytes (4bit: NF4, double quant, compute dtype "
+        "of precision; 8bit: LLM.int8); needs CUDA and bitsandbytes",
+        check=one_of(*QUANTIZATIONS),
+        affects=(MODEL,),
+    )
     progress_bar: bool = setting(False, "show a progress bar during local training", affects=())
     output_dir: str = setting("outputs", "folder for run outputs", affects=())
     save_client_updates: bool = setting(
@@ -469,6 +491,11 @@ def resolve_config(
     config = RunConfig(**resolved)
     if not config.targets:
         raise ConfigError("target-modules: name at least one module")
+    if config.quantization != "none" and config.device == "cpu":
+        raise ConfigError(
+            f"quantization={config.quantization!r} needs a CUDA GPU but device='cpu'; "
+            "set quantization=none or device=auto / cuda"
+        )
     try:  # the checks that depend on the method (dp=central's among them)
         get_method(config.method).check_settings(config)
     except ConfigError:

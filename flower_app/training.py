@@ -8,12 +8,15 @@ the one group it always was, so the default reproduces every earlier run bit for
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
+
+from flower_app.precision import MixedPrecision
 
 
 @dataclass(frozen=True)
@@ -66,15 +69,24 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     batch: dict[str, torch.Tensor],
     step: int = 0,
+    mixed: MixedPrecision | None = None,
 ) -> torch.Tensor:
     """One optimiser step on ``batch`` (on the model's device already); returns the detached
-    loss. A non-finite loss raises FloatingPointError before anything is updated."""
-    out = model(**batch)
+    loss. A non-finite loss raises FloatingPointError before anything is updated.
+
+    ``mixed`` (the setting ``precision``, flower_app/precision.py): the forward under its
+    autocast and, for fp16, backward and step through its GradScaler; None: plain float32."""
+    # -- precision hook (issue 28): autocast around the forward only --
+    with mixed.autocast() if mixed is not None else contextlib.nullcontext():
+        out = model(**batch)
     if not torch.isfinite(out.loss):
         raise FloatingPointError(f"non-finite training loss at step {step}")
     optimizer.zero_grad(set_to_none=True)
-    out.loss.backward()
-    optimizer.step()
+    if mixed is not None:
+        mixed.backward_and_step(out.loss, optimizer)
+    else:
+        out.loss.backward()
+        optimizer.step()
     return out.loss.detach()
 
 
