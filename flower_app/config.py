@@ -491,11 +491,7 @@ def resolve_config(
     config = RunConfig(**resolved)
     if not config.targets:
         raise ConfigError("target-modules: name at least one module")
-    if config.quantization != "none" and config.device == "cpu":
-        raise ConfigError(
-            f"quantization={config.quantization!r} needs a CUDA GPU but device='cpu'; "
-            "set quantization=none or device=auto / cuda"
-        )
+    _check_quantization_settings(config)
     try:  # the checks that depend on the method (dp=central's among them)
         get_method(config.method).check_settings(config)
     except ConfigError:
@@ -503,3 +499,28 @@ def resolve_config(
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return config
+
+
+def _check_quantization_settings(config: RunConfig) -> None:
+    """The machine-independent refusals of ``quantization`` (this machine's CUDA and
+    bitsandbytes are checked where the model is loaded, by
+    ``flower_app.precision.check_quantization_supported``): it needs a GPU, and a 4-bit /
+    8-bit W0 cannot be written to, which ``subtract-init`` and FedEx-LoRA's fold do."""
+    q = config.quantization
+    if q == "none":
+        return
+    if config.device == "cpu":
+        raise ConfigError(
+            f"quantization={q!r} needs a CUDA GPU but device='cpu'; "
+            "set quantization=none or device=auto / cuda"
+        )
+    if config.subtract_init:
+        raise ConfigError(
+            f"subtract-init=true writes s L A1^T A1 R into W0, which quantization={q!r} "
+            "stores in bitsandbytes' packed format; set subtract-init=false or quantization=none"
+        )
+    if config.method == "fedex-lora":
+        raise ConfigError(
+            f"method='fedex-lora' folds its residual into W0 every round, which "
+            f"quantization={q!r} stores in bitsandbytes' packed format; use quantization=none"
+        )

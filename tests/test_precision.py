@@ -91,6 +91,17 @@ def test_quantization_on_cpu_device_is_refused_at_resolution():
         resolve_config({}, {"quantization": "4bit", "device": "cpu"})
 
 
+@pytest.mark.parametrize(
+    "settings,key",
+    [({"subtract-init": True}, "subtract-init=true"), ({"method": "fedex-lora"}, "fedex-lora")],
+)
+def test_quantization_refuses_settings_that_write_w0(settings, key):
+    with pytest.raises(ConfigError, match=key) as err:
+        resolve_config({}, {"quantization": "8bit", **settings})
+    assert "quantization='8bit'" in str(err.value)
+    resolve_config({}, settings)  # fine without quantization
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no CUDA")
 @pytest.mark.parametrize("quantization", ["4bit", "8bit"])
 def test_quantization_without_cuda_fails_before_loading(quantization):
