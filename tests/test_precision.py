@@ -113,6 +113,24 @@ def test_quantization_without_cuda_fails_before_loading(quantization):
     check_quantization_supported("none", "cpu")  # nothing to check
 
 
+def test_quantization_names_a_missing_bitsandbytes(monkeypatch):
+    """Where CUDA is present but bitsandbytes is not, the error names the package only."""
+    import importlib.util
+
+    import flower_app.precision as precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        precision.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "bitsandbytes" else real_find_spec(name, *a),
+    )
+    with pytest.raises(ConfigError) as err:
+        check_quantization_supported("4bit", "cuda")
+    assert "bitsandbytes package" in str(err.value) and "CUDA GPU" not in str(err.value)
+
+
 def test_quantization_config_is_qlora_nf4():
     pytest.importorskip("transformers")
     assert quantization_config("none", "bf16") is None
