@@ -1,7 +1,8 @@
 """The benchmarks, one subpackage per subject; run each from the repository root as a
 module, e.g. ``python -m benchmarks.core.core_benchmark --quick``.
 
-``core``: the FLoRG server step and a client training step (``core_benchmark``).
+``core``: the FLoRG server step and a client training step (``core_benchmark``), and
+FLoRG vs LoRA on decoders in fp32 / bf16 with gradient checkpointing (``decoder_benchmark``).
 ``overhead``: the Flower simulation and a SuperLink deployment against a plain loop of the
 same work (``simulation_overhead``, ``deployment_overhead``).
 ``centralised``: one process training on the whole training split -- the seeded

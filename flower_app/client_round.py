@@ -34,6 +34,7 @@ import torch
 
 from flower_app.config import RunConfig
 from flower_app.modeling import pick_device
+from flower_app.precision import MixedPrecision
 from flower_app.task_data import load_task_data, make_loader, tokenized_split
 from flower_app.training import TrainResult, train_local
 
@@ -73,7 +74,9 @@ def train_steps(
     ``learning-rate``, the head at ``RunConfig.head_lr``, ``weight-decay``) for
     ``local-epochs`` passes or ``local-steps`` steps (``max_steps`` overrides both: that
     many steps), on ``device``, with the ``progress-bar``, minimising the task kind's
-    training loss (flower_app/task_kinds/)."""
+    training loss (flower_app/task_kinds/), the forward under the run's ``precision``
+    (``flower_app.precision.MixedPrecision``)."""
+    device = pick_device(config.device)
     return train_local(
         model,
         loader,
@@ -82,10 +85,11 @@ def train_steps(
         lr=config.learning_rate,
         head_lr=config.head_lr,
         weight_decay=config.weight_decay,
-        device=pick_device(config.device),
+        device=device,
         progress=config.progress_bar,
         description=description,
         loss_fn=load_task_data(config).kind.training_loss,
+        mixed=MixedPrecision.for_run(config.precision, device),
     )
 
 

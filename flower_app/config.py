@@ -49,6 +49,8 @@ from typing import Any, NamedTuple, get_type_hints
 
 from flower_app.config_checks import FOLDER_NAME_HINT as FOLDER_NAME_HINT  # re-exported
 from flower_app.config_checks import (
+    PRECISIONS,
+    QUANTIZATIONS,
     ConfigError,
     at_least_one,
     coerce,
@@ -293,6 +295,26 @@ class RunConfig:
         check=one_of("auto", "cpu", "cuda"),
         affects=(),
     )
+    # -- issue 28: memory and speed settings for LLMs (flower_app/precision.py) --
+    precision: str = setting(
+        "fp32",
+        "dtype of the frozen base weights and of the forward pass (autocast); the trained "
+        "adapter and head stay float32, fp16 steps use a GradScaler",
+        check=one_of(*PRECISIONS),
+        affects=(MODEL,),
+    )
+    gradient_checkpointing: bool = setting(
+        False,
+        "recompute activations in the backward pass (non-reentrant) to save memory",
+        affects=(MODEL,),
+    )
+    quantization: str = setting(
+        "none",
+        "load the frozen base through bitsandbytes (4bit: NF4, double quant, compute dtype "
+        "of precision; 8bit: LLM.int8); needs CUDA and bitsandbytes",
+        check=one_of(*QUANTIZATIONS),
+        affects=(MODEL,),
+    )
     progress_bar: bool = setting(False, "show a progress bar during local training", affects=())
     output_dir: str = setting("outputs", "folder for run outputs", affects=())
     save_client_updates: bool = setting(
@@ -487,6 +509,8 @@ def resolve_config(
     config = RunConfig(**resolved)
     if not config.targets:
         raise ConfigError("target-modules: name at least one module")
+    _check_quantization_settings(config)
+    _check_half_precision_writes(config)
     try:  # the checks that depend on the method (dp=central's among them)
         get_method(config.method).check_settings(config)
     except ConfigError:
@@ -494,3 +518,51 @@ def resolve_config(
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return config
+
+
+def _check_half_precision_writes(config: RunConfig) -> None:
+    """``precision`` bf16 / fp16 holds W0 in a half dtype, and two settings write into W0:
+    ``subtract-init`` (W0 - s L A1^T A1 R, so that the start is a zero update) and
+    FedEx-LoRA's residual fold. A write into a half-precision W0 rounds every entry to 8
+    (bf16) or 11 (fp16) significant bits, an error of up to 2^-9 |W0| per entry, the size of
+    what is written: the start would not be zero and the residual would be lost."""
+    p = config.precision
+    if p == "fp32":
+        return
+    if config.subtract_init:
+        raise ConfigError(
+            f"subtract-init=true writes s L A1^T A1 R into W0, which precision={p!r} holds in "
+            f"{p}: the write rounds W0 by about as much as it subtracts; set subtract-init=false "
+            "or precision=fp32"
+        )
+    if config.method == "fedex-lora":
+        raise ConfigError(
+            f"method='fedex-lora' folds its residual into W0 every round, which precision={p!r} "
+            f"holds in {p}: the fold rounds W0 by about as much as the residual; use "
+            "precision=fp32"
+        )
+
+
+def _check_quantization_settings(config: RunConfig) -> None:
+    """The machine-independent refusals of ``quantization`` (this machine's CUDA and
+    bitsandbytes are checked where the model is loaded, by
+    ``flower_app.precision.check_quantization_supported``): it needs a GPU, and a 4-bit /
+    8-bit W0 cannot be written to, which ``subtract-init`` and FedEx-LoRA's fold do."""
+    q = config.quantization
+    if q == "none":
+        return
+    if config.device == "cpu":
+        raise ConfigError(
+            f"quantization={q!r} needs a CUDA GPU but device='cpu'; "
+            "set quantization=none or device=auto / cuda"
+        )
+    if config.subtract_init:
+        raise ConfigError(
+            f"subtract-init=true writes s L A1^T A1 R into W0, which quantization={q!r} "
+            "stores in bitsandbytes' packed format; set subtract-init=false or quantization=none"
+        )
+    if config.method == "fedex-lora":
+        raise ConfigError(
+            f"method='fedex-lora' folds its residual into W0 every round, which "
+            f"quantization={q!r} stores in bitsandbytes' packed format; use quantization=none"
+        )

@@ -73,6 +73,12 @@ empty.hint = (  # type: ignore[attr-defined]
 )
 
 
+# The values of the settings ``precision`` and ``quantization`` (applied by
+# flower_app/precision.py; here so that resolving settings does not import torch).
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+QUANTIZATIONS: tuple[str, ...] = ("none", "4bit", "8bit")
+
+
 def one_of(*options: str) -> Callable[[str], bool]:
     def check(x: str) -> bool:
         return x in options

@@ -41,8 +41,10 @@ def load_tokenizer(name: str):
 def load_with_head(
     auto_class, name: str, seed: int, pad_token_id: int | None, **kwargs: object
 ) -> nn.Module:
-    """``auto_class.from_pretrained`` in float32 with a seeded, freshly initialised head
-    (each task kind's ``load_model``, flower_app/task_kinds/, names its class and head)."""
+    """``auto_class.from_pretrained`` with a seeded, freshly initialised head (each task
+    kind's ``load_model``, flower_app/task_kinds/, names its class and head); in float32
+    unless ``kwargs`` say otherwise (``dtype``, ``quantization_config``: the run's
+    ``precision`` and ``quantization``, ``flower_app.precision.from_pretrained_kwargs``)."""
     from transformers.utils import logging as hf_logging
 
     source = resolve_model_source(name)
@@ -51,7 +53,8 @@ def load_with_head(
     hf_logging.set_verbosity_error()  # the "newly initialized head" notice is expected here
     hf_logging.disable_progress_bar()
     try:
-        model = auto_class.from_pretrained(source, torch_dtype=torch.float32, **kwargs)
+        kwargs.setdefault("dtype", torch.float32)
+        model = auto_class.from_pretrained(source, **kwargs)
     except OSError as err:
         raise OSError(_not_found(name, source, err)) from err
     finally:

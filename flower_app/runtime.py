@@ -13,6 +13,14 @@ from functools import lru_cache
 from flower_app.adapted import AdaptedModel
 from flower_app.config import DEFAULTS, MODEL, ConfigError, RunConfig
 from flower_app.disk_cache import disk_cached_model
+from flower_app.modeling import pick_device
+from flower_app.precision import (
+    check_precision_supported,
+    check_quantization_supported,
+    from_pretrained_kwargs,
+    keep_trainable_float32,
+    prepare_base_model,
+)
 from flower_app.task_kinds import get_kind
 from flower_app.tokenizer import cached_tokenizer
 
@@ -31,12 +39,30 @@ def cached_adapted_model(
     if task_kind.default_target_modules and config.target_modules == DEFAULTS["target-modules"]:
         config = replace(config, target_modules=task_kind.default_target_modules)
     tokenizer = cached_tokenizer(config.model)
+    device = pick_device(config.device)
+    # The precision settings (flower_app/precision.py): refused before loading where this
+    # machine cannot serve them; the frozen base in the dtype of `precision` (or quantised),
+    # checkpointed if asked; what trains (adapter, head) kept float32.
+    check_quantization_supported(config.quantization, device)
+    check_precision_supported(config.precision, device)
+    load_kwargs = (
+        from_pretrained_kwargs(config.precision, config.quantization)
+        if (config.precision, config.quantization) != ("fp32", "none")
+        else {}
+    )
     try:
-        model = task_kind.load_model(config.model, num_labels, config.seed, tokenizer.pad_token_id)
+        model = task_kind.load_model(
+            config.model, num_labels, config.seed, tokenizer.pad_token_id, **load_kwargs
+        )
+        model = prepare_base_model(
+            model, config.precision, config.quantization, config.gradient_checkpointing
+        )
     except ValueError as err:
         raise ConfigError(f"model: {err}") from err
     try:
-        return AdaptedModel(model, config)
+        adapted = AdaptedModel(model, config)
+        keep_trainable_float32(adapted.model)
+        return adapted
     except ValueError as err:
         message = str(err)
         key = "rank" if "exceeds k" in message or "r must" in message else "target-modules"

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from flower_app.config import RunConfig
+from flower_app.precision import MixedPrecision
 from flower_app.task_data import SplitView, load_task_data
 
 
@@ -25,6 +26,8 @@ def evaluate_task(
     split: str = "eval",
 ) -> dict[str, float]:
     """The task's metrics of ``model`` on (a partition of) the validation split, or on
-    the held-out test split with ``split="test"``."""
+    the held-out test split with ``split="test"``; the forward under the run's
+    ``precision`` (a bf16/fp16 base with float32 adapter and head needs its autocast)."""
     view = SplitView(config, split, partition_id, num_partitions)
-    return load_task_data(config).kind.evaluate(model, view, device)
+    with MixedPrecision.for_run(config.precision, device).autocast():
+        return load_task_data(config).kind.evaluate(model, view, device)

@@ -8,6 +8,7 @@ the one group it always was, so the default reproduces every earlier run bit for
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
+
+from flower_app.precision import MixedPrecision
 
 
 @dataclass(frozen=True)
@@ -78,16 +81,25 @@ def train_step(
     batch: dict[str, torch.Tensor],
     step: int = 0,
     loss_fn: LossFn = model_loss,
+    mixed: MixedPrecision | None = None,
 ) -> torch.Tensor:
     """One optimiser step on ``batch`` (on the model's device already) minimising
     ``loss_fn(model, batch)``; returns the detached loss. A non-finite loss raises
-    FloatingPointError before anything is updated."""
-    loss = loss_fn(model, batch)
+    FloatingPointError before anything is updated.
+
+    ``mixed`` (the setting ``precision``, flower_app/precision.py): the forward (the loss)
+    under its autocast and, for fp16, backward and step through its GradScaler; None:
+    plain float32."""
+    with mixed.autocast() if mixed is not None else contextlib.nullcontext():
+        loss = loss_fn(model, batch)
     if not torch.isfinite(loss):
         raise FloatingPointError(f"non-finite training loss at step {step}")
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
+    if mixed is not None:
+        mixed.backward_and_step(loss, optimizer)
+    else:
+        loss.backward()
+        optimizer.step()
     return loss.detach()
 
 
@@ -104,13 +116,15 @@ def train_local(
     progress: bool = False,
     description: str = "local training",
     loss_fn: LossFn = model_loss,
+    mixed: MixedPrecision | None = None,
 ) -> TrainResult:
     """``epochs`` passes over ``loader`` (or exactly ``max_steps`` steps when > 0), with a
     fresh AdamW (``make_optimizer``: the adapter at ``lr``, the head at ``head_lr``).
 
     Each step minimises ``loss_fn(model, batch)``, the task kind's training loss; the
     default is the model's own (the batches carry its targets: ``labels``, or
-    ``start_positions`` / ``end_positions`` for extractive QA)."""
+    ``start_positions`` / ``end_positions`` for extractive QA). ``mixed``: the run's
+    ``precision`` (``train_step``)."""
     optimizer = make_optimizer(model, lr=lr, head_lr=head_lr, weight_decay=weight_decay)
     total = max_steps if max_steps > 0 else epochs * len(loader)
     model.to(device).train()
@@ -123,7 +137,7 @@ def train_local(
     while steps < total:
         for batch in loader:
             batch = _batch_to(batch, device)
-            loss = train_step(model, optimizer, batch, step=steps, loss_fn=loss_fn)
+            loss = train_step(model, optimizer, batch, step=steps, loss_fn=loss_fn, mixed=mixed)
             n = int(batch["input_ids"].shape[0])  # examples, or QA features (windows)
             loss_sum += float(loss) * n
             examples += n

@@ -78,7 +78,7 @@ def test_cache_groups_cover_what_the_hand_written_lists_did():
     assert set(keys_affecting(MODEL)) == {
         "method", "model", "target-modules", "head-modules", "train-head", "rank", "alpha",
         "seed", "a-init-std", "projection-init", "subtract-init", "projection-sharing",
-        "lora-init", "fedex-residual",
+        "lora-init", "fedex-residual", "precision", "gradient-checkpointing", "quantization",
     }  # fmt: skip
     assert set(keys_affecting(DATA, TOKENISATION)) == {
         "model", "task", "data-path", "text-fields", "label-field", "num-labels", "seed",

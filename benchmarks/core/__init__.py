@@ -1,3 +1,5 @@
 """The core benchmark (``python -m benchmarks.core.core_benchmark``): ``settings`` (sizes
 and shapes), ``server`` (the server-step workers), ``client`` (the client-step and memory
-workers) and ``report`` (the tables)."""
+workers) and ``report`` (the tables); and the decoder benchmark
+(``python -m benchmarks.core.decoder_benchmark``, one module: FLoRG vs PEFT LoRA step time
+and peak memory on decoders in fp32 / bf16 with gradient checkpointing)."""

@@ -12,14 +12,35 @@ The forward never forms a k x k or d_out x d_in matrix:
 
 which is a rank-r LoRA with factors (LAt, AR), so a step costs what a PEFT LoRA
 step of the same rank costs plus two small r x k x d products per forward.
+
+Precision (the setting ``precision``, flower_app/precision.py): A, L and R are held in
+float32 whatever the base weight's dtype (float64 only where the base is float64, in
+tests), and the adapter path runs in that dtype with autocast off, x cast up and the
+update cast back to the base output's dtype once. Why float32 for a bf16 / fp16 base:
+A is the trained master weight (an AdamW step of lr 1e-4 on entries of size 0.02 is
+below bf16's resolution 2^-8 relative, so a bf16 A would not move); L A^T sums k products
+whose rounding in bf16 would put a relative error of order 2^-8 sqrt(k) into the factors,
+and with autocast the two factor products and both F.linear calls would each round to
+bf16. The float32 path costs O(r (d_in + d_out)(n + k)) flops against the base's
+O(n d_in d_out), a few per cent at r = 8 (benchmarks/core/decoder_benchmark.py measures
+it), and matches PEFT, which keeps LoRA's weights in float32 and casts x to them.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def adapter_dtype(base_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of FLoRG's A, L, R and adapter path for a base weight of ``base_dtype``:
+    float64 for a float64 base (tests), float32 otherwise (bf16 / fp16 bases, and a
+    quantised base whose weight is an integer storage dtype)."""
+    return torch.float64 if base_dtype == torch.float64 else torch.float32
 
 
 class FLoRGProjections(nn.Module):
@@ -57,7 +78,8 @@ class FLoRGLinear(nn.Module):
         signs: np.ndarray | None = None,
     ) -> None:
         super().__init__()
-        d_out, d_in = base_layer.weight.shape
+        # in/out_features, not weight.shape: a bitsandbytes Linear4bit packs its weight
+        d_out, d_in = base_layer.out_features, base_layer.in_features
         k = min(d_in, d_out)
         r = A_init.shape[0]
         if L.shape != (d_out, k) or R.shape != (k, d_in) or A_init.shape != (r, k):
@@ -69,7 +91,7 @@ class FLoRGLinear(nn.Module):
         self.base_layer.requires_grad_(False)
         self.scaling = float(scaling)
         self.r, self.k = r, k
-        dtype, device = base_layer.weight.dtype, base_layer.weight.device
+        dtype, device = adapter_dtype(base_layer.weight.dtype), base_layer.weight.device
         if projections is None:
             projections = FLoRGProjections(L, R, dtype, device)
         elif projections.L.shape != (d_out, k) or projections.R.shape != (k, d_in):
@@ -94,7 +116,8 @@ class FLoRGLinear(nn.Module):
             delta = self.scaling * ((L @ A_init.T) * d) @ (A_init @ R)
             with torch.no_grad():
                 w64 = base_layer.weight.detach().to(torch.float64)
-                base_layer.weight.copy_((w64 - torch.as_tensor(delta, device=device)).to(dtype))
+                w_new = w64 - torch.as_tensor(delta, device=device)
+                base_layer.weight.copy_(w_new.to(base_layer.weight.dtype))
             self.register_buffer("A_init", torch.as_tensor(A_init, dtype=dtype, device=device))
         else:
             self.A_init = None
@@ -128,8 +151,16 @@ class FLoRGLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base_layer(x)
-        left, right = self.lora_factors()
-        update = F.linear(F.linear(x.to(right.dtype), right), left)
+        # The adapter path in the adapter's dtype (float32 for a half-precision base, see the
+        # module docstring), also under autocast, then one rounding to the output's dtype.
+        no_autocast = (
+            torch.autocast(device_type=x.device.type, enabled=False)
+            if torch.is_autocast_enabled(x.device.type)
+            else contextlib.nullcontext()
+        )
+        with no_autocast:
+            left, right = self.lora_factors()
+            update = F.linear(F.linear(x.to(right.dtype), right), left)
         return result + (self.scaling * update).to(result.dtype)
 
     def extra_repr(self) -> str:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flower_app.adapters.florg_layer import FLoRGLinear, FLoRGProjections
+from flower_app.adapters.florg_layer import FLoRGLinear, FLoRGProjections, adapter_dtype
 from flower_app.adapters.projections import (
     PROJECTION_INITS,
     PROJECTION_SHARINGS,
@@ -87,7 +87,7 @@ def inject_florg(model: nn.Module, config: FLoRGConfig) -> dict[str, FLoRGLinear
     heads = find_head_modules(model, config.head_modules)
     targets = find_target_linears(model, config.target_modules, exclude=heads)
     for name, linear in targets.items():
-        d_out, d_in = linear.weight.shape
+        d_out, d_in = linear.out_features, linear.in_features
         if config.r > min(d_in, d_out):
             raise ValueError(
                 f"{name}: rank r={config.r} exceeds k=min(d_in, d_out)={min(d_in, d_out)}"
@@ -97,10 +97,11 @@ def inject_florg(model: nn.Module, config: FLoRGConfig) -> dict[str, FLoRGLinear
     # key -> (L, R, their buffers); with sharing 'shape' one entry per layer shape and dtype.
     shared: dict[tuple, tuple[np.ndarray, np.ndarray, FLoRGProjections]] = {}
     for name, linear in targets.items():
-        d_out, d_in = linear.weight.shape
+        d_out, d_in = linear.out_features, linear.in_features
         k = min(d_in, d_out)
         key = projection_key(name, d_out, d_in, config.projection_sharing, config.projection_init)
-        cache_key = (key, linear.weight.dtype, linear.weight.device)
+        dtype = adapter_dtype(linear.weight.dtype)  # float32 for a bf16 / fp16 base
+        cache_key = (key, dtype, linear.weight.device)
         if cache_key not in shared:
             weight = None
             if config.projection_init == "svd":
@@ -108,7 +109,7 @@ def inject_florg(model: nn.Module, config: FLoRGConfig) -> dict[str, FLoRGLinear
             L, R = make_projections(
                 d_out, d_in, seed=config.seed, name=key, init=config.projection_init, weight=weight
             )
-            holder = FLoRGProjections(L, R, linear.weight.dtype, linear.weight.device)
+            holder = FLoRGProjections(L, R, dtype, linear.weight.device)
             shared[cache_key] = (L, R, holder)
         L, R, holder = shared[cache_key]
         A1 = seeded_rng(config.seed, name, "A").standard_normal((config.r, k)) * config.a_init_std

@@ -72,7 +72,7 @@ def adapter_layout(
     """(adapted layer name -> (d_out, d_in), number of head parameters) of an un-adapted model."""
     heads = find_head_modules(model, head_modules)
     linears = find_target_linears(model, target_modules, exclude=heads)
-    shapes = {name: (int(m.weight.shape[0]), int(m.weight.shape[1])) for name, m in linears.items()}
+    shapes = {name: (int(m.out_features), int(m.in_features)) for name, m in linears.items()}
     modules = dict(model.named_modules())
     head_params = sum(p.numel() for h in heads for p in modules[h].parameters())
     return shapes, int(head_params)

@@ -107,9 +107,19 @@ class TaskKind(ABC):
     # ----------------------------------------------------------------- model and training
     @abstractmethod
     def load_model(
-        self, name: str, num_labels: int, seed: int, pad_token_id: int | None
+        self,
+        name: str,
+        num_labels: int,
+        seed: int,
+        pad_token_id: int | None,
+        **from_pretrained: Any,
     ) -> nn.Module:
-        """The base model ``name`` with this kind's head (its initialisation seeded)."""
+        """The base model ``name`` with this kind's head (its initialisation seeded).
+
+        ``from_pretrained``: extra ``from_pretrained`` arguments the run's ``precision`` and
+        ``quantization`` need (``dtype``, ``quantization_config``); passed only when either
+        is not its default, so a kind that ignores them still serves fp32 runs, and one
+        that forwards them to ``flower_app.modeling.load_with_head`` serves them all."""
 
     def training_loss(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The loss one training step minimises: the model's own, the batch carrying its

@@ -44,14 +44,16 @@ def source_format(spec: TaskSpec) -> str:
     return INSTRUCTIONS
 
 
-def load_causal_lm(name: str, seed: int, pad_token_id: int | None) -> nn.Module:
+def load_causal_lm(
+    name: str, seed: int, pad_token_id: int | None, **from_pretrained: Any
+) -> nn.Module:
     """The base model as ``AutoModelForCausalLM`` (float32; nothing newly initialised)."""
     from transformers import AutoModelForCausalLM
 
     from flower_app.modeling import load_with_head
 
     try:
-        return load_with_head(AutoModelForCausalLM, name, seed, pad_token_id)
+        return load_with_head(AutoModelForCausalLM, name, seed, pad_token_id, **from_pretrained)
     except ValueError as err:  # an encoder without a language-modelling head
         raise ValueError(f"model {name!r} is no causal language model: {err}") from err
 
@@ -162,9 +164,14 @@ class CausalLM(TaskKind):
             raise ConfigError(f"{key}: {err}") from err
 
     def load_model(
-        self, name: str, num_labels: int, seed: int, pad_token_id: int | None
+        self,
+        name: str,
+        num_labels: int,
+        seed: int,
+        pad_token_id: int | None,
+        **from_pretrained: Any,
     ) -> nn.Module:
-        return load_causal_lm(name, seed, pad_token_id)
+        return load_causal_lm(name, seed, pad_token_id, **from_pretrained)
 
     def evaluate(self, model: nn.Module, data: SplitView, device: torch.device) -> dict[str, float]:
         import math

@@ -23,14 +23,21 @@ if TYPE_CHECKING:
     from flower_app.data.tasks import TaskSpec
 
 
-def load_classifier(name: str, num_labels: int, seed: int, pad_token_id: int | None) -> nn.Module:
+def load_classifier(
+    name: str, num_labels: int, seed: int, pad_token_id: int | None, **from_pretrained: Any
+) -> nn.Module:
     """The base model with a sequence-classification head; the head's init is seeded."""
     from transformers import AutoModelForSequenceClassification
 
     from flower_app.modeling import load_with_head
 
     return load_with_head(
-        AutoModelForSequenceClassification, name, seed, pad_token_id, num_labels=num_labels
+        AutoModelForSequenceClassification,
+        name,
+        seed,
+        pad_token_id,
+        num_labels=num_labels,
+        **from_pretrained,
     )
 
 
@@ -65,9 +72,14 @@ class Classification(TaskKind):
         return tokenize_dataset(examples, tokenizer, spec, config.max_seq_length)
 
     def load_model(
-        self, name: str, num_labels: int, seed: int, pad_token_id: int | None
+        self,
+        name: str,
+        num_labels: int,
+        seed: int,
+        pad_token_id: int | None,
+        **from_pretrained: Any,
     ) -> nn.Module:
-        return load_classifier(name, num_labels, seed, pad_token_id)
+        return load_classifier(name, num_labels, seed, pad_token_id, **from_pretrained)
 
     def evaluate(self, model: nn.Module, data: SplitView, device: torch.device) -> dict[str, float]:
         from flower_app.data.batching import make_loader

@@ -30,7 +30,9 @@ if TYPE_CHECKING:
     from flower_app.qa_eval import QAEvalSet
 
 
-def load_question_answerer(name: str, seed: int, pad_token_id: int | None) -> nn.Module:
+def load_question_answerer(
+    name: str, seed: int, pad_token_id: int | None, **from_pretrained: Any
+) -> nn.Module:
     """The base model with an extractive-QA span head (``qa_outputs``: start and end logits,
     hence ``num_labels=2`` whatever the checkpoint's config says); the head's init is seeded."""
     from transformers import AutoModelForQuestionAnswering
@@ -38,7 +40,9 @@ def load_question_answerer(name: str, seed: int, pad_token_id: int | None) -> nn
     from flower_app.modeling import load_with_head
 
     try:
-        return load_with_head(AutoModelForQuestionAnswering, name, seed, pad_token_id, num_labels=2)
+        return load_with_head(
+            AutoModelForQuestionAnswering, name, seed, pad_token_id, num_labels=2, **from_pretrained
+        )
     except ValueError as err:  # an architecture without a QA head
         raise ValueError(f"model {name!r} has no question-answering head: {err}") from err
 
@@ -120,9 +124,14 @@ class ExtractiveQA(TaskKind):
         return qa_features(config, tokenizer, examples, keep_mapping=False).with_format("torch")
 
     def load_model(
-        self, name: str, num_labels: int, seed: int, pad_token_id: int | None
+        self,
+        name: str,
+        num_labels: int,
+        seed: int,
+        pad_token_id: int | None,
+        **from_pretrained: Any,
     ) -> nn.Module:
-        return load_question_answerer(name, seed, pad_token_id)
+        return load_question_answerer(name, seed, pad_token_id, **from_pretrained)
 
     def evaluate(self, model: nn.Module, data: SplitView, device: torch.device) -> dict[str, float]:
         from flower_app.config import ConfigError

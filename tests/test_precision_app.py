@@ -1,0 +1,141 @@
+"""The settings ``precision`` and ``gradient-checkpointing`` reach the app's own model and
+round (flower_app/runtime.py, client_round.py, task_eval.py), for every method: the frozen
+base is held in bf16, what trains stays float32, a client round trains and the task's
+evaluation runs under the precision's autocast. ``tests/test_precision.py`` tests the
+pieces (flower_app/precision.py, the FLoRG layer in bf16) on their own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from florg_tools.synthetic import make_generative_qa_task, make_tiny_causal_lm
+from flower_app.client_round import train_round
+from flower_app.config import ConfigError, resolve_config
+from flower_app.methods import method_names
+from flower_app.runtime import cached_adapted_model
+from flower_app.task_data import load_task_data
+from flower_app.task_eval import evaluate_task
+from flower_app.training import is_adapter_parameter
+
+
+@pytest.fixture(scope="module")
+def tiny_decoder(tmp_path_factory) -> tuple[Path, Path]:
+    base = tmp_path_factory.mktemp("precision-app")
+    return make_tiny_causal_lm(base / "model"), make_generative_qa_task(base / "task")
+
+
+def _decoder_settings(tiny: tuple[Path, Path], **settings: Any) -> dict[str, Any]:
+    model, task = tiny
+    return {
+        "model": str(model),
+        "task": "local",
+        "data-path": str(task),
+        "task-kind": "causal-lm",
+        "text-fields": "question,context",
+        "label-field": "answers",
+        "max-seq-length": 48,
+        "max-new-tokens": 2,
+        "max-train-examples": 16,
+        "max-eval-examples": 8,
+        "batch-size": 4,
+        "local-steps": 2,
+        "rank": 2,
+        "learning-rate": 0.01,
+        "progress-bar": False,
+        **settings,
+    }
+
+
+def _checkpointing(model: torch.nn.Module) -> bool:
+    """Whether the Hugging Face model (under any adapter wrapper) recomputes activations."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    flag = getattr(type(base), "is_activation_checkpointing", None)
+    name = "is_activation_checkpointing" if flag is not None else "is_gradient_checkpointing"
+    return bool(getattr(base, name, False))
+
+
+def _round_and_eval(config) -> tuple[Any, dict[str, np.ndarray], dict[str, np.ndarray], dict]:
+    data = load_task_data(config)
+    adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)
+    before = {k: v.copy() for k, v in adapted.shared_state().items()}
+    reply = train_round(config, adapted, server_round=1, partition_id=0, num_partitions=1)
+    metrics = evaluate_task(config, adapted.model, torch.device("cpu"))
+    return adapted, before, reply.shared, metrics
+
+
+HALF_PRECISION_METHODS = [m for m in method_names() if m != "fedex-lora"]  # refused: below
+
+
+@pytest.mark.parametrize("method", HALF_PRECISION_METHODS)
+def test_every_method_trains_a_bf16_base_with_checkpointing(tiny_decoder, method):
+    config = resolve_config(
+        {},
+        _decoder_settings(
+            tiny_decoder, method=method, precision="bf16", **{"gradient-checkpointing": True}
+        ),
+    )
+    adapted, before, after, metrics = _round_and_eval(config)
+    model = adapted.model
+    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    base = [
+        p
+        for n, p in model.named_parameters()
+        if not p.requires_grad and not is_adapter_parameter(n) and p.is_floating_point()
+    ]
+    assert trained and all(p.dtype == torch.float32 for p in trained.values())
+    assert base and all(p.dtype == torch.bfloat16 for p in base)
+    # an adapter part a method freezes (FFA-LoRA's A) is adapter state: float32 like the rest
+    assert all(
+        p.dtype == torch.float32 for n, p in model.named_parameters() if is_adapter_parameter(n)
+    )
+    assert _checkpointing(model)
+    moved = [k for k in after if not np.array_equal(after[k], before[k])]
+    assert moved, f"{method}: no shared array changed in a bf16 round"
+    assert all(np.isfinite(v).all() for v in after.values())
+    assert np.isfinite(metrics["response-loss"]) and metrics["num-examples"] == 8
+
+
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [({"method": "fedex-lora"}, "fedex-lora"), ({"subtract-init": True}, "subtract-init")],
+)
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_writes_into_a_half_precision_w0_are_refused(tiny_decoder, settings, key, precision):
+    """FedEx-LoRA's fold and subtract-init write into W0; in bf16 / fp16 the write would round
+    W0 by about as much as it adds, so the run is refused before anything is loaded."""
+    with pytest.raises(ConfigError, match=f"{key}.*precision='{precision}'"):
+        resolve_config({}, _decoder_settings(tiny_decoder, precision=precision, **settings))
+
+
+def test_fp32_stays_float32_everywhere(tiny_decoder):
+    config = resolve_config({}, _decoder_settings(tiny_decoder, method="florg"))
+    adapted, _, _, metrics = _round_and_eval(config)
+    assert all(p.dtype == torch.float32 for p in adapted.model.parameters())
+    assert not _checkpointing(adapted.model)
+    assert np.isfinite(metrics["perplexity"])
+
+
+def test_bf16_round_tracks_the_fp32_round(tiny_decoder):
+    """The same round in bf16 and in fp32 from the same start: FLoRG's trained A agrees to
+    bf16's resolution (the base's rounding moves the loss, not the adapter's arithmetic)."""
+    fp32 = resolve_config({}, _decoder_settings(tiny_decoder, method="florg", seed=3))
+    bf16 = resolve_config(
+        {}, _decoder_settings(tiny_decoder, method="florg", seed=3, precision="bf16")
+    )
+    _, start32, after32, _ = _round_and_eval(fp32)
+    _, start16, after16, _ = _round_and_eval(bf16)
+    for key in start32:
+        np.testing.assert_array_equal(start32[key], start16[key])  # A and its head start equal
+        step32 = after32[key] - start32[key]
+        step16 = after16[key] - start16[key]
+        scale = np.abs(step32).max()
+        if scale == 0:
+            continue
+        # two AdamW steps of lr 0.01 move each entry by at most ~0.02; bf16 changes the
+        # gradients' direction by its rounding of the base (eps 2^-8) only
+        assert np.abs(step16 - step32).max() <= 0.25 * scale, key
