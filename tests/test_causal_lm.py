@@ -18,6 +18,7 @@ from florg_tools.synthetic import make_generative_qa_task, make_tiny_causal_lm
 from flower_app.config import ConfigError, resolve_config
 from flower_app.data import sft
 from flower_app.data.tasks import TASKS
+from flower_app.methods import method_names
 from flower_app.sft_eval import generate_answers, generation_scores, response_loss
 from tests.flower_harness import local_simulation_superlink
 
@@ -228,9 +229,21 @@ def test_a_round_adapts_q_and_v_and_instructions_are_scored_by_their_loss(tiny, 
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.fixture(scope="module")
+def superlink(tmp_path_factory):
+    with local_simulation_superlink(
+        tmp_path_factory.mktemp("causal-sim"), num_supernodes=NUM_NODES
+    ) as sim:
+        yield sim
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("method", ["florg", "fedit"])
-def test_causal_lm_trains_end_to_end_through_the_flower_simulation(tiny, tmp_path, method):
+@pytest.mark.parametrize("method", method_names())
+def test_causal_lm_trains_end_to_end_through_the_flower_simulation(
+    tiny, superlink, tmp_path, method
+):
+    """Every method fine-tunes the tiny decoder for one round through the Flower simulation
+    (one SuperLink for the module) and writes the four causal-LM metric keys."""
     root = Path(__file__).resolve().parent.parent
     config = {
         **causal_settings(tiny),
@@ -238,12 +251,12 @@ def test_causal_lm_trains_end_to_end_through_the_flower_simulation(tiny, tmp_pat
         "rank": 2,
         "num-server-rounds": 1,
         "min-available-nodes": NUM_NODES,
+        "client-eval": "on",
         "output-dir": str(tmp_path / "outputs"),
         "run-name": f"causal-{method}",
     }
-    with local_simulation_superlink(tmp_path / "superlink", num_supernodes=NUM_NODES) as sim:
-        home, connection = sim
-        outcome = run_flower_app(root, connection, config, home, timeout=600, stream=None)
+    home, connection = superlink
+    outcome = run_flower_app(root, connection, config, home, timeout=600, stream=None)
     assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
     run_dir = tmp_path / "outputs" / f"causal-{method}"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -254,6 +267,8 @@ def test_causal_lm_trains_end_to_end_through_the_flower_simulation(tiny, tmp_pat
             assert math.isfinite(row[key]), (key, row)
         assert row["score"] == row["gen-f1"] / 100
     assert rows[1]["train-loss"] > 0 and rows[1]["up-params"] > 0
+    # the clients' own evaluation (FedSA-LoRA's personalised models among them)
+    assert math.isfinite(rows[1]["personalized-response-loss"])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["final-gen-f1"] == rows[1]["gen-f1"]
 

@@ -27,6 +27,13 @@ from flower_app.data.tasks import resolve_task
 from flower_app.methods import method_names
 from flower_app.qa_eval import best_span, postprocess_predictions
 
+# The span head through the simulation: the methods whose round touches the task kind beyond
+# the shared arrays -- FLoRG (its Gram step carries the trained head, the PEFT export),
+# FedIT (the mean), FedSA-LoRA (the clients' personalised QA scores), FedEx-LoRA (the
+# residual fold beside the head). The other server rules do not depend on the task kind
+# (flower_app/task_kinds/) and run end to end on classification (test_app_e2e.py) and on
+# causal LM (test_causal_lm.py); every method's QA round runs in-process in the unit set.
+E2E_METHODS = ["florg", "fedit", "fedsa-lora", "fedex-lora"]
 METHODS = method_names()
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -360,6 +367,34 @@ def test_partitions_split_examples_never_features(tiny, scheme):
             assert qa_eval_set(SplitView(config, "eval", pid, 3)).examples["id"] == by_title["id"]
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_trains_and_scores_the_span_head_in_process(tiny, method):
+    """One client round of every method on the span task, in process (the ClientApp's
+    round, flower_app/client_round.py), then the server's QA evaluation: the shared arrays
+    move, the span head is among them where the method trains it, the scores are SQuAD's."""
+    import numpy as np
+    import torch
+
+    from flower_app.client_round import train_round
+    from flower_app.runtime import cached_adapted_model
+    from flower_app.task_data import load_task_data
+    from flower_app.task_eval import evaluate_task
+
+    config = tiny_config(
+        tiny, method=method, rank=2, **{"local-steps": 2, "batch-size": 8, "learning-rate": 0.01}
+    )
+    data = load_task_data(config)
+    adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)
+    before = {k: v.copy() for k, v in adapted.shared_state().items()}
+    reply = train_round(config, adapted, server_round=1, partition_id=0, num_partitions=2)
+    assert reply.metrics["train-loss"] > 0
+    moved = [k for k in reply.shared if not np.array_equal(reply.shared[k], before[k])]
+    assert moved, method
+    assert any(k.startswith("qa_outputs.") for k in reply.shared)  # the head travels
+    scores = evaluate_task(config, adapted.model, torch.device("cpu"))
+    assert 0.0 <= scores["f1"] <= 100.0 and scores["score"] == pytest.approx(scores["f1"] / 100)
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -372,7 +407,7 @@ def superlink(tmp_path_factory):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", E2E_METHODS)
 def test_span_head_trains_through_the_flower_simulation(tiny, superlink, tmp_path, method):
     from florg_tools.flwr_cli import run_flower_app
 
