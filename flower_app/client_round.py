@@ -13,7 +13,8 @@ it is, and the centralised benchmarks (benchmarks/centralised/training.py) train
    round trains the same wherever and whenever it runs (a resumed run equals the
    uninterrupted one; issue 15);
 3. **train** with the run's settings (``train_steps``: ``flower_app.training.train_local``
-   with ``learning-rate``, the head's rate, ``weight-decay``, ``local-epochs`` /
+   with ``learning-rate`` and the head's rate, both times the round's ``lr-schedule``
+   factor (flower_app/lr_schedule.py), ``weight-decay``, ``local-epochs`` /
    ``local-steps``, ``device``, ``progress-bar``);
 4. **reply**: the shared arrays and the training metrics (``RoundReply``; its
    ``content`` is the reply's Flower RecordDict) and the own parts the client keeps.
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 
 from flower_app.config import RunConfig
+from flower_app.lr_schedule import round_lr_factor
 from flower_app.modeling import pick_device
 from flower_app.precision import MixedPrecision
 from flower_app.task_data import load_task_data, make_loader, tokenized_split
@@ -69,21 +71,23 @@ def train_steps(
     *,
     max_steps: int | None = None,
     description: str = "local training",
+    lr_factor: float = 1.0,
 ) -> TrainResult:
     """Train ``model`` on ``loader`` with the run's settings: a fresh AdamW (the adapter at
     ``learning-rate``, the head at ``RunConfig.head_lr``, ``weight-decay``) for
     ``local-epochs`` passes or ``local-steps`` steps (``max_steps`` overrides both: that
     many steps), on ``device``, with the ``progress-bar``, minimising the task kind's
     training loss (flower_app/task_kinds/), the forward under the run's ``precision``
-    (``flower_app.precision.MixedPrecision``)."""
+    (``flower_app.precision.MixedPrecision``). ``lr_factor`` multiplies both rates (the
+    round's ``lr-schedule`` factor: flower_app/lr_schedule.py)."""
     device = pick_device(config.device)
     return train_local(
         model,
         loader,
         epochs=config.local_epochs,
         max_steps=config.local_steps if max_steps is None else max_steps,
-        lr=config.learning_rate,
-        head_lr=config.head_lr,
+        lr=config.learning_rate * lr_factor,
+        head_lr=config.head_lr * lr_factor,
         weight_decay=config.weight_decay,
         device=device,
         progress=config.progress_bar,
@@ -138,6 +142,7 @@ def train_round(
         adapted.model,
         loader,
         description=f"round {server_round} partition {partition_id}",
+        lr_factor=round_lr_factor(config, server_round),
     )
     adapted.model.to("cpu")
     reply = RoundReply(adapted.shared_state(), adapted.local_state(), dict(metrics or {}), result)

@@ -217,6 +217,19 @@ class RunConfig:
         check=non_negative,
         affects=(),
     )
+    lr_schedule: str = setting(
+        "constant",
+        "per-round learning rate: 'constant', or 'cosine' from learning-rate in round 1 "
+        "to min-learning-rate in the last (FlowerTune's; the head's rate scales alike)",
+        check=one_of("constant", "cosine"),
+        affects=(),
+    )
+    min_learning_rate: float = setting(
+        0.0,
+        "lr-schedule=cosine: the rate of the last round (<= learning-rate)",
+        check=non_negative,
+        affects=(),
+    )
     weight_decay: float = setting(0.0, "AdamW weight decay", check=non_negative, affects=())
     max_seq_length: int = setting(
         128, "tokeniser max length", check=positive, affects=(TOKENISATION,)
@@ -511,6 +524,11 @@ def resolve_config(
         raise ConfigError("target-modules: name at least one module")
     _check_quantization_settings(config)
     _check_half_precision_writes(config)
+    if config.lr_schedule == "cosine" and config.min_learning_rate > config.learning_rate:
+        raise ConfigError(
+            f"min-learning-rate: {config.min_learning_rate} is above learning-rate "
+            f"{config.learning_rate}; cosine decays from learning-rate to min-learning-rate"
+        )
     try:  # the checks that depend on the method (dp=central's among them)
         get_method(config.method).check_settings(config)
     except ConfigError:

@@ -100,8 +100,8 @@ def test_every_preset_resolves(preset):
         assert config.as_dict()[key] == value, key
 
 
-def test_the_presets_are_the_four_toml_files():
-    assert PRESETS == ["cpu-default", "paper", "squad-cpu", "squad-paper"]
+def test_the_presets_are_the_six_toml_files():
+    assert PRESETS == ["cpu-default", "flowertune", "paper", "sft-cpu", "squad-cpu", "squad-paper"]
     assert not list(CONF_DIR.glob("*.yaml"))  # no second format to drift from
 
 

@@ -139,3 +139,16 @@ def test_bf16_round_tracks_the_fp32_round(tiny_decoder):
         # two AdamW steps of lr 0.01 move each entry by at most ~0.02; bf16 changes the
         # gradients' direction by its rounding of the base (eps 2^-8) only
         assert np.abs(step16 - step32).max() <= 0.25 * scale, key
+
+
+@pytest.mark.parametrize("quantization", ["4bit", "8bit"])
+def test_a_quantised_base_without_cuda_fails_before_loading(
+    tiny_decoder, quantization, monkeypatch
+):
+    """Without CUDA (as on this CPU machine; forced on a GPU machine) the model loader
+    refuses a 4-bit / 8-bit base before it reads a single weight, naming the key and what
+    is missing."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = resolve_config({}, _decoder_settings(tiny_decoder, quantization=quantization))
+    with pytest.raises(ConfigError, match=f"quantization.*{quantization}.*CUDA"):
+        cached_adapted_model(config, 0, "causal-lm")

@@ -182,13 +182,27 @@ def _lora_export_factors(layer: FLoRGLinear) -> tuple[torch.Tensor, torch.Tensor
         return B, A, 2 * layer.r
 
 
+def _peft_task_type(model: nn.Module) -> str | None:
+    """PEFT's ``task_type`` of ``model``: ``CAUSAL_LM`` for a transformers causal LM (what
+    ``AutoPeftModelForCausalLM`` requires, and PEFT's generation wrapper), else ``None``."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names: set[str] = set()
+    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        names.update((value,) if isinstance(value, str) else value)
+    return "CAUSAL_LM" if type(model).__name__ in names else None
+
+
 def export_peft_lora(
     model: nn.Module, out_dir: str | Path, base_model_name_or_path: str | None = None
 ) -> Path:
     """Write a standard PEFT LoRA adapter folder equivalent to the FLoRG model.
 
     ``PeftModel.from_pretrained(base_model, out_dir)`` on the original base model
-    reproduces this model's outputs (the head is saved through ``modules_to_save``).
+    reproduces this model's outputs (the head is saved through ``modules_to_save``). A
+    causal LM's folder has ``task_type`` ``CAUSAL_LM`` and, given
+    ``base_model_name_or_path``, loads from the folder alone:
+    ``peft.AutoPeftModelForCausalLM.from_pretrained(out_dir)`` (tests/test_causal_lm_export.py).
     """
     from peft import LoraConfig, get_peft_model
 
@@ -220,6 +234,7 @@ def export_peft_lora(
         bias="none",
         modules_to_save=list(model.florg_heads) or None,
         base_model_name_or_path=base_model_name_or_path,
+        task_type=_peft_task_type(model),
     )
     peft_model = get_peft_model(base, lora_config)
     peft_modules = dict(peft_model.base_model.model.named_modules())
