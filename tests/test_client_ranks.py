@@ -21,6 +21,7 @@ from flower_app.client_ranks import (
     server_model_config,
 )
 from flower_app.config import ConfigError, resolve_config
+from flower_app.methods.communication import client_communication
 from strategies.florg_ranks import aggregate_florg_ranks
 from strategies.florg_torch import aggregate_florg_layers
 from strategies.flower.base import from_array_record, to_array_record
@@ -125,6 +126,12 @@ def test_florg_mixed_ranks_aggregate_every_layer_and_send_each_node_its_factor()
         and metrics["up-params-r4"] == 4 * 2 * K + 2 * K
     )
     assert metrics["clients_r2"] == 2 and np.isfinite(metrics["gram_rel_error_r2"])
+    # the counts from the arrays that travelled equal the formula (round 1: sent at r_max)
+    shapes, head = {"enc.q": (K, K), "enc.v": (K, K)}, 2 * K
+    for r in (2, 4):
+        c = client_communication("florg", shapes, r, head, sent_rank=R_MAX)
+        assert metrics[f"up-params-r{r}"] == c.up_params
+    assert metrics["up-params-per-client"] == pytest.approx((2 * 36 + 60) / 3)
 
 
 def test_homogeneous_florg_takes_the_unchanged_path():
@@ -209,3 +216,46 @@ def test_hetlora_strategy_sends_each_node_its_top_rows():
     mine = from_array_record(strategy.at_node_rank(2, out).content["arrays"])
     assert mine["l.lora_A"].shape == (2, 6) and mine["l.lora_B"].shape == (5, 2)
     np.testing.assert_allclose(mine["l.lora_A"], expected_A[:2], rtol=1e-6)
+
+
+class FakeGrid:
+    """The nodes a round samples (what FedAvg's ``configure_train`` asks a Grid)."""
+
+    def __init__(self, nodes):
+        self.nodes = nodes
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+
+def test_the_next_round_sends_each_node_its_own_rank_and_counts_it():
+    from flwr.app import ConfigRecord
+
+    strategy = strategy_for("florg", FLORG_STATE, min_train_nodes=3, min_available_nodes=3)
+    ranks = {1: 2, 2: 4, 3: 2}
+    replies = [reply(n, client_state(r), r, n - 1) for n, r in ranks.items()]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    TaskIdentity.node_id = 0
+    messages = strategy.configure_train(2, arrays, ConfigRecord(), FakeGrid([1, 2, 3, 4]))
+    shapes, head = {"enc.q": (K, K), "enc.v": (K, K)}, 2 * K
+    seen = {}
+    for m in messages:
+        node = m.metadata.dst_node_id
+        sent = from_array_record(m.content["arrays"])
+        rank = sent["enc.q.A"].shape[0]
+        assert rank == ranks.get(node, R_MAX)  # node 4 is unknown: r_max
+        assert (
+            sum(v.size for v in sent.values())
+            == client_communication("florg", shapes, rank, head).down_params
+        )
+        if node in ranks and rank < R_MAX:
+            np.testing.assert_allclose(
+                sent["enc.q.A"], strategy.factors_by_rank[rank]["enc.q.A"], rtol=1e-6
+            )
+        seen[node] = rank
+    assert seen == {1: 2, 2: 4, 3: 2, 4: R_MAX}
+    # round 2's replies: down counted per rank from the messages that went out
+    replies = [reply(n, client_state(r), r, n - 1) for n, r in ranks.items()]
+    _, metrics = strategy.aggregate_train(2, replies)
+    assert metrics["down-params-r2"] == client_communication("florg", shapes, 2, head).down_params
+    assert metrics["down-params-r4"] == client_communication("florg", shapes, 4, head).down_params
