@@ -259,3 +259,16 @@ def test_the_next_round_sends_each_node_its_own_rank_and_counts_it():
     _, metrics = strategy.aggregate_train(2, replies)
     assert metrics["down-params-r2"] == client_communication("florg", shapes, 2, head).down_params
     assert metrics["down-params-r4"] == client_communication("florg", shapes, 4, head).down_params
+
+
+def test_a_checkpoint_carries_the_factors_and_node_ranks():
+    strategy = strategy_for("florg", FLORG_STATE)
+    replies = [reply(n, client_state(r), r, n - 1) for n, r in ((1, 2), (2, 4))]
+    strategy.aggregate_train(1, replies)
+    resumed = strategy_for("florg", FLORG_STATE)
+    resumed.restore(strategy.state_arrays(), strategy.state_json())
+    assert resumed.node_ranks == {1: 2, 2: 4}
+    assert set(resumed.factors_by_rank) == {2}
+    for key, value in strategy.factors_by_rank[2].items():
+        np.testing.assert_array_equal(resumed.factors_by_rank[2][key], value)
+    assert resumed.sent_state(2)["enc.q.A"].shape == (2, K)
