@@ -9,6 +9,9 @@ from flower_app.methods.base import Method
 
 
 class FlexLoRA(Method):
+    def dp_mechanism(self):
+        return "product-mean"  # one common rank under dp=central: FeDeRA's mechanism
+
     def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flower.lora_strategies import FlexLoRAStrategy
 

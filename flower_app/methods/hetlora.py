@@ -8,6 +8,9 @@ from flower_app.methods.base import Method
 
 
 class HetLoRA(Method):
+    def dp_mechanism(self):
+        return "mean"  # one common rank under dp=central: FedIT's mechanism
+
     def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flower.lora_strategies import HetLoRAStrategy
 

@@ -151,8 +151,9 @@ class FLoRGStrategy(AdapterStrategy):
 
     def aggregate_adapter(self, server_round, payloads, weights):
         keys = [f"{layer}.A" for layer in self.layers()]
-        mixed = any(p[k].shape[0] != self.largest_rank for p in payloads for k in keys)
-        if mixed or self.factors_by_rank:
+        sent = self.global_state
+        mixed = any(p[k].shape[0] != sent[k].shape[0] for p in payloads for k in keys)
+        if self.heterogeneous_ranks and (mixed or self.factors_by_rank):
             return self.aggregate_ranks(payloads, weights)
         new_As, per_layer = self.server_step(payloads, weights, self.rank_mismatch)
         info = summarize_layers(per_layer)

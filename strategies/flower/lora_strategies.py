@@ -122,7 +122,9 @@ class HetLoRAStrategy(AdapterStrategy):
     average (``strategies.hetlora``); each node is sent its top r_n (``sent_state``)."""
 
     method = "hetlora"
-    dp_mechanism = None  # no central-DP mechanism declared
+    # dp=central needs one common rank (refused with client-ranks); then HetLoRA is FedIT
+    # and the base class's mean mechanism is its private round
+    dp_mechanism = "mean"
     heterogeneous_ranks = True
 
     def aggregate_adapter(self, server_round, payloads, weights):
@@ -136,13 +138,15 @@ class HetLoRAStrategy(AdapterStrategy):
         return new, {}
 
 
-class FlexLoRAStrategy(AdapterStrategy):
+class FlexLoRAStrategy(FeDeRAStrategy):
     """FlexLoRA: clients of different rank; the weighted sum of the products, truncated
     SVD at the global rank (``strategies.flexlora``); each node is sent the first r_n
     singular directions, its own truncated SVD (``sent_state``)."""
 
     method = "flexlora"
-    dp_mechanism = None  # no central-DP mechanism declared
+    # dp=central needs one common rank (refused with client-ranks); then FlexLoRA is
+    # FeDeRA's rule and FeDeRA's product-mean mechanism its private round (inherited)
+    dp_mechanism = "product-mean"
     heterogeneous_ranks = True
 
     def aggregate_adapter(self, server_round, payloads, weights):

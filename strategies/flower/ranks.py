@@ -23,13 +23,15 @@ COLUMN_RANKED = (".lora_B",)  # rank = columns
 
 
 def rank_of(state: Mapping[str, np.ndarray]) -> int:
-    """The rank of a state: the rank axis of its first adapter matrix (0: no adapter)."""
+    """The rank of a state: the largest rank axis of its adapter matrices (an app's layers
+    share one; 0: no adapter)."""
+    ranks = [0]
     for key, value in state.items():
         if key.endswith(ROW_RANKED):
-            return int(np.shape(value)[0])
-        if key.endswith(COLUMN_RANKED):
-            return int(np.shape(value)[1])
-    return 0
+            ranks.append(int(np.shape(value)[0]))
+        elif key.endswith(COLUMN_RANKED):
+            ranks.append(int(np.shape(value)[1]))
+    return max(ranks)
 
 
 def _at_rank(key: str, shape: tuple[int, ...], r: int) -> tuple[int, ...]:
