@@ -28,6 +28,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log as flwr_log
 
+from flower_app.client_ranks import config_at_rank, node_rank
 from flower_app.client_round import receive, train_round
 from flower_app.config import resolve_config
 from flower_app.faults import inject_faults
@@ -37,6 +38,7 @@ from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data
 from flower_app.task_eval import evaluate_task
 from strategies.flower.base import from_array_record, to_array_record
+from strategies.flower.ranks import truncate_to_rank
 
 app = ClientApp(mods=[inject_faults])  # fault-* (testing): flower_app/faults.py
 
@@ -110,9 +112,11 @@ def _prepare(msg: Message, context: Context, *, training: bool):
     config = resolve_config(context.run_config)
     partition_id, num_partitions = _partition(context)
     config, num_partitions = use_node_data(config, context.node_config, num_partitions)
+    rank = node_rank(config, context.node_config, partition_id)  # flower_app/client_ranks.py
     data = load_task_data(config)
-    adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)
-    shared = from_array_record(msg.content["arrays"])
+    adapted = cached_adapted_model(config_at_rank(config, rank), data.num_labels, data.spec.kind)
+    # a state of a larger rank (the server does not know this node's rank yet): the top rows
+    shared = truncate_to_rank(from_array_record(msg.content["arrays"]), rank)
     local = context.state.array_records.get(LOCAL_STATE)
     state = from_array_record(local) if local is not None else None
     folder = _node_state_dir(msg, partition_id) if adapted.method.personal else None
@@ -126,15 +130,19 @@ def _prepare(msg: Message, context: Context, *, training: bool):
             raise
         flwr_log(WARNING, "[florg] ignoring persisted local state in %s: %s", folder, err)
         receive(adapted, shared, None)
-    return config, partition_id, num_partitions, adapted
+    return config, partition_id, num_partitions, adapted, rank
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """One training round (flower_app/client_round.py); the node keeps its own parts."""
-    config, pid, num_partitions, adapted = _prepare(msg, context, training=True)
+    config, pid, num_partitions, adapted, rank = _prepare(msg, context, training=True)
     server_round = int(msg.content["config"].get("server-round", 0))
-    metrics: dict[str, float] = {"partition-id": pid, "lr-fingerprint": adapted.fingerprint()}
+    metrics: dict[str, float] = {
+        "partition-id": pid,
+        "rank": rank,  # the server checks it against the arrays' shapes
+        "lr-fingerprint": adapted.fingerprint(),
+    }
     metrics |= adapted.method.receive_on_client(msg, context, adapted)  # FedEx-LoRA's fold
     reply = train_round(
         config,
@@ -164,7 +172,7 @@ def personalised_evaluate(msg: Message, context: Context) -> Message:
     (``RunConfig.tests_round``; metrics ``test-*``) and the whole validation split in the
     last three rounds, which tuning reads (``val-*``). The server averages these over
     nodes with equal weight (``personalized-test-score``: the mean node's model)."""
-    config, pid, num_partitions, adapted = _prepare(msg, context, training=False)
+    config, pid, num_partitions, adapted, _ = _prepare(msg, context, training=False)
     adapted.method.receive_on_client(msg, context, adapted)  # FedEx-LoRA's fold
     device = pick_device(config.device)
     metrics = evaluate_task(config, adapted.model, device, pid, num_partitions)

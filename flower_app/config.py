@@ -61,6 +61,7 @@ from flower_app.config_checks import (
     one_of,
     open_unit_interval,
     positive,
+    rank_list,
 )
 from flower_app.config_checks import is_folder_name as is_folder_name  # re-exported
 from flower_app.methods import RegisteredMethod, get_method
@@ -147,6 +148,14 @@ class RunConfig:
     rank: int = setting(4, "adapter rank r", check=positive, affects=(MODEL,))
     alpha: float = setting(
         16.0, "scaling numerator: s = alpha / r", check=positive, affects=(MODEL,)
+    )
+    # issue 30: clients of different rank (flower_app/client_ranks.py)
+    client_ranks: str = setting(
+        "",
+        "per-client adapter ranks, a comma list cycled over partition ids ('' = every "
+        "client uses rank; a SuperNode's node-config rank=R wins); s = alpha / rank for all",
+        check=rank_list,
+        affects=(),
     )
     seed: int = setting(
         0,

@@ -79,6 +79,15 @@ PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 QUANTIZATIONS: tuple[str, ...] = ("none", "4bit", "8bit")
 
 
+def rank_list(x: str) -> bool:
+    """'' or a comma list of positive integers ('2,4,8')."""
+    parts = [p.strip() for p in x.split(",")] if x.strip() else []
+    return all(p.isdigit() and int(p) >= 1 for p in parts)
+
+
+rank_list.hint = "'' or a comma list of positive integer ranks, e.g. '2,4,8'"  # type: ignore[attr-defined]
+
+
 def one_of(*options: str) -> Callable[[str], bool]:
     def check(x: str) -> bool:
         return x in options

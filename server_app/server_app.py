@@ -23,6 +23,7 @@ from flower_app.checkpoint import (
     restore_random_state,
     save_checkpoint,
 )
+from flower_app.client_ranks import server_model_config
 from flower_app.config import ConfigError, RunConfig, resolve_config
 from flower_app.console import install_console
 from flower_app.modeling import pick_device, resolve_model_source
@@ -57,7 +58,9 @@ class GlobalEvaluator:
         self.recorder = recorder
         self.run_dir = run_dir
         self.lineage = lineage
-        self.adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)
+        # at the run's largest rank (flower_app/client_ranks.py; strategies/flower/florg.py)
+        model_config = server_model_config(config)
+        self.adapted = cached_adapted_model(model_config, data.num_labels, data.spec.kind)
         self.device = pick_device(config.device)
 
     def load(self, arrays: ArrayRecord) -> None:
@@ -144,7 +147,8 @@ def main(grid: Grid, context: Context) -> None:
     data = load_task_data(config)
     if config.max_test_examples > 0:
         load_test_data(config)  # a task without a test split fails here, before training
-    adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)  # rank > k etc.
+    # rank > k etc.; at the largest client rank (flower_app/client_ranks.py)
+    adapted = cached_adapted_model(server_model_config(config), data.num_labels, data.spec.kind)
     initial_state = adapted.shared_state()
     strategy = adapted.method.build_strategy(
         config, initial_state, fingerprint=adapted.fingerprint(), run_dir=run_dir

@@ -165,6 +165,9 @@ MECHANISMS: dict[str, str] = {
     "florg": "gram",
     "florg-no-procrustes": "gram",
     "florg-signed": "gram",  # each sign block through the Gram step as its own "layer"
+    # one common rank under dp=central (client-ranks is refused with it): FedIT's / FeDeRA's
+    "hetlora": "mean",
+    "flexlora": "product-mean",
 }
 
 FEDEX_REFUSAL = (

@@ -199,6 +199,45 @@ def check_florg_round(path: Path, method: str) -> None:
         np.testing.assert_allclose(saved[f"new/{key}"], expected, rtol=1e-12, atol=1e-14)
 
 
+def test_clients_of_different_rank_end_at_their_own_rank(superlink, assets):
+    """Issue 30: `client-ranks=2,4` (cycled over the 3 partitions: 2, 4, 2) with FLoRG; the
+    global state and the server's model are at r_max = 4; each client trains and sends its
+    adapter at its own rank; round 2 is the mixed-rank step of the clients' replies, and
+    the communication per rank is what travelled."""
+    outcome, run_dir = run(
+        superlink,
+        assets,
+        "e2e-client-ranks",
+        **{"client-ranks": "2,4", "rank-mismatch": "truncate"},
+    )
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
+    history = rows(run_dir)
+    assert [r["round"] for r in history] == [0, 1, 2] and history[2]["clients"] == NUM_NODES
+    saved = np.load(run_dir / "updates" / "round-2.npz")
+    keys = [k[len("new/") :] for k in saved.files if k.startswith("new/") and k.endswith(".A")]
+    assert keys
+    ranks = [(2, 4)[int(p) % 2] for p in saved["partitions"]]
+    assert sorted(ranks) == [2, 2, 4]
+    for key in keys:
+        clients = [saved[f"client{i}/{key}"].astype(np.float64) for i in range(NUM_NODES)]
+        assert [c.shape[0] for c in clients] == ranks, key  # each adapter at its own rank
+        new = saved[f"new/{key}"]
+        assert new.shape[0] == 4
+        # 'truncate': the global A is the best rank-4 factor of Q = sum_n w_n A_n^T A_n
+        # (Eckart-Young; the step itself is held to the reference in test_client_ranks.py)
+        gram = sum(w * c.T @ c for w, c in zip(saved["weights"], clients, strict=True))
+        lam = np.linalg.eigvalsh(gram)[::-1]
+        tail = float(np.sqrt(np.sum(lam[4:] ** 2)))
+        err = float(np.linalg.norm(new.T @ new - gram))
+        assert abs(err - tail) <= 1e-9 * float(np.linalg.norm(gram)), key
+    row = history[2]
+    assert (
+        row["up-params-r2"] < row["up-params-r4"] and row["down-params-r2"] < row["down-params-r4"]
+    )
+    assert row["up-params"] == 2 * row["up-params-r2"] + row["up-params-r4"]
+    assert row["clients_r2"] == 2 and row["clients_r4"] == 1
+
+
 @pytest.mark.parametrize(
     "kind,failures,rejected,screened",
     [("raise", 1, 0, 0), ("nan", 0, 1, 0), ("shape", 0, 1, 0), ("scale", 0, 0, 1)],

@@ -53,6 +53,8 @@ def test_counts_match_the_tensors_each_method_sends(layout, tiny_bert_config):
         "fedex-lora": both,
         "ffa-lora": only_b,
         "fedsa-lora": only_a,
+        "hetlora": both,  # at rank r; a client of rank r_n: its r_n (tests/test_client_ranks.py)
+        "flexlora": both,
     }
     for method in METHODS:
         c = round_communication(method, shapes, r, head, num_clients=4)

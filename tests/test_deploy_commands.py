@@ -110,6 +110,25 @@ def test_node_config_rejects_unknown_partition():
     }
 
 
+def test_a_node_rank_travels_in_the_node_config_and_wins_over_client_ranks():
+    """Issue 30: ``--rank R`` / ``--node-ranks`` put ``rank=R`` into the node-config, which
+    the ClientApp reads over the run's ``client-ranks`` (flower_app/client_ranks.py)."""
+    from florg_tools.deploy.__main__ import parse_node_ranks
+    from flower_app.client_ranks import node_rank
+    from flower_app.config import resolve_config
+
+    argv = supernode_argv("127.0.0.1:9093", partition_id=1, num_partitions=3, rank=8, insecure=True)
+    node_config = parse_config_args([_parse_args_run_supernode().parse_args(argv[1:]).node_config])
+    assert node_config == {"partition-id": 1, "num-partitions": 3, "rank": 8}
+    config = resolve_config({}, {"client-ranks": "2,4,8"})
+    assert node_rank(config, node_config, 1) == 8  # client-ranks alone would give 4
+    assert parse_node_ranks("2,4,8", 3) == [2, 4, 8] and parse_node_ranks(None, 3) == []
+    with pytest.raises(DeployConfigError, match="give 3 positive integer ranks"):
+        parse_node_ranks("2,4", 3)
+    with pytest.raises(DeployConfigError, match="rank must be a positive int"):
+        node_config_string(0, 1, rank=0)
+
+
 def test_superexec_argv_uses_the_1_41_flags():
     argv = superexec_argv("127.0.0.1:9093", root_certificates="/certs/ca.crt", parent_pid=42)
     args = superexec_parser().parse_args(argv[1:])

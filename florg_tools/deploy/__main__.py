@@ -4,12 +4,12 @@
     python -m florg_tools.deploy up --nodes 3 [--num-partitions N] [--certs DIR | --insecure]
         [--host 0.0.0.0] [--port 9093] [--san HOST ...] [--node-auth] [--isolation process]
         [--netns]
-        [--data-path-template 'data/node-{i}'] [--dir .deploy] [--connection NAME]
-        [--flwr-home DIR] [--threads-per-node T]
+        [--data-path-template 'data/node-{i}'] [--node-ranks 2,4,8] [--dir .deploy]
+        [--connection NAME] [--flwr-home DIR] [--threads-per-node T]
     python -m florg_tools.deploy superlink --certs DIR [--host 0.0.0.0] [--port 9093]
         [--node-auth] [--isolation process]
     python -m florg_tools.deploy node --superlink HOST:PORT --partition-id I
-        --num-partitions N (--root-certificates CA | --insecure) [--data-path P]
+        --num-partitions N (--root-certificates CA | --insecure) [--data-path P] [--rank R]
         [--auth-key KEY] [--isolation process] [--runtime-port P]
     python -m florg_tools.deploy connection --name NAME --address HOST:PORT
         (--root-certificates CA | --insecure) [--flwr-home DIR]
@@ -92,6 +92,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         partition_id=args.partition_id,
         num_partitions=args.num_partitions,
         data_path=Path(args.data_path).expanduser().resolve() if args.data_path else None,
+        rank=args.rank,
         root_certificates=args.root_certificates,
         insecure=args.insecure,
         isolation=args.isolation,
@@ -115,11 +116,24 @@ def cmd_connection(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_node_ranks(text: str | None, nodes: int) -> list[int]:
+    """``--node-ranks 2,4,8``: one positive rank per node (``[]`` without the option)."""
+    if not text:
+        return []
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != nodes or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise DeployConfigError(
+            f"--node-ranks {text!r}: give {nodes} positive integer ranks, one per node"
+        )
+    return [int(p) for p in parts]
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from florg_tools.deploy.deployment import Deployment, register_node, thread_env
     from florg_tools.deploy.netns import Namespaces
 
     directory = args.dir.expanduser().resolve()
+    node_ranks = parse_node_ranks(args.node_ranks, args.nodes)
     if args.netns and is_loopback(args.host):
         # The nodes dial the host side of their veth: the SuperLink must listen there too.
         print("[deploy] --netns: the SuperLink binds 0.0.0.0 (TLS)", file=sys.stderr)
@@ -158,6 +172,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                     superlink_host=spaces[i].host_address if spaces else None,
                     netns=spaces[i].name if spaces else None,
                     data_path=Path(data_path).resolve() if data_path else None,
+                    rank=node_ranks[i] if node_ranks else None,
                     auth_key=keys[i] if keys else None,
                     wait=False,
                 )
@@ -218,6 +233,11 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--isolation", choices=("subprocess", "process"), default="subprocess")
     up.add_argument("--netns", action="store_true", help="each SuperNode in its own netns")
     up.add_argument("--data-path-template", default=None, help="per-node data, e.g. d/{i}")
+    up.add_argument(
+        "--node-ranks",
+        default=None,
+        help="per-node adapter ranks, one per node (node-config rank; e.g. 2,4,8)",
+    )
     up.add_argument("--dir", type=Path, default=Path(".deploy"), help="logs, state, keys")
     up.add_argument("--connection", default="deployment", help="connection name")
     up.add_argument("--flwr-home", type=Path, default=None)
@@ -237,6 +257,7 @@ def _build_parser() -> argparse.ArgumentParser:
     node.add_argument("--partition-id", type=int, required=True)
     node.add_argument("--num-partitions", type=int, required=True)
     node.add_argument("--data-path", default=None, help="this node's own data")
+    node.add_argument("--rank", type=int, default=None, help="this node's adapter rank")
     node.add_argument("--root-certificates", type=Path, default=None, help="the CA certificate")
     node.add_argument("--insecure", action="store_true", help="no TLS (loopback only)")
     node.add_argument("--auth-key", type=Path, default=None, help="node private key")

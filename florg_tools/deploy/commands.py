@@ -226,8 +226,11 @@ def node_config_string(
     num_partitions: int,
     data_path: PathLike | None = None,
     extra: Mapping[str, str | int | float | bool] | None = None,
+    rank: int | None = None,
 ) -> str:
-    """The ``--node-config`` value: ``partition-id=I num-partitions=N [data-path='P']``."""
+    """The ``--node-config`` value: ``partition-id=I num-partitions=N [data-path='P']
+    [rank=R]`` (``rank``: the node's adapter rank, issue 30; it wins over the run's
+    ``client-ranks``)."""
     for name, value in (("partition-id", partition_id), ("num-partitions", num_partitions)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise DeployConfigError(f"{name} must be an int, got {value!r}")
@@ -246,6 +249,10 @@ def node_config_string(
         if not str(data_path):
             raise DeployConfigError("data-path must not be empty")
         items["data-path"] = str(data_path)
+    if rank is not None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise DeployConfigError(f"rank must be a positive int, got {rank!r}")
+        items["rank"] = rank
     for key, value in (extra or {}).items():
         if key in items or not key or any(c in key for c in " =\"'"):
             raise DeployConfigError(f"node-config key {key!r} is reserved or malformed")
@@ -259,6 +266,7 @@ def supernode_argv(
     partition_id: int,
     num_partitions: int,
     data_path: PathLike | None = None,
+    rank: int | None = None,
     root_certificates: PathLike | None = None,
     insecure: bool = False,
     isolation: str = "subprocess",
@@ -276,7 +284,8 @@ def supernode_argv(
     ``superlink`` is the SuperLink's ``host:port``. Exactly one of ``root_certificates``
     (the CA that signed the SuperLink's certificate) and ``insecure`` (only towards a
     loopback SuperLink). ``data_path`` is this node's own data (read by its ClientApp
-    instead of the run config's ``data-path``). ``runtime_host``/``runtime_port`` is the
+    instead of the run config's ``data-path``); ``rank`` its adapter rank (node-config
+    ``rank``, issue 30). ``runtime_host``/``runtime_port`` is the
     node's own Runtime API (default ``127.0.0.1:9094``; give each node on one host its own
     port); with ``isolation="process"`` a separate ``superexec_argv`` connects there, and a
     non-loopback ``runtime_host`` then needs ``runtime_tls`` (or ``private_network``).
@@ -301,7 +310,10 @@ def supernode_argv(
     else:
         argv += ["--root-certificates", str(root_certificates)]
     argv += ["--superlink", superlink]
-    argv += ["--node-config", node_config_string(partition_id, num_partitions, data_path)]
+    argv += [
+        "--node-config",
+        node_config_string(partition_id, num_partitions, data_path, rank=rank),
+    ]
     argv += ["--isolation", isolation]
     if runtime_host is not None:
         if runtime_tls is None:

@@ -306,6 +306,7 @@ class Deployment:
         *,
         superlink_host: str | None = None,
         data_path: str | Path | None = None,
+        rank: int | None = None,
         netns: str | None = None,
         auth_key: NodeKey | None = None,
         env: Mapping[str, str] | None = None,
@@ -315,6 +316,7 @@ class Deployment:
         """Start the SuperNode for ``partition_id`` (replacing a stopped one).
 
         ``superlink_host`` is the address it dials (default: ``address``'s host);
+        ``rank``: the node's adapter rank (node-config ``rank``; issue 30).
         ``netns`` runs it (and its SuperExec and ClientApps) in that network namespace.
         With ``wait``, returns once it has registered (its log names its node id, stored
         in ``info["node-id"]``).
@@ -337,6 +339,7 @@ class Deployment:
             partition_id=partition_id,
             num_partitions=num_partitions,
             data_path=data_path,
+            rank=rank,
             root_certificates=self.ca_cert,
             insecure=self.ca_cert is None,
             isolation=isolation,

@@ -84,6 +84,8 @@ METHOD_MODULES = (
     "ffa_lora",
     "fedsa_lora",
     "fedex_lora",
+    "hetlora",
+    "flexlora",
 )
 for _module in METHOD_MODULES:
     for _method in import_module(f"{__name__}.{_module}").METHODS:

@@ -73,6 +73,9 @@ class Method:
     shared: tuple[str, ...]
     local: tuple[str, ...] = ()
     frozen: tuple[str, ...] = ()
+    # Whether its clients may train at different ranks (issue 30: ``client-ranks``, a
+    # node's ``rank``); its strategy then aggregates them (``heterogeneous_ranks``).
+    heterogeneous_ranks: bool = False
 
     def __post_init__(self) -> None:
         if self.adapter not in ADAPTERS:
@@ -123,7 +126,16 @@ class Method:
         naming its key (``resolve_config`` raises it as a ConfigError): with ``dp=central``,
         a method with a mechanism (``dp_mechanism``), C > 0, z > 0, 0 < delta < 1, uniform
         weights (``strategies.dp.check_dp_settings``), no saved client updates, and the
-        accountant's package installed."""
+        accountant's package installed; with ``client-ranks``, a method whose clients may
+        train at different ranks, and no dp=central."""
+        if config.client_ranks.strip():
+            if not self.heterogeneous_ranks:
+                raise ValueError(
+                    f"client-ranks: method {self.name!r} aggregates one common rank; "
+                    "per-client ranks need florg, florg-no-procrustes, hetlora or flexlora"
+                )
+            if config.dp == "central":
+                raise ValueError("client-ranks: dp=central needs one common rank")
         if config.dp != "central":
             return
         from importlib.util import find_spec

@@ -9,6 +9,7 @@ client sends up and receives down per round the method's shared parts
     fedit, federa                B, A             r (d_out + d_in) (up and down)
     ffa-lora                     B                r d_out          (A is frozen and seeded)
     fedsa-lora                   A                r d_in           (B stays on the client)
+    hetlora, flexlora            B, A             r (d_out + d_in) (up and down)
     fedex-lora                   B, A             r (d_out + d_in) up;
                                  + residual down: d_out d_in (dense, the paper's version)
                                                   or (N + 1) r (d_out + d_in) (factored)
@@ -16,6 +17,13 @@ client sends up and receives down per round the method's shared parts
 plus H each way (``Method.extra_down_params`` adds FedEx-LoRA's residual).  N is the
 number of clients aggregated in the round.  Bytes are parameters times
 ``bytes_per_param`` (4: arrays travel as float32).
+
+Clients of different rank (issue 30; ``client_communication``): a client of rank r_n sends
+up the formula at r_n and receives down the formula at the rank it was sent, r_n once the
+server knows its rank, the run's largest rank r_max before (its first round).  The
+strategy counts the same from the arrays that travelled (``up-params-r<r>``,
+``down-params-r<r>``, ``up-params-per-client``, ``down-params-per-client`` in the metrics
+rows of a round with mixed ranks; tests/test_client_ranks.py holds the two equal).
 """
 
 from __future__ import annotations
@@ -72,3 +80,22 @@ def round_communication(
         for o, i in layer_shapes.values()
     )
     return RoundCommunication(adapter + head_params, adapter + head_params + extra, bytes_per_param)
+
+
+def client_communication(
+    method: str,
+    layer_shapes: Mapping[str, tuple[int, int]],
+    rank: int,
+    head_params: int,
+    sent_rank: int | None = None,
+    bytes_per_param: int = 4,
+) -> RoundCommunication:
+    """One client's round at ``rank`` (r_n) that was sent the state at ``sent_rank``
+    (default r_n; r_max in the node's first round): up at r_n, down at the rank sent."""
+    if not get_method(method).heterogeneous_ranks and sent_rank not in (None, rank):
+        raise ValueError(f"method {method!r} sends every client one rank")
+    up = round_communication(method, layer_shapes, rank, head_params, 1, "dense", bytes_per_param)
+    down = round_communication(
+        method, layer_shapes, sent_rank or rank, head_params, 1, "dense", bytes_per_param
+    )
+    return RoundCommunication(up.up_params, down.down_params, bytes_per_param)

@@ -42,12 +42,14 @@ FLORG = FLoRG(
     summary="Gram aggregation of A, eigendecomposition, Procrustes alignment (the paper)",
     adapter="florg",
     shared=("A",),
+    heterogeneous_ranks=True,
 )
 FLORG_NO_PROCRUSTES = FLoRG(
     name="florg-no-procrustes",
     summary="FLoRG without the Procrustes alignment (the paper's ablation)",
     adapter="florg",
     shared=("A",),
+    heterogeneous_ranks=True,
     procrustes=False,
 )
 

@@ -18,9 +18,20 @@ It samples nodes like FedAvg, then in ``aggregate_train``
   6. returns the new global arrays with metrics: server aggregation seconds,
      parameters and bytes actually sent and received this round, train loss, counts of
      failed / rejected / screened / clipped replies and the rule's diagnostics.
-Subclasses only implement ``aggregate_adapter``. ``state_arrays`` / ``state_json`` and
-``restore`` carry everything needed to continue a run from a checkpoint. The arrays
-travel as Flower ArrayRecords (strategies/flower/records.py).
+Subclasses only implement ``aggregate_adapter``.
+
+Clients of different rank (issue 30, docs/architecture.md): the global state has the run's
+largest rank r_max; a reply declares its client's rank r_n (``rank`` metric), checked
+against the arrays' shapes (every layer's A has r_n rows) and rejected when r_n exceeds k
+or r_max or when the method aggregates one rank only (``heterogeneous_ranks`` false). The
+strategy remembers each node's rank from its replies and from then on sends it the state
+of its own rank (``sent_state``: by default the top r_n rows of A / columns of B of the
+global state; FLoRG its own factor); a node whose rank it does not know yet gets the
+r_max state and keeps the top r_n rows. Screening measures each client from the state it
+was sent. With every rank equal to r_max nothing of this changes a message or a number.
+
+``state_arrays`` / ``state_json`` and ``restore`` carry everything needed to continue a
+run from a checkpoint. The arrays travel as Flower ArrayRecords (strategies/flower/records.py).
 
 Central differential privacy (``dp=central``, docs/privacy.md): with ``dp`` (a
 ``strategies.dp.CentralDP``) steps 4 and 5 are replaced by the method's mechanism,
@@ -40,11 +51,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
@@ -54,6 +66,7 @@ from strategies.dp import CentralDP, check_dp_supported, noise_std_mean, noised_
 from strategies.flower import replies as _replies
 from strategies.flower import screening as _screening
 from strategies.flower.participation import NodeLedger
+from strategies.flower.ranks import adapter_k, rank_of, shapes_at_rank, truncate_to_rank
 from strategies.flower.records import (
     ADAPTER_SUFFIXES,
     declared_params,
@@ -62,7 +75,7 @@ from strategies.flower.records import (
     split_state,
     to_array_record,
 )
-from strategies.flower.replies import Reply, ReplyRejected, metric_number
+from strategies.flower.replies import Reply, ReplyRejected, declared_rank, metric_number
 from strategies.flower.screening import DEFAULT_KAPPA
 from strategies.validation import normalize_weights
 
@@ -95,6 +108,9 @@ class AdapterStrategy(FedAvg):
     # The central-DP mechanism ``aggregate_private`` implements (strategies.dp.MECHANISMS);
     # None: the strategy has none, and refuses ``dp``.
     dp_mechanism: str | None = "mean"
+    # Whether the rule aggregates clients of different rank (issue 30); False: a reply at
+    # another rank than the global state's is rejected.
+    heterogeneous_ranks: bool = False
 
     def __init__(
         self,
@@ -140,6 +156,11 @@ class AdapterStrategy(FedAvg):
         self._down_params: dict[int, int] = {}
         self._sampled: dict[int, int] = {}  # round -> nodes sent a training message
         self.ledger = NodeLedger()  # node id -> partition id; lost nodes per round
+        self.largest_rank = rank_of(self.global_state)  # r_max (issue 30)
+        self.max_k = adapter_k(self.global_state)  # a rank above it fits no layer
+        self._down_by_node: dict[int, int] = {}  # node -> parameters sent this round
+        self.node_ranks: dict[int, int] = {}  # node id -> rank, learnt from its replies
+        self._sent_ranks: dict[int, dict[int, int]] = {}  # round -> node -> rank sent
 
     def _check_dp(self, dp: CentralDP, weighting: str, updates_dir: Any) -> None:
         """What the run settings check (Method.check_settings), again where the strategy
@@ -162,10 +183,11 @@ class AdapterStrategy(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         messages = [
-            self.extend_train_message(server_round, m)
+            self.extend_train_message(server_round, self.at_node_rank(server_round, m))
             for m in super().configure_train(server_round, arrays, config, grid)
         ]
         self._down_params[server_round] = sum(record_params(m.content) for m in messages)
+        self._down_by_node = {m.metadata.dst_node_id: record_params(m.content) for m in messages}
         self._sampled[server_round] = len(messages)
         self.ledger.sent(server_round, messages)
         return messages
@@ -174,25 +196,104 @@ class AdapterStrategy(FedAvg):
         """Hook for methods that send more than the global arrays (FedEx-LoRA)."""
         return message
 
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """FedAvg's, each node sent the state of its own rank (issue 30)."""
+        return [
+            self.at_node_rank(None, m)
+            for m in super().configure_evaluate(server_round, arrays, config, grid)
+        ]
+
+    # -- clients of different rank (issue 30) ---------------------------------------------
+    def sent_state(self, rank: int) -> dict[str, np.ndarray]:
+        """The state a node of ``rank`` is sent: the global state's top ``rank`` rows of
+        every A and columns of every B (FLoRG overrides it: a factor of its own)."""
+        return truncate_to_rank(self.global_state, rank)
+
+    def at_node_rank(self, server_round: int | None, message: Message) -> Message:
+        """``message`` carrying the state of its node's rank when the node has declared a
+        rank other than r_max (else unchanged: a node of unknown rank gets r_max and keeps
+        the top rows); ``server_round``: a training round, whose sent ranks are recorded."""
+        node = message.metadata.dst_node_id
+        rank = self.node_ranks.get(node, self.largest_rank)
+        if server_round is not None:
+            self._sent_ranks.setdefault(server_round, {})[node] = rank
+        if rank == self.largest_rank:
+            return message
+        content = RecordDict(dict(message.content.items()))
+        content["arrays"] = to_array_record(self.sent_state(rank))
+        return Message(
+            content=content, message_type=message.metadata.message_type, dst_node_id=node
+        )
+
+    def start_state(self, server_round: int, reply: Reply) -> dict[str, np.ndarray]:
+        """The state ``reply``'s client started this round from: what it was sent, cut to
+        its rank."""
+        sent = self._sent_ranks.get(server_round, {}).get(reply.node, self.largest_rank)
+        return truncate_to_rank(self.sent_state(sent), reply.rank)
+
     # -- receiving ----------------------------------------------------------------------
     def check_reply(self, message: Message) -> Reply:
         """The checked reply, or ReplyRejected with the reason (never aggregated):
-        ``strategies.flower.replies.check_reply`` against the global state sent."""
-        return _replies.check_reply(message, self.global_state)
+        ``strategies.flower.replies.check_reply`` against the global state's shapes at the
+        rank the reply declares (``declared_rank``)."""
+        metrics = message.content["metrics"] if "metrics" in message.content.metric_records else {}
+        rank = declared_rank(
+            metrics, default=self.largest_rank, k=self.max_k, largest=self.largest_rank
+        )
+        expected: Mapping[str, np.ndarray] = self.global_state
+        if rank != self.largest_rank:
+            if not self.heterogeneous_ranks:
+                raise ReplyRejected(
+                    f"declared rank {rank}, but {self.method} aggregates rank "
+                    f"{self.largest_rank} only"
+                )
+            if self.dp is not None:
+                raise ReplyRejected(f"declared rank {rank}: dp=central needs one rank")
+            expected = {
+                key: np.empty(shape, np.float32)
+                for key, shape in shapes_at_rank(self.global_state, rank).items()
+            }
+        reply = _replies.check_reply(message, expected)
+        return replace(reply, rank=rank)
 
     def screen(
-        self, server_round: int, replies: list[Reply]
+        self,
+        server_round: int,
+        replies: list[Reply],
+        starts: list[dict[str, np.ndarray]] | None = None,
     ) -> tuple[list[Reply], list[float], dict]:
         """Outlier screening (on unless ``screen-updates=false``; docs/faults.md and
         ``strategies.flower.screening``): the kept replies, their (clipped) example
-        counts and the metrics."""
+        counts and the metrics; ``starts``: each reply's ``start_state`` (mixed ranks)."""
         return _screening.screen(
             server_round,
             replies,
             self.global_state,
             kappa=self.screen_kappa,
             enabled=self.screen_updates,
+            starts=starts,
         )
+
+    def rank_communication(self, replies: list[Reply]) -> dict[str, float]:
+        """Per-client communication of a round with mixed ranks, from the arrays that
+        travelled: ``up-params-per-client`` / ``down-params-per-client`` (mean over the
+        checked replies) and ``up-params-r<r>`` / ``down-params-r<r>`` (mean over the
+        clients of rank r)."""
+        down = self._down_by_node
+        rows = [(r.rank, sum(int(a.size) for a in r.arrays.values()), down.get(r.node, 0))
+                for r in replies]  # fmt: skip
+        out: dict[str, float] = {}
+        if not rows:
+            return out
+        out["up-params-per-client"] = float(np.mean([u for _, u, _ in rows]))
+        out["down-params-per-client"] = float(np.mean([d for _, _, d in rows]))
+        for rank in sorted({r for r, _, _ in rows}):
+            mine = [(u, d) for r, u, d in rows if r == rank]
+            out[f"up-params-r{rank}"] = float(np.mean([u for u, _ in mine]))
+            out[f"down-params-r{rank}"] = float(np.mean([d for _, d in mine]))
+        return out
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -216,7 +317,9 @@ class AdapterStrategy(FedAvg):
                 continue
             up_params += declared_params(msg.content)
             try:
-                checked.append(self.check_reply(msg))
+                reply = self.check_reply(msg)
+                checked.append(reply)
+                self.node_ranks[reply.node] = reply.rank
             except ReplyRejected as err:
                 rejected += 1
                 log.warning(
@@ -250,7 +353,12 @@ class AdapterStrategy(FedAvg):
         A caller without Flower messages (benchmarks/overhead/loop.py) starts here."""
         # partition order: the order replies arrive in never matters
         checked = sorted(checked, key=lambda r: (r.partition, r.node))
-        kept, sizes, screening = self.screen(server_round, checked)
+        sent = self._sent_ranks.get(server_round, {})
+        mixed = any(r.rank not in (0, self.largest_rank) for r in checked) or any(
+            rank != self.largest_rank for rank in sent.values()
+        )
+        starts = [self.start_state(server_round, r) for r in checked] if mixed else None
+        kept, sizes, screening = self.screen(server_round, checked, starts)
         metrics: dict[str, float] = {
             "clients": len(kept),
             "failures": failures,
@@ -260,6 +368,8 @@ class AdapterStrategy(FedAvg):
             "down-params": self._down_params.get(server_round, 0),
             **(node_metrics or {}),
         }
+        if mixed:
+            metrics.update(self.rank_communication(checked))
         if not kept and self.dp is None:
             log.warning(
                 "round %d: no valid client update; the global model is unchanged", server_round
@@ -413,6 +523,8 @@ class AdapterStrategy(FedAvg):
             "method": self.method,
             "partitions": {str(k): v for k, v in self.ledger.partitions.items()},
         }
+        if self.node_ranks:
+            state["node-ranks"] = {str(k): v for k, v in self.node_ranks.items()}
         if self.dp is not None:
             state["dp"] = self.dp.state_dict()
         return state
@@ -428,6 +540,7 @@ class AdapterStrategy(FedAvg):
             raise ValueError("checkpoint arrays do not match this model's adapter")
         self.global_state = {k: np.asarray(v, np.float64) for k, v in saved.items()}
         self.ledger.partitions = {int(k): int(v) for k, v in state.get("partitions", {}).items()}
+        self.node_ranks = {int(k): int(v) for k, v in state.get("node-ranks", {}).items()}
         if (self.dp is None) != ("dp" not in state):
             raise ValueError("checkpoint and run differ in dp (off / central)")
         if self.dp is not None:

@@ -6,7 +6,34 @@ Every round also records how far the server step lands from plain FedAvg on A, u
 rank-mismatch policies (``fedavg_gap_procrustes``, ``fedavg_gap_truncate``; mean over
 layers of ||A_new - Σ wₙ Aₙ||_F / ||A_new - A_prev||_F). With N r > r (every round of a
 federation) the paper's Procrustes over all r' = N r rows can land close to the plain
-mean, which would make FLoRG FedAvg on A in effect; this key measures it in every run."""
+mean, which would make FLoRG FedAvg on A in effect; this key measures it in every run.
+
+Clients of different rank (issue 30): once a reply's A has r_n rows other than the global
+state's r_max, every later round runs ``strategies.florg_ranks_torch`` for every layer:
+Q = Σ wₙ AₙᵀAₙ through the thin stack of all Σ rₙ rows, one decomposition per layer, and
+for each rank r_t in use (r_max, every client rank seen) the factor of rank r_t aligned by
+Procrustes with ``prev_by_rank[r_t]``, the r_t-factor the clients of that rank started
+from (the top r_t rows of the global A where none was kept yet).  Each node then receives
+the factor of its own rank (``sent_state``).
+
+Two decisions (docs/architecture.md, "Clients of different rank"):
+
+- **A node of unknown rank** (its first round; a node that never replied) is sent the
+  r_max factor and keeps its top r_n rows.  In round 1 that is exact: the initial A is
+  drawn row by row from one seeded generator, so its top r_n rows are the A a rank-r_n
+  node draws.  Later it is a valid rank-r_n adapter but not the best one, because the
+  Procrustes rotation mixes the eigenvalue-ordered rows; from its first reply on the
+  node gets its own factor.  Sending every rank's factor to an unknown node instead would
+  cost Σ r_t k per layer for one round; the server does not know the rank before the
+  reply because a SuperNode's node-config is not visible to the ServerApp.
+- **The server's own model** (evaluation, checkpoint, the final adapter) is the r_max
+  factor: the best rank-r_max approximation of Q ('truncate'; the all-rows Procrustes
+  factor under 'procrustes', with its r' > r caveat, strategies/florg_ranks.py), i.e. the
+  closest to Q any client rank allows.  With r_max = max(rank, client-ranks) this is the
+  largest client rank seen as soon as one client has it.
+
+With every client at r_max nothing changes: the homogeneous path (``aggregate_florg_layers``)
+runs, bit for bit as before."""
 
 from __future__ import annotations
 
@@ -15,9 +42,11 @@ import numpy as np
 from strategies.dp import clip_florg_with_head, florg_sensitivity, noised_mean
 from strategies.dp_torch import private_florg_layers_torch
 from strategies.florg import RANK_MISMATCH_POLICIES, check_rank_mismatch
+from strategies.florg_ranks_torch import aggregate_florg_ranks_layers
 from strategies.florg_signed import sign_blocks
 from strategies.florg_torch import aggregate_florg_layers
 from strategies.flower.base import AdapterStrategy, Reply, ReplyRejected, metric_number
+from strategies.flower.ranks import rank_of
 from strategies.flower.records import split_state
 
 
@@ -30,6 +59,7 @@ class FLoRGStrategy(AdapterStrategy):
 
     method = "florg"
     dp_mechanism = "gram"
+    heterogeneous_ranks = True
 
     def __init__(
         self,
@@ -47,6 +77,9 @@ class FLoRGStrategy(AdapterStrategy):
         self.fingerprint = fingerprint
         self.rank_mismatch = check_rank_mismatch(rank_mismatch)
         self.server_device = resolve_server_device(server_device)  # 'cuda' without a GPU fails
+        # rank r_t < r_max -> {'<layer>.A': the factor of rank r_t} (issue 30; empty while
+        # every client has r_max, the homogeneous run)
+        self.factors_by_rank: dict[int, dict[str, np.ndarray]] = {}
 
     def check_reply(self, message) -> Reply:
         """Also reject a client whose fixed L, R differ from the server's (other seed/model),
@@ -78,12 +111,71 @@ class FLoRGStrategy(AdapterStrategy):
         )
         return dict(new_As), per_layer
 
+    def sent_state(self, rank: int) -> dict[str, np.ndarray]:
+        """The global state with the factor of ``rank`` (the top rows of the global A
+        until a factor of that rank exists)."""
+        if rank not in self.factors_by_rank:
+            return super().sent_state(rank)
+        own = self.factors_by_rank[rank]
+        return {k: own.get(k, v) for k, v in self.global_state.items()}
+
+    def aggregate_ranks(
+        self, payloads: list[dict[str, np.ndarray]], weights: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """The mixed-rank step: a new factor of every rank in use for every layer; returns
+        the r_max factors (the global A) and the diagnostics (the r_max factor's, plus
+        ``gram_rel_error_r<r>`` and ``clients_r<r>`` per client rank)."""
+        keys = [f"{layer}.A" for layer in self.layers()]
+        ranks = [rank_of({k: p[k] for k in keys}) for p in payloads]
+        requested = sorted({self.largest_rank, *ranks, *self.factors_by_rank})
+        prev = {key: {r: self.sent_state(r)[key][:r] for r in requested} for key in keys}
+        new, infos = aggregate_florg_ranks_layers(
+            {key: [p[key] for p in payloads] for key in keys},
+            weights,
+            prev,
+            device=str(self.server_device),
+            procrustes=self.procrustes,
+            rank_mismatch=self.rank_mismatch,
+        )
+        top = self.largest_rank
+        self.factors_by_rank = {
+            r: {key: new[key][r] for key in keys} for r in requested if r != top
+        }
+        info = summarize_layers({key: infos[key][top] for key in keys})
+        for r in requested:
+            errors = [float(infos[key][r]["gram_rel_error"]) for key in keys]
+            info[f"gram_rel_error_r{r}"] = float(np.mean(errors))
+        for r in sorted(set(ranks)):
+            info[f"clients_r{r}"] = float(ranks.count(r))
+        return {key: new[key][top] for key in keys}, info
+
     def aggregate_adapter(self, server_round, payloads, weights):
+        keys = [f"{layer}.A" for layer in self.layers()]
+        sent = self.global_state
+        mixed = any(p[k].shape[0] != sent[k].shape[0] for p in payloads for k in keys)
+        if self.heterogeneous_ranks and (mixed or self.factors_by_rank):
+            return self.aggregate_ranks(payloads, weights)
         new_As, per_layer = self.server_step(payloads, weights, self.rank_mismatch)
         info = summarize_layers(per_layer)
         if self.procrustes:
             info |= self.fedavg_gaps(payloads, weights, new_As)
         return new_As, info
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Also the factors of the other ranks in use (``rank<r>/<layer>.A``)."""
+        arrays = super().state_arrays()
+        for r, factors in self.factors_by_rank.items():
+            arrays.update({f"rank{r}/{k}": v for k, v in factors.items()})
+        return arrays
+
+    def restore(self, arrays, state) -> None:
+        super().restore(arrays, state)
+        self.factors_by_rank = {}
+        for name, value in arrays.items():
+            head, _, key = name.partition("/")
+            if head.startswith("rank") and head[4:].isdigit():
+                factors = self.factors_by_rank.setdefault(int(head[4:]), {})
+                factors[key] = np.asarray(value, np.float64)
 
     def blocks(self) -> dict[str, tuple[str, slice]]:
         """The units of the server step: name -> (A key, its rows); FLoRG: each layer's
@@ -174,6 +266,7 @@ class FLoRGSignedStrategy(FLoRGStrategy):
     so the core A₊ᵀA₊ - A₋ᵀA₋ averages exactly where each block's rank fits."""
 
     method = "florg-signed"
+    heterogeneous_ranks = False  # the sign blocks split one common rank
 
     def blocks(self) -> dict[str, tuple[str, slice]]:
         """Each sign block of each layer's A (the blocks partition A's rows, so the joint

@@ -9,8 +9,10 @@ from strategies.federa import aggregate_federa
 from strategies.fedit import aggregate_fedit
 from strategies.fedsa_lora import aggregate_fedsa_lora
 from strategies.ffa_lora import aggregate_ffa_lora
+from strategies.flexlora import aggregate_flexlora
 from strategies.flower.base import AdapterStrategy
 from strategies.flower.records import split_state
+from strategies.hetlora import aggregate_hetlora
 
 
 class FedITStrategy(AdapterStrategy):
@@ -113,3 +115,48 @@ class FedSALoRAStrategy(AdapterStrategy):
             )
             for layer in self.layers()
         }, {}
+
+
+class HetLoRAStrategy(AdapterStrategy):
+    """HetLoRA: clients of different rank; zero-pad B and A to the global rank and
+    average (``strategies.hetlora``); each node is sent its top r_n (``sent_state``)."""
+
+    method = "hetlora"
+    # dp=central needs one common rank (refused with client-ranks); then HetLoRA is FedIT
+    # and the base class's mean mechanism is its private round
+    dp_mechanism = "mean"
+    heterogeneous_ranks = True
+
+    def aggregate_adapter(self, server_round, payloads, weights):
+        new: dict[str, np.ndarray] = {}
+        for layer in self.layers():
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            new[kb], new[ka] = aggregate_hetlora(
+                self.stacked(payloads, kb), self.stacked(payloads, ka), weights,
+                rank=self.largest_rank,
+            )  # fmt: skip
+        return new, {}
+
+
+class FlexLoRAStrategy(FeDeRAStrategy):
+    """FlexLoRA: clients of different rank; the weighted sum of the products, truncated
+    SVD at the global rank (``strategies.flexlora``); each node is sent the first r_n
+    singular directions, its own truncated SVD (``sent_state``)."""
+
+    method = "flexlora"
+    # dp=central needs one common rank (refused with client-ranks); then FlexLoRA is
+    # FeDeRA's rule and FeDeRA's product-mean mechanism its private round (inherited)
+    dp_mechanism = "product-mean"
+    heterogeneous_ranks = True
+
+    def aggregate_adapter(self, server_round, payloads, weights):
+        new: dict[str, np.ndarray] = {}
+        errors = []
+        for layer in self.layers():
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            new[kb], new[ka], info = aggregate_flexlora(
+                self.stacked(payloads, kb), self.stacked(payloads, ka), weights,
+                rank=self.largest_rank,
+            )  # fmt: skip
+            errors.append(info["trunc_rel_error"])
+        return new, {"trunc_rel_error": float(np.mean(errors))}

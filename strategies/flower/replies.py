@@ -37,6 +37,7 @@ class Reply:
     arrays: dict[str, np.ndarray]
     num_examples: float
     train_loss: float
+    rank: int = 0  # the adapter rank it trained at (issue 30; 0: not checked)
 
 
 def metric_number(metrics: Any, key: str, *, required: bool = True) -> float | None:
@@ -78,9 +79,31 @@ def check_array(key: str, array: Array, expected: tuple[int, ...]) -> np.ndarray
     return value
 
 
+def declared_rank(metrics: Any, *, default: int, k: int, largest: int) -> int:
+    """The adapter rank a reply's ``rank`` metric declares (``default`` when absent: a
+    client that predates per-client ranks); ReplyRejected unless it is an integer
+    1 <= r_n <= k (k = min(d_in, d_out) over the adapted layers) and r_n <= ``largest``
+    (the run's largest rank, the global state's: docs/architecture.md)."""
+    value = metric_number(metrics, "rank", required=False)
+    if value is None:
+        return default
+    if value != int(value) or value < 1:
+        raise ReplyRejected(f"rank must be an integer >= 1, got {value}")
+    rank = int(value)
+    if rank > k:
+        raise ReplyRejected(f"declared rank {rank} exceeds k=min(d_in, d_out)={k}")
+    if rank > largest:
+        raise ReplyRejected(
+            f"declared rank {rank} exceeds the run's largest rank {largest} "
+            "(max of 'rank' and 'client-ranks')"
+        )
+    return rank
+
+
 def check_reply(message: Message, global_state: Mapping[str, np.ndarray]) -> Reply:
-    """The checked reply to a round that sent ``global_state``, or ReplyRejected with the
-    reason (never aggregated)."""
+    """The checked reply to a round that sent ``global_state`` (or, for a client of
+    another rank, arrays of ``global_state``'s shapes at that rank), or ReplyRejected with
+    the reason (never aggregated)."""
     content = message.content
     if "arrays" not in content.array_records or "metrics" not in content.metric_records:
         raise ReplyRejected("reply lacks the 'arrays' ArrayRecord or the 'metrics' record")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -39,11 +39,14 @@ def screen(
     *,
     kappa: float,
     enabled: bool,
+    starts: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> tuple[list[Reply], list[float], dict]:
     """Outlier screening of ``replies`` to a round that started from ``global_state``
-    (module doc).  With ``enabled`` false nothing is rejected or clipped, but the largest
-    ratio, ``screen-ratio-max``, is still measured.  Returns the kept replies, their
-    (clipped) example counts and the metrics."""
+    (module doc); ``starts``: per reply the state that client started from, where
+    clients of different rank were sent different states (issue 30).  With ``enabled``
+    false nothing is rejected or clipped, but the largest ratio, ``screen-ratio-max``, is
+    still measured.  Returns the kept replies, their (clipped) example counts and the
+    metrics."""
     metrics: dict[str, float] = {"screened": 0, "clipped": 0}
     sizes = [r.num_examples for r in replies]
     if len(replies) < 2:
@@ -59,8 +62,13 @@ def screen(
         prev = global_state
         d = np.array(
             [
-                math.sqrt(sum(float(np.sum((r.arrays[k] - prev[k]) ** 2)) for k in keys))
-                for r in replies
+                math.sqrt(
+                    sum(
+                        float(np.sum((r.arrays[k] - (starts[i] if starts else prev)[k]) ** 2))
+                        for k in keys
+                    )
+                )
+                for i, r in enumerate(replies)
             ]
         )
         scale = math.sqrt(sum(float(np.sum(prev[k] ** 2)) for k in keys))
