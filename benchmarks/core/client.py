@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks.core.rss import proc_status_kib, reset_peak_rss
 from benchmarks.core.settings import METHODS, Batch, ModelShape, Settings
 from flower_app.training import is_adapter_parameter, train_step
 
@@ -143,23 +144,6 @@ def client_worker(s: Settings, which: str) -> dict[str, Any]:
     }
 
 
-def _proc_status_kib(key: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def _allocator_peak(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch) -> tuple[int, int]:
     """(peak, end) of the torch CPU allocator's bytes allocated during one step (profiler)."""
     from torch.profiler import ProfilerActivity, profile
@@ -192,19 +176,19 @@ def memory_worker(method: str, which: str, s: Settings) -> dict[str, Any]:
     model, opt = build_method(method, shape, s)
     batch = make_batch(shape, s.seed)
     gc.collect()
-    rss_model_kib = _proc_status_kib("VmRSS")
+    rss_model_kib = proc_status_kib("VmRSS")
     for _ in range(s.mem_warmup):
         train_step(model, opt, batch)
     rss_deltas: list[int] = []
     rss_peaks: list[int] = []
-    if _reset_peak_rss():
+    if reset_peak_rss():
         for _ in range(s.large_mem_reps if large else s.mem_reps):
             opt.zero_grad(set_to_none=True)
             gc.collect()
-            _reset_peak_rss()
-            before = _proc_status_kib("VmRSS")
+            reset_peak_rss()
+            before = proc_status_kib("VmRSS")
             train_step(model, opt, batch)
-            peak = _proc_status_kib("VmHWM")
+            peak = proc_status_kib("VmHWM")
             rss_deltas.append((peak - before) * 1024)
             rss_peaks.append(peak * 1024)
     peak, end = (None, None) if large else _allocator_peak(model, opt, batch)

@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from benchmarks import REPO_ROOT
+from benchmarks.core.rss import proc_status_kib, reset_peak_rss
 
 WORKER_MODULE = "benchmarks.core.decoder_benchmark"
 METHODS = ("florg", "lora")
@@ -242,23 +243,6 @@ def time_worker(arm: Arm, s: Settings) -> dict[str, Any]:
     }
 
 
-def _proc_status_kib(key: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")  # resets VmHWM to the current RSS
-        return True
-    except OSError:
-        return False
-
-
 def memory_worker(method: str, arm: Arm, s: Settings) -> dict[str, Any]:
     """Peak memory of one steady-state step of ``method`` (run in a fresh process)."""
     torch.set_num_threads(s.threads)
@@ -278,12 +262,12 @@ def memory_worker(method: str, arm: Arm, s: Settings) -> dict[str, Any]:
         peak = torch.cuda.max_memory_allocated()
         out.update(measure="torch.cuda.max_memory_allocated", peak_bytes=peak, before_bytes=before)
         return out
-    if not _reset_peak_rss():
+    if not reset_peak_rss():
         out.update(measure="none: /proc/self/clear_refs is not writable", peak_bytes=None)
         return out
-    before = _proc_status_kib("VmRSS") * 1024
+    before = proc_status_kib("VmRSS") * 1024
     _step(model, opt, batch, mixed)
-    peak = _proc_status_kib("VmHWM") * 1024
+    peak = proc_status_kib("VmHWM") * 1024
     out.update(measure="VmHWM (peak RSS) over the step", peak_bytes=peak, before_bytes=before)
     return out
 
