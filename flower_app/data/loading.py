@@ -144,6 +144,24 @@ def _carve(
     return parts["train"], parts["test"]
 
 
+def require_splits(spec: TaskSpec, raw: datasets.DatasetDict, *splits: str | None) -> None:
+    """ValueError naming the first of ``splits`` (None: not wanted) that ``raw`` lacks."""
+    for split in splits:
+        if split is not None and split not in raw:
+            raise ValueError(f"{spec.name}: no split {split!r}; available: {list(raw)}")
+
+
+def with_eval_split(
+    spec: TaskSpec, train: datasets.Dataset, evaluation: datasets.Dataset | None
+) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """(train, eval): the task's own eval split, or ``holdout_fraction`` of train held out
+    with the fixed HOLDOUT_SEED (the eval rows do not move with the run's seed)."""
+    if evaluation is not None:
+        return train, evaluation
+    parts = train.train_test_split(test_size=spec.holdout_fraction, seed=HOLDOUT_SEED)
+    return parts["train"], parts["test"]
+
+
 def _cleaned_splits(
     spec: TaskSpec,
 ) -> tuple[datasets.Dataset, datasets.Dataset, datasets.Dataset | None, datasets.ClassLabel]:
@@ -152,9 +170,7 @@ def _cleaned_splits(
     The test rows are set aside first (their own split, or carved from train or eval with
     a fixed seed), then the eval split is held out of train when the task has none."""
     raw = _load_raw(spec)
-    for split in (spec.train_split, spec.eval_split, spec.test_split):
-        if split is not None and split not in raw:
-            raise ValueError(f"{spec.name}: no split {split!r}; available: {list(raw)}")
+    require_splits(spec, raw, spec.train_split, spec.eval_split, spec.test_split)
     names = _label_names(spec, raw[spec.train_split])
     train = _clean(raw[spec.train_split], spec, names, spec.train_split)
     evaluation = None
@@ -180,9 +196,7 @@ def _cleaned_splits(
         if evaluation is None:
             raise ValueError(f"{spec.name}: test_from='eval' needs an eval split")
         evaluation, test = _carve(evaluation, spec.test_size, f"{spec.name}/{spec.eval_split}")
-    if evaluation is None:
-        parts = train.train_test_split(test_size=spec.holdout_fraction, seed=HOLDOUT_SEED)
-        train, evaluation = parts["train"], parts["test"]
+    train, evaluation = with_eval_split(spec, train, evaluation)
     label_names = list(names) if names else spec.label_names
     if label_names is not None and len(label_names) != num_labels:
         raise ValueError(f"{spec.name}: {len(label_names)} label names for {num_labels} labels")

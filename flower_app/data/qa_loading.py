@@ -20,7 +20,13 @@ from typing import Any
 
 import datasets
 
-from flower_app.data.loading import HOLDOUT_SEED, _load_raw, _source, _subset
+from flower_app.data.loading import (
+    _load_raw,
+    _source,
+    _subset,
+    require_splits,
+    with_eval_split,
+)
 from flower_app.data.tasks import TaskSpec
 
 TITLE_BUCKET = "title-bucket"
@@ -168,15 +174,9 @@ def load_qa_splits(
     """(train, eval) examples of an extractive-QA task; subsets are seeded shuffles of
     whole examples (taken before the checks, so only the rows used are read row by row)."""
     raw = _load_splits(spec)
-    for split in (spec.train_split, spec.eval_split):
-        if split is not None and split not in raw:
-            raise ValueError(f"{spec.name}: no split {split!r}; available: {list(raw)}")
-    train = raw[spec.train_split]
-    if spec.eval_split is not None:
-        evaluation = raw[spec.eval_split]
-    else:
-        parts = train.train_test_split(test_size=spec.holdout_fraction, seed=HOLDOUT_SEED)
-        train, evaluation = parts["train"], parts["test"]
+    require_splits(spec, raw, spec.train_split, spec.eval_split)
+    evaluation = raw[spec.eval_split] if spec.eval_split is not None else None
+    train, evaluation = with_eval_split(spec, raw[spec.train_split], evaluation)
     train = _clean(_subset(train, max_train, seed), spec, spec.train_split)
     evaluation = _clean(_subset(evaluation, max_eval, seed), spec, spec.eval_split or "holdout")
     if len(train) == 0 or len(evaluation) == 0:

@@ -73,18 +73,12 @@ def _sft(spec: TaskSpec, ds: datasets.Dataset) -> datasets.Dataset:
 def _instruction_splits(
     spec: TaskSpec, max_train: int | None, max_eval: int | None, seed: int
 ) -> tuple[datasets.Dataset, datasets.Dataset]:
-    from flower_app.data.loading import HOLDOUT_SEED, _load_raw, _subset
+    from flower_app.data.loading import _load_raw, _subset, require_splits, with_eval_split
 
     raw = _load_raw(spec)
-    for split in (spec.train_split, spec.eval_split):
-        if split is not None and split not in raw:
-            raise ValueError(f"{spec.name}: no split {split!r}; available: {list(raw)}")
-    train = raw[spec.train_split]
-    if spec.eval_split is not None:
-        evaluation = raw[spec.eval_split]
-    else:
-        parts = train.train_test_split(test_size=spec.holdout_fraction, seed=HOLDOUT_SEED)
-        train, evaluation = parts["train"], parts["test"]
+    require_splits(spec, raw, spec.train_split, spec.eval_split)
+    evaluation = raw[spec.eval_split] if spec.eval_split is not None else None
+    train, evaluation = with_eval_split(spec, raw[spec.train_split], evaluation)
     return _subset(train, max_train, seed), _subset(evaluation, max_eval, seed)
 
 
