@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +17,10 @@ from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
 from flower_app.adapters.targets import adapter_layout
 from flower_app.config import ConfigError, resolve_config
 from flower_app.methods import Method, get_method, method_names, register_method
+from tests.app_copy import ROOT, app_with_registered_module
 from tests.flower_harness import local_simulation_superlink
 from tests.strategy_helpers import strategy_for
 
-ROOT = Path(__file__).resolve().parent.parent
-APP_PARTS = ("pyproject.toml", "flower_app", "client_app", "server_app", "strategies", "conf")
 NUM_NODES = 2
 RANK = 2
 
@@ -155,19 +153,7 @@ def test_a_new_strategy_option_is_one_setting_plus_its_use_in_the_method_module(
 
 def _app_with_toy_method(folder: Path) -> Path:
     """A copy of the app whose only change is the toy module and its registry line."""
-    folder.mkdir(parents=True)
-    for part in APP_PARTS:
-        source = ROOT / part
-        if source.is_dir():
-            shutil.copytree(source, folder / part, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, folder / part)
-    (folder / "flower_app" / "methods" / "toy.py").write_text(textwrap.dedent(TOY_MODULE))
-    registry = folder / "flower_app" / "methods" / "__init__.py"
-    text = registry.read_text()
-    assert text.count("METHOD_MODULES = (\n") == 1
-    registry.write_text(text.replace("METHOD_MODULES = (\n", 'METHOD_MODULES = (\n    "toy",\n'))
-    return folder
+    return app_with_registered_module(folder, "methods", "toy", TOY_MODULE, "METHOD_MODULES")
 
 
 @pytest.mark.integration

@@ -21,6 +21,7 @@ from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data
 from flower_app.task_eval import evaluate_task
 from flower_app.training import is_adapter_parameter
+from tests.test_causal_lm import causal_settings
 
 
 @pytest.fixture(scope="module")
@@ -30,25 +31,21 @@ def tiny_decoder(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def _decoder_settings(tiny: tuple[Path, Path], **settings: Any) -> dict[str, Any]:
-    model, task = tiny
-    return {
-        "model": str(model),
-        "task": "local",
-        "data-path": str(task),
-        "task-kind": "causal-lm",
-        "text-fields": "question,context",
-        "label-field": "answers",
-        "max-seq-length": 48,
-        "max-new-tokens": 2,
-        "max-train-examples": 16,
-        "max-eval-examples": 8,
-        "batch-size": 4,
-        "local-steps": 2,
-        "rank": 2,
-        "learning-rate": 0.01,
-        "progress-bar": False,
-        **settings,
-    }
+    """test_causal_lm's settings of the tiny decoder, sized down for one cheap round."""
+    return causal_settings(
+        tiny,
+        **{
+            "max-new-tokens": 2,
+            "max-train-examples": 16,
+            "max-eval-examples": 8,
+            "batch-size": 4,
+            "local-steps": 2,
+            "rank": 2,
+            "learning-rate": 0.01,
+            "progress-bar": False,
+            **settings,
+        },
+    )
 
 
 def _checkpointing(model: torch.nn.Module) -> bool:

@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,10 +17,9 @@ from florg_tools.flwr_cli import run_flower_app
 from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
 from flower_app.config import ConfigError, resolve_config
 from flower_app.task_kinds import get_kind, kind_names, register_kind
+from tests.app_copy import ROOT, app_with_registered_module
 from tests.flower_harness import local_simulation_superlink
 
-ROOT = Path(__file__).resolve().parent.parent
-APP_PARTS = ("pyproject.toml", "flower_app", "client_app", "server_app", "strategies", "conf")
 NUM_NODES = 2
 
 # A toy kind, written as a new kind module would be: is the sentence's length in characters
@@ -144,18 +141,7 @@ print(json.dumps({
 
 def _app_with_toy_kind(folder: Path) -> Path:
     """A copy of the app whose only change is the toy kind's module and its registry line."""
-    folder.mkdir(parents=True)
-    for part in APP_PARTS:
-        source = ROOT / part
-        if source.is_dir():
-            shutil.copytree(source, folder / part, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, folder / part)
-    (folder / "flower_app" / "task_kinds" / "parity.py").write_text(textwrap.dedent(TOY_MODULE))
-    registry = folder / "flower_app" / "task_kinds" / "__init__.py"
-    text = registry.read_text()
-    assert text.count("KIND_MODULES = (\n") == 1
-    registry.write_text(text.replace("KIND_MODULES = (\n", 'KIND_MODULES = (\n    "parity",\n'))
+    app_with_registered_module(folder, "task_kinds", "parity", TOY_MODULE, "KIND_MODULES")
     changed = sorted(
         str(path.relative_to(folder))
         for path in folder.rglob("*.py")
@@ -195,8 +181,14 @@ def test_no_kind_branches_outside_the_kind_modules():
     pattern = re.compile(r"is_qa|EXTRACTIVE_QA")
     offenders = [
         str(path.relative_to(ROOT))
-        for package in ("flower_app", "client_app", "server_app", "strategies", "benchmarks",
-                        "florg_tools")  # fmt: skip
+        for package in (
+            "flower_app",
+            "client_app",
+            "server_app",
+            "strategies",
+            "benchmarks",
+            "florg_tools",
+        )  # fmt: skip
         for path in (ROOT / package).rglob("*.py")
         if "task_kinds" not in path.parts and pattern.search(path.read_text())
     ]
