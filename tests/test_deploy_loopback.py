@@ -8,8 +8,9 @@ tiny model:
    their keys registered, the connection written into its FLWR_HOME;
 3. ``flwr supernode register certs/node-keys/node-2.pub NAME``, then
    ``scripts/deploy_local.sh node --superlink ... --partition-id 2 --num-partitions 3
-   --root-certificates certs/ca.crt --auth-key certs/node-keys/node-2 --data-path OWN``:
-   a "client machine" node training on its own data;
+   --root-certificates certs/ca.crt --auth-key certs/node-keys/node-2 --data-path OWN
+   --rank 1``: a "client machine" node training on its own data, at its own adapter rank
+   (issue 30: the run's rank is 2; the node says it affords 1);
 4. an unregistered key is refused; plain HTTP gets no answer;
 5. ``scripts/deploy_local.sh connection --name ... --root-certificates certs/ca.crt`` and
    ``python -m florg_tools.launch --connection ...``: the run, checked to completion;
@@ -25,6 +26,7 @@ import sys
 import tomllib
 import urllib.request
 
+import numpy as np
 import pytest
 
 from florg_tools.flwr_cli import flwr_env
@@ -43,6 +45,7 @@ from tests.flower_harness import LeakedProcessesError
 pytestmark = pytest.mark.integration
 
 OWN_DATA_EXAMPLES = 60  # partition 2 trains on its own 60 examples, not an 80-example share
+RUN_RANK, NODE_2_RANK = 2, 1  # run_settings' rank; node 2's --rank (its node-config rank=1)
 SCRIPT = ["bash", "scripts/deploy_local.sh"]
 
 
@@ -85,7 +88,8 @@ def test_documented_commands_run_florg_over_tls_with_node_auth(tmp_path):
         node = procs.start(
             "node-2",
             [*node_args, "--partition-id", "2", "--data-path", str(own_data), "--auth-key",
-             str(certs / "node-keys" / "node-2"), "--runtime-port", str(find_free_port())],
+             str(certs / "node-keys" / "node-2"), "--runtime-port", str(find_free_port()),
+             "--rank", str(NODE_2_RANK)],
         )  # fmt: skip
         assert f"SuperNode ID: {node_id}" in wait_for_text(node, "SuperNode ID:", timeout=120)
         refused = procs.start(
@@ -102,7 +106,7 @@ def test_documented_commands_run_florg_over_tls_with_node_auth(tmp_path):
         )  # fmt: skip
         assert wrote.returncode == 0, wrote.stderr
         out = tmp_path / "outputs"
-        settings = run_settings(model, task, out, "loopback")
+        settings = run_settings(model, task, out, "loopback", **{"save-client-updates": True})
         sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
         launched = subprocess.run(
             [sys.executable, "-m", "florg_tools.launch", "--flwr-home", str(home2),
@@ -134,3 +138,19 @@ def test_documented_commands_run_florg_over_tls_with_node_auth(tmp_path):
     assert summary["final-accuracy"] == history[-1]["accuracy"] and summary["rounds"] == 2
     assert (out / "loopback" / "adapter.safetensors").stat().st_size > 0
     assert (out / "loopback" / "peft_lora" / "adapter_model.safetensors").exists()
+
+    # Each node's adapter at its own rank (issue 30): node 2 (partition 2) trained and sent a
+    # rank-1 A, the others rank-2 ones; the server's global state stays at the run's rank.
+    assert settings["rank"] == RUN_RANK
+    saved = np.load(out / "loopback" / "updates" / "round-2.npz")
+    keys = [k[len("new/") :] for k in saved.files if k.startswith("new/") and k.endswith(".A")]
+    assert keys
+    partitions = [int(p) for p in saved["partitions"]]
+    assert sorted(partitions) == [0, 1, 2]
+    for key in keys:
+        sent = {p: saved[f"client{i}/{key}"].shape[0] for i, p in enumerate(partitions)}
+        assert sent == {0: RUN_RANK, 1: RUN_RANK, 2: NODE_2_RANK}, key
+        assert saved[f"new/{key}"].shape[0] == RUN_RANK, key
+    last = history[-1]
+    assert last[f"clients_r{NODE_2_RANK}"] == 1 and last[f"clients_r{RUN_RANK}"] == 2
+    assert last[f"up-params-r{NODE_2_RANK}"] < last[f"up-params-r{RUN_RANK}"]
