@@ -11,7 +11,7 @@ import pytest
 from florg_tools.experiments.results_doc import fill, sync
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "results.md"
+PAGE = ROOT / "docs" / "results" / "v1.md"
 
 REPORT = """# Evidence: ev
 
@@ -109,22 +109,21 @@ def test_a_missing_marker_is_an_error():
         fill("# nothing here", "VERDICTS", "x")
 
 
-def test_the_results_page_holds_the_published_report_and_leads_with_the_verdicts(tmp_path):
-    """docs/results.md takes the published report's tables unchanged (no marker lost or
-    duplicated in its prose), and reads verdicts first: the place for protocol v2, then
-    v1's verdicts, then the report's remaining tables."""
+def test_the_v1_page_holds_the_published_report_and_leads_with_the_verdicts(tmp_path):
+    """docs/results/v1.md takes the published report's tables unchanged (no marker lost or
+    duplicated in its prose), and reads verdicts first: v1's verdicts, then the report's
+    remaining tables."""
     doc = tmp_path / "results.md"
     doc.write_text(PAGE.read_text())
     sync(doc, ROOT / "docs" / "results" / "evidence" / "README.md")
     assert doc.read_text() == PAGE.read_text()
     text = PAGE.read_text()
     order = [
-        "## Protocol v2 (in progress)",
-        "## Protocol v1: the verdicts",
+        "# Protocol v1: the verdicts",
         "### What to conclude",
         "<!-- VERDICTS -->",
         "<!-- LEARNING -->",
-        "## Protocol v1: the report's tables",
+        "## The report's tables",
         "<!-- TESTS -->",
         "<!-- TUNING -->",
         "<!-- SERVER -->",

@@ -163,3 +163,26 @@ def test_kappa_below_one_is_refused():
         strategy_for("fedit", {"l.lora_A": np.zeros((1, 2))}, screen_kappa=0.5)
     with pytest.raises(ValueError, match="screen_kappa"):
         FedITStrategy({"l.lora_A": np.zeros((1, 2))}, screen_kappa=0.5)
+
+
+def test_every_round_reports_the_update_norms_that_dp_clips():
+    """``update-norm-median`` / ``update-norm-max``: ||reply - start|| over all arrays (adapter
+    and head jointly), the unit dp=central clips to C (docs/privacy.md, "Choosing C")."""
+    from strategies.flower.replies import Reply
+    from strategies.flower.screening import screen
+
+    rng = np.random.default_rng(3)
+    prev = florg_state(rng)
+    steps = [0.5, 1.0, 2.0, 8.0]
+    replies = [
+        Reply(node=i, partition=i, arrays={k: v + s for k, v in prev.items()}, num_examples=10,
+              train_loss=1.0)
+        for i, s in enumerate(steps)
+    ]  # fmt: skip
+    size = sum(v.size for v in prev.values())
+    _, _, metrics = screen(1, replies, prev, kappa=10.0, enabled=False)
+    norms = [s * np.sqrt(size) for s in steps]
+    assert metrics["update-norm-median"] == pytest.approx(np.median(norms), rel=1e-12)
+    assert metrics["update-norm-max"] == pytest.approx(norms[-1], rel=1e-12)
+    _, _, alone = screen(1, replies[:1], prev, kappa=10.0, enabled=True)
+    assert alone["update-norm-median"] == alone["update-norm-max"] == pytest.approx(norms[0])

@@ -1,9 +1,10 @@
-"""Copy the evidence report's tables into docs/results.md, so the two never disagree.
+"""Copy the evidence report's tables into protocol v1's page, so the two never disagree.
 
-    python -m florg_tools.experiments.results_doc [--doc docs/results.md] \
+    python -m florg_tools.experiments.results_doc [--doc docs/results/v1.md] \
         [--report docs/results/evidence/README.md] [--status FILE]
 
-docs/results.md marks the places with ``<!-- VERDICTS -->``, ``<!-- TESTS -->``,
+docs/results/v1.md (moved from docs/results.md, which is now the verdict page) marks
+the places with ``<!-- VERDICTS -->``, ``<!-- TESTS -->``,
 ``<!-- TUNING -->``, ``<!-- SERVER -->`` (FLoRG's server step per variant),
 ``<!-- LEARNING -->`` (each task's scores above chance against issue 11's bars; and
 ``<!-- STATUS -->``, filled from ``--status`` when given); each
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m florg_tools.experiments.results_doc", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    parser.add_argument("--doc", type=Path, default=Path("docs/results.md"))
+    parser.add_argument("--doc", type=Path, default=Path("docs/results/v1.md"))
     parser.add_argument("--report", type=Path, default=Path("docs/results/evidence/README.md"))
     parser.add_argument("--status", type=Path, default=None, help="a file with the status text")
     args = parser.parse_args(argv)

@@ -7,6 +7,12 @@ in any group (the lower median, see ``_low_median``).  FLoRG needs this most: it
 step sums Q = sum_n w_n A_n^T A_n (paper, eq. Gram_agg), quadratic in A_n, so a client
 sending c * A weighs c^2 times its share; it is screened on ||A_n - A_prev||, linear in
 the attack.  Claimed example counts above kappa times the median claim are clipped to it.
+
+Every round also reports ``update-norm-median`` and ``update-norm-max``: over the checked
+replies, ||u_n|| with u_n = x_n - x_start over ALL the arrays a client sends (adapter and
+head jointly), the unit that ``dp=central`` clips to C for the mean methods and FLoRG
+(strategies/dp.py; docs/privacy.md, "Choosing C"): a non-private run's median is where a
+user starts choosing C.
 """
 
 from __future__ import annotations
@@ -32,6 +38,25 @@ def _low_median(values: np.ndarray) -> float:
     return float(ordered[(len(ordered) - 1) // 2])
 
 
+def update_norms(
+    replies: Sequence[Reply],
+    global_state: Mapping[str, np.ndarray],
+    starts: Sequence[Mapping[str, np.ndarray]] | None = None,
+) -> np.ndarray:
+    """||x_n - x_start||_F over every array of the state (x_start: ``starts[n]`` where
+    given, else ``global_state``; a checked reply has exactly its keys), in float64."""
+    return np.array(
+        [
+            math.sqrt(
+                sum(float(np.sum((r.arrays[k].astype(np.float64) - start[k]) ** 2)) for k in start)
+            )
+            for r, start in zip(
+                replies, starts if starts else [global_state] * len(replies), strict=True
+            )
+        ]
+    )
+
+
 def screen(
     server_round: int,
     replies: list[Reply],
@@ -49,6 +74,10 @@ def screen(
     metrics."""
     metrics: dict[str, float] = {"screened": 0, "clipped": 0}
     sizes = [r.num_examples for r in replies]
+    if replies:
+        norms = update_norms(replies, global_state, starts)
+        metrics["update-norm-median"] = float(np.median(norms))
+        metrics["update-norm-max"] = float(np.max(norms))
     if len(replies) < 2:
         return replies, sizes, metrics
     head = split_state(global_state)[1]
