@@ -214,6 +214,11 @@ class FLoRGLinear(nn.Module):
         left.register_hook(_drop_when_used(weakref.ref(self), stored.token))
         self._pass_factors = stored
 
+    @property
+    def holds_pass_factors(self) -> bool:
+        """Whether a training pass's factors are stored (until its backward has used them)."""
+        return self._pass_factors is not None
+
     def _forward_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The stored pair where this is a training forward with grad and A is as it was
         when the pair was formed; otherwise the factors formed now."""
