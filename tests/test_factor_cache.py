@@ -86,8 +86,6 @@ def two_steps(model: nn.Module, precision: str, calls: Counter) -> list[dict]:
     return steps
 
 
-
-
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize(
     "precision,checkpointing", [("fp32", True), ("bf16", True), ("fp32", False)]
