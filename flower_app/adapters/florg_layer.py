@@ -10,8 +10,11 @@ The forward never forms a k x k or d_out x d_in matrix:
     AR  = A R       (r x d_in)     LAt = L A^T    (d_out x r)
     y   = W0 x + b + s * LAt (AR x)
 
-which is a rank-r LoRA with factors (LAt, AR), so a step costs what a PEFT LoRA
-step of the same rank costs plus the two small r x k x d factor products and their backward.
+which is a rank-r LoRA with factors (LAt, AR), so a training step costs what a PEFT
+LoRA step of the same rank costs plus the two skinny r x k x d factor products, formed once
+per step also under gradient checkpointing (below), and their backward (two more of that
+size, grad A = grad(LAt)^T L + grad(AR) R^T): 4 r k (d_in + d_out) flops per layer and step,
+which read L and R from memory each time.
 
 The factors once per pass: a model carrying FLoRG layers (``inject_florg``) has a forward
 pre-hook, ``form_pass_factors``, that in a training forward with grad enabled forms every
@@ -24,7 +27,10 @@ is dropped when the backward pass has computed its gradient (a hook on LAt), and
 (the layer forms its factors as it always did) in eval mode, without grad (evaluation,
 generation), and once A has changed or moved since (an optimiser step or a loaded A bump
 A's version). A forward with grad whose backward never runs leaves the pair until the
-next training forward replaces it. Copies and pickles of a layer never carry it.
+next training forward replaces it. Copies and pickles of a layer never carry it. Not
+supported: a second backward through the same graph (``retain_graph=True``) under gradient
+checkpointing; the first backward dropped the pair, so the second one's recomputation forms
+the factors inside the block and torch refuses it (CheckpointError); nothing here does that.
 
 Precision (the setting ``precision``, flower_app/precision.py): A, L and R are held in
 float32 whatever the base weight's dtype (float64 only where the base is float64, in
@@ -35,8 +41,9 @@ below bf16's resolution 2^-8 relative, so a bf16 A would not move); L A^T sums k
 whose rounding in bf16 would put a relative error of order 2^-8 sqrt(k) into the factors,
 and with autocast the two factor products and both F.linear calls would each round to
 bf16. The float32 path costs O(r (d_in + d_out)(n + k)) flops against the base's
-O(n d_in d_out), a few per cent at r = 8 (benchmarks/core/decoder_benchmark.py measures
-it), and matches PEFT, which keeps LoRA's weights in float32 and casts x to them.
+O(n d_in d_out), a few per cent of a step at r = 8 on a CPU, the factor products being
+skinny float32 ones (benchmarks/core/decoder_benchmark.py measures it; docs/benchmarks.md
+has the numbers), and matches PEFT, which keeps LoRA's weights in float32 and casts x to them.
 """
 
 from __future__ import annotations
