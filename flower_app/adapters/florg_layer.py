@@ -10,8 +10,27 @@ The forward never forms a k x k or d_out x d_in matrix:
     AR  = A R       (r x d_in)     LAt = L A^T    (d_out x r)
     y   = W0 x + b + s * LAt (AR x)
 
-which is a rank-r LoRA with factors (LAt, AR), so a step costs what a PEFT LoRA
-step of the same rank costs plus two small r x k x d products per forward.
+which is a rank-r LoRA with factors (LAt, AR), so a training step costs what a PEFT
+LoRA step of the same rank costs plus the two skinny r x k x d factor products, formed once
+per step also under gradient checkpointing (below), and their backward (two more of that
+size, grad A = grad(LAt)^T L + grad(AR) R^T): 4 r k (d_in + d_out) flops per layer and step,
+which read L and R from memory each time.
+
+The factors once per pass: a model carrying FLoRG layers (``inject_florg``) has a forward
+pre-hook, ``form_pass_factors``, that in a training forward with grad enabled forms every
+layer's (LAt, AR) once, before the model's blocks run, and stores them on the layer
+(``FLoRGLinear.set_pass_factors``); the layer's forward uses them, and so does the
+recomputed forward of gradient checkpointing in the backward pass, which otherwise would
+form them a second time (with checkpointing each block's forward runs twice per step).
+Gradients reach A through the stored factors' own graph exactly as before. The stored pair
+is dropped when the backward pass has computed its gradient (a hook on LAt), and ignored
+(the layer forms its factors as it always did) in eval mode, without grad (evaluation,
+generation), and once A has changed or moved since (an optimiser step or a loaded A bump
+A's version). A forward with grad whose backward never runs leaves the pair until the
+next training forward replaces it. Copies and pickles of a layer never carry it. Not
+supported: a second backward through the same graph (``retain_graph=True``) under gradient
+checkpointing; the first backward dropped the pair, so the second one's recomputation forms
+the factors inside the block and torch refuses it (CheckpointError); nothing here does that.
 
 Precision (the setting ``precision``, flower_app/precision.py): A, L and R are held in
 float32 whatever the base weight's dtype (float64 only where the base is float64, in
@@ -22,13 +41,16 @@ below bf16's resolution 2^-8 relative, so a bf16 A would not move); L A^T sums k
 whose rounding in bf16 would put a relative error of order 2^-8 sqrt(k) into the factors,
 and with autocast the two factor products and both F.linear calls would each round to
 bf16. The float32 path costs O(r (d_in + d_out)(n + k)) flops against the base's
-O(n d_in d_out), a few per cent at r = 8 (benchmarks/core/decoder_benchmark.py measures
-it), and matches PEFT, which keeps LoRA's weights in float32 and casts x to them.
+O(n d_in d_out), a few per cent of a step at r = 8 on a CPU, the factor products being
+skinny float32 ones (benchmarks/core/decoder_benchmark.py measures it; docs/benchmarks.md
+has the numbers), and matches PEFT, which keeps LoRA's weights in float32 and casts x to them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -41,6 +63,41 @@ def adapter_dtype(base_dtype: torch.dtype) -> torch.dtype:
     float64 for a float64 base (tests), float32 otherwise (bf16 / fp16 bases, and a
     quantised base whose weight is an integer storage dtype)."""
     return torch.float64 if base_dtype == torch.float64 else torch.float32
+
+
+def _adapter_autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast disabled where it is on: the adapter path runs in the adapter's dtype."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+@dataclass(eq=False)
+class _PassFactors:
+    """One training pass's (L A^T D, A R) of a layer and the A they were formed from (its
+    storage and version: an in-place change of A, such as an optimiser step or a loaded
+    state, bumps the version, a replaced ``A.data`` moves the storage)."""
+
+    left: torch.Tensor
+    right: torch.Tensor
+    a_data_ptr: int
+    a_version: int
+    token: object = field(default_factory=object)
+
+
+def _drop_when_used(layer_ref: weakref.ref, token: object):
+    """A gradient hook for a stored LAt: once the backward pass has LAt's whole gradient,
+    every use of the pair in this pass (the forward and checkpointing's recomputation) is
+    behind it, so the layer drops the pair (unless a later pass has replaced it)."""
+
+    def hook(_grad: torch.Tensor) -> None:
+        layer = layer_ref()
+        if layer is not None:
+            stored = layer._pass_factors
+            if stored is not None and stored.token is token:
+                layer._pass_factors = None
+
+    return hook
 
 
 class FLoRGProjections(nn.Module):
@@ -121,6 +178,14 @@ class FLoRGLinear(nn.Module):
             self.register_buffer("A_init", torch.as_tensor(A_init, dtype=dtype, device=device))
         else:
             self.A_init = None
+        # This training pass's factors (form_pass_factors); a plain attribute, never state.
+        self._pass_factors: _PassFactors | None = None
+
+    def __getstate__(self) -> dict:
+        # deepcopy and pickle: the stored factors (non-leaf tensors of one pass) stay behind
+        state = self.__dict__.copy()
+        state["_pass_factors"] = None
+        return state
 
     @property
     def L(self) -> torch.Tensor:  # noqa: N802 (the paper's name)
@@ -144,6 +209,37 @@ class FLoRGLinear(nn.Module):
         left = self.L @ self.A.T
         return (left if self.signs is None else left * self.signs), self.A @ self.R
 
+    def set_pass_factors(self) -> None:
+        """Form (L A^T D, A R) once for this training pass, in the adapter's dtype with
+        autocast off, and store them for the forward (and its recomputation under gradient
+        checkpointing) to reuse. A no-op unless A trains and grad is enabled."""
+        if not (torch.is_grad_enabled() and self.A.requires_grad):
+            return
+        with _adapter_autocast_off(self.A.device.type):
+            left, right = self.lora_factors()
+        stored = _PassFactors(left, right, self.A.data_ptr(), self.A._version)
+        left.register_hook(_drop_when_used(weakref.ref(self), stored.token))
+        self._pass_factors = stored
+
+    @property
+    def holds_pass_factors(self) -> bool:
+        """Whether a training pass's factors are stored (until its backward has used them)."""
+        return self._pass_factors is not None
+
+    def _forward_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored pair where this is a training forward with grad and A is as it was
+        when the pair was formed; otherwise the factors formed now."""
+        stored = self._pass_factors
+        if (
+            stored is not None
+            and self.training
+            and torch.is_grad_enabled()
+            and stored.a_version == self.A._version
+            and stored.a_data_ptr == self.A.data_ptr()
+        ):
+            return stored.left, stored.right
+        return self.lora_factors()
+
     def delta_weight(self) -> torch.Tensor:
         """s * L A^T A R (d_out x d_in); for tests and export only, never in the forward."""
         left, right = self.lora_factors()
@@ -153,13 +249,8 @@ class FLoRGLinear(nn.Module):
         result = self.base_layer(x)
         # The adapter path in the adapter's dtype (float32 for a half-precision base, see the
         # module docstring), also under autocast, then one rounding to the output's dtype.
-        no_autocast = (
-            torch.autocast(device_type=x.device.type, enabled=False)
-            if torch.is_autocast_enabled(x.device.type)
-            else contextlib.nullcontext()
-        )
-        with no_autocast:
-            left, right = self.lora_factors()
+        with _adapter_autocast_off(x.device.type):
+            left, right = self._forward_factors()
             update = F.linear(F.linear(x.to(right.dtype), right), left)
         return result + (self.scaling * update).to(result.dtype)
 
@@ -167,3 +258,14 @@ class FLoRGLinear(nn.Module):
         signed = "" if self.signs is None else f", signs={self.signs.tolist()}"
         base = f"r={self.r}, k={self.k}, scaling={self.scaling:g}, subtract={self.subtract_init}"
         return base + signed
+
+
+def form_pass_factors(model: nn.Module, _args: object) -> None:
+    """Forward pre-hook of a model carrying FLoRG layers (``inject_florg`` registers it):
+    in a training forward with grad enabled, every FLoRGLinear's factors are formed once,
+    here, outside the (checkpointed) blocks; see the module docstring."""
+    if not (model.training and torch.is_grad_enabled()):
+        return
+    for module in model.modules():
+        if isinstance(module, FLoRGLinear) and module.training:
+            module.set_pass_factors()

@@ -5,7 +5,9 @@ from (seed, layer shape) -- one FLoRGProjections shared by all modules of that s
 or, with ``projection_sharing='module'``, from (seed, module name), and whose A starts as
 seeded N(0, a_init_std^2) entries (seeded by module name in both modes):
 A = 0 is excluded because grad_A = A (H + H^T) vanishes there (paper, eq. gradient_A).
-Everything but the A matrices (and, if ``train_head``, the task head) is frozen.
+Everything but the A matrices (and, if ``train_head``, the task head) is frozen. The model
+gets a forward pre-hook (``form_pass_factors``) that forms every layer's factors once per
+training forward, so gradient checkpointing's recomputation reuses them.
 
 Export: L A^T A R = (L A^T)(A R), so a FLoRG layer *is* a rank-r LoRA with
 lora_B = L A^T (d_out x r), lora_A = A R (r x d_in) and the same scaling alpha/r.
@@ -26,7 +28,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from flower_app.adapters.florg_layer import FLoRGLinear, FLoRGProjections, adapter_dtype
+from flower_app.adapters.florg_layer import (
+    FLoRGLinear,
+    FLoRGProjections,
+    adapter_dtype,
+    form_pass_factors,
+)
 from flower_app.adapters.projections import (
     PROJECTION_INITS,
     PROJECTION_SHARINGS,
@@ -125,6 +132,9 @@ def inject_florg(model: nn.Module, config: FLoRGConfig) -> dict[str, FLoRGLinear
             p.requires_grad_(True)
     model.florg_config = config
     model.florg_heads = heads
+    # Each layer's factors formed once per training forward, outside the (checkpointed)
+    # blocks, and reused by their recomputation (florg_layer.py's module docstring).
+    model.register_forward_pre_hook(form_pass_factors)
     return layers
 
 
