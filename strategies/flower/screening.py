@@ -38,21 +38,23 @@ def _low_median(values: np.ndarray) -> float:
     return float(ordered[(len(ordered) - 1) // 2])
 
 
-def update_norms(
+def _distances(
     replies: Sequence[Reply],
     global_state: Mapping[str, np.ndarray],
-    starts: Sequence[Mapping[str, np.ndarray]] | None = None,
+    starts: Sequence[Mapping[str, np.ndarray]] | None,
+    keys: Sequence[str],
 ) -> np.ndarray:
-    """||x_n - x_start||_F over every array of the state (x_start: ``starts[n]`` where
-    given, else ``global_state``; a checked reply has exactly its keys), in float64."""
+    """d_n = ||x_n - x_start||_F over ``keys`` (x_start: ``starts[n]`` where given, else
+    ``global_state``)."""
     return np.array(
         [
             math.sqrt(
-                sum(float(np.sum((r.arrays[k].astype(np.float64) - start[k]) ** 2)) for k in start)
+                sum(
+                    float(np.sum((r.arrays[k] - (starts[i] if starts else global_state)[k]) ** 2))
+                    for k in keys
+                )
             )
-            for r, start in zip(
-                replies, starts if starts else [global_state] * len(replies), strict=True
-            )
+            for i, r in enumerate(replies)
         ]
     )
 
@@ -74,32 +76,25 @@ def screen(
     metrics."""
     metrics: dict[str, float] = {"screened": 0, "clipped": 0}
     sizes = [r.num_examples for r in replies]
-    if replies:
-        norms = update_norms(replies, global_state, starts)
+    head = split_state(global_state)[1]
+    adapter_keys = [k for k in global_state if k not in head]
+    groups = {"adapter": adapter_keys, "head": list(head)}
+    distances = {
+        group: _distances(replies, global_state, starts, keys)
+        for group, keys in groups.items()
+        if keys
+    }
+    if replies:  # the groups cover every array sent: the joint norm is DP's clipped unit
+        norms = np.sqrt(sum(d**2 for d in distances.values()))
         metrics["update-norm-median"] = float(np.median(norms))
         metrics["update-norm-max"] = float(np.max(norms))
     if len(replies) < 2:
         return replies, sizes, metrics
-    head = split_state(global_state)[1]
-    adapter_keys = [k for k in global_state if k not in head]
-    groups = {"adapter": adapter_keys, "head": list(head)}
     reasons: dict[int, str] = {}
     worst = 0.0
-    for group, keys in groups.items():
-        if not keys:
-            continue
+    for group, d in distances.items():
+        keys = groups[group]
         prev = global_state
-        d = np.array(
-            [
-                math.sqrt(
-                    sum(
-                        float(np.sum((r.arrays[k] - (starts[i] if starts else prev)[k]) ** 2))
-                        for k in keys
-                    )
-                )
-                for i, r in enumerate(replies)
-            ]
-        )
         scale = math.sqrt(sum(float(np.sum(prev[k] ** 2)) for k in keys))
         median = max(_low_median(d), 1e-12 * (1.0 + scale))
         ratios = d / median
