@@ -5,7 +5,8 @@ the run really succeeded.
 
 1. validates the run config (unknown keys; a caller-supplied ``validate``),
 2. submits the run with ``flwr run <app> <connection> --format json --run-config F.toml``
-   (the JSON reply carries the run id; the overrides travel as a temporary TOML file),
+   (the JSON reply carries the run id; the overrides travel as a temporary TOML file;
+   ``<app>`` is a staged copy of the files the FAB can hold, ``florg_tools.app_stage``),
 3. streams the run's log live with ``flwr log <run-id> <connection> --stream``,
 4. reads the final status with ``flwr ls <connection> --run-id N --format json``
    (``finished:completed`` | ``finished:failed`` | ``finished:stopped``; while running:
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from florg_tools.app_stage import stage_app
 from florg_tools.flwr_home import CONFIG_FILE_NAME, default_flwr_home, read_flower_config
 from florg_tools.processes import terminate_tree
 from florg_tools.run_config import (
@@ -318,7 +320,9 @@ def run_flower_app(
 
     # 3. Submit.
     with tempfile.TemporaryDirectory(prefix="flwr-run-config-") as tmp:
-        args = ["run", str(app_dir), connection, "--format", "json"]
+        # Only the files the FAB can hold: `flwr run` walks every file under the folder.
+        staged = stage_app(app_dir, Path(tmp) / "app")
+        args = ["run", str(staged), connection, "--format", "json"]
         if overrides:
             args += ["--run-config", str(write_run_config_toml(overrides, Path(tmp) / "run.toml"))]
         proc = run_flwr(args, env, remaining(600.0), cwd=Path(cwd) if cwd else None)
