@@ -37,8 +37,16 @@ def _app(root: Path, include: str | None) -> Path:
         'clientapp = "pkg.client:app"\n[tool.flwr.app.config]\nx = 1\n'
     )
     (root / ".gitignore").write_text(".venv/\nsecret.py\n")
-    for rel in ("pkg/server.py", "pkg/client.py", "pkg/sub/util.py", "pkg/secret.py",
-                "pkg/notes.md", "other/extra.py", ".venv/lib/site.py", "top.py"):
+    for rel in (
+        "pkg/server.py",
+        "pkg/client.py",
+        "pkg/sub/util.py",
+        "pkg/secret.py",
+        "pkg/notes.md",
+        "other/extra.py",
+        ".venv/lib/site.py",
+        "top.py",
+    ):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(f"# {rel}\n")
     (root / "pkg" / "link.py").symlink_to(root / "top.py")
@@ -51,14 +59,27 @@ def test_a_toy_app_stages_only_its_included_folder_and_builds_the_same_fab(tmp_p
     names = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
     # secret.py is copied (the filter is Flower's, applied again on the stage), the
     # symlink, notes.md, other/ and .venv/ are not.
-    assert names == [".gitignore", "pkg/client.py", "pkg/secret.py", "pkg/server.py",
-                     "pkg/sub/util.py", "pyproject.toml"]
+    assert names == [
+        ".gitignore",
+        "pkg/client.py",
+        "pkg/secret.py",
+        "pkg/server.py",
+        "pkg/sub/util.py",
+        "pyproject.toml",
+    ]
     assert build_fab_from_disk(staged) == build_fab_from_disk(app)
 
 
 def test_patterns_that_may_match_anywhere_use_the_app_folder_itself(tmp_path):
-    for i, include in enumerate([None, '["**/*.py"]', '["top.py", "pkg/**/*.py"]',
-                                 '["pkg/**/*.py", "!pkg/secret.py"]', '["*/x.py"]']):
+    for i, include in enumerate(
+        [
+            None,
+            '["**/*.py"]',
+            '["top.py", "pkg/**/*.py"]',
+            '["pkg/**/*.py", "!pkg/secret.py"]',
+            '["*/x.py"]',
+        ]
+    ):
         app = _app(tmp_path / f"toy{i}", include)
         assert fab_include_roots(app) is None, include
         assert stage_app(app, tmp_path / f"staged{i}") == app.resolve()
