@@ -41,7 +41,8 @@ fi
 # Runs one set and reports its exit status.
 run_set() {
   local rc=0
-  python -m pytest -q -m "$1" ${args[@]+"${args[@]}"} || rc=$?
+  # --durations: the slowest tests in the log, to keep CI's time (under 45 min idle) in view.
+  python -m pytest -q --durations=15 -m "$1" ${args[@]+"${args[@]}"} || rc=$?
   echo "test.sh: pytest -m \"$1\": exit status $rc" >&2
   return "$rc"
 }
