@@ -1,7 +1,6 @@
 """The causal-LM task kind (flower_app/task_kinds/causal_lm.py): the response-only loss
-mask, the prompt templates, the generative metrics, the task sources, every method's client
-round in process, and the methods whose round touches the task kind through the Flower
-simulation, on the tiny decoder (tests/conftest.py's synthetic assets)."""
+mask, the prompt templates, the generative metrics, the task sources, and FLoRG and FedIT
+through the Flower simulation on the tiny decoder (tests/conftest.py's synthetic assets)."""
 
 from __future__ import annotations
 
@@ -227,41 +226,7 @@ def test_a_round_adapts_q_and_v_and_instructions_are_scored_by_their_loss(tiny, 
     assert all(".k_proj." in k for k in other.shared_state())  # an explicit setting wins
 
 
-@pytest.mark.parametrize("method", method_names())
-def test_every_method_fine_tunes_the_decoder_in_process(tiny, method):
-    """One client round of every method on the causal-LM task, in process (the ClientApp's
-    round, flower_app/client_round.py), then the generative evaluation: the shared arrays
-    move and every causal-LM metric key is finite."""
-    import numpy as np
-
-    from flower_app.client_round import train_round
-    from flower_app.runtime import cached_adapted_model
-    from flower_app.task_data import load_task_data
-    from flower_app.task_eval import evaluate_task
-
-    config = resolve_config({}, causal_settings(tiny, method=method, rank=2, **{"local-steps": 2}))
-    data = load_task_data(config)
-    adapted = cached_adapted_model.__wrapped__(config, data.num_labels, data.spec.kind)
-    before = {k: v.copy() for k, v in adapted.shared_state().items()}
-    reply = train_round(config, adapted, server_round=1, partition_id=0, num_partitions=2)
-    assert reply.metrics["steps"] == 2 and reply.metrics["train-loss"] > 0
-    moved = [k for k in reply.shared if not np.array_equal(reply.shared[k], before[k])]
-    assert moved, method
-    metrics = evaluate_task(config, adapted.model, torch.device("cpu"))
-    for key in ("response-loss", "perplexity", "gen-exact-match", "gen-f1"):
-        assert math.isfinite(metrics[key]), (key, metrics)
-    assert metrics["score"] == metrics["gen-f1"] / 100
-
-
 # --------------------------------------------------------------------------- end to end
-
-# Through the simulation, the methods whose round touches the task kind beyond the shared
-# arrays, as for the span head (tests/test_squad_qa.py): FLoRG (the Gram step, the PEFT
-# export), FedIT (the mean), FedSA-LoRA (the clients' personalised generative scores),
-# FedEx-LoRA (the residual fold). The other server rules do not depend on the task kind and
-# run end to end on classification (tests/test_app_e2e.py); every method's causal-LM round
-# runs in process above.
-E2E_METHODS = ["florg", "fedit", "fedsa-lora", "fedex-lora"]
 
 
 @pytest.fixture(scope="module")
@@ -273,11 +238,11 @@ def superlink(tmp_path_factory):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("method", E2E_METHODS)
+@pytest.mark.parametrize("method", method_names())
 def test_causal_lm_trains_end_to_end_through_the_flower_simulation(
     tiny, superlink, tmp_path, method
 ):
-    """The method fine-tunes the tiny decoder for one round through the Flower simulation
+    """Every method fine-tunes the tiny decoder for one round through the Flower simulation
     (one SuperLink for the module) and writes the four causal-LM metric keys."""
     root = Path(__file__).resolve().parent.parent
     config = {
