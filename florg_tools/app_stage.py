@@ -59,7 +59,7 @@ def stage_app(app_dir: Path, dest: Path) -> Path:
     if found is None:
         return app_dir
     patterns, roots = found
-    spec = pathspec.PathSpec.from_lines("gitwildmatch", patterns)
+    spec = pathspec.GitIgnoreSpec.from_lines(patterns)  # gitignore semantics, as Flower
     dest.mkdir(parents=True)
     for name in ALWAYS_COPIED:
         if (app_dir / name).is_file():

@@ -1,7 +1,8 @@
 """The Flower App end to end through the real simulation engine (SuperLink + Ray).
 
-One SuperLink (our own, on a free port) serves every run of this module; each run is
-a tiny random BERT on a small local task, 3 supernodes, 2 rounds.
+One SuperLink (our own, on a free port) serves every run of this module, its runs on one
+private Ray cluster (tests/ray_harness.py); each run is a tiny random BERT on a small local
+task, 3 supernodes, 2 rounds.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from flower_app.methods.communication import round_communication
 from strategies.dp import FEDEX_REFUSAL, epsilon_for
 from strategies.florg import aggregate_florg
 from strategies.florg_signed import aggregate_florg_signed
-from tests.flower_harness import local_simulation_superlink
+from tests.ray_harness import shared_ray_simulation_superlink
 
 METHODS = method_names()
 pytestmark = pytest.mark.integration
@@ -36,8 +37,9 @@ def assets(tiny_bert_dir, sentiment_task_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def superlink(assets):
+    # One Ray cluster for the module's runs (tests/ray_harness.py says why).
     _, _, base = assets
-    with local_simulation_superlink(base / "superlink", num_supernodes=NUM_NODES) as sim:
+    with shared_ray_simulation_superlink(base / "superlink", num_supernodes=NUM_NODES) as sim:
         yield sim
 
 

@@ -20,7 +20,7 @@ from flower_app.data import sft
 from flower_app.data.tasks import TASKS
 from flower_app.methods import method_names
 from flower_app.sft_eval import generate_answers, generation_scores, response_loss
-from tests.flower_harness import local_simulation_superlink
+from tests.ray_harness import shared_ray_simulation_superlink
 
 NUM_NODES = 2
 CHAT_TEMPLATE = (
@@ -231,7 +231,8 @@ def test_a_round_adapts_q_and_v_and_instructions_are_scored_by_their_loss(tiny, 
 
 @pytest.fixture(scope="module")
 def superlink(tmp_path_factory):
-    with local_simulation_superlink(
+    # One Ray cluster for the module's runs (tests/ray_harness.py says why).
+    with shared_ray_simulation_superlink(
         tmp_path_factory.mktemp("causal-sim"), num_supernodes=NUM_NODES
     ) as sim:
         yield sim

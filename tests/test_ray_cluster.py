@@ -26,14 +26,11 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -49,9 +46,9 @@ from florg_tools.flwr_home import (
     validate_ray_address,
     write_local_simulation_connection,
 )
-from florg_tools.superlink import find_free_port
 from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
 from flower_app.modeling import pick_device
+from tests.ray_harness import RayCluster, two_node_ray_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -190,145 +187,8 @@ def test_pick_device() -> None:
 
 
 # --------------------------------------------------------------------------------------
-# A private two-node Ray cluster on this machine
+# A private two-node Ray cluster on this machine (tests/ray_harness.py)
 # --------------------------------------------------------------------------------------
-
-
-@dataclass
-class RayNode:
-    """``ray start ... --block`` in its own session; SIGTERM to it stops this node only."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    temp_dir: Path
-    log: Path
-    seen: dict[int, float] = field(default_factory=dict)  # pid -> create time
-
-    @property
-    def sid(self) -> int:
-        return self.popen.pid  # start_new_session: the session id is its pid
-
-    def processes(self) -> list[psutil.Process]:
-        """Live (non-zombie) processes of this node's session; records what it saw."""
-        found = []
-        for proc in psutil.process_iter():
-            try:
-                if os.getsid(proc.pid) == self.sid and proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(proc)
-                    self.seen.setdefault(proc.pid, proc.create_time())
-            except (psutil.Error, OSError):
-                continue
-        return found
-
-    def log_tail(self, n: int = 3000) -> str:
-        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
-
-    def stop(self, grace: float = 20.0) -> list[str]:
-        """SIGTERM to ``ray start --block`` (it stops its raylet, GCS, ... and exits), then
-        SIGKILL to whatever of its session is left; returns the survivors (none, normally)."""
-        self.processes()
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout=grace)
-        deadline = time.monotonic() + 15.0
-        while (left := self.processes()) and time.monotonic() < deadline:
-            for proc in left:
-                with contextlib.suppress(psutil.Error):
-                    proc.kill()
-            time.sleep(0.5)
-        if self.popen.poll() is None:
-            self.popen.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=5.0)
-        return [f"{p.pid}: {' '.join(p.cmdline())[:120]}" for p in self.processes()]
-
-
-def start_ray_node(
-    name: str, args: list[str], temp_dir: Path, env: dict[str, str], timeout: float = 150.0
-) -> RayNode:
-    """``ray start ARGS --temp-dir DIR --block``; ready when Ray has written
-    ``DIR/ray_current_cluster`` (the GCS address), which it does once the node is up."""
-    temp_dir.mkdir(parents=True, exist_ok=True)
-    log = temp_dir.parent / f"{name}.log"
-    command = [str(BIN / "ray"), "start", *args, "--temp-dir", str(temp_dir), "--block"]
-    with log.open("wb") as out:
-        popen = subprocess.Popen(
-            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    node = RayNode(name, popen, temp_dir, log)
-    deadline = time.monotonic() + timeout
-    while not (temp_dir / "ray_current_cluster").exists():
-        if popen.poll() is not None or time.monotonic() > deadline:
-            node.stop()
-            raise AssertionError(f"`{' '.join(command)}` did not start:\n{node.log_tail()}")
-        time.sleep(0.5)
-    node.processes()
-    return node
-
-
-@dataclass
-class RayCluster:
-    root: Path
-    address: str  # the head's GCS address, as `ray start --head` reports it
-    env: dict[str, str]
-    nodes: list[RayNode]
-
-
-@contextlib.contextmanager
-def two_node_ray_cluster(root: Path, worker_cpus: int = 2) -> Iterator[RayCluster]:
-    """A head without CPUs (it schedules nothing) and one node that joins it with
-    ``ray start --address``; both stopped by pid on exit, and checked to be gone."""
-    # No idle Python workers started ahead of time: the ClientApp actors need workers with
-    # the runtime env flwr-simulation asks for, so prestarted ones would only cost CPU.
-    env = {
-        **os.environ,
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_enable_worker_prestart": "0",
-        "RAY_prestart_worker_first_driver": "0",
-    }
-    env.pop(RAY_ADDRESS_ENV_VAR, None)
-    nodes: list[RayNode] = []
-    failed = True
-    try:
-        # The ports Ray would otherwise take by default (6379, 8265, 10001, 52365) may
-        # be in use by other Ray instances on this machine.
-        head = start_ray_node(
-            "head",
-            ["--head", "--port", str(find_free_port("0.0.0.0")),
-             "--node-ip-address", "127.0.0.1", "--num-cpus", "0", "--num-gpus", "0",
-             "--include-dashboard=false", "--dashboard-port", str(find_free_port()),
-             "--ray-client-server-port", str(find_free_port("0.0.0.0")),
-             "--dashboard-agent-listen-port", str(find_free_port("0.0.0.0")),
-             "--object-store-memory", str(100 * 2**20), "--disable-usage-stats"],
-            root / "head",
-            env,
-        )  # fmt: skip
-        nodes.append(head)
-        address = (root / "head" / "ray_current_cluster").read_text().strip()
-        worker = start_ray_node(
-            "worker",
-            ["--address", address, "--num-cpus", str(worker_cpus), "--num-gpus", "0",
-             "--dashboard-agent-listen-port", str(find_free_port("0.0.0.0")),
-             "--object-store-memory", str(100 * 2**20)],
-            root / "worker",
-            env,
-        )  # fmt: skip
-        nodes.append(worker)
-        yield RayCluster(root, address, env, nodes)
-        failed = False
-    finally:
-        survivors = [s for node in reversed(nodes) for s in node.stop()]
-        leaked = []
-        for node in nodes:
-            for pid, created in node.seen.items():
-                with contextlib.suppress(psutil.Error):
-                    proc = psutil.Process(pid)
-                    if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
-                        leaked.append(f"{pid}: {' '.join(proc.cmdline())[:120]}")
-        if (survivors or leaked) and not failed:
-            lines = "\n".join(survivors + leaked)
-            raise AssertionError(f"Ray processes survived the stop:\n{lines}")
 
 
 _QUERY = """
