@@ -14,7 +14,8 @@ Not a test module (``__test__`` says so).
   says), so a test module's many simulations do not each start and stop a Ray of their
   own (about 8 s a run on the 2-core CI machine under load). Flower's default, a Ray
   started by each run, stays covered by the modules that use ``local_simulation_superlink``
-  alone (tests/test_flower_plumbing.py, test_squad_qa.py, test_resume.py, ...).
+  alone (tests/test_flower_plumbing.py, test_resume.py, test_task_kinds.py,
+  test_method_registry.py, test_real_model.py, the experiment runner's and the launcher's).
 
 Ray's unix sockets live under the cluster's temp dir, whose path must stay short (107 bytes):
 callers pass a root under /tmp, not pytest's deep tmp_path.

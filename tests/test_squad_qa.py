@@ -400,9 +400,12 @@ def test_every_method_trains_and_scores_the_span_head_in_process(tiny, method):
 
 @pytest.fixture(scope="module")
 def superlink(tmp_path_factory):
-    from tests.flower_harness import local_simulation_superlink
+    # One Ray cluster for the module's runs (tests/ray_harness.py says why).
+    from tests.ray_harness import shared_ray_simulation_superlink
 
-    with local_simulation_superlink(tmp_path_factory.mktemp("qa-sim"), num_supernodes=2) as sim:
+    with shared_ray_simulation_superlink(
+        tmp_path_factory.mktemp("qa-sim"), num_supernodes=2
+    ) as sim:
         yield sim
 
 
