@@ -3,7 +3,7 @@
 Flower 1.42's ``flwr run <app>`` builds the FAB by walking and resolving *every* file under
 the app's root before it filters them (``flwr.cli.utils.collect_files``). In a checkout
 with its ``.venv`` inside (``scripts/setup.sh`` puts it there), that is about 50,000 files
-and 4-9 s on this project's 2-core machines, paid by every launch: the experiment grids,
+and seconds on this project's 2-core machines, paid by every launch: the experiment grids,
 ``florg launch`` and each of the integration tests' simulations.
 
 When the app's ``[tool.flwr.app] fab-include`` patterns all start with a literal folder
