@@ -12,7 +12,7 @@ Not a test module (``__test__`` says so).
 * ``shared_ray_simulation_superlink``: one single-node cluster with this machine's CPUs and a
   simulation SuperLink whose runs attach to it (``RAY_ADDRESS``, as docs/deploy-ray.md
   says), so a test module's many simulations do not each start and stop a Ray of their
-  own (about 8 s a run on the 2-core CI machine under load). Flower's default, a Ray
+  own (seconds a run: Ray's start and stop). Flower's default, a Ray
   started by each run, stays covered by the modules that use ``local_simulation_superlink``
   alone (tests/test_flower_plumbing.py, test_resume.py, test_task_kinds.py,
   test_method_registry.py, test_real_model.py, the experiment runner's and the launcher's).
