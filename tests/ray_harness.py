@@ -14,7 +14,7 @@ Not a test module (``__test__`` says so).
   says), so a test module's many simulations do not each start and stop a Ray of their
   own (seconds a run: Ray's start and stop). Flower's default, a Ray
   started by each run, stays covered by the modules that use ``local_simulation_superlink``
-  alone (tests/test_flower_plumbing.py, test_resume.py, test_task_kinds.py,
+  alone (tests/test_flower_plumbing.py, test_task_kinds.py,
   test_method_registry.py, test_real_model.py, the experiment runner's and the launcher's).
 
 Ray's unix sockets live under the cluster's temp dir, whose path must stay short (107 bytes):
@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,10 +137,15 @@ class RayCluster:
 
 @contextlib.contextmanager
 def private_ray_cluster(
-    root: Path, head_cpus: int, worker_cpus: int | None = None
+    root: Path,
+    head_cpus: int,
+    worker_cpus: int | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[RayCluster]:
     """A head with ``head_cpus`` CPUs and, if ``worker_cpus`` is given, one node that joins
-    it with ``ray start --address``; both stopped by pid on exit, and checked to be gone."""
+    it with ``ray start --address``; both stopped by pid on exit, and checked to be gone.
+    ``extra_env`` goes to the nodes and so to every worker they start (Ray's workers
+    inherit the raylet's environment, not the driver's)."""
     # No idle Python workers started ahead of time: the ClientApp actors need workers with
     # the runtime env flwr-simulation asks for, so prestarted ones would only cost CPU.
     env = {
@@ -148,6 +153,7 @@ def private_ray_cluster(
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_enable_worker_prestart": "0",
         "RAY_prestart_worker_first_driver": "0",
+        **(extra_env or {}),
     }
     env.pop(RAY_ADDRESS_ENV_VAR, None)
     nodes: list[RayNode] = []
@@ -203,18 +209,24 @@ def two_node_ray_cluster(root: Path, worker_cpus: int = 2) -> Iterator[RayCluste
 
 @contextlib.contextmanager
 def shared_ray_simulation_superlink(
-    tmp_dir: Path, num_supernodes: int
+    tmp_dir: Path, num_supernodes: int, extra_env: Mapping[str, str] | None = None
 ) -> Iterator[SimulationSuperLink]:
-    """``local_simulation_superlink(tmp_dir, num_supernodes)`` whose runs attach to one
-    private single-node Ray cluster with this machine's CPUs (what each run's own Ray would
-    have); the SuperLink stops first, then the cluster, each checked for survivors."""
+    """``local_simulation_superlink(tmp_dir, num_supernodes, extra_env=...)`` whose runs
+    attach to one private single-node Ray cluster with this machine's CPUs (what each run's
+    own Ray would have); ``extra_env`` reaches the ClientApp actors through the cluster's
+    nodes, as it reaches them through the SuperLink when each run starts its own Ray. The
+    SuperLink stops first, then the cluster, each checked for survivors."""
     root = Path(tempfile.mkdtemp(prefix="rays-", dir="/tmp"))
     try:
         with contextlib.ExitStack() as stack:
-            cluster = stack.enter_context(private_ray_cluster(root, head_cpus=os.cpu_count() or 1))
+            cluster = stack.enter_context(
+                private_ray_cluster(root, head_cpus=os.cpu_count() or 1, extra_env=extra_env)
+            )
             yield stack.enter_context(
                 local_simulation_superlink(
-                    tmp_dir, num_supernodes, extra_env={RAY_ADDRESS_ENV_VAR: cluster.address}
+                    tmp_dir,
+                    num_supernodes,
+                    extra_env={**(extra_env or {}), RAY_ADDRESS_ENV_VAR: cluster.address},
                 )
             )
     finally:

@@ -20,7 +20,7 @@ from safetensors.numpy import load_file
 from client_app.client_app import NODE_STATE_ENV
 from florg_tools.flwr_cli import run_flower_app
 from florg_tools.run_config import resume_run_config
-from tests.flower_harness import local_simulation_superlink
+from tests.ray_harness import shared_ray_simulation_superlink
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,8 @@ def assets(tiny_bert_dir, sentiment_task_dir, tmp_path_factory):
 def superlink(assets):
     _, _, base = assets
     env = {NODE_STATE_ENV: str(base / "node-state")}
-    with local_simulation_superlink(base / "superlink", NODES, extra_env=env) as sim:
+    # One Ray cluster for the module's runs (tests/ray_harness.py says why).
+    with shared_ray_simulation_superlink(base / "superlink", NODES, extra_env=env) as sim:
         yield sim
 
 
