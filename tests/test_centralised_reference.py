@@ -7,6 +7,7 @@ never straddle an evaluation."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -147,7 +148,7 @@ def test_a_small_real_run_tunes_seeds_and_resumes(tmp_path: Path, capsys):
     capsys.readouterr()
     assert reference.main(argv) == 0  # resumes: nothing left to train
     out = capsys.readouterr().out
-    assert "3 runs already in" in out and "test accuracy" not in out
+    assert "3 runs already in" in out and "test score" not in out
 
 
 def test_one_seed_and_one_rate_is_a_single_run_per_method():
@@ -173,3 +174,42 @@ def test_a_single_run_prints_its_curve_and_writes_no_file(tmp_path: Path, capsys
     assert "| florg | 0.001 | " in out and "step 0 | step 2 | step 4" in out
     assert "writing no file" in out and "written to" not in out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_causal_lm_reference_scores_held_out_generation(tmp_path: Path, capsys):
+    """The tiny decoder on a labelled task as generation (task-kind causal-lm through --set,
+    the label as a word, as snli-gen): validation and test are scored as the ServerApp
+    scores them (score = gen-F1 / 100, loss = the response-token cross-entropy), and the
+    --set settings key the file's runs."""
+    from florg_tools.synthetic import make_sentiment_task, make_tiny_causal_lm
+
+    model = make_tiny_causal_lm(tmp_path / "model")
+    task = make_sentiment_task(tmp_path / "task")
+    names = ["bad", "good"]  # the label as a word needs label names: string labels
+    for split in task.glob("*.jsonl"):
+        rows = [json.loads(line) for line in split.read_text().splitlines()]
+        split.write_text(
+            "".join(json.dumps({**r, "label": names[r["label"]]}) + "\n" for r in rows)
+        )
+    path = tmp_path / "reference.json"
+    sets = {"data-path": str(task), "task-kind": "causal-lm", "text-fields": "sentence",
+            "max-seq-length": 32, "max-new-tokens": 2}  # fmt: skip
+    argv = ["--model", str(model), "--task", "local", "--methods", "fedit,florg",
+            "--steps", "2", "--eval-every", "2", "--restart-every", "2", "--batch-size", "4",
+            "--max-train-examples", "16", "--max-eval-examples", "6", "--max-test-examples",
+            "5", "--learning-rates", "1e-2", "--seeds", "0", "--rank", "2",
+            "--json", str(path)]  # fmt: skip
+    for key, value in sets.items():
+        argv += ["--set", f"{key}={value}"]
+    assert reference.main(argv) == 0
+    entry = json.loads(path.read_text())["tasks"]["local"]
+    assert entry["settings"]["set"] == dict(sorted(sets.items()))
+    assert set(entry["runs"]) == {"method=fedit,lr=0.01,seed=0", "method=florg,lr=0.01,seed=0"}
+    for run in entry["runs"].values():
+        assert [step for step, _, _ in run["validation"]] == [0, 2]
+        for _, score, loss in run["validation"]:
+            assert 0.0 <= score <= 1.0 and math.isfinite(loss) and loss > 0
+        assert 0.0 <= run["test"] <= 1.0
+    assert "test score" in capsys.readouterr().out
+    # a key that is not a run setting is refused before anything trains
+    assert reference.main([*argv, "--set", "no-such-key=1"]) == 2

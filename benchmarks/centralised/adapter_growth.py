@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         def after_chunk(done, trained, result) -> None:
             change = relative_change(start_weights, effective_weights(adapted))
             row = (
-                method, lr, done, trained.loss, result.accuracy,
+                method, lr, done, trained.loss, result.score,
                 statistics.median(change), max(change), head_norm(adapted),
             )  # fmt: skip
             rows.append(row)

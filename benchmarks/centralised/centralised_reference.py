@@ -15,6 +15,16 @@ batch size; chance-level accuracy there means a grid at that size measures noise
     python -m benchmarks.centralised.centralised_reference --methods florg,fedit \
         --seeds 0 --learning-rates 1e-3 --steps 120 --eval-every 30
 
+Any task kind the app serves: ``--set KEY=VALUE`` passes any other run setting (as
+``florg launch --set``), and the scores are the ServerApp's (``score``: accuracy for
+classification, F1 / 100 for extractive QA, gen-F1 / 100 for causal LM with short answers;
+``benchmarks.centralised.training.HeldOut``). The reference is a test score, so the task
+needs a test split (causal LM: ``snli-gen`` or a labelled local task, not ``squad-gen``):
+
+    python -m benchmarks.centralised.centralised_reference --model SmolLM2-135M \
+        --task snli-gen --methods fedit,florg --batch-size 2 --set max-seq-length=256 \
+        --set max-new-tokens=4 --set eval-batch-size=8 ...
+
 Without ``--json`` nothing is written. A single run is not a reference, though: one test
 score on 1,000 examples carries a standard error of about 0.015, and its learning rate is
 fixed rather than chosen. With several seeds every method gets what a grid method gets
@@ -89,10 +99,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--projection-sharing", default="shape", choices=("shape", "module"))
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other run setting, as `florg launch "
+        "--set` takes it (e.g. max-seq-length=256 for causal LM); repeatable",
+    )
     parser.add_argument("--json", type=Path, default=None,
                         help="merge this task's reference into this file (and resume from "
                         "it); without it nothing is written")  # fmt: skip
     args = parser.parse_args(argv)
+    from florg_tools.run_config import parse_set_value
+
+    args.extra = {}
+    for item in args.sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--set {item!r}: expected KEY=VALUE")
+        args.extra[key.strip()] = parse_set_value(value)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not args.methods:
         parser.error("--methods names no method")
@@ -117,7 +144,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def selection_score(points: list[list[float]]) -> float:
-    """Mean validation accuracy of the last ``SELECT_LAST`` evaluations (step > 0)."""
+    """Mean validation score (accuracy for classification) of the last ``SELECT_LAST``
+    evaluations (step > 0)."""
     tail = [acc for step, acc, _ in points if step > 0][-SELECT_LAST:]
     return sum(tail) / len(tail)
 
@@ -205,7 +233,7 @@ def summarise(entry: dict[str, Any], args: argparse.Namespace) -> None:
         "steps": args.steps, "learning-rates": list(args.learning_rates),
         "batch-size": args.batch_size, "max-train-examples": args.max_train_examples,
         "test-examples": args.max_test_examples,
-        "select": f"validation accuracy, mean of the last {SELECT_LAST} evaluations, seed "
+        "select": f"validation score, mean of the last {SELECT_LAST} evaluations, seed "
                   f"{args.seeds[0]}",
         "command": "python -m benchmarks.centralised.centralised_reference "
         + " ".join(sys.argv[1:]),
@@ -213,12 +241,12 @@ def summarise(entry: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def print_curves(entry: dict[str, Any], args: argparse.Namespace) -> None:
-    """The validation accuracy by step of every run at the first seed (method x rate)."""
+    """The validation score by step of every run at the first seed (method x rate)."""
     seed = args.seeds[0]
     rows = {(m, lr): entry["runs"][run_key(m, lr, seed)]["validation"]
             for m in args.methods for lr in args.learning_rates}  # fmt: skip
     steps = [step for step, _, _ in next(iter(rows.values()))]
-    print(f"\nvalidation accuracy by step, seed {seed}:")
+    print(f"\nvalidation score by step, seed {seed}:")
     print("| method | lr | " + " | ".join(f"step {s}" for s in steps) + " |")
     print("|---|---|" + "---|" * len(steps))
     for (method, lr), points in rows.items():
@@ -232,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.centralised.training import (
         centralised_data,
         centralised_settings,
-        held_out_test_loader,
+        held_out_test,
         train_centralised,
     )
     from flower_app.config import ConfigError, resolve_config
@@ -242,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = {name.replace("_", "-"): getattr(args, name) for name in SETTINGS}
     if args.head_learning_rate:  # keyed only when set, so earlier files stay valid
         settings["head-learning-rate"] = args.head_learning_rate
+    if args.extra:  # likewise
+        settings["set"] = dict(sorted(args.extra.items()))
     entry = load_task_entry(args.json, args.task, settings)
     runs = entry["runs"]
     print(
@@ -263,12 +293,12 @@ def main(argv: list[str] | None = None) -> int:
         if seed not in loaded:
             data, train_split, held_out = centralised_data(config)
             loaded.clear()  # one seed's data at a time
-            loaded[seed] = (data, train_split, held_out, held_out_test_loader(config))
+            loaded[seed] = (data, train_split, held_out, held_out_test(config))
         data, train_split, held_out, tested = loaded[seed]
+        model = cached_adapted_model(config, data.num_labels, data.spec.kind).model
         curve = train_centralised(
-            config, cached_adapted_model(config, data.num_labels).model, train_split,
-            held_out, tested, steps=args.steps, eval_every=args.eval_every, label=key,
-            restart_every=args.restart_every,
+            config, model, train_split, held_out, tested, steps=args.steps,
+            eval_every=args.eval_every, label=key, restart_every=args.restart_every,
         )  # fmt: skip
         points = [list(p) for p in curve.points]
         runs[key] = {"selection-score": selection_score(points), "test": curve.test,

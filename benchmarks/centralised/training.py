@@ -1,7 +1,9 @@
 """What the centralised benchmarks share (``centralised_reference``, ``head_learning_rate``,
 ``adapter_growth``): one process trains a method's adapter on the whole training split,
-with the app's own config, data and tokenisation, and trains as a client's round does
-(``flower_app.client_round.train_steps``)."""
+with the app's own config, data and tokenisation, trains as a client's round does
+(``flower_app.client_round.train_steps``) and scores a held-out split as the ServerApp
+does: ``score`` is the task kind's headline fraction (accuracy for classification, F1 / 100
+for extractive QA, gen-F1 / 100 for causal LM with short answers) and ``loss`` its loss."""
 
 from __future__ import annotations
 
@@ -24,30 +26,64 @@ def centralised_settings(args: argparse.Namespace, method: str, lr: float) -> di
         "weight-decay": 0.0, "device": "cpu", "progress-bar": False,
         "max-test-examples": getattr(args, "max_test_examples", 0),
         "projection-sharing": getattr(args, "projection_sharing", "shape"),
+        **getattr(args, "extra", {}),
     }  # fmt: skip
 
 
-def centralised_data(config: Any) -> tuple[Any, Any, Any]:
-    """(task data, the whole tokenised training split, the validation loader); built once,
-    since neither depends on the method. Raises ValueError for any task kind but
-    classification (the references score accuracy over ``labels``)."""
-    from flower_app.task_data import load_task_data, make_loader, tokenized_split
+@dataclass(frozen=True)
+class HeldOutScore:
+    """A held-out split's headline ``score`` (a fraction) and ``loss``."""
+
+    score: float
+    loss: float
+
+
+class HeldOut:
+    """A held-out split (``"eval"``: the validation split the ServerApp scores every round;
+    ``"test"``: the held-out test split), scored by ``held_out(model, device)``.
+
+    Classification batches the tokenised split once and scores accuracy and cross-entropy
+    with ``flower_app.training.evaluate`` (the numbers every published reference has);
+    every other kind scores through the ServerApp's own ``evaluate_task``.
+    """
+
+    def __init__(self, config: Any, split: str, kind: str) -> None:
+        from flower_app.task_data import make_loader, tokenized_split
+
+        self.config, self.split, self.kind = config, split, kind
+        self.loader = None
+        if kind == "classification":
+            self.loader = make_loader(
+                tokenized_split(config, split), config.eval_batch_size, shuffle=False, seed=0
+            )
+
+    def __call__(self, model: Any, device: Any) -> HeldOutScore:
+        if self.loader is not None:
+            from flower_app.training import evaluate
+
+            result = evaluate(model, self.loader, device)
+            return HeldOutScore(result.accuracy, result.loss)
+        from flower_app.task_eval import evaluate_task
+
+        metrics = evaluate_task(self.config, model, device, split=self.split)
+        return HeldOutScore(float(metrics["score"]), float(metrics["loss"]))
+
+
+def centralised_data(config: Any) -> tuple[Any, Any, HeldOut]:
+    """(task data, the whole tokenised training split, the validation split's scorer);
+    built once, since neither depends on the method."""
+    from flower_app.task_data import load_task_data, tokenized_split
 
     data = load_task_data(config)
-    if data.spec.kind != "classification":
-        raise ValueError(f"task kind {data.spec.kind!r}: only classification is supported here")
     train_split = tokenized_split(config, "train", 0, 1)
-    held_out = make_loader(
-        tokenized_split(config, "eval"), config.eval_batch_size, shuffle=False, seed=0
-    )
-    return data, train_split, held_out
+    return data, train_split, HeldOut(config, "eval", data.spec.kind)
 
 
 @dataclass
 class CentralisedCurve:
-    """One centralised run: (step, validation accuracy, validation loss) at step 0 and
-    after every chunk, and the held-out test accuracy after the last step (None when no
-    test loader was given)."""
+    """One centralised run: (step, validation score, validation loss) at step 0 and
+    after every chunk, and the held-out test score after the last step (None when no
+    test split was given)."""
 
     points: list[tuple[int, float, float]]
     test: float | None
@@ -69,8 +105,8 @@ def train_centralised(
     config: Any,
     model: Any,
     train_split: Any,
-    held_out: Any,
-    tested: Any | None,
+    held_out: HeldOut,
+    tested: HeldOut | None,
     *,
     steps: int,
     eval_every: int,
@@ -83,45 +119,44 @@ def train_centralised(
     (``flower_app.client_round.train_steps``, what a client's round trains with: batches
     of ``batch-size``, the adapter at ``learning-rate``, the head at its own rate,
     ``weight-decay``) in chunks of ``restart_every`` steps (a fresh optimiser per chunk,
-    as in a round; default ``eval_every``), scoring the validation loader every
+    as in a round; default ``eval_every``), scoring the validation split every
     ``eval_every`` steps and after the last; ``after_chunk(step, train result, validation
-    result)`` is called after each scoring. The batches are shuffled with ``seed``
+    score)`` is called after each scoring. The batches are shuffled with ``seed``
     (default: the run's), so every method at one seed sees the same."""
     from flower_app.client_round import train_steps
     from flower_app.modeling import pick_device
     from flower_app.task_data import make_loader
-    from flower_app.training import evaluate
 
     device = pick_device(config.device)
     train = make_loader(
         train_split, config.batch_size, shuffle=True, seed=config.seed if seed is None else seed
     )
     start = time.perf_counter()
-    initial = evaluate(model, held_out, device)
-    points = [(0, initial.accuracy, initial.loss)]
+    initial = held_out(model, device)
+    points = [(0, initial.score, initial.loss)]
     done = 0
     for chunk, scored in chunk_schedule(steps, eval_every, restart_every or eval_every):
         trained = train_steps(config, model, train, max_steps=chunk)
         done += chunk
         if not scored:
             continue
-        result = evaluate(model, held_out, device)
-        points.append((done, result.accuracy, result.loss))
+        result = held_out(model, device)
+        points.append((done, result.score, result.loss))
         print(
-            f"[{label}] step {done:>4} | acc {result.accuracy:.4f} loss {result.loss:.4f}"
+            f"[{label}] step {done:>4} | score {result.score:.4f} loss {result.loss:.4f}"
             f" | {time.perf_counter() - start:.0f}s",
             flush=True,
         )
         if after_chunk is not None:
             after_chunk(done, trained, result)
-    test = None if tested is None else evaluate(model, tested, device).accuracy
+    test = None if tested is None else tested(model, device).score
     if test is not None:
-        print(f"[{label}] test accuracy {test:.4f}", flush=True)
+        print(f"[{label}] test score {test:.4f}", flush=True)
     return CentralisedCurve(points, test)
 
 
-def held_out_test_loader(config: Any) -> Any:
+def held_out_test(config: Any) -> HeldOut:
     """The held-out test split (``max-test-examples`` rows, the same for every seed)."""
-    from flower_app.task_data import make_loader, tokenized_split
+    from flower_app.task_data import load_task_data
 
-    return make_loader(tokenized_split(config, "test"), config.eval_batch_size, False, seed=0)
+    return HeldOut(config, "test", load_task_data(config).spec.kind)
