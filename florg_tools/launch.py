@@ -54,7 +54,12 @@ from florg_tools.flwr_home import (
     read_flower_config,
 )
 from florg_tools.processes import die_by_signal, signals_interrupt
-from florg_tools.run_config import ConfigValidationError, collect_run_config, is_this_app
+from florg_tools.run_config import (
+    ConfigValidationError,
+    add_set_argument,
+    collect_run_config,
+    is_this_app,
+)
 from florg_tools.superlink import local_superlink
 
 __all__ = [
@@ -117,14 +122,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="a layer between --run-config-file and --set: the app's conf/NAME.toml (or a "
         ".toml path), the file plain `flwr run --run-config` takes",
     )
-    parser.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="run-config override (repeatable; VALUE is a TOML literal or a bare string)",
-    )
+    add_set_argument(parser)
     parser.add_argument(
         "--flwr-home",
         type=Path,

@@ -13,7 +13,7 @@ import argparse
 import json
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -209,20 +209,37 @@ def collect_run_config(args: argparse.Namespace) -> dict[str, Any]:
 
     config: dict[str, Any] = {}
     if getattr(args, "resume", None) is not None:
-        sets = dict(item.partition("=")[::2] for item in args.sets)
-        return resume_run_config(
-            args.resume, {k.strip(): parse_set_value(v) for k, v in sets.items()}
-        )
+        return resume_run_config(args.resume, parse_sets(args.sets))
     if args.run_config_file is not None:
         config.update(toml_layer(args.run_config_file, "--run-config-file"))
     if args.preset is not None:
         config.update(load_preset(str(args.preset), args.app))
-    for item in args.sets:
+    config.update(parse_sets(args.sets))
+    return resolve_layers(config) if is_this_app(args.app) else config
+
+
+def add_set_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """The repeatable ``--set KEY=VALUE`` option (into ``args.sets``; ``parse_sets``)."""
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=help or "run-config override (repeatable; VALUE is a TOML literal or a bare string)",
+    )
+
+
+def parse_sets(items: Iterable[str]) -> dict[str, RunConfigValue]:
+    """``--set`` items as settings, later ones winning; ConfigValidationError for an item
+    that is not KEY=VALUE."""
+    settings: dict[str, RunConfigValue] = {}
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigValidationError(f"--set expects KEY=VALUE, got {item!r}")
-        config[key.strip()] = parse_set_value(value)
-    return resolve_layers(config) if is_this_app(args.app) else config
+        settings[key.strip()] = parse_set_value(value)
+    return settings
 
 
 def is_this_app(app_dir: Path) -> bool:

@@ -58,6 +58,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from florg_tools.run_config import add_set_argument, parse_sets
+
 SELECT_LAST = 3  # evaluations averaged for the choice, as the grids' tuning stage
 SETTINGS = (
     "model", "steps", "eval_every", "restart_every", "batch_size", "max_train_examples",
@@ -99,27 +101,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--projection-sharing", default="shape", choices=("shape", "module"))
-    parser.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other run setting, as `florg launch "
-        "--set` takes it (e.g. max-seq-length=256 for causal LM); repeatable",
+    add_set_argument(
+        parser,
+        "any other run setting, as `florg launch --set` takes it (e.g. max-seq-length=256 "
+        "for causal LM); repeatable",
     )
     parser.add_argument("--json", type=Path, default=None,
                         help="merge this task's reference into this file (and resume from "
                         "it); without it nothing is written")  # fmt: skip
     args = parser.parse_args(argv)
-    from florg_tools.run_config import parse_set_value
-
-    args.extra = {}
-    for item in args.sets:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            parser.error(f"--set {item!r}: expected KEY=VALUE")
-        args.extra[key.strip()] = parse_set_value(value)
+    try:
+        args.extra = parse_sets(args.sets)
+    except ValueError as err:
+        parser.error(str(err))
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not args.methods:
         parser.error("--methods names no method")
