@@ -213,3 +213,22 @@ def test_a_causal_lm_reference_scores_held_out_generation(tmp_path: Path, capsys
     assert "test score" in capsys.readouterr().out
     # a key that is not a run setting is refused before anything trains
     assert reference.main([*argv, "--set", "no-such-key=1"]) == 2
+
+
+def test_the_head_benchmarks_refuse_a_task_kind_without_a_classification_head(tmp_path: Path):
+    """head_learning_rate and adapter_growth measure the classification head: they ask
+    centralised_data for that kind and a causal-LM task is refused with the kind named."""
+    from benchmarks.centralised.training import centralised_data
+    from florg_tools.synthetic import make_generative_qa_task, make_tiny_causal_lm
+    from flower_app.config import resolve_config
+
+    config = resolve_config({}, {
+        "model": str(make_tiny_causal_lm(tmp_path / "model")), "task": "local",
+        "data-path": str(make_generative_qa_task(tmp_path / "task")),
+        "task-kind": "causal-lm", "text-fields": "question,context", "label-field": "answers",
+        "max-seq-length": 48,
+    })  # fmt: skip
+    with pytest.raises(ValueError, match="task kind 'causal-lm': only classification here"):
+        centralised_data(config, kinds=("classification",))
+    data, _, held_out = centralised_data(config)  # every kind without the restriction
+    assert data.spec.kind == "causal-lm" and held_out.split == "eval"

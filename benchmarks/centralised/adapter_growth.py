@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"adapter growth: {err}", file=sys.stderr)
         return 2
     try:
-        data, train_split, held_out = centralised_data(next(iter(configs.values())))
+        data, train_split, held_out = centralised_data(
+            next(iter(configs.values())), kinds=("classification",)
+        )
     except ValueError as err:
         print(f"adapter growth: {err}", file=sys.stderr)
         return 2

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 {}, centralised_settings(run_args, args.method, args.adapter_learning_rate)
             )
             if not data_cache:
-                data_cache.extend(centralised_data(config))
+                data_cache.extend(centralised_data(config, kinds=("classification",)))
             data, train_split, held_out = data_cache
             curve = train_centralised(
                 config, cached_adapted_model(config, data.num_labels).model, train_split,

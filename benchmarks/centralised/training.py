@@ -69,12 +69,15 @@ class HeldOut:
         return HeldOutScore(float(metrics["score"]), float(metrics["loss"]))
 
 
-def centralised_data(config: Any) -> tuple[Any, Any, HeldOut]:
+def centralised_data(config: Any, kinds: tuple[str, ...] | None = None) -> tuple[Any, Any, HeldOut]:
     """(task data, the whole tokenised training split, the validation split's scorer);
-    built once, since neither depends on the method."""
+    built once, since neither depends on the method. ``kinds``: the task kinds the caller
+    serves (ValueError for another; None: every kind)."""
     from flower_app.task_data import load_task_data, tokenized_split
 
     data = load_task_data(config)
+    if kinds is not None and data.spec.kind not in kinds:
+        raise ValueError(f"task kind {data.spec.kind!r}: only {', '.join(kinds)} here")
     train_split = tokenized_split(config, "train", 0, 1)
     return data, train_split, HeldOut(config, "eval", data.spec.kind)
 
