@@ -252,9 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from benchmarks.centralised.training import (
+        HeldOut,
         centralised_data,
         centralised_settings,
-        held_out_test,
         train_centralised,
     )
     from flower_app.config import ConfigError, resolve_config
@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         if seed not in loaded:
             data, train_split, held_out = centralised_data(config)
             loaded.clear()  # one seed's data at a time
-            loaded[seed] = (data, train_split, held_out, held_out_test(config))
+            tested = HeldOut(config, "test", data.spec.kind)  # the task data is loaded
+            loaded[seed] = (data, train_split, held_out, tested)
         data, train_split, held_out, tested = loaded[seed]
         model = cached_adapted_model(config, data.num_labels, data.spec.kind).model
         curve = train_centralised(

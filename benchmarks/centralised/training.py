@@ -156,10 +156,3 @@ def train_centralised(
     if test is not None:
         print(f"[{label}] test score {test:.4f}", flush=True)
     return CentralisedCurve(points, test)
-
-
-def held_out_test(config: Any) -> HeldOut:
-    """The held-out test split (``max-test-examples`` rows, the same for every seed)."""
-    from flower_app.task_data import load_task_data
-
-    return HeldOut(config, "test", load_task_data(config).spec.kind)
