@@ -1,0 +1,296 @@
+"""Privacy-utility: held-out test score against the privacy budget ε (issue 29).
+
+Reads finished runs (folders holding ``config.json`` and ``summary.json``) from any grid
+folders, keeps those that one of ``--arms`` matches (a method at its settings, e.g.
+``method=florg,learning-rate=0.0005``), and groups each arm's runs by privacy level:
+``dp=off`` (ε = ∞) or ``dp=central`` at one noise multiplier z (each method keeps its
+own clipping norm C, read from its non-private runs: docs/privacy.md). A level's ε is
+the accountant's value after the run's last round, as the run's summary recorded it
+(``dp-epsilon`` at ``dp-delta``). Every run of a level must report the same ε (same z,
+q, T and δ), else the runs are not one level and this says so.
+
+It prints, and with ``--out DIR`` writes as ``DIR/privacy-utility.md`` and
+``DIR/privacy-utility.png``:
+
+* per arm and level: z, C, ε, the final-round test score per seed, its mean with a 95%
+  t interval, and the cost of privacy: the level minus ε = ∞, paired by seed;
+* per level, paired by seed: the first arm minus each other one;
+* the plot: mean test score (95% interval as error bars) against ε on a log axis, with
+  ε = ∞ drawn at the right end.
+
+    python -m florg_tools.experiments.privacy results/privacy/runs \
+        --arms method=florg,learning-rate=0.0005 method=fedit,learning-rate=0.004 \
+        [--seeds 0 1 2] [--chance 0.49] [--out docs/results/privacy]
+
+The same (arm, level, seed) found twice with different test scores is an error (runs are
+deterministic, so a run reused from another grid must agree with its rerun).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+
+from florg_tools.experiments.contrast import Arm, parse_arm  # noqa: E402
+from florg_tools.experiments.runs import finished_runs_under  # noqa: E402
+from florg_tools.experiments.stats import mean_interval, paired_difference  # noqa: E402
+
+__all__ = ["Level", "PrivateRun", "collect", "main", "plot", "report"]
+
+
+@dataclass(frozen=True)
+class Level:
+    """A privacy setting: ``dp`` and, for dp=central, the noise multiplier z."""
+
+    dp: str
+    noise_multiplier: float | None
+
+    @property
+    def private(self) -> bool:
+        return self.dp != "off"
+
+    def label(self) -> str:
+        if not self.private:
+            return "off"
+        return f"{self.dp}, z = {self.noise_multiplier:g}"
+
+
+@dataclass(frozen=True)
+class PrivateRun:
+    """One finished run: its arm, privacy level, clipping norm (None for dp=off), seed,
+    ε (∞ for dp=off) and test score."""
+
+    arm: str
+    level: Level
+    clipping_norm: float | None
+    seed: int
+    epsilon: float
+    delta: float | None
+    final: float
+    folder: Path
+
+
+def _level(config: dict[str, Any], folder: Path) -> tuple[Level, float | None]:
+    """The run's level and clipping norm."""
+    dp = str(config.get("dp", "off"))
+    if dp == "off":
+        return Level("off", None), None
+    try:
+        return Level(dp, float(config["dp-noise-multiplier"])), float(config["dp-clipping-norm"])
+    except KeyError as err:
+        raise ValueError(f"{folder}: dp={dp} but config.json has no {err.args[0]!r}") from err
+
+
+def _epsilon(summary: dict[str, Any], level: Level, folder: Path) -> tuple[float, float | None]:
+    if not level.private:
+        return math.inf, None
+    epsilon, delta = summary.get("dp-epsilon"), summary.get("dp-delta")
+    if epsilon is None or delta is None:
+        raise ValueError(f"{folder}: a dp={level.dp} run whose summary.json has no dp-epsilon")
+    return float(epsilon), float(delta)
+
+
+def collect(
+    roots: Sequence[Path], arms: Sequence[Arm], seeds: Sequence[int] | None = None
+) -> list[PrivateRun]:
+    """Every finished run directly under ``roots`` that one of ``arms`` matches (and whose
+    seed is in ``seeds``, when given)."""
+    found: dict[tuple[str, Level, int], PrivateRun] = {}
+    for folder, summary, config in finished_runs_under(roots):
+        owners = [arm for arm in arms if arm.matches(config)]
+        if not owners:
+            continue
+        if len(owners) > 1:
+            labels = " and ".join(arm.label for arm in owners)
+            raise ValueError(f"{folder}: matches the arms {labels}; make them narrower")
+        seed = int(config["seed"])
+        if seeds is not None and seed not in seeds:
+            continue
+        if summary.get("final-test-score") is None:
+            raise ValueError(f"{folder}: summary.json has no final-test-score")
+        level, clipping_norm = _level(config, folder)
+        epsilon, delta = _epsilon(summary, level, folder)
+        final = float(summary["final-test-score"])
+        run = PrivateRun(owners[0].label, level, clipping_norm, seed, epsilon, delta, final, folder)
+        seen = found.setdefault((run.arm, level, seed), run)
+        if seen.final != run.final:
+            raise ValueError(
+                f"{seen.folder} and {folder} are the same run ({run.arm}, {level.label()}, "
+                f"seed {seed}) with different test scores ({seen.final} vs {run.final})"
+            )
+    return list(found.values())
+
+
+def _levels(runs: Sequence[PrivateRun]) -> list[Level]:
+    """The levels present, least private first (ε = ∞, then ε descending)."""
+    eps = {run.level: run.epsilon for run in runs}
+    return sorted(eps, key=lambda level: -eps[level])
+
+
+def _level_epsilon(runs: Sequence[PrivateRun], level: Level) -> tuple[float, float | None]:
+    """The one (ε, δ) every run of ``level`` reports; an error when they differ."""
+    values = {(round(r.epsilon, 6), r.delta) for r in runs if r.level == level}
+    if len(values) != 1:
+        listed = ", ".join(f"epsilon {e:g} at delta {d}" for e, d in sorted(values))
+        raise ValueError(f"the runs at {level.label()} report different budgets: {listed}")
+    return next(iter(values))
+
+
+def _of(runs: Sequence[PrivateRun], arm: str, level: Level) -> dict[int, float]:
+    return {r.seed: r.final for r in runs if r.arm == arm and r.level == level}
+
+
+def _clipping_text(runs: Sequence[PrivateRun], arm: str, level: Level) -> str:
+    norms = sorted({r.clipping_norm for r in runs if r.arm == arm and r.level == level} - {None})
+    return ", ".join(f"{c:.3g}" for c in norms) or "–"
+
+
+def _interval(values: Sequence[float]) -> str:
+    interval = mean_interval(values)
+    if math.isnan(interval.low):
+        return f"{interval.mean:.3f} (one seed)"
+    return f"{interval.mean:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
+
+
+def _paired(a: dict[int, float], b: dict[int, float]) -> str:
+    shared = sorted(set(a) & set(b))
+    if not shared:
+        return "no shared seed"
+    paired = paired_difference([a[s] for s in shared], [b[s] for s in shared])
+    d = paired.difference
+    if math.isnan(d.low):
+        return f"{d.mean:+.3f} (one seed)"
+    return f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}], higher on {paired.wins} of {len(shared)}"
+
+
+def _epsilon_text(epsilon: float) -> str:
+    return "∞" if math.isinf(epsilon) else f"{epsilon:.2f}"
+
+
+def report(runs: Sequence[PrivateRun], arms: Sequence[str], chance: float = math.nan) -> str:
+    """The score table and the paired comparisons, as markdown."""
+    levels = _levels(runs)
+    budgets = {level: _level_epsilon(runs, level) for level in levels}
+    seeds = sorted({r.seed for r in runs})
+    delta = next((d for _, d in budgets.values() if d is not None), None)
+    head = ["arm", "dp", "ε" + (f" (δ = {delta:.3g})" if delta else ""), "C"]
+    head += [f"seed {s}" for s in seeds] + ["test, mean [95% CI]", "− ε = ∞, paired"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    baseline = next((level for level in levels if not level.private), None)
+    for arm in arms:
+        for level in levels:
+            scores = _of(runs, arm, level)
+            if not scores:
+                continue
+            cost = "–"
+            if baseline is not None and level != baseline:
+                cost = _paired(scores, _of(runs, arm, baseline))
+            cells = [
+                arm,
+                level.label(),
+                _epsilon_text(budgets[level][0]),
+                _clipping_text(runs, arm, level),
+                *[f"{scores[s]:.3f}" if s in scores else "–" for s in seeds],
+                _interval(list(scores.values())),
+                cost,
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    if len(arms) > 1:
+        lines += ["", f"Paired by seed, final-round test: {arms[0]} minus each other arm", ""]
+        for other in arms[1:]:
+            for level in levels:
+                eps = _epsilon_text(budgets[level][0])
+                text = _paired(_of(runs, arms[0], level), _of(runs, other, level))
+                lines.append(f"- ε = {eps}: {arms[0]} − {other}: {text}")
+    if not math.isnan(chance):
+        lines += ["", f"Chance (the majority class of the test split): {chance:.3f}"]
+    return "\n".join(lines)
+
+
+def plot(runs: Sequence[PrivateRun], arms: Sequence[str], path: Path, chance: float) -> Path:
+    """Mean test score with its 95% interval against ε (log axis; ∞ at the right end)."""
+    levels = _levels(runs)
+    budgets = {level: _level_epsilon(runs, level)[0] for level in levels}
+    finite = [e for e in budgets.values() if math.isfinite(e)]
+    infinity_at = 4 * max(finite) if finite else 1.0
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for index, arm in enumerate(arms):
+        nudge = 1.04 ** (index - (len(arms) - 1) / 2)  # side by side, so the bars stay apart
+        xs, means, errors = [], [], []
+        for level in levels:
+            scores = list(_of(runs, arm, level).values())
+            if not scores:
+                continue
+            interval = mean_interval(scores)
+            eps = budgets[level]
+            xs.append((infinity_at if math.isinf(eps) else eps) * nudge)
+            means.append(interval.mean)
+            half = 0.0 if math.isnan(interval.low) else interval.high - interval.mean
+            errors.append(half)
+        ax.errorbar(xs, means, yerr=errors, marker="o", capsize=4, label=arm)
+    if not math.isnan(chance):
+        ax.axhline(chance, color="grey", linestyle=":", label="chance")
+    ax.set_xscale("log")
+    ticks = sorted(set(finite)) + [infinity_at]
+    ax.set_xticks(ticks, [f"{t:.3g}" for t in sorted(set(finite))] + ["∞"])
+    ax.minorticks_off()
+    ax.set_xlabel("ε (user-level, after the last round)")
+    ax.set_ylabel("final-round test score (mean, 95% CI)")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m florg_tools.experiments.privacy", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("folders", nargs="+", type=Path, help="folders holding run folders")
+    parser.add_argument(
+        "--arms", nargs="+", required=True, help="key=value[,key=value] per method compared"
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, help="only these seeds")
+    parser.add_argument("--chance", type=float, default=math.nan, help="draw and print it")
+    parser.add_argument("--out", type=Path, help="write privacy-utility.md and .png here")
+    args = parser.parse_args(argv)
+    try:
+        arms = [parse_arm(text) for text in args.arms]
+    except ValueError as err:
+        parser.error(str(err))
+    if len({arm.label for arm in arms}) != len(arms):
+        parser.error("--arms repeats an arm")
+    if any(key.startswith("dp") for arm in arms for key, _ in arm.settings):
+        parser.error("--arms must not fix a dp setting: the privacy level is what changes")
+    try:
+        runs = collect(args.folders, arms, args.seeds)
+        if not runs:
+            raise ValueError(
+                f"no finished run of these arms under {', '.join(map(str, args.folders))}"
+            )
+        text = report(runs, [arm.label for arm in arms], args.chance)
+    except (OSError, ValueError) as err:
+        print(f"privacy: {err}")
+        return 2
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "privacy-utility.md").write_text(text + "\n")
+        png = plot(runs, [arm.label for arm in arms], args.out / "privacy-utility.png", args.chance)
+        print(f"\nwrote {args.out / 'privacy-utility.md'} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
