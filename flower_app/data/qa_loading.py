@@ -21,6 +21,8 @@ from typing import Any
 import datasets
 
 from flower_app.data.loading import (
+    TEST_SEED,
+    _carve,
     _load_raw,
     _source,
     _subset,
@@ -168,17 +170,51 @@ def _clean(ds: datasets.Dataset, spec: TaskSpec, split: str) -> datasets.Dataset
     return cleaned
 
 
+def _held_out(
+    spec: TaskSpec, raw: dict[str, datasets.Dataset]
+) -> tuple[datasets.Dataset, datasets.Dataset, datasets.Dataset | None]:
+    """(train, eval, test) raw rows. The test rows are set aside first (their own split, or
+    carved from train or eval with the fixed TEST_SEED, as ``loading`` does for labelled
+    tasks), then the eval split is held out of train when the task has none."""
+    require_splits(spec, raw, spec.train_split, spec.eval_split, spec.test_split)
+    train = raw[spec.train_split]
+    evaluation = raw[spec.eval_split] if spec.eval_split is not None else None
+    test = raw[spec.test_split] if spec.test_split is not None else None
+    if spec.test_from == "train":
+        train, test = _carve(train, spec.test_size, f"{spec.name}/{spec.train_split}")
+    elif spec.test_from == "eval":
+        if evaluation is None:
+            raise ValueError(f"{spec.name}: test_from='eval' needs an eval split")
+        evaluation, test = _carve(evaluation, spec.test_size, f"{spec.name}/{spec.eval_split}")
+    train, evaluation = with_eval_split(spec, train, evaluation)
+    return train, evaluation, test
+
+
 def load_qa_splits(
     spec: TaskSpec, max_train: int | None = None, max_eval: int | None = None, seed: int = 0
 ) -> tuple[datasets.Dataset, datasets.Dataset]:
     """(train, eval) examples of an extractive-QA task; subsets are seeded shuffles of
-    whole examples (taken before the checks, so only the rows used are read row by row)."""
-    raw = _load_splits(spec)
-    require_splits(spec, raw, spec.train_split, spec.eval_split)
-    evaluation = raw[spec.eval_split] if spec.eval_split is not None else None
-    train, evaluation = with_eval_split(spec, raw[spec.train_split], evaluation)
+    whole examples (taken before the checks, so only the rows used are read row by row).
+    Rows of the task's test split (``load_qa_test``) are in neither."""
+    train, evaluation, _ = _held_out(spec, _load_splits(spec))
     train = _clean(_subset(train, max_train, seed), spec, spec.train_split)
     evaluation = _clean(_subset(evaluation, max_eval, seed), spec, spec.eval_split or "holdout")
     if len(train) == 0 or len(evaluation) == 0:
         raise ValueError(f"{spec.name}: empty train or eval split")
     return train, evaluation
+
+
+def load_qa_test(spec: TaskSpec, max_test: int | None = None) -> datasets.Dataset:
+    """The held-out test examples (a subset of ``max_test`` drawn with the fixed TEST_SEED,
+    so every run seed and every method is scored on the same questions)."""
+    if spec.test_split is None and spec.test_from is None:
+        raise ValueError(
+            f"{spec.name}: no held-out test split (the task names neither test_split nor "
+            "test_from; a local folder needs a test.<ext> file)"
+        )
+    _, _, test = _held_out(spec, _load_splits(spec))
+    assert test is not None
+    test = _clean(_subset(test, max_test, TEST_SEED), spec, spec.test_split or "test")
+    if len(test) == 0:
+        raise ValueError(f"{spec.name}: empty test split")
+    return test

@@ -124,8 +124,13 @@ TASKS: dict[str, TaskSpec] = {
         ),
         _squad("squad", asset="squad", hub_fallback="rajpurkar/squad"),
         # Causal-LM (generative) versions: flower_app/task_kinds/causal_lm.py.
+        # squad-gen's held-out test: 2,000 questions carved from SQuAD's dev split (seeded,
+        # before validation draws from the rest), so its articles never reach training; test
+        # and validation questions may share a dev article's context.
         replace(
-            _squad("squad-gen", asset="squad", hub_fallback="rajpurkar/squad"), kind="causal-lm"
+            _squad("squad-gen", asset="squad", hub_fallback="rajpurkar/squad"),
+            kind="causal-lm",
+            test_from="eval",
         ),
         TaskSpec(
             "snli-gen",

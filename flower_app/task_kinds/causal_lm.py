@@ -134,11 +134,19 @@ class CausalLM(TaskKind):
         return _sft(spec, train), _sft(spec, evaluation), 0  # no head: num_labels is unused
 
     def load_test(self, spec: TaskSpec, max_test: int | None) -> datasets.Dataset:
-        if source_format(spec) != LABELS:
-            raise ValueError(f"{spec.name}: causal-LM tasks have a test split only from labels")
-        from flower_app.data.loading import load_task_test
+        fmt = source_format(spec)
+        if fmt == SQUAD:
+            from flower_app.data.qa_loading import load_qa_test
 
-        return _sft(spec, load_task_test(spec, max_test))
+            return _sft(spec, load_qa_test(spec, max_test))
+        if fmt == LABELS:
+            from flower_app.data.loading import load_task_test
+
+            return _sft(spec, load_task_test(spec, max_test))
+        raise ValueError(
+            f"{spec.name}: instruction data has no scored test split here (its answers are "
+            "long); use a SQuAD-style or labelled task for held-out test scores"
+        )
 
     def partition_field(self, spec: TaskSpec) -> str:
         from flower_app.data.sft import BUCKET
