@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,17 @@ from typing import Any
 from florg_tools.experiments.runs import finished_runs_under
 from florg_tools.experiments.stats import Paired, mean_interval, paired_difference
 
-__all__ = ["Arm", "ArmRun", "collect", "main", "parse_arm", "report"]
+__all__ = [
+    "Arm",
+    "ArmRun",
+    "add_arm_arguments",
+    "arm_runs",
+    "collect",
+    "main",
+    "parse_arm",
+    "parsed_arms",
+    "report",
+]
 
 
 @dataclass(frozen=True)
@@ -82,22 +92,49 @@ def parse_arm(text: str) -> Arm:
     return Arm(text, tuple(settings))
 
 
-def collect(roots: Sequence[Path], key: str, arms: Sequence[Arm]) -> list[ArmRun]:
-    """Every finished run directly under ``roots`` that one of ``arms`` matches."""
-    found: dict[tuple[str, Any, int], ArmRun] = {}
+def arm_runs(
+    roots: Sequence[Path], arms: Sequence[Arm]
+) -> Iterator[tuple[Arm, Path, dict[str, Any], dict[str, Any]]]:
+    """``(arm, folder, summary, config)`` of every finished run directly under ``roots``
+    that one of ``arms`` matches; a run that two arms match is an error."""
     for folder, summary, config in finished_runs_under(roots):
         owners = [arm for arm in arms if arm.matches(config)]
-        if not owners:
-            continue
         if len(owners) > 1:
             labels = " and ".join(arm.label for arm in owners)
             raise ValueError(f"{folder}: matches the arms {labels}; make them narrower")
+        if owners:
+            yield owners[0], folder, summary, config
+
+
+def add_arm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The run folders and ``--arms``, as every command over arms takes them."""
+    parser.add_argument("folders", nargs="+", type=Path, help="folders holding run folders")
+    parser.add_argument(
+        "--arms", nargs="+", required=True, help="key=value[,key=value] per method compared"
+    )
+
+
+def parsed_arms(parser: argparse.ArgumentParser, texts: Sequence[str]) -> list[Arm]:
+    """``--arms`` as Arms; a malformed or repeated arm is the parser's usage error."""
+    try:
+        arms = [parse_arm(text) for text in texts]
+    except ValueError as err:
+        parser.error(str(err))
+    if len({arm.label for arm in arms}) != len(arms):
+        parser.error("--arms repeats an arm")
+    return arms
+
+
+def collect(roots: Sequence[Path], key: str, arms: Sequence[Arm]) -> list[ArmRun]:
+    """Every finished run directly under ``roots`` that one of ``arms`` matches."""
+    found: dict[tuple[str, Any, int], ArmRun] = {}
+    for arm, folder, summary, config in arm_runs(roots, arms):
         if key not in config or "seed" not in config:
             raise ValueError(f"{folder}: config.json has no {key!r} or 'seed'")
         if summary.get("final-test-score") is None or summary.get("test-last3") is None:
             raise ValueError(f"{folder}: summary.json has no test scores")
         entry = ArmRun(
-            owners[0].label,
+            arm.label,
             config[key],
             int(config["seed"]),
             float(summary["final-test-score"]),
@@ -211,19 +248,11 @@ def report(runs: Sequence[ArmRun], arms: Sequence[str], key: str, chance: float)
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="folders holding run folders")
+    add_arm_arguments(parser)
     parser.add_argument("--key", required=True, help="the run-config key that changes")
-    parser.add_argument(
-        "--arms", nargs="+", required=True, help="key=value[,key=value] per method compared"
-    )
     parser.add_argument("--chance", type=float, default=math.nan, help="print scores above it")
     args = parser.parse_args(argv)
-    try:
-        arms = [parse_arm(text) for text in args.arms]
-    except ValueError as err:
-        parser.error(str(err))
-    if len({arm.label for arm in arms}) != len(arms):
-        parser.error("--arms repeats an arm")
+    arms = parsed_arms(parser, args.arms)
     if any(k == args.key for arm in arms for k, _ in arm.settings):
         parser.error(f"--arms must not fix --key {args.key!r}: it is what changes")
     try:

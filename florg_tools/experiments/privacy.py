@@ -40,8 +40,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
-from florg_tools.experiments.contrast import Arm, parse_arm  # noqa: E402
-from florg_tools.experiments.runs import finished_runs_under  # noqa: E402
+from florg_tools.experiments.contrast import (  # noqa: E402
+    Arm,
+    add_arm_arguments,
+    arm_runs,
+    parsed_arms,
+)
 from florg_tools.experiments.stats import mean_interval, paired_difference  # noqa: E402
 
 __all__ = ["Level", "PrivateRun", "collect", "main", "plot", "report"]
@@ -105,13 +109,7 @@ def collect(
     """Every finished run directly under ``roots`` that one of ``arms`` matches (and whose
     seed is in ``seeds``, when given)."""
     found: dict[tuple[str, Level, int], PrivateRun] = {}
-    for folder, summary, config in finished_runs_under(roots):
-        owners = [arm for arm in arms if arm.matches(config)]
-        if not owners:
-            continue
-        if len(owners) > 1:
-            labels = " and ".join(arm.label for arm in owners)
-            raise ValueError(f"{folder}: matches the arms {labels}; make them narrower")
+    for arm, folder, summary, config in arm_runs(roots, arms):
         seed = int(config["seed"])
         if seeds is not None and seed not in seeds:
             continue
@@ -120,7 +118,7 @@ def collect(
         level, clipping_norm = _level(config, folder)
         epsilon, delta = _epsilon(summary, level, folder)
         final = float(summary["final-test-score"])
-        run = PrivateRun(owners[0].label, level, clipping_norm, seed, epsilon, delta, final, folder)
+        run = PrivateRun(arm.label, level, clipping_norm, seed, epsilon, delta, final, folder)
         seen = found.setdefault((run.arm, level, seed), run)
         if seen.final != run.final:
             raise ValueError(
@@ -257,20 +255,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m florg_tools.experiments.privacy", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("folders", nargs="+", type=Path, help="folders holding run folders")
-    parser.add_argument(
-        "--arms", nargs="+", required=True, help="key=value[,key=value] per method compared"
-    )
+    add_arm_arguments(parser)
     parser.add_argument("--seeds", nargs="+", type=int, help="only these seeds")
     parser.add_argument("--chance", type=float, default=math.nan, help="draw and print it")
     parser.add_argument("--out", type=Path, help="write privacy-utility.md and .png here")
     args = parser.parse_args(argv)
-    try:
-        arms = [parse_arm(text) for text in args.arms]
-    except ValueError as err:
-        parser.error(str(err))
-    if len({arm.label for arm in arms}) != len(arms):
-        parser.error("--arms repeats an arm")
+    arms = parsed_arms(parser, args.arms)
     if any(key.startswith("dp") for arm in arms for key, _ in arm.settings):
         parser.error("--arms must not fix a dp setting: the privacy level is what changes")
     try:

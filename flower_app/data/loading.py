@@ -144,6 +144,25 @@ def _carve(
     return parts["train"], parts["test"]
 
 
+def held_out_splits(
+    spec: TaskSpec,
+    train: datasets.Dataset,
+    evaluation: datasets.Dataset | None,
+    test: datasets.Dataset | None,
+) -> tuple[datasets.Dataset, datasets.Dataset, datasets.Dataset | None]:
+    """(train, eval, test): the test rows set aside first (``test`` is the task's own test
+    split, or ``test_size`` rows carved from train or eval with the fixed TEST_SEED), then
+    the eval split held out of train when the task has none."""
+    if spec.test_from == "train":
+        train, test = _carve(train, spec.test_size, f"{spec.name}/{spec.train_split}")
+    elif spec.test_from == "eval":
+        if evaluation is None:
+            raise ValueError(f"{spec.name}: test_from='eval' needs an eval split")
+        evaluation, test = _carve(evaluation, spec.test_size, f"{spec.name}/{spec.eval_split}")
+    train, evaluation = with_eval_split(spec, train, evaluation)
+    return train, evaluation, test
+
+
 def require_splits(spec: TaskSpec, raw: datasets.DatasetDict, *splits: str | None) -> None:
     """ValueError naming the first of ``splits`` (None: not wanted) that ``raw`` lacks."""
     for split in splits:
@@ -190,13 +209,7 @@ def _cleaned_splits(
                 f"{spec.name}/{split}: label {_max_label(ds, spec.label_field)} "
                 f"outside [0, {num_labels})"
             )
-    if spec.test_from == "train":
-        train, test = _carve(train, spec.test_size, f"{spec.name}/{spec.train_split}")
-    elif spec.test_from == "eval":
-        if evaluation is None:
-            raise ValueError(f"{spec.name}: test_from='eval' needs an eval split")
-        evaluation, test = _carve(evaluation, spec.test_size, f"{spec.name}/{spec.eval_split}")
-    train, evaluation = with_eval_split(spec, train, evaluation)
+    train, evaluation, test = held_out_splits(spec, train, evaluation, test)
     label_names = list(names) if names else spec.label_names
     if label_names is not None and len(label_names) != num_labels:
         raise ValueError(f"{spec.name}: {len(label_names)} label names for {num_labels} labels")

@@ -22,12 +22,11 @@ import datasets
 
 from flower_app.data.loading import (
     TEST_SEED,
-    _carve,
     _load_raw,
     _source,
     _subset,
+    held_out_splits,
     require_splits,
-    with_eval_split,
 )
 from flower_app.data.tasks import TaskSpec
 
@@ -173,21 +172,11 @@ def _clean(ds: datasets.Dataset, spec: TaskSpec, split: str) -> datasets.Dataset
 def _held_out(
     spec: TaskSpec, raw: dict[str, datasets.Dataset]
 ) -> tuple[datasets.Dataset, datasets.Dataset, datasets.Dataset | None]:
-    """(train, eval, test) raw rows. The test rows are set aside first (their own split, or
-    carved from train or eval with the fixed TEST_SEED, as ``loading`` does for labelled
-    tasks), then the eval split is held out of train when the task has none."""
+    """(train, eval, test) raw rows, the test rows set aside as for labelled tasks."""
     require_splits(spec, raw, spec.train_split, spec.eval_split, spec.test_split)
-    train = raw[spec.train_split]
     evaluation = raw[spec.eval_split] if spec.eval_split is not None else None
     test = raw[spec.test_split] if spec.test_split is not None else None
-    if spec.test_from == "train":
-        train, test = _carve(train, spec.test_size, f"{spec.name}/{spec.train_split}")
-    elif spec.test_from == "eval":
-        if evaluation is None:
-            raise ValueError(f"{spec.name}: test_from='eval' needs an eval split")
-        evaluation, test = _carve(evaluation, spec.test_size, f"{spec.name}/{spec.eval_split}")
-    train, evaluation = with_eval_split(spec, train, evaluation)
-    return train, evaluation, test
+    return held_out_splits(spec, raw[spec.train_split], evaluation, test)
 
 
 def load_qa_splits(
