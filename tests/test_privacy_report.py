@@ -43,6 +43,13 @@ def write_run(
         }
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "summary.json").write_text(json.dumps(summary))
+    rows = [{"round": 0, "update-norm-median": 99.0}]  # round 0 trains nothing: not counted
+    for round_ in (1, 2, 3):
+        row = {"round": round_, "clients": 6, "update-norm-median": clip * round_ / 2}
+        if z is not None:
+            row |= {"dp-clipped": round_ - 1, "dp-noise-std": z * clip / 6 * (1 + seed)}
+        rows.append(row)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
 
@@ -78,7 +85,8 @@ def test_runs_are_grouped_by_noise_multiplier_with_each_methods_own_clipping_nor
 
 def test_table_rows_and_paired_differences(grid):
     text = report(collect([grid], arms()), [FLORG, FEDIT], chance=0.49)
-    rows = [line for line in text.splitlines() if line.startswith(f"| {FLORG}")]
+    scores = text[: text.index("Paired by seed")]
+    rows = [line for line in scores.splitlines() if line.startswith(f"| {FLORG}")]
     # least private first: epsilon = inf, then 8, then 2
     assert [row.split(" | ")[2] for row in rows] == ["∞", "8.00", "2.00"]
     florg = SCORES["florg"]
@@ -146,3 +154,22 @@ def test_main_with_nothing_matching_fails_with_a_message(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main([str(tmp_path / "empty"), "--arms", FLORG]) == 2
     assert "no finished run" in capsys.readouterr().out
+
+
+def test_the_mechanism_table_holds_medians_over_rounds_and_seeds(grid):
+    text = report(collect([grid], arms()), [FLORG, FEDIT])
+    table = text[text.index("The mechanism") :].splitlines()
+    cells = [line.split(" | ") for line in table if line.startswith("| method=")]
+    rows = {tuple(c[:2]): c for c in cells}
+    header = table[2].split(" | ")
+    col = {name.strip(" |"): i for i, name in enumerate(header)}
+    florg_8 = rows[(f"| {FLORG}", "8.00")]
+    # update norms clip * round / 2 over rounds 1-3 of three seeds: median 0.3 * 2 / 2
+    assert float(florg_8[col["update norm (median client)"]]) == pytest.approx(0.3)
+    assert float(florg_8[col["clipped clients"]]) == 1.0
+    # noise std z C / 6 * (1 + seed): the median over seeds 0-2 is the seed-1 value
+    expected = 2.434 * 0.3 / 6 * 2
+    assert float(florg_8[col["noise std"]]) == pytest.approx(expected, rel=1e-3)
+    off = rows[(f"| {FEDIT}", "∞")]
+    assert off[col["noise std"]].strip() == "–"  # dp=off rows carry no noise
+    assert float(off[col["update norm (median client)"]]) == pytest.approx(1.7)

@@ -15,6 +15,9 @@ It prints, and with ``--out DIR`` writes as ``DIR/privacy-utility.md`` and
 * per arm and level: z, C, ε, the final-round test score per seed, its mean with a 95%
   t interval, and the cost of privacy: the level minus ε = ∞, paired by seed;
 * per level, paired by seed: the first arm minus each other one;
+* what the mechanism did, per arm and level: medians over every training round of all
+  seeds of the rows' update norms, clipped clients, sensitivity, noise std, sent
+  parameters and (FLoRG) negative eigenvalues of the noised Gram (``MECHANISM_KEYS``);
 * the plot: mean test score (95% interval as error bars) against ε on a log axis, with
   ε = ∞ drawn at the right end.
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +44,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
+from florg_tools.experiments.communication import load_metrics  # noqa: E402
 from florg_tools.experiments.contrast import (  # noqa: E402
     Arm,
     add_arm_arguments,
@@ -49,6 +54,20 @@ from florg_tools.experiments.contrast import (  # noqa: E402
 from florg_tools.experiments.stats import mean_interval, paired_difference  # noqa: E402
 
 __all__ = ["Level", "PrivateRun", "collect", "main", "plot", "report"]
+
+
+# metrics.jsonl keys that show what the mechanism did (docs/privacy.md): the clients'
+# update norms, how many were clipped, the sensitivity and the noise's standard deviation
+# on the mean, the sent parameters per client, and (FLoRG) Q-hat's negative eigenvalues
+MECHANISM_KEYS = {
+    "clients": "clients",
+    "update-norm-median": "update norm (median client)",
+    "dp-clipped": "clipped clients",
+    "dp-sensitivity": "sensitivity",
+    "dp-noise-std": "noise std",
+    "up-params": "sent params / client",
+    "negative_eigenvalues": "negative eigenvalues / layer",
+}
 
 
 @dataclass(frozen=True)
@@ -209,9 +228,45 @@ def report(runs: Sequence[PrivateRun], arms: Sequence[str], chance: float = math
                 eps = _epsilon_text(budgets[level][0])
                 text = _paired(_of(runs, arms[0], level), _of(runs, other, level))
                 lines.append(f"- ε = {eps}: {arms[0]} − {other}: {text}")
+    lines += _mechanism_lines(runs, arms, levels, budgets)
     if not math.isnan(chance):
         lines += ["", f"Chance (the majority class of the test split): {chance:.3f}"]
     return "\n".join(lines)
+
+
+def _mechanism_lines(
+    runs: Sequence[PrivateRun],
+    arms: Sequence[str],
+    levels: Sequence[Level],
+    budgets: dict[Level, tuple[float, float | None]],
+) -> list[str]:
+    """Per arm and level, the median over every training round of every seed of the keys
+    the rows carry (MECHANISM_KEYS; '–' where a method's rows lack one)."""
+    head = ["arm", "ε", *MECHANISM_KEYS.values()]
+    lines = [
+        "",
+        "The mechanism, per arm and level: medians over the training rounds of all seeds",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for arm in arms:
+        for level in levels:
+            folders = [r.folder for r in runs if r.arm == arm and r.level == level]
+            if not folders:
+                continue
+            rows = [
+                row
+                for folder in folders
+                for row in load_metrics(folder / "metrics.jsonl")
+                if row.get("round", 0) >= 1
+            ]
+            cells = [arm, _epsilon_text(budgets[level][0])]
+            for key in MECHANISM_KEYS:
+                values = [float(row[key]) for row in rows if row.get(key) is not None]
+                cells.append(f"{statistics.median(values):.4g}" if values else "–")
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(runs: Sequence[PrivateRun], arms: Sequence[str], path: Path, chance: float) -> Path:
