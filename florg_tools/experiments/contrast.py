@@ -216,6 +216,12 @@ def _paired(x: dict[int, float], y: dict[int, float]) -> tuple[Paired, list[int]
     return paired_difference([x[s] for s in shared], [y[s] for s in shared]), shared
 
 
+def paired_by_seed_text(x: dict[int, float], y: dict[int, float]) -> str:
+    """x − y over the seeds both have, as text ("no shared seed" when none)."""
+    found = _paired(x, y)
+    return "no shared seed" if found is None else _paired_text(found[0], len(found[1]))
+
+
 def report(runs: Sequence[ArmRun], arms: Sequence[str], key: str, chance: float) -> str:
     """The score table and the paired comparisons, as markdown and plain lines."""
     values = sorted({r.value for r in runs})

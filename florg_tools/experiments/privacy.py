@@ -49,9 +49,10 @@ from florg_tools.experiments.contrast import (  # noqa: E402
     Arm,
     add_arm_arguments,
     arm_runs,
+    paired_by_seed_text,
     parsed_arms,
 )
-from florg_tools.experiments.stats import mean_interval, paired_difference  # noqa: E402
+from florg_tools.experiments.stats import mean_interval  # noqa: E402
 
 __all__ = ["Level", "PrivateRun", "collect", "main", "plot", "report"]
 
@@ -178,17 +179,6 @@ def _interval(values: Sequence[float]) -> str:
     return f"{interval.mean:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
 
 
-def _paired(a: dict[int, float], b: dict[int, float]) -> str:
-    shared = sorted(set(a) & set(b))
-    if not shared:
-        return "no shared seed"
-    paired = paired_difference([a[s] for s in shared], [b[s] for s in shared])
-    d = paired.difference
-    if math.isnan(d.low):
-        return f"{d.mean:+.3f} (one seed)"
-    return f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}], higher on {paired.wins} of {len(shared)}"
-
-
 def _epsilon_text(epsilon: float) -> str:
     return "∞" if math.isinf(epsilon) else f"{epsilon:.2f}"
 
@@ -210,7 +200,7 @@ def report(runs: Sequence[PrivateRun], arms: Sequence[str], chance: float = math
                 continue
             cost = "–"
             if baseline is not None and level != baseline:
-                cost = _paired(scores, _of(runs, arm, baseline))
+                cost = paired_by_seed_text(scores, _of(runs, arm, baseline))
             cells = [
                 arm,
                 level.label(),
@@ -226,7 +216,7 @@ def report(runs: Sequence[PrivateRun], arms: Sequence[str], chance: float = math
         for other in arms[1:]:
             for level in levels:
                 eps = _epsilon_text(budgets[level][0])
-                text = _paired(_of(runs, arms[0], level), _of(runs, other, level))
+                text = paired_by_seed_text(_of(runs, arms[0], level), _of(runs, other, level))
                 lines.append(f"- ε = {eps}: {arms[0]} − {other}: {text}")
     lines += _mechanism_lines(runs, arms, levels, budgets)
     if not math.isnan(chance):

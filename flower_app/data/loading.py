@@ -232,14 +232,19 @@ def load_task_splits(
     return train, evaluation
 
 
-def load_task_test(spec: TaskSpec, max_test: int | None = None) -> datasets.Dataset:
-    """The held-out test split (a subset of ``max_test`` rows drawn with a fixed seed, so
-    every run seed and every method is scored on the same examples)."""
+def require_test_split(spec: TaskSpec) -> None:
+    """ValueError when the task has no held-out test split."""
     if spec.test_split is None and spec.test_from is None:
         raise ValueError(
             f"{spec.name}: no held-out test split (the task names neither test_split nor "
             "test_from; a local folder needs a test.<ext> file)"
         )
+
+
+def load_task_test(spec: TaskSpec, max_test: int | None = None) -> datasets.Dataset:
+    """The held-out test split (a subset of ``max_test`` rows drawn with a fixed seed, so
+    every run seed and every method is scored on the same examples)."""
+    require_test_split(spec)
     _, _, test, class_label = _cleaned_splits(spec)
     assert test is not None
     return _subset(test, max_test, TEST_SEED).cast_column(spec.label_field, class_label)

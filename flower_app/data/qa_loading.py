@@ -27,6 +27,7 @@ from flower_app.data.loading import (
     _subset,
     held_out_splits,
     require_splits,
+    require_test_split,
 )
 from flower_app.data.tasks import TaskSpec
 
@@ -196,11 +197,7 @@ def load_qa_splits(
 def load_qa_test(spec: TaskSpec, max_test: int | None = None) -> datasets.Dataset:
     """The held-out test examples (a subset of ``max_test`` drawn with the fixed TEST_SEED,
     so every run seed and every method is scored on the same questions)."""
-    if spec.test_split is None and spec.test_from is None:
-        raise ValueError(
-            f"{spec.name}: no held-out test split (the task names neither test_split nor "
-            "test_from; a local folder needs a test.<ext> file)"
-        )
+    require_test_split(spec)
     _, _, test = _held_out(spec, _load_splits(spec))
     assert test is not None
     test = _clean(_subset(test, max_test, TEST_SEED), spec, spec.test_split or "test")
