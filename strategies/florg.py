@@ -67,6 +67,15 @@ log = logging.getLogger(__name__)
 
 EPS64 = float(np.finfo(np.float64).eps)
 RANK_MISMATCH_POLICIES: tuple[str, ...] = ("procrustes", "truncate")
+RankInfo = dict[str, float | int]
+# The diagnostics ``aggregate_florg`` returns (of ``factor_for_rank``'s).
+AGGREGATE_INFO_KEYS: tuple[str, ...] = (
+    "rank",
+    "gram_rel_error",
+    "drift",
+    "eigengap",
+    "eigengap_rel",
+)
 
 
 def check_rank_mismatch(policy: str) -> str:
@@ -163,6 +172,60 @@ def decompose_stacked_gram(M: np.ndarray, rtol: float) -> tuple[np.ndarray, np.n
     return eigenvalues, _canonical_signs(np.sqrt(eigenvalues[:r_prime])[:, None] * P[:, :r_prime].T)
 
 
+def factor_for_rank(
+    eigenvalues: np.ndarray,
+    A_tilde: np.ndarray,
+    prev: np.ndarray,
+    procrustes: bool = True,
+    rank_mismatch: str = "truncate",
+) -> tuple[np.ndarray, RankInfo]:
+    """The new factor of rank r_t = prev.shape[0] from Q's decomposition, and its diagnostics.
+
+    Args:
+        eigenvalues: Q's spectrum, descending, >= 0 (as ``decompose_stacked_gram`` returns).
+        A_tilde: A~ = Lambda^{1/2} P (r' x k), rows orthogonal in eigenvalue order.
+        prev: the previous factor of this rank (r_t x k), the Procrustes anchor.
+        procrustes, rank_mismatch: see the module docstring.
+
+    Returns:
+        A_new (r_t x k) and ``rank`` (r'), ``kept`` (the number of A~'s rows, i.e. of Q's
+        eigenpairs, A_new is built from), ``gram_rel_error`` (||A_new^T A_new - Q||_F /
+        ||Q||_F), ``trace_share`` (tr(A_new^T A_new) / tr(Q)), ``drift``
+        (||A_new - A_prev||_F), ``eigengap`` (lambda_{r_t} - lambda_{r_t+1}) and
+        ``eigengap_rel`` (that over lambda_1).
+    """
+    r = prev.shape[0]
+    r_prime = A_tilde.shape[0]
+    sqrt_lam = np.sqrt(eigenvalues[:r_prime])
+    # A_new = Y Lambda^{-1/2} A~ with Y (r x r') its coordinates in the orthonormal rows
+    # Lambda^{-1/2} A~; then ||A_new^T A_new - Q||_F = ||[Y^T Y - Lambda_{r'}, dropped]||_F.
+    if procrustes:
+        # 'truncate' keeps the top-r rows of A~ (Eckart-Young); Theorem 1 on what is kept.
+        m = min(r, r_prime) if rank_mismatch == "truncate" else r_prime
+        S = procrustes_rotation(prev, A_tilde[:m])
+        new_A = S @ A_tilde[:m]
+        Y = np.zeros((r, r_prime))
+        Y[:, :m] = S * sqrt_lam[:m]
+    else:
+        m = min(r, r_prime)
+        new_A, Y = _top_rows(A_tilde, r), _top_rows(np.diag(sqrt_lam), r)
+    kept = Y.T @ Y - np.diag(eigenvalues[:r_prime])
+    err_sq = float(np.sum(kept**2) + np.sum(eigenvalues[r_prime:] ** 2))
+    q_norm = float(np.sqrt(np.sum(eigenvalues**2)))
+    trace = float(np.sum(eigenvalues))
+    gap, gap_rel = _eigengap(eigenvalues, r)
+    info: RankInfo = {
+        "rank": r_prime,
+        "kept": m,
+        "gram_rel_error": float(np.sqrt(err_sq) / q_norm) if q_norm > 0 else 0.0,
+        "trace_share": float(np.sum(new_A**2)) / trace if trace > 0 else 0.0,
+        "drift": float(np.linalg.norm(new_A - prev)),
+        "eigengap": gap,
+        "eigengap_rel": gap_rel,
+    }
+    return new_A, info
+
+
 def aggregate_florg(
     client_As: Sequence[np.ndarray],
     weights: Sequence[float] | np.ndarray | None,
@@ -190,38 +253,14 @@ def aggregate_florg(
     """
     check_rank_mismatch(rank_mismatch)
     mats, w, prev = _validated_inputs(client_As, weights, prev_A)
-    r, k = prev.shape
     M = stack_weighted(mats, w)
-    tol = default_rtol(k, M.shape[0]) if rtol is None else float(rtol)
+    tol = default_rtol(prev.shape[1], M.shape[0]) if rtol is None else float(rtol)
 
     eigenvalues, A_tilde = decompose_stacked_gram(M, tol)
-    r_prime = A_tilde.shape[0]
-    if r_prime == 0:
+    if A_tilde.shape[0] == 0:
         log.warning("FLoRG: aggregated Gram matrix is zero (rank 0); the new A is zero")
-    sqrt_lam = np.sqrt(eigenvalues[:r_prime])
-
-    # A_new = Y Lambda^{-1/2} A~ with Y (r x r') its coordinates in the orthonormal rows
-    # Lambda^{-1/2} A~; then ||A_new^T A_new - Q||_F = ||[Y^T Y - Lambda_{r'}, dropped]||_F.
-    if procrustes:
-        # 'truncate' keeps the top-r rows of A~ (Eckart-Young); Theorem 1 on what is kept.
-        m = min(r, r_prime) if rank_mismatch == "truncate" else r_prime
-        S = procrustes_rotation(prev, A_tilde[:m])
-        new_A = S @ A_tilde[:m]
-        Y = np.zeros((r, r_prime))
-        Y[:, :m] = S * sqrt_lam[:m]
-    else:
-        new_A, Y = _top_rows(A_tilde, r), _top_rows(np.diag(sqrt_lam), r)
-    kept = Y.T @ Y - np.diag(eigenvalues[:r_prime])
-    err_sq = float(np.sum(kept**2) + np.sum(eigenvalues[r_prime:] ** 2))
-    q_norm = float(np.sqrt(np.sum(eigenvalues**2)))
-    gap, gap_rel = _eigengap(eigenvalues, r)
-    info: dict[str, float | int] = {
-        "rank": r_prime,
-        "gram_rel_error": float(np.sqrt(err_sq) / q_norm) if q_norm > 0 else 0.0,
-        "drift": float(np.linalg.norm(new_A - prev)),
-        "eigengap": gap,
-        "eigengap_rel": gap_rel,
-    }
+    new_A, diagnostics = factor_for_rank(eigenvalues, A_tilde, prev, procrustes, rank_mismatch)
+    info = {key: diagnostics[key] for key in AGGREGATE_INFO_KEYS}
     return new_A, info
 
 

@@ -70,19 +70,16 @@ from typing import Any
 import numpy as np
 
 from strategies.florg import (
-    _eigengap,
-    _top_rows,
+    RankInfo,
     check_rank_mismatch,
     decompose_stacked_gram,
     default_rtol,
-    procrustes_rotation,
+    factor_for_rank,
     stack_weighted,
 )
 from strategies.validation import AggregationInputError, as_float64_matrix, normalize_weights
 
 log = logging.getLogger(__name__)
-
-RankInfo = dict[str, float | int]
 
 __all__ = [
     "RankInfo",
@@ -145,59 +142,6 @@ def validated_rank_inputs(
         prevs[r_t] = prev
     w = normalize_weights(weights, len(mats))
     return mats, w, prevs, k
-
-
-def factor_for_rank(
-    eigenvalues: np.ndarray,
-    A_tilde: np.ndarray,
-    prev: np.ndarray,
-    procrustes: bool = True,
-    rank_mismatch: str = "truncate",
-) -> tuple[np.ndarray, RankInfo]:
-    """The new factor of rank r_t = prev.shape[0] from Q's decomposition, and its diagnostics.
-
-    Args:
-        eigenvalues: Q's spectrum, descending, >= 0 (as ``decompose_stacked_gram`` returns).
-        A_tilde: A~ = Lambda^{1/2} P (r' x k), rows orthogonal in eigenvalue order.
-        prev: the previous factor of this rank (r_t x k), the Procrustes anchor.
-        procrustes, rank_mismatch: see the module docstring.
-
-    Returns:
-        A_new (r_t x k) and ``rank`` (r'), ``kept`` (the number of A~'s rows, i.e. of Q's
-        eigenpairs, A_new is built from), ``gram_rel_error`` (||A_new^T A_new - Q||_F /
-        ||Q||_F), ``trace_share`` (tr(A_new^T A_new) / tr(Q)), ``drift``
-        (||A_new - A_prev||_F), ``eigengap`` (lambda_{r_t} - lambda_{r_t+1}) and
-        ``eigengap_rel`` (that over lambda_1).
-    """
-    r = prev.shape[0]
-    r_prime = A_tilde.shape[0]
-    sqrt_lam = np.sqrt(eigenvalues[:r_prime])
-    # A_new = Y Lambda^{-1/2} A~ with Y (r x r') its coordinates in the orthonormal rows
-    # Lambda^{-1/2} A~; then ||A_new^T A_new - Q||_F = ||[Y^T Y - Lambda_{r'}, dropped]||_F.
-    if procrustes:
-        m = min(r, r_prime) if rank_mismatch == "truncate" else r_prime
-        S = procrustes_rotation(prev, A_tilde[:m])
-        new_A = S @ A_tilde[:m]
-        Y = np.zeros((r, r_prime))
-        Y[:, :m] = S * sqrt_lam[:m]
-    else:
-        m = min(r, r_prime)
-        new_A, Y = _top_rows(A_tilde, r), _top_rows(np.diag(sqrt_lam), r)
-    kept = Y.T @ Y - np.diag(eigenvalues[:r_prime])
-    err_sq = float(np.sum(kept**2) + np.sum(eigenvalues[r_prime:] ** 2))
-    q_norm = float(np.sqrt(np.sum(eigenvalues**2)))
-    trace = float(np.sum(eigenvalues))
-    gap, gap_rel = _eigengap(eigenvalues, r)
-    info: RankInfo = {
-        "rank": r_prime,
-        "kept": m,
-        "gram_rel_error": float(np.sqrt(err_sq) / q_norm) if q_norm > 0 else 0.0,
-        "trace_share": float(np.sum(new_A**2)) / trace if trace > 0 else 0.0,
-        "drift": float(np.linalg.norm(new_A - prev)),
-        "eigengap": gap,
-        "eigengap_rel": gap_rel,
-    }
-    return new_A, info
 
 
 def aggregate_florg_ranks(
