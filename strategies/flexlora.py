@@ -26,7 +26,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from strategies.federa import truncated_product_svd
-from strategies.validation import AggregationInputError, as_float64_matrix, normalize_weights
+from strategies.validation import (
+    AggregationInputError,
+    check_mixed_rank_pairs,
+    normalize_weights,
+)
 
 __all__ = ["aggregate_flexlora", "stack_mixed_ranks"]
 
@@ -37,19 +41,7 @@ def stack_mixed_ranks(
     weights: Sequence[float] | np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(B_s, A_s) with B_s A_s = sum_n w_n B_n A_n, whatever each r_n; checks the inputs."""
-    if len(client_Bs) == 0 or len(client_Bs) != len(client_As):
-        raise AggregationInputError(
-            f"flexlora: got {len(client_Bs)} B matrices and {len(client_As)} A matrices"
-        )
-    Bs = [as_float64_matrix(b, f"B[client {i}]") for i, b in enumerate(client_Bs)]
-    As = [as_float64_matrix(a, f"A[client {i}]") for i, a in enumerate(client_As)]
-    d_out, d_in = Bs[0].shape[0], As[0].shape[1]
-    for i, (b, a) in enumerate(zip(Bs, As, strict=True)):
-        if b.shape[1] != a.shape[0] or b.shape[0] != d_out or a.shape[1] != d_in:
-            raise AggregationInputError(
-                f"client {i}: B {b.shape}, A {a.shape}: need d_out={d_out} x r_n and "
-                f"r_n x d_in={d_in}"
-            )
+    Bs, As = check_mixed_rank_pairs(client_Bs, client_As, "flexlora")
     sw = np.sqrt(normalize_weights(weights, len(Bs)))
     B_s = np.concatenate([s * b for s, b in zip(sw, Bs, strict=True)], axis=1)
     A_s = np.concatenate([s * a for s, a in zip(sw, As, strict=True)], axis=0)

@@ -22,7 +22,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.validation import AggregationInputError, as_float64_matrix, normalize_weights
+from strategies.validation import (
+    AggregationInputError,
+    check_mixed_rank_pairs,
+    normalize_weights,
+)
 
 __all__ = ["aggregate_hetlora", "zero_pad"]
 
@@ -48,23 +52,7 @@ def aggregate_hetlora(
     """(B, A) of rank ``rank`` (default: the largest client rank): the weighted average of
     the zero-padded factors.  AggregationInputError names the client on a bad input: no
     clients, B's columns != A's rows, a d_out or d_in that differs, NaN/Inf, bad weights."""
-    if len(client_Bs) == 0 or len(client_Bs) != len(client_As):
-        raise AggregationInputError(
-            f"hetlora: got {len(client_Bs)} B matrices and {len(client_As)} A matrices"
-        )
-    Bs = [as_float64_matrix(b, f"B[client {i}]") for i, b in enumerate(client_Bs)]
-    As = [as_float64_matrix(a, f"A[client {i}]") for i, a in enumerate(client_As)]
-    d_out, d_in = Bs[0].shape[0], As[0].shape[1]
-    for i, (b, a) in enumerate(zip(Bs, As, strict=True)):
-        if b.shape[1] != a.shape[0]:
-            raise AggregationInputError(
-                f"client {i}: B is {b.shape} but A is {a.shape}: B's columns must equal A's rows"
-            )
-        if b.shape[0] != d_out or a.shape[1] != d_in:
-            raise AggregationInputError(
-                f"client {i}: B {b.shape}, A {a.shape} do not match client 0's d_out={d_out}, "
-                f"d_in={d_in}"
-            )
+    Bs, As = check_mixed_rank_pairs(client_Bs, client_As, "hetlora")
     r = max(b.shape[1] for b in Bs) if rank is None else int(rank)
     w = normalize_weights(weights, len(Bs))
     B = sum(wn * zero_pad(b, r, axis=1) for wn, b in zip(w, Bs, strict=True))

@@ -46,6 +46,31 @@ def check_client_matrices(
     return out
 
 
+def check_mixed_rank_pairs(
+    client_Bs: Sequence[np.ndarray], client_As: Sequence[np.ndarray], method: str
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Validate one LoRA pair (B_n: d_out x r_n, A_n: r_n x d_in) per client, r_n free:
+    at least one client, as many B as A, B_n's columns = A_n's rows, one d_out and one d_in."""
+    if len(client_Bs) == 0 or len(client_Bs) != len(client_As):
+        raise AggregationInputError(
+            f"{method}: got {len(client_Bs)} B matrices and {len(client_As)} A matrices"
+        )
+    Bs = [as_float64_matrix(b, f"B[client {i}]") for i, b in enumerate(client_Bs)]
+    As = [as_float64_matrix(a, f"A[client {i}]") for i, a in enumerate(client_As)]
+    d_out, d_in = Bs[0].shape[0], As[0].shape[1]
+    for i, (b, a) in enumerate(zip(Bs, As, strict=True)):
+        if b.shape[1] != a.shape[0]:
+            raise AggregationInputError(
+                f"client {i}: B is {b.shape} but A is {a.shape}: B's columns must equal A's rows"
+            )
+        if b.shape[0] != d_out or a.shape[1] != d_in:
+            raise AggregationInputError(
+                f"client {i}: B {b.shape}, A {a.shape} do not match client 0's d_out={d_out}, "
+                f"d_in={d_in}"
+            )
+    return Bs, As
+
+
 def normalize_weights(weights: Sequence[float] | np.ndarray | None, num_clients: int) -> np.ndarray:
     """Non-negative client weights normalised to sum to 1 (``None`` means uniform 1/N)."""
     if num_clients < 1:
