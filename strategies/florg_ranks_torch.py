@@ -41,7 +41,7 @@ from strategies.florg import check_rank_mismatch, default_rtol
 from strategies.florg_device import F64, gram_and_cross, resolve_server_device, times_stack
 from strategies.florg_ranks import RankInfo, validated_rank_inputs
 from strategies.florg_torch import _descending_eigh, _from_factor, _index_mask, _numerical_rank
-from strategies.validation import AggregationInputError, normalize_weights
+from strategies.validation import AggregationInputError, check_layer_sets, normalize_weights
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +57,10 @@ def _validated(
     prev_by_layer_and_rank: Mapping[str, Mapping[int, Any]],
 ) -> tuple[dict[str, list[np.ndarray]], np.ndarray, dict[str, dict[int, np.ndarray]]]:
     """Per layer the reference's checks (errors prefixed by the layer), plus the layer sets."""
-    missing = sorted(set(prev_by_layer_and_rank) - set(client_As_by_layer))
-    extra = sorted(set(client_As_by_layer) - set(prev_by_layer_and_rank))
-    if missing or extra:
-        raise AggregationInputError(
-            "client_As_by_layer and prev_by_layer_and_rank name different layers: "
-            f"missing {missing[:3]}, extra {extra[:3]}"
-        )
-    if not prev_by_layer_and_rank:
-        raise AggregationInputError("no layers to aggregate")
-    counts = {len(v) for v in client_As_by_layer.values()}
-    if len(counts) != 1:
-        raise AggregationInputError(f"layers have different numbers of clients: {sorted(counts)}")
-    w = normalize_weights(weights, counts.pop())
+    n = check_layer_sets(
+        client_As_by_layer, prev_by_layer_and_rank, ("client_As_by_layer", "prev_by_layer_and_rank")
+    )
+    w = normalize_weights(weights, n)
     mats: dict[str, list[np.ndarray]] = {}
     prevs: dict[str, dict[int, np.ndarray]] = {}
     for layer, prev_by_rank in prev_by_layer_and_rank.items():

@@ -55,7 +55,7 @@ from strategies.florg_device import (
     stack_layers,
     times_stack,
 )
-from strategies.validation import AggregationInputError, normalize_weights
+from strategies.validation import AggregationInputError, check_layer_sets, normalize_weights
 
 log = logging.getLogger(__name__)
 
@@ -83,18 +83,7 @@ def _validated(
     prev_As: Mapping[str, Any],
 ) -> tuple[dict[str, list[np.ndarray]], np.ndarray, dict[str, np.ndarray]]:
     """Shapes, dtypes, client counts and weights checked (finiteness is checked on the stack)."""
-    missing = sorted(set(prev_As) - set(client_As))
-    extra = sorted(set(client_As) - set(prev_As))
-    if missing or extra:
-        raise AggregationInputError(
-            f"client_As and prev_As name different layers: missing {missing[:3]}, extra {extra[:3]}"
-        )
-    if not prev_As:
-        raise AggregationInputError("no layers to aggregate")
-    counts = {len(v) for v in client_As.values()}
-    if len(counts) != 1:
-        raise AggregationInputError(f"layers have different numbers of clients: {sorted(counts)}")
-    n = counts.pop()
+    n = check_layer_sets(client_As, prev_As)
     if n == 0:
         raise AggregationInputError("client_As: no client matrices to aggregate")
     w = normalize_weights(weights, n)

@@ -7,7 +7,8 @@ message that names the offending client and tensor, before anything is computed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +45,28 @@ def check_client_matrices(
                 f"{name}[client {i}]: shape {m.shape} does not match the expected {tuple(shape)}"
             )
     return out
+
+
+def check_layer_sets(
+    client_layers: Mapping[str, Sequence[Any]],
+    prev_layers: Mapping[str, Any],
+    names: tuple[str, str] = ("client_As", "prev_As"),
+) -> int:
+    """The clients' per-layer updates and the previous state name the same layers (at least
+    one), and every layer has the same number of clients; returns that number."""
+    missing = sorted(set(prev_layers) - set(client_layers))
+    extra = sorted(set(client_layers) - set(prev_layers))
+    if missing or extra:
+        raise AggregationInputError(
+            f"{names[0]} and {names[1]} name different layers: "
+            f"missing {missing[:3]}, extra {extra[:3]}"
+        )
+    if not prev_layers:
+        raise AggregationInputError("no layers to aggregate")
+    counts = {len(v) for v in client_layers.values()}
+    if len(counts) != 1:
+        raise AggregationInputError(f"layers have different numbers of clients: {sorted(counts)}")
+    return counts.pop()
 
 
 def check_mixed_rank_pairs(
