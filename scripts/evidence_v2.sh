@@ -12,7 +12,8 @@
 # deterministic). Per task, in this order (each step resumes):
 #   1. FLoRG and FedIT of the main grid (the verdict's first rows);
 #   2. the FLoRG variants (plain FLoRG's runs are copied in from step 1, not rerun);
-#   3. the rest of the main grid.
+#   3. the rest of the main grid, one method at a time (florg-signed, FeDeRA, FedEx-LoRA,
+#      FFA-LoRA, FedSA-LoRA: each one's tuning, then its seeds).
 # Publish what has finished from this checkout with (see docs/results.md):
 #   florg experiments evidence evidence-v2 --out ROOT/v2/results/evidence-v2 \
 #       --with evidence-v2-variants=ROOT/v2/results/evidence-v2-variants \
@@ -63,5 +64,9 @@ for task in $TASKS; do
       && cp -r "$run" "results/$variants/runs/"
   done
   python -m florg_tools.experiments run "$variants" --no-report
+  # one baseline at a time, its tuning then its seeds, so that each verdict row completes in turn
+  for method in florg-signed federa fedex-lora ffa-lora fedsa-lora; do
+    python -m florg_tools.experiments run "$main" --no-report --only "method=$method,"
+  done
   python -m florg_tools.experiments run "$main" --no-report
 done
