@@ -176,8 +176,8 @@ def factor_for_rank(
     eigenvalues: np.ndarray,
     A_tilde: np.ndarray,
     prev: np.ndarray,
-    procrustes: bool = True,
-    rank_mismatch: str = "truncate",
+    procrustes: bool,
+    rank_mismatch: str,
 ) -> tuple[np.ndarray, RankInfo]:
     """The new factor of rank r_t = prev.shape[0] from Q's decomposition, and its diagnostics.
 
@@ -185,7 +185,8 @@ def factor_for_rank(
         eigenvalues: Q's spectrum, descending, >= 0 (as ``decompose_stacked_gram`` returns).
         A_tilde: A~ = Lambda^{1/2} P (r' x k), rows orthogonal in eigenvalue order.
         prev: the previous factor of this rank (r_t x k), the Procrustes anchor.
-        procrustes, rank_mismatch: see the module docstring.
+        procrustes, rank_mismatch: see the module docstring (no defaults here: the
+            homogeneous step defaults to 'procrustes', the mixed-rank one to 'truncate').
 
     Returns:
         A_new (r_t x k) and ``rank`` (r'), ``kept`` (the number of A~'s rows, i.e. of Q's
