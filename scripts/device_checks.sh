@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Issue 28's GPU checks, run on a lent CUDA machine (its own Python 3.12 with torch,
+# transformers and peft; no network; at most 64 MiB sent a call). Pack first on this machine
+# (bash scripts/device_pack.sh), then one call per .device-carry/cN folder, each carrying it:
+#
+#   call 1:  bash scripts/device_checks.sh first          # carry .device-carry/c1
+#            (installs the small wheels, checks the imports, then the two benchmarks that
+#            need nothing else: the FLoRG server step at the RoBERTa-large and 7B shapes on
+#            CUDA, and the decoder benchmark's Llama-3.2-1B-shaped bf16 arm)
+#   call k:  bash scripts/device_checks.sh stash ck       # carry .device-carry/ck
+#   last:    bash scripts/device_checks.sh last cN        # carry .device-carry/cN
+#            (joins the parts, installs Ray, builds SmolLM2-135M with `florg assets fetch`,
+#            the decoder benchmark's SmolLM2 arms, then the sft-cpu preset through the Flower
+#            simulation in bf16 on CUDA: florg launch --preset sft-cpu --set precision=bf16)
+#
+# The parts wait in $DEVICE_STASH (/tmp/florg-device) between calls, which holds while the
+# machine stays warm. Every step's output goes to $OUT (what the tool sends back).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+STASH=${DEVICE_STASH:-/tmp/florg-device}
+OUT=${OUT:-$PWD/outputs/device}
+SITE=$STASH/site
+PY=${PYTHON:-python3}
+mkdir -p "$STASH/parts" "$OUT"
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$SITE/bin:$PATH"
+export PYTHONUNBUFFERED=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+export FLORG_CACHE=$STASH/cache
+
+stash() {  # copy one carried folder's parts into the stash
+    cp -r ".device-carry/$1/." "$STASH/parts/" || { echo "nothing carried in .device-carry/$1"; exit 1; }
+    echo "stash now holds:"; ls -la "$STASH/parts" "$STASH/parts/wheels" 2>/dev/null | head -60
+}
+
+install_wheels() {  # $@: wheel files, installed without their dependencies into $SITE
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" "$@"
+}
+
+setup() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+    "$PY" -c 'import sys, torch, transformers, peft; print(sys.version.split()[0], torch.__version__, torch.version.cuda, transformers.__version__, peft.__version__)' \
+        | tee -a "$OUT/gpu.txt"
+    install_wheels "$STASH"/parts/wheels/*.whl || exit 1
+    "$PY" - <<'EOF' 2>&1 | tee "$OUT/setup.log"
+import importlib
+for name in ("flwr", "datasets", "flwr_datasets", "omegaconf", "gguf", "dp_accounting",
+             "flwr.simulation", "flwr.server", "flwr.supernode", "flwr.cli.app",
+             "flower_app.client_round", "flower_app.runtime", "client_app.client_app",
+             "server_app.server_app", "florg_tools.launch", "florg_tools.experiments"):
+    try:
+        importlib.import_module(name)
+        print("import ok:", name)
+    except Exception as err:  # noqa: BLE001 -- a report, one line per module
+        print("IMPORT FAILED:", name, type(err).__name__, err)
+EOF
+}
+
+server_step() {  # FLoRG's batched torch server step on CUDA against the numpy float64 loop
+    "$PY" - <<'EOF' 2>&1 | tee "$OUT/server_step.json"
+import json
+from benchmarks.core.server import gpu_worker
+from benchmarks.core.settings import Settings
+print(json.dumps(gpu_worker(Settings())))
+EOF
+}
+
+decoder() {  # $1: arms
+    "$PY" -m benchmarks.core.decoder_benchmark --device cuda --threads 8 --arms "$1" --steps 20 \
+        2>&1 | tee "$OUT/decoder-${1%%,*}.log"
+}
+
+assets() {
+    local n big=$STASH/big
+    n=$(cat "$STASH"/parts/big.tar.sha256) || exit 1
+    cat "$STASH"/parts/big.part* > "$STASH/big.tar"
+    echo "$n  $STASH/big.tar" | sha256sum -c - || exit 1
+    rm -rf "$big" && tar -C "$STASH" -xf "$STASH/big.tar" && rm -f "$STASH/big.tar"
+    (cd "$big" && sha256sum -c SHA256SUMS) || exit 1
+    install_wheels "$big"/ray-*.whl || exit 1
+    "$PY" -c 'import ray; print("ray", ray.__version__)'
+    mkdir -p "$FLORG_CACHE/data" && tar -C "$FLORG_CACHE/data" -xJf "$big/squad-asset.tar.xz"
+    PIP_NO_INDEX=1 PIP_FIND_LINKS=$big "$PY" -m florg_tools.assets fetch --only squad SmolLM2-135M
+}
+
+sft() {  # the sft-cpu preset through the Flower simulation, bf16 on CUDA
+    local runs=$STASH/runs
+    "$PY" -m florg_tools.flwr_home setup --flwr-home "$STASH/flwr_home" --num-supernodes 5
+    export FLWR_HOME=$STASH/flwr_home FLORG_OUTPUT_ROOT=$STASH
+    local t0=$SECONDS
+    "$PY" -m florg_tools.launch --connection local-simulation --ephemeral-superlink \
+        --preset sft-cpu --set precision=bf16 --set device=cuda --set output-dir=runs \
+        --timeout "${SFT_TIMEOUT:-360}" "$@"
+    echo "launch exit $? after $((SECONDS - t0)) s"
+    find "$runs" -name checkpoint -prune -o -type f \( -name '*.json' -o -name '*.jsonl' \) -print \
+        | tar -czf "$OUT/sft-runs.tar.gz" -T - 2>/dev/null
+    find "$runs" -name metrics.jsonl -exec tail -n 3 {} \;
+}
+
+case "${1:-}" in
+    stash) stash "$2" ;;
+    first)
+        stash c1 >/dev/null && setup && server_step && decoder llama1b-bf16 ;;
+    last)
+        stash "$2" >/dev/null
+        assets 2>&1 | tee "$OUT/assets.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || { echo "assets failed"; exit 1; }
+        decoder smollm2-fp32,smollm2-bf16
+        sft 2>&1 | tee "$OUT/sft.log" ;;
+    setup | server_step | assets) "$1" ;;
+    decoder) decoder "$2" ;;
+    sft) shift; sft "$@" ;;
+    *) echo "usage: $0 first | stash cK | last cN | setup | server_step | decoder ARMS | assets | sft [--set k=v ...]" >&2
+       exit 2 ;;
+esac
