@@ -6,7 +6,8 @@
 #   call 1:  bash scripts/device_checks.sh first          # carry .device-carry/c1
 #            (installs the small wheels, checks the imports, then the two benchmarks that
 #            need nothing else: the FLoRG server step at the RoBERTa-large and 7B shapes on
-#            CUDA, and the decoder benchmark's Llama-3.2-1B-shaped bf16 arm)
+#            CUDA with a torch.profiler breakdown of the 7B one, and the decoder benchmark's
+#            Llama-3.2-1B-shaped bf16 arm)
 #   call k:  bash scripts/device_checks.sh stash ck       # carry .device-carry/ck
 #   last:    bash scripts/device_checks.sh last cN        # carry .device-carry/cN
 #            (joins the parts, installs Ray, builds SmolLM2-135M with `florg assets fetch`,
@@ -22,8 +23,11 @@ OUT=${OUT:-$PWD/outputs/device}
 SITE=$STASH/site
 PY=${PYTHON:-python3}
 mkdir -p "$STASH/parts" "$OUT"
-export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PATH="$SITE/bin:$PATH"
+# Two install folders: pip --target --upgrade replaces a top-level folder it brings again,
+# and Ray's wheel brings its own bin/ (which, sharing one folder, dropped Flower's scripts).
+RAY_SITE=$STASH/site-ray
+export PYTHONPATH="$SITE:$RAY_SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$SITE/bin:$RAY_SITE/bin:$PATH"
 export PYTHONUNBUFFERED=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 export FLORG_CACHE=$STASH/cache
 
@@ -32,16 +36,17 @@ stash() {  # copy one carried folder's parts into the stash
     echo "stash now holds:"; ls -la "$STASH/parts" "$STASH/parts/wheels" 2>/dev/null | head -60
 }
 
-install_wheels() {  # $@: wheel files, installed without their dependencies into $SITE
+install_wheels() {  # $1: folder, then wheel files, installed without their dependencies
+    local target=$1; shift
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" "$@"
+        --target "$target" "$@"
 }
 
 setup() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
     "$PY" -c 'import sys, torch, transformers, peft; print(sys.version.split()[0], torch.__version__, torch.version.cuda, transformers.__version__, peft.__version__)' \
         | tee -a "$OUT/gpu.txt"
-    install_wheels "$STASH"/parts/wheels/*.whl || exit 1
+    install_wheels "$SITE" "$STASH"/parts/wheels/*.whl || exit 1
     "$PY" - <<'EOF' 2>&1 | tee "$OUT/setup.log"
 import importlib
 for name in ("flwr", "datasets", "flwr_datasets", "omegaconf", "gguf", "dp_accounting",
@@ -65,6 +70,11 @@ print(json.dumps(gpu_worker(Settings())))
 EOF
 }
 
+server_profile() {  # where the 7B-shape step's time goes (torch.profiler, device time)
+    "$PY" -m benchmarks.core.server_profile --shape 7b --device cuda 2>&1 \
+        | grep -v '^USDT' | tee "$OUT/server_profile.txt"
+}
+
 decoder() {  # $1: arms
     "$PY" -m benchmarks.core.decoder_benchmark --device cuda --threads 8 --arms "$1" --steps 20 \
         2>&1 | tee "$OUT/decoder-${1%%,*}.log"
@@ -77,8 +87,9 @@ assets() {
     echo "$n  $STASH/big.tar" | sha256sum -c - || exit 1
     rm -rf "$big" && tar -C "$STASH" -xf "$STASH/big.tar" && rm -f "$STASH/big.tar"
     (cd "$big" && sha256sum -c SHA256SUMS) || exit 1
-    install_wheels "$big"/ray-*.whl || exit 1
+    install_wheels "$RAY_SITE" "$big"/ray-*.whl || exit 1
     "$PY" -c 'import ray; print("ray", ray.__version__)'
+    [ -x "$SITE/bin/flower-superlink" ] || { echo "flower-superlink missing from $SITE/bin"; exit 1; }
     mkdir -p "$FLORG_CACHE/data" && tar -C "$FLORG_CACHE/data" -xJf "$big/squad-asset.tar.xz"
     PIP_NO_INDEX=1 PIP_FIND_LINKS=$big "$PY" -m florg_tools.assets fetch --only squad SmolLM2-135M
 }
@@ -100,16 +111,16 @@ sft() {  # the sft-cpu preset through the Flower simulation, bf16 on CUDA
 case "${1:-}" in
     stash) stash "$2" ;;
     first)
-        stash c1 >/dev/null && setup && server_step && decoder llama1b-bf16 ;;
+        stash c1 >/dev/null && setup && server_step && server_profile && decoder llama1b-bf16 ;;
     last)
         stash "$2" >/dev/null
         assets 2>&1 | tee "$OUT/assets.log"
         [ "${PIPESTATUS[0]}" = 0 ] || { echo "assets failed"; exit 1; }
-        decoder smollm2-fp32,smollm2-bf16
-        sft 2>&1 | tee "$OUT/sft.log" ;;
-    setup | server_step | assets) "$1" ;;
+        sft 2>&1 | tee "$OUT/sft.log"
+        decoder smollm2-fp32,smollm2-bf16 ;;
+    setup | server_step | server_profile | assets) "$1" ;;
     decoder) decoder "$2" ;;
     sft) shift; sft "$@" ;;
-    *) echo "usage: $0 first | stash cK | last cN | setup | server_step | decoder ARMS | assets | sft [--set k=v ...]" >&2
+    *) echo "usage: $0 first | stash cK | last cN | setup | server_step | server_profile | decoder ARMS | assets | sft [--set k=v ...]" >&2
        exit 2 ;;
 esac

@@ -185,7 +185,8 @@ def main(grid: Grid, context: Context) -> None:
     )
     flwr_log(
         INFO,
-        "[florg] final %s %.4f; summary: %s",
+        "[%s] final %s %.4f; summary: %s",
+        config.method,
         data.score_metric,
         _or_nan(summary[f"final-{data.score_metric}"]),
         json.dumps({k: summary[k] for k in ("total-params", "wall-seconds")}),
