@@ -71,7 +71,7 @@ EOF
 }
 
 server_profile() {  # where the 7B-shape step's time goes (torch.profiler, device time)
-    "$PY" -m benchmarks.core.server_profile --shape 7b --device cuda 2>&1 \
+    "$PY" -m benchmarks.core.server_profile --shape 7b --device cuda --blocks 2>&1 \
         | grep -v '^USDT' | tee "$OUT/server_profile.txt"
 }
 

@@ -5,6 +5,13 @@ its host-side stages (input checks and stacking, the batched math, the copy back
     python -m benchmarks.core.server_profile                 # 7B shape, CUDA if present
     python -m benchmarks.core.server_profile --shape roberta-large --device cpu
     python -m benchmarks.core.server_profile --quick         # tiny shape (smoke test)
+    python -m benchmarks.core.server_profile --blocks        # + the step's building blocks
+
+``--blocks`` also times, at the same shape, each building block alone on the device and on
+the CPU (all threads): the host-to-device copy of the clients' float32 matrices, the
+batched float64 Gram product, ``eigvalsh`` and ``eigh`` of the B x Nr x Nr Grams, and the
+thin SVD of the B x r x Nr Procrustes cross products -- which of them a faster step must
+replace (torch batches small CUDA eigen and singular value problems only up to 32 x 32).
 
 Issue 28 sets the target of the step at the 7B shape on a GPU below 50 ms; the core
 benchmark (``benchmarks.core.core_benchmark``) times it, this finds what to change.
@@ -13,8 +20,10 @@ benchmark (``benchmarks.core.core_benchmark``) times it, this finds what to chan
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -65,17 +74,77 @@ def profile_step(shape_name: str, device: str, quick: bool, rows: int) -> str:
     )
 
 
+def _median_ms(fn: Callable[[], Any], device: str, reps: int = 7) -> float:
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def time_blocks(shape_name: str, device: str, quick: bool) -> str:
+    """Median ms of each building block of the step at ``shape_name``, on ``device`` and
+    on the CPU, as a markdown table."""
+    shapes = {s.name: s for s in (QUICK_SERVER_SHAPES if quick else SERVER_SHAPES)}
+    shape = shapes[shape_name]
+    B, n, r, k = shape.layers, shape.clients * shape.rank, shape.rank, shape.k
+    g = torch.Generator().manual_seed(0)
+    wire = torch.randn(B, n + r, k, generator=g, dtype=torch.float32)
+    if device == "cuda":
+        wire = wire.pin_memory()
+    T = wire.to(device=device, dtype=torch.float64)
+    G = T[:, :n] @ T[:, :n].mT
+    X = T[:, n:] @ T[:, :n].mT
+    Tc, Gc, Xc = T[:, :n].cpu(), G.cpu(), X.cpu()  # the same inputs for the CPU column
+    rows = [
+        ("host-to-device copy, float32", lambda: wire.to(device, non_blocking=True), None),
+        ("Gram product, float64 bmm", lambda: T[:, :n] @ T[:, :n].mT, lambda: Tc @ Tc.mT),
+        (
+            "eigvalsh of the Grams",
+            lambda: torch.linalg.eigvalsh(G),
+            lambda: torch.linalg.eigvalsh(Gc),
+        ),
+        ("eigh of the Grams", lambda: torch.linalg.eigh(G), lambda: torch.linalg.eigh(Gc)),
+        (
+            "thin SVD of the cross products",
+            lambda: torch.linalg.svd(X, full_matrices=False),
+            lambda: torch.linalg.svd(Xc, full_matrices=False),
+        ),
+    ]
+    lines = [
+        f"## building blocks at {shape.name}: B = {B} layers, Nr = {n}, r = {r}, k = {k} "
+        f"(median ms of 7; CPU with {torch.get_num_threads()} threads)",
+        "",
+        f"| block | {device} |" + ("" if device == "cpu" else " cpu |"),
+        "|---|---|" + ("" if device == "cpu" else "---|"),
+    ]
+    for label, on_device, on_cpu in rows:
+        dev_ms = _median_ms(on_device, device)
+        row = f"| {label} | {dev_ms:.2f} |"
+        if device != "cpu":
+            row += " n/a |" if on_cpu is None else f" {_median_ms(on_cpu, 'cpu'):.2f} |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--shape", default="7b", help="roberta-large or 7b (default 7b)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--quick", action="store_true", help="the tiny shapes")
     parser.add_argument("--rows", type=int, default=25, help="operators shown (default 25)")
+    parser.add_argument("--blocks", action="store_true", help="also time the building blocks")
     args = parser.parse_args(argv)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     print(profile_step(args.shape, device, args.quick, args.rows), flush=True)
+    if args.blocks:
+        print("\n" + time_blocks(args.shape, device, args.quick), flush=True)
 
 
 if __name__ == "__main__":
