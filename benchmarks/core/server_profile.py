@@ -138,7 +138,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="the tiny shapes")
     parser.add_argument("--rows", type=int, default=25, help="operators shown (default 25)")
     parser.add_argument("--blocks", action="store_true", help="also time the building blocks")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1, as the core benchmark's server step: on a loaded "
+        "machine a multi-threaded LAPACK spin-waits and its times mean little)",
+    )
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
