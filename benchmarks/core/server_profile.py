@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from benchmarks.core.server import server_problems
-from benchmarks.core.settings import QUICK_SERVER_SHAPES, SERVER_SHAPES, Settings
+from benchmarks.core.settings import QUICK_SERVER_SHAPES, SERVER_SHAPES, ServerShape, Settings
 
 
 def _sync(device: str) -> None:
@@ -37,15 +37,19 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _server_shape(name: str, quick: bool) -> ServerShape:
+    shapes = {s.name: s for s in (QUICK_SERVER_SHAPES if quick else SERVER_SHAPES)}
+    if name not in shapes:
+        raise SystemExit(f"unknown shape {name!r}; shapes: {', '.join(shapes)}")
+    return shapes[name]
+
+
 def profile_step(shape_name: str, device: str, quick: bool, rows: int) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     from strategies.florg_torch import aggregate_florg_layers
 
-    shapes = {s.name: s for s in (QUICK_SERVER_SHAPES if quick else SERVER_SHAPES)}
-    if shape_name not in shapes:
-        raise SystemExit(f"unknown shape {shape_name!r}; shapes: {', '.join(shapes)}")
-    shape = shapes[shape_name]
+    shape = _server_shape(shape_name, quick)
     client_As, w, prev_As = server_problems(shape, Settings())
     wire = {n: [a.astype(np.float32) for a in As] for n, As in client_As.items()}
     for _ in range(2):  # warm-up: handles, kernels, the pinned staging buffer
@@ -89,8 +93,7 @@ def _median_ms(fn: Callable[[], Any], device: str, reps: int = 7) -> float:
 def time_blocks(shape_name: str, device: str, quick: bool) -> str:
     """Median ms of each building block of the step at ``shape_name``, on ``device`` and
     on the CPU, as a markdown table."""
-    shapes = {s.name: s for s in (QUICK_SERVER_SHAPES if quick else SERVER_SHAPES)}
-    shape = shapes[shape_name]
+    shape = _server_shape(shape_name, quick)
     B, n, r, k = shape.layers, shape.clients * shape.rank, shape.rank, shape.k
     g = torch.Generator().manual_seed(0)
     wire = torch.randn(B, n + r, k, generator=g, dtype=torch.float32)
