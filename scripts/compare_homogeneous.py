@@ -1,6 +1,7 @@
 """Is a homogeneous run unchanged? Run the same 2-round simulation (the end-to-end tests'
 tiny BERT and sentiment task, 3 nodes, rank 2) from an older commit and from this
-worktree, and compare their metrics.jsonl rows key for key (timings excluded).
+worktree, and compare their metrics.jsonl rows key for key (timings excluded; a key only one of them
+records, a metric added or dropped since, is listed, not compared).
 
     python scripts/compare_homogeneous.py --base cf5cf7b --method florg
 
@@ -50,7 +51,7 @@ def main() -> int:
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
         model = synthetic.make_tiny_bert(work / "model")
         task = synthetic.make_sentiment_task(work / "task")
-        out = ROOT / "outputs"  # inside the output root
+        out = work / "outputs"  # inside the output root (the temporary folder's parent)
         results = {}
         for name, app in (("base", base), ("worktree", ROOT)):
             run_name = f"compare-{name}-{args.method}"
@@ -68,9 +69,19 @@ def main() -> int:
             settings = json.loads((out / run_name / "config.json").read_text())
             print(f"{name}: {len(settings)} settings in its config.json")
             results[name] = rows(out / run_name)
-    same = results["base"] == results["worktree"]
-    print(f"{args.method}: metrics rows identical (timings excluded): {same}")
-    for old, new in zip(results["base"], results["worktree"], strict=False):
+    base_rows, new_rows = results["base"], results["worktree"]
+    added = sorted({k for r in new_rows for k in r} - {k for r in base_rows for k in r})
+    removed = sorted({k for r in base_rows for k in r} - {k for r in new_rows for k in r})
+    shared = [
+        ({k: v for k, v in old.items() if k not in removed},
+         {k: v for k, v in new.items() if k not in added})
+        for old, new in zip(base_rows, new_rows, strict=False)
+    ]  # fmt: skip
+    same = len(base_rows) == len(new_rows) and all(old == new for old, new in shared)
+    print(f"{args.method}: keys only the worktree records: {', '.join(added) or 'none'}")
+    print(f"{args.method}: keys only the base records: {', '.join(removed) or 'none'}")
+    print(f"{args.method}: metrics rows identical on every shared key (timings excluded): {same}")
+    for old, new in shared:
         for key in sorted(set(old) | set(new)):
             if old.get(key) != new.get(key):
                 print(f"  round {old.get('round')}: {key} {old.get(key)!r} -> {new.get(key)!r}")

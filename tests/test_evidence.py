@@ -395,3 +395,71 @@ def test_a_report_without_server_diagnostics_says_so(tmp_path):
         _fake_run(out, run, [0.5] * 5, [0.5] + [0.7] * 4)
     report = write_evidence(grid, out).read_text()
     assert "## FLoRG's server step\n\nNo run of this report recorded" in report
+
+
+def _with_rank_communication(folder: Path, ranks: dict[int, tuple[float, float]]) -> None:
+    """Add the per-client communication keys of a round with mixed ranks
+    (``LoRAStrategyBase.rank_communication``) to every training round of a run."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    for row in rows[1:]:
+        row["up-params-per-client"] = sum(up for up, _ in ranks.values()) / len(ranks)
+        row["down-params-per-client"] = sum(down for _, down in ranks.values()) / len(ranks)
+        for rank, (up, down) in ranks.items():
+            row[f"up-params-r{rank}"], row[f"down-params-r{rank}"] = up, down
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_labelled_reference_grid_and_the_communication_by_client_rank(tmp_path):
+    """Issue 30's report: the heterogeneous grid's FLoRG is the reference; the homogeneous
+    references come from a grid whose ``report.label`` keeps its florg apart from it; the
+    per-rank parameter counts are tabulated per method."""
+    main_path, refs_path = tmp_path / "het.yaml", tmp_path / "refs.yaml"
+    main_path.write_text(GRID.replace("name: ev", "name: het").replace(
+        "method: [florg, fedit]", "method: [florg, hetlora]"))  # fmt: skip
+    refs_path.write_text(GRID.replace("name: ev", "name: refs")
+                         + "report: {label: '(homogeneous r = 4)'}\n")  # fmt: skip
+    out, refs_out = tmp_path / "het", tmp_path / "refs"
+    for path, folder, scores in ((main_path, out, {"florg": 0.8, "hetlora": 0.7}),
+                                 (refs_path, refs_out, {"florg": 0.6, "fedit": 0.75})):  # fmt: skip
+        grid = load_grid(path)
+        for run in grid.runs:
+            _fake_run(folder, run, [0.5] + [0.6] * 4, [0.5] + [scores[run.overrides["method"]]] * 4)
+        grid = load_grid(path, choose_tuned(grid, folder)["choices"])
+        for run in grid.runs:
+            if run.overrides["seed"] > 0:
+                test = [0.5] + [scores[run.overrides["method"]] + 0.01 * run.overrides["seed"]] * 4
+                _fake_run(folder, run, [0.5] + [0.6] * 4, test)
+            if folder == out:
+                up = {"florg": (10.0, 20.0), "hetlora": (19.0, 38.0)}[run.overrides["method"]]
+                _with_rank_communication(run_dir(folder, run), {2: up, 8: (4 * up[0], 4 * up[1])})
+        if folder == out:
+            main_grid = grid
+        else:
+            refs_grid = grid
+    assert load_grid(refs_path).label == "(homogeneous r = 4)"
+    methods = collect_methods(main_grid, out, [(refs_grid, refs_out)])["movie-sentiment"]
+    assert set(methods) == {"florg", "hetlora", "florg (homogeneous r = 4)",
+                            "fedit (homogeneous r = 4)"}  # fmt: skip
+    assert methods["florg"].test_final == pytest.approx([0.8, 0.81, 0.82])
+    assert methods["florg (homogeneous r = 4)"].test_final == pytest.approx([0.6, 0.61, 0.62])
+    report = write_evidence(main_grid, out, [(refs_grid, refs_out)]).read_text()
+    assert (
+        "| FLoRG beats florg (homogeneous r = 4) | movie-sentiment | test final, 3 seeds |"
+        in report
+    )
+    assert "| FLoRG beats hetlora | movie-sentiment | test final, 3 seeds |" in report
+    assert "## Communication by client rank" in report
+    assert "| method | per-client up / down | r2 up / down | r8 up / down |" in report
+    assert "| florg | 25 / 50 | 10 / 20 | 40 / 80 |" in report
+    assert "| hetlora | 48 / 95 | 19 / 38 | 76 / 152 |" in report  # 47.5 rounds to 48
+    assert (
+        "fedit (homogeneous r = 4) |"
+        not in report.split("## Communication by client rank")[1].split("##")[0]
+    )
+
+
+def test_a_report_label_with_a_pipe_is_refused(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(GRID + "report: {label: 'a | b'}\n")
+    with pytest.raises(GridError, match="report.label"):
+        load_grid(path)

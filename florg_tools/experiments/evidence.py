@@ -88,6 +88,9 @@ class MethodRuns:
     head_lr: float | None = None
     lr_path: list[float] | None = None
     chosen_lr: float | None = None
+    # clients of different rank (issue 30): per metrics key (``up-params-per-client``,
+    # ``up-params-r<r>``, their ``down-`` twins), seed -> mean over the rounds that have it
+    rank_communication: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
 
 
 def _tuning_document(out: Path) -> dict[str, Any]:
@@ -108,7 +111,8 @@ def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str],
         summary = json.loads((folder / "summary.json").read_text())
         if summary.get("final-test-score") is None or summary.get("test-last3") is None:
             continue
-        key = (str(run.setting("task")), method_label(run.overrides))
+        label = method_label(run.overrides)
+        key = (str(run.setting("task")), f"{label} {grid.label}" if grid.label else label)
         entry = found.setdefault(key, MethodRuns(None, [], [], [], {}, None))
         entry.lr = float(run.setting("learning-rate"))
         entry.head_lr = float(run.setting("head-learning-rate") or entry.lr)
@@ -131,6 +135,9 @@ def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str],
             values = [float(r[key]) for r in rows if r.get(key) is not None]
             if values:
                 entry.server.setdefault(key, {})[seed] = sum(values) / len(values)
+        for key in sorted({k for r in rows for k in r if _is_rank_communication(k)}):
+            values = [float(r[key]) for r in rows if r.get(key) is not None]
+            entry.rank_communication.setdefault(key, {})[seed] = sum(values) / len(values)
         rounds = max(1, int(summary.get("rounds") or 1))
         entry.params_per_round = float(summary.get("total-params", 0)) / rounds
     return found
@@ -466,6 +473,54 @@ def _communication_rows(task: str, ref: MethodRuns, by_method: dict[str, MethodR
     return rows
 
 
+RANK_COMMUNICATION_PREFIXES = ("up-params-", "down-params-")
+
+
+def _is_rank_communication(key: str) -> bool:
+    """A per-client communication key of a round with mixed ranks
+    (``strategies.flower.base.LoRAStrategyBase.rank_communication``)."""
+    return key.startswith(RANK_COMMUNICATION_PREFIXES)
+
+
+def _rank_sort_key(key: str) -> tuple[int, int]:
+    """``*-per-client`` first, then ``*-r<r>`` by r."""
+    tail = key.rsplit("-", 1)[1]
+    return (1, int(tail[1:])) if tail.startswith("r") and tail[1:].isdigit() else (0, 0)
+
+
+def _rank_communication_lines(task: str, by_method: dict[str, MethodRuns]) -> list[str]:
+    """Parameters per client per round (mean over rounds, then over seeds), overall and
+    per client rank, up and down, for the methods whose runs recorded them (clients of
+    different rank); nothing when none did."""
+    having = {label: runs for label, runs in by_method.items() if runs.rank_communication}
+    if not having:
+        return []
+    keys = sorted({k for r in having.values() for k in r.rank_communication}, key=_rank_sort_key)
+    ranks = sorted({_rank_sort_key(k)[1] for k in keys if _rank_sort_key(k)[0]})
+    columns = ["per-client"] + [f"r{r}" for r in ranks]
+    header = " | ".join(f"{c} up / down" for c in columns)
+    lines = [
+        f"### {task}: parameters per client per round",
+        "",
+        "Counted by the server from the arrays each reply carried (up) and each client was "
+        "sent (down), mean over rounds, then over seeds; `r<r>`: the clients of rank r (a "
+        "client is sent the largest rank in its first round, its own after).",
+        "",
+        f"| method | {header} |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for label, runs in having.items():
+        cells = []
+        for column in columns:
+            pair = []
+            for way in ("up", "down"):
+                per_seed = runs.rank_communication.get(f"{way}-params-{column}", {})
+                pair.append(f"{sum(per_seed.values()) / len(per_seed):,.0f}" if per_seed else "–")
+            cells.append(" / ".join(pair))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def _plots(methods: dict[str, dict[str, MethodRuns]], folder: Path) -> list[Path]:
     import matplotlib
 
@@ -556,6 +611,9 @@ def write_evidence(
     for task, by_method in methods.items():
         lines += _task_lines(task, summary["tasks"][task], by_method)
     lines += ["## Verdicts", ""] + _verdict_rows(methods) + [""]
+    rank_lines = [ln for task, by in methods.items() for ln in _rank_communication_lines(task, by)]
+    if rank_lines:
+        lines += ["## Communication by client rank", ""] + rank_lines
     lines += ["## Learning", ""] + _learning_lines(summary, methods) + [""]
     server = [line for task, by in methods.items() for line in _server_lines(task, by)]
     lines += ["## FLoRG's server step", ""]

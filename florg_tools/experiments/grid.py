@@ -23,6 +23,7 @@ optional)::
       metric: accuracy             # headline metric column of metrics.jsonl
       targets: {snli: 0.40}        # communication-to-target, per task
       compare: [procrustes]        # blocks whose FLoRG diagnostics are plotted
+      label: "(r = 4)"             # evidence reports: appended to this grid's method labels
     tuning:                        # optional: choose one setting per (task, method) first
       key: learning-rate           # the setting tuned; `grid` must not vary it
       values: [0.0005, 0.001, 0.002]
@@ -70,7 +71,7 @@ _TUNING_REQUIRED = {"key", "values", "seed", "per"}
 TUNING_BLOCK = "tuning"
 TUNING_FILE = "tuning.json"
 _SIMULATION_KEYS = {"num-supernodes", "num-cpus-per-client", "num-gpus-per-client"}
-_REPORT_KEYS = {"metric", "targets", "compare"}
+_REPORT_KEYS = {"metric", "targets", "compare", "label"}
 # Settings the runner owns: every run writes into the grid's folder under its own id.
 _RUNNER_KEYS = {"output-dir", "run-name", "preset"}
 
@@ -125,6 +126,7 @@ class Grid:
     metric: str = "accuracy"
     targets: dict[str, float] = field(default_factory=dict)
     compare: tuple[str, ...] = ()
+    label: str = ""  # evidence reports: appended to the method labels of this grid's runs
     tuning: Tuning | None = None
     pending_combos: tuple[str, ...] = ()  # tuning combinations without a choice yet
     expected_runs: int = 0  # runs once every choice is made
@@ -338,6 +340,9 @@ def load_grid(
     for name in compare:
         if name not in blocks:
             raise GridError(f"{path}: report.compare: no block named '{name}'")
+    label = str(report.get("label") or "").strip()
+    if "|" in label or "\n" in label:
+        raise GridError(f"{path}: report.label: no '|' or line breaks (it goes into tables)")
 
     tuning = None
     pending: list[str] = []
@@ -390,6 +395,7 @@ def load_grid(
         metric=str(report.get("metric", "accuracy")),
         targets={str(k): float(v) for k, v in (report.get("targets") or {}).items()},
         compare=compare,
+        label=label,
         tuning=tuning,
         pending_combos=tuple(pending),
         expected_runs=expected or len(runs),

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The clients-of-different-rank evidence (issue 30: conf/grids/hetero.yaml, with the
+# homogeneous references of conf/grids/hetero-references.yaml) at one fixed commit,
+# resumable across sittings.
+#
+#   bash scripts/evidence_hetero.sh [ROOT]               # prepare ROOT/hetero (default ../florg-evidence), run
+#   PREPARE_ONLY=1 bash scripts/evidence_hetero.sh ROOT  # prepare only
+#
+# The worktree ROOT/hetero is checked out at HETERO_COMMIT (below: fixed once the first
+# hetero run is published) with its own .venv; the grid files are data, copied from this
+# checkout. Runs already published under docs/results/hetero/ are copied in first, so the
+# runner skips them.
+#
+# The references reuse protocol v2's runs: hetero-references' settings are evidence-v2's
+# (movie sentiment; florg and fedit, every client at rank 4), and the homogeneous path of
+# HETERO_COMMIT reproduces evidence-v2's commit 34820fb row for row on every metric both
+# record (`python scripts/compare_homogeneous.py --base 34820fb --method florg|fedit`: the tiny
+# model's 2-round simulation; HETERO_COMMIT adds update-norm-median/max), so the published
+# evidence-v2 florg and fedit runs are copied
+# into results/hetero-references/ and the runner finds them finished (config.json agrees with
+# every setting the grid names). Then, one arm at a time (its tuning, then its seeds):
+# florg (heterogeneous), hetlora, flexlora.
+# Publish what has finished from this checkout with (see docs/results.md):
+#   florg experiments evidence hetero --out ROOT/hetero/results/hetero \
+#       --with hetero-references=ROOT/hetero/results/hetero-references --publish docs/results/hetero
+# (the references' labels carry hetero-references.yaml's report.label, "(homogeneous r = 4)").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+HETERO_COMMIT=984d54c
+ROOT="${1:-../florg-evidence}"
+PUBLISHED=docs/results/hetero
+REUSED=docs/results/evidence-v2/runs/evidence-v2
+dir="$ROOT/hetero"
+mkdir -p "$ROOT"
+if [ ! -d "$dir" ]; then
+  git worktree add --detach "$dir" "$HETERO_COMMIT"
+fi
+[ "$(git -C "$dir" rev-parse HEAD)" = "$(git rev-parse "$HETERO_COMMIT^{commit}")" ] \
+  || { echo "evidence_hetero: $dir is not at $HETERO_COMMIT" >&2; exit 2; }
+[ -x "$dir/.venv/bin/python" ] || (cd "$dir" && bash scripts/setup.sh)
+
+for grid in hetero hetero-references; do
+  cp "conf/grids/$grid.yaml" "$dir/conf/grids/"
+  mkdir -p "$dir/results/$grid/runs"
+  [ ! -d "$PUBLISHED/runs/$grid" ] || cp -rn "$PUBLISHED/runs/$grid/." "$dir/results/$grid/runs/"
+done
+for run in "$REUSED"/*method=florg,*task=movie-sentiment "$REUSED"/*method=fedit,*task=movie-sentiment; do
+  [ -d "$run" ] && cp -rn "$run" "$dir/results/hetero-references/runs/"
+done
+[ -z "${PREPARE_ONLY:-}" ] || exit 0
+
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+cd "$dir"
+. .venv/bin/activate
+python -m florg_tools.assets fetch
+# the references: every run reused (a run the grid still lists as missing runs here)
+python -m florg_tools.experiments run hetero-references --no-report
+for method in florg hetlora flexlora; do
+  python -m florg_tools.experiments run hetero --no-report --only "method=$method,"
+done

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The causal-LM evidence on this CPU (issue 28: conf/grids/sft-cpu.yaml, FLoRG against FedIT
+# on SmolLM2-135M, squad-gen) at one fixed commit, resumable across sittings.
+#
+#   bash scripts/evidence_sft.sh [ROOT]               # prepare ROOT/sft (default ../florg-evidence), run
+#   PREPARE_ONLY=1 bash scripts/evidence_sft.sh ROOT  # prepare only
+#
+# The worktree ROOT/sft is checked out at SFT_COMMIT (below: fixed once the first sft-cpu run
+# is published) with its own .venv; the grid file is data, copied from this checkout. Runs
+# already published under docs/results/sft-cpu/ are copied in first, so the runner skips
+# them. In order:
+#   1. the centralised reference (sft-cpu.yaml's header: LoRA, the budget's 128 steps, its
+#      rate tuned on validation at seed 0, then seeds 1-2), unless its JSON exists: the
+#      budget is one at which LoRA learns when the reference's test gen-F1 clears the
+#      untrained model's;
+#   2. the grid, one method at a time (its tuning, then its seeds): florg, fedit.
+# Publish what has finished from this checkout with:
+#   florg experiments evidence sft-cpu --out ROOT/sft/results/sft-cpu \
+#       --centralised ROOT/sft/results/sft-cpu/centralised-reference.json --publish docs/results/sft-cpu
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SFT_COMMIT=984d54c
+ROOT="${1:-../florg-evidence}"
+PUBLISHED=docs/results/sft-cpu
+dir="$ROOT/sft"
+mkdir -p "$ROOT"
+if [ ! -d "$dir" ]; then
+  git worktree add --detach "$dir" "$SFT_COMMIT"
+fi
+[ "$(git -C "$dir" rev-parse HEAD)" = "$(git rev-parse "$SFT_COMMIT^{commit}")" ] \
+  || { echo "evidence_sft: $dir is not at $SFT_COMMIT" >&2; exit 2; }
+[ -x "$dir/.venv/bin/python" ] || (cd "$dir" && bash scripts/setup.sh)
+
+cp conf/grids/sft-cpu.yaml "$dir/conf/grids/"
+out="$dir/results/sft-cpu"
+mkdir -p "$out/runs"
+[ ! -d "$PUBLISHED/runs/sft-cpu" ] || cp -rn "$PUBLISHED/runs/sft-cpu/." "$out/runs/"
+[ ! -f "$PUBLISHED/centralised-reference.json" ] \
+  || cp -n "$PUBLISHED/centralised-reference.json" "$out/"
+[ -z "${PREPARE_ONLY:-}" ] || exit 0
+
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+cd "$dir"
+. .venv/bin/activate
+python -m florg_tools.assets fetch --only SmolLM2-135M squad
+reference="results/sft-cpu/centralised-reference.json"
+if [ ! -f "$reference" ]; then
+  # sft-cpu.yaml's header command, written to the reference file (resumes per task)
+  python -m benchmarks.centralised.centralised_reference --model SmolLM2-135M \
+    --task squad-gen --methods fedit --learning-rates 0.00025,0.0005,0.001 --seeds 0,1,2 \
+    --steps 128 --eval-every 32 --restart-every 8 --batch-size 4 --rank 4 \
+    --max-eval-examples 32 --max-test-examples 200 \
+    --set task-kind=causal-lm --set target-modules=q_proj,v_proj --set alpha=16.0 \
+    --set max-seq-length=256 --set max-new-tokens=16 --json "$reference.partial"
+  mv "$reference.partial" "$reference"
+fi
+for method in florg fedit; do
+  python -m florg_tools.experiments run sft-cpu --no-report --only "method=$method,"
+done
