@@ -26,7 +26,7 @@
 # (the references' labels carry hetero-references.yaml's report.label, "(homogeneous r = 4)").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-HETERO_COMMIT=984d54c
+HETERO_COMMIT=2afb3fb
 ROOT="${1:-../florg-evidence}"
 PUBLISHED=docs/results/hetero
 REUSED=docs/results/evidence-v2/runs/evidence-v2

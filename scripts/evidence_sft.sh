@@ -19,7 +19,7 @@
 #       --centralised ROOT/sft/results/sft-cpu/centralised-reference.json --publish docs/results/sft-cpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SFT_COMMIT=984d54c
+SFT_COMMIT=2afb3fb
 ROOT="${1:-../florg-evidence}"
 PUBLISHED=docs/results/sft-cpu
 dir="$ROOT/sft"

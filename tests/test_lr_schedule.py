@@ -66,10 +66,11 @@ def _train_message(sent: dict, server_round: int) -> Message:
     content = RecordDict(
         {"arrays": to_array_record(sent), "config": ConfigRecord({"server-round": server_round})}
     )
+    # the metadata a SuperNode hands the ClientApp with the message
     metadata = Metadata(
         run_id=1, message_id="m1", src_node_id=0, dst_node_id=1, reply_to_message_id="",
         group_id=str(server_round), created_at=time.time(), ttl=600.0, message_type="train",
-    )  # fmt: skip  (as a SuperNode hands it to the ClientApp)
+    )  # fmt: skip
     return Message(content=content, metadata=metadata)
 
 
