@@ -32,12 +32,8 @@ PUBLISHED=docs/results/hetero
 REUSED=docs/results/evidence-v2/runs/evidence-v2
 dir="$ROOT/hetero"
 mkdir -p "$ROOT"
-if [ ! -d "$dir" ]; then
-  git worktree add --detach "$dir" "$HETERO_COMMIT"
-fi
-[ "$(git -C "$dir" rev-parse HEAD)" = "$(git rev-parse "$HETERO_COMMIT^{commit}")" ] \
-  || { echo "evidence_hetero: $dir is not at $HETERO_COMMIT" >&2; exit 2; }
-[ -x "$dir/.venv/bin/python" ] || (cd "$dir" && bash scripts/setup.sh)
+. scripts/fixed_worktree.sh
+fixed_worktree "$dir" "$HETERO_COMMIT"
 
 for grid in hetero hetero-references; do
   cp "conf/grids/$grid.yaml" "$dir/conf/grids/"

@@ -24,12 +24,8 @@ ROOT="${1:-../florg-evidence}"
 PUBLISHED=docs/results/sft-cpu
 dir="$ROOT/sft"
 mkdir -p "$ROOT"
-if [ ! -d "$dir" ]; then
-  git worktree add --detach "$dir" "$SFT_COMMIT"
-fi
-[ "$(git -C "$dir" rev-parse HEAD)" = "$(git rev-parse "$SFT_COMMIT^{commit}")" ] \
-  || { echo "evidence_sft: $dir is not at $SFT_COMMIT" >&2; exit 2; }
-[ -x "$dir/.venv/bin/python" ] || (cd "$dir" && bash scripts/setup.sh)
+. scripts/fixed_worktree.sh
+fixed_worktree "$dir" "$SFT_COMMIT"
 
 cp conf/grids/sft-cpu.yaml "$dir/conf/grids/"
 out="$dir/results/sft-cpu"
