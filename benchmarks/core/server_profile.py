@@ -12,6 +12,9 @@ the CPU (all threads): the host-to-device copy of the clients' float32 matrices,
 batched float64 Gram product, ``eigvalsh`` and ``eigh`` of the B x Nr x Nr Grams, and the
 thin SVD of the B x r x Nr Procrustes cross products -- which of them a faster step must
 replace (torch batches small CUDA eigen and singular value problems only up to 32 x 32).
+On CUDA it also times candidate replacements: eigvalsh through MAGMA and in float32, the
+batched eigh of the r x r products X X^T (the polar factor's route when r <= 32) and a
+batched Cholesky of the Grams (a full-rank test without eigenvalues).
 
 Issue 28 sets the target of the step at the 7B shape on a GPU below 50 ms; the core
 benchmark (``benchmarks.core.core_benchmark``) times it, this finds what to change.
@@ -90,6 +93,17 @@ def _median_ms(fn: Callable[[], Any], device: str, reps: int = 7) -> float:
     return statistics.median(times)
 
 
+def _on_library(name: str, fn: Callable[[], Any]) -> Any:
+    """``fn()`` with torch's preferred CUDA linear-algebra library set to ``name``
+    (``magma`` or ``cusolver``), then the previous preference restored."""
+    before = torch.backends.cuda.preferred_linalg_library()
+    torch.backends.cuda.preferred_linalg_library(name)
+    try:
+        return fn()
+    finally:
+        torch.backends.cuda.preferred_linalg_library(before)
+
+
 def time_blocks(shape_name: str, device: str, quick: bool) -> str:
     """Median ms of each building block of the step at ``shape_name``, on ``device`` and
     on the CPU, as a markdown table."""
@@ -118,6 +132,29 @@ def time_blocks(shape_name: str, device: str, quick: bool) -> str:
             lambda: torch.linalg.svd(Xc, full_matrices=False),
         ),
     ]
+    if device == "cuda":  # candidate replacements, timed on the device only
+        rows += [
+            (
+                "eigvalsh of the Grams, MAGMA backend",
+                lambda: _on_library("magma", lambda: torch.linalg.eigvalsh(G)),
+                None,
+            ),
+            (
+                "eigvalsh of the Grams, float32",
+                lambda: torch.linalg.eigvalsh(G.float()),
+                None,
+            ),
+            (
+                "eigh of the r x r X X^T (polar factor's route for r <= 32)",
+                lambda: torch.linalg.eigh(X @ X.mT),
+                None,
+            ),
+            (
+                "Cholesky of the Grams (a full-rank test)",
+                lambda: torch.linalg.cholesky_ex(G),
+                None,
+            ),
+        ]
     lines = [
         f"## building blocks at {shape.name}: B = {B} layers, Nr = {n}, r = {r}, k = {k} "
         f"(median ms of 7; CPU with {torch.get_num_threads()} threads)",
