@@ -33,18 +33,9 @@ ROOT="${1:-../florg-evidence}"
 PUBLISHED=docs/results/evidence
 mkdir -p "$ROOT"
 
-prepare() {  # commit -> worktree with its .venv, grid files and published runs
-  local commit=$1 dir="$ROOT/$1"
-  if [ ! -d "$dir" ]; then
-    git worktree add --detach "$dir" "$commit"
-  fi
-  [ "$(git -C "$dir" rev-parse --short=7 HEAD)" = "${commit:0:7}" ] \
-    || { echo "evidence_grid: $dir is not at $commit" >&2; exit 2; }
-  (cd "$dir" && bash scripts/setup.sh)
-}
-
-for commit in $EVIDENCE_OLD $EVIDENCE_NEW; do
-  prepare "$commit"
+. scripts/fixed_worktree.sh
+for commit in $EVIDENCE_OLD $EVIDENCE_NEW; do  # each commit's worktree with its .venv
+  fixed_worktree "$ROOT/$commit" "$commit"
 done
 for entry in "${GRIDS[@]}"; do
   read -r grid commit _ <<<"$entry"
