@@ -26,12 +26,8 @@ TASKS="${TASKS:-movie-sentiment snli}"
 PUBLISHED=docs/results/evidence-v2
 dir="$ROOT/v2"
 mkdir -p "$ROOT"
-if [ ! -d "$dir" ]; then
-  git worktree add --detach "$dir" "$V2_COMMIT"
-fi
-[ "$(git -C "$dir" rev-parse HEAD)" = "$(git rev-parse "$V2_COMMIT^{commit}")" ] \
-  || { echo "evidence_v2: $dir is not at $V2_COMMIT" >&2; exit 2; }
-[ -x "$dir/.venv/bin/python" ] || (cd "$dir" && bash scripts/setup.sh)
+. scripts/fixed_worktree.sh
+fixed_worktree "$dir" "$V2_COMMIT"
 
 grids_of() {  # task -> its main grid and variants grid
   case "$1" in
