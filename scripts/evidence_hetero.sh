@@ -45,9 +45,7 @@ for run in "$REUSED"/*method=florg,*task=movie-sentiment "$REUSED"/*method=fedit
 done
 [ -z "${PREPARE_ONLY:-}" ] || exit 0
 
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
-cd "$dir"
-. .venv/bin/activate
+enter_worktree "$dir"
 python -m florg_tools.assets fetch
 # the references: every run reused (a run the grid still lists as missing runs here)
 python -m florg_tools.experiments run hetero-references --no-report

@@ -35,9 +35,7 @@ mkdir -p "$out/runs"
   || cp -n "$PUBLISHED/centralised-reference.json" "$out/"
 [ -z "${PREPARE_ONLY:-}" ] || exit 0
 
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
-cd "$dir"
-. .venv/bin/activate
+enter_worktree "$dir"
 python -m florg_tools.assets fetch --only SmolLM2-135M squad
 reference="results/sft-cpu/centralised-reference.json"
 if [ ! -f "$reference" ]; then

@@ -47,9 +47,7 @@ for task in $TASKS; do
 done
 [ -z "${PREPARE_ONLY:-}" ] || exit 0
 
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
-cd "$dir"
-. .venv/bin/activate
+enter_worktree "$dir"
 python -m florg_tools.assets fetch
 for task in $TASKS; do
   read -r main variants <<<"$(grids_of "$task")"
