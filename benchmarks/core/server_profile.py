@@ -23,9 +23,11 @@ benchmark (``benchmarks.core.core_benchmark``) times it, this finds what to chan
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -64,6 +66,21 @@ def profile_step(shape_name: str, device: str, quick: bool, rows: int) -> str:
         aggregate_florg_layers(wire, w, prev_As, device=device)
         _sync(device)
         walls.append((time.perf_counter() - t0) * 1e3)
+    from strategies.florg_device import STAGING, stack_layers
+    from strategies.florg_torch import _validated
+
+    stages: dict[str, list[float]] = {"validate": [], "stack + copy": []}
+    for _ in range(5):  # the host-side stages alone
+        t0 = time.perf_counter()
+        mats, _w, prevs = _validated(wire, w, prev_As)
+        t1 = time.perf_counter()
+        with STAGING.lock:
+            stack_layers(list(prevs), mats, prevs, torch.device(device))
+            _sync(device)
+        t2 = time.perf_counter()
+        stages["validate"].append((t1 - t0) * 1e3)
+        stages["stack + copy"].append((t2 - t1) * 1e3)
+    split = ", ".join(f"{k} {min(v):.1f}" for k, v in stages.items())
     activities = [ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -77,7 +94,7 @@ def profile_step(shape_name: str, device: str, quick: bool, rows: int) -> str:
         f"# FLoRG server step, shape {shape.name} ({shape.layers} layers, k = {shape.k}, "
         f"N = {shape.clients}, r = {shape.rank}) on {name}\n"
         f"wall ms of 5 steps: {', '.join(f'{x:.1f}' for x in walls)} "
-        f"(min {min(walls):.1f})\n\n{table}"
+        f"(min {min(walls):.1f}); host-side stages alone, min ms of 5: {split}\n\n{table}"
     )
 
 
@@ -104,6 +121,42 @@ def _on_library(name: str, fn: Callable[[], Any]) -> Any:
         torch.backends.cuda.preferred_linalg_library(before)
 
 
+def _on_host_pool(fn: Callable[[torch.Tensor], Any], batch: torch.Tensor, workers: int) -> Any:
+    """``fn`` over ``batch`` (on the device) copied to the host, in ``workers`` threads of
+    chunks of the batch (LAPACK releases the GIL), the results concatenated and copied back:
+    the candidate that moves the small eigen- and singular-value problems off the GPU."""
+    host = batch.cpu()
+    chunks = host.tensor_split(workers)
+    with ThreadPoolExecutor(workers) as pool:
+        parts = list(pool.map(fn, chunks))
+    if isinstance(parts[0], tuple):
+        return tuple(
+            torch.cat(p).to(batch.device, non_blocking=True) for p in zip(*parts, strict=True)
+        )
+    return torch.cat(parts).to(batch.device, non_blocking=True)
+
+
+def _polar_qr(X: torch.Tensor) -> torch.Tensor:
+    """Theorem 1's S = U V^T for X (B x r x n, r <= 32) without an r x n SVD: X^T = Q R
+    (thin QR), then the r x r SVD R^T = U' S' V'^T, so X = U' S' (Q V')^T and
+    S = U' V'^T Q^T (a candidate: torch batches r x r SVDs on CUDA)."""
+    Q, R = torch.linalg.qr(X.mT)
+    U, _, Vh = torch.linalg.svd(R.mT)
+    return (U @ Vh) @ Q.mT
+
+
+def _polar_svd(X: torch.Tensor) -> torch.Tensor:
+    """S = U V^T from the thin SVD of X (what the step does now)."""
+    U, _, Vh = torch.linalg.svd(X, full_matrices=False)
+    return U @ Vh
+
+
+def _polar_gram(X: torch.Tensor) -> torch.Tensor:
+    """S = (X X^T)^{-1/2} X from the r x r eigh (a candidate; squares X's condition)."""
+    lam, V = torch.linalg.eigh(X @ X.mT)
+    return (V * lam.rsqrt()[:, None, :]) @ V.mT @ X
+
+
 def time_blocks(shape_name: str, device: str, quick: bool) -> str:
     """Median ms of each building block of the step at ``shape_name``, on ``device`` and
     on the CPU, as a markdown table."""
@@ -117,6 +170,7 @@ def time_blocks(shape_name: str, device: str, quick: bool) -> str:
     G = T[:, :n] @ T[:, :n].mT
     X = T[:, n:] @ T[:, :n].mT
     Tc, Gc, Xc = T[:, :n].cpu(), G.cpu(), X.cpu()  # the same inputs for the CPU column
+    workers = min(B, os.cpu_count() or 1)
     rows = [
         ("host-to-device copy, float32", lambda: wire.to(device, non_blocking=True), None),
         ("Gram product, float64 bmm", lambda: T[:, :n] @ T[:, :n].mT, lambda: Tc @ Tc.mT),
@@ -154,6 +208,33 @@ def time_blocks(shape_name: str, device: str, quick: bool) -> str:
                 lambda: torch.linalg.cholesky_ex(G),
                 None,
             ),
+            (
+                "polar factor of X via thin QR + r x r SVD",
+                lambda: _polar_qr(X),
+                None,
+            ),
+            (
+                "polar factor of X via (X X^T)^(-1/2) X",
+                lambda: _polar_gram(X),
+                None,
+            ),
+            (
+                "polar factor of X via the thin SVD (as now)",
+                lambda: _polar_svd(X),
+                None,
+            ),
+            (
+                f"eigvalsh of the Grams on the host, {workers} threads, copies included",
+                lambda: _on_host_pool(torch.linalg.eigvalsh, G, workers),
+                None,
+            ),
+            (
+                f"thin SVD of the cross products on the host, {workers} threads, copies included",
+                lambda: _on_host_pool(
+                    lambda x: torch.linalg.svd(x, full_matrices=False), X, workers
+                ),
+                None,
+            ),
         ]
     lines = [
         f"## building blocks at {shape.name}: B = {B} layers, Nr = {n}, r = {r}, k = {k} "
@@ -168,6 +249,21 @@ def time_blocks(shape_name: str, device: str, quick: bool) -> str:
         if device != "cpu":
             row += " n/a |" if on_cpu is None else f" {_median_ms(on_cpu, 'cpu'):.2f} |"
         lines.append(row)
+    if device == "cuda":  # how far each candidate lands from what the step computes now
+        U, _, Vh = torch.linalg.svd(Xc, full_matrices=False)
+        polar = U @ Vh
+        lam = torch.linalg.eigvalsh(Gc)
+        lines += ["", "max abs difference to the CPU float64 result (candidate: value)", ""]
+        for label, got, want in (
+            ("polar via QR + r x r SVD", _polar_qr(X), polar),
+            ("polar via (X X^T)^(-1/2) X", _polar_gram(X), polar),
+            ("polar via the thin SVD on CUDA", _polar_svd(X), polar),
+            ("eigvalsh on CUDA (relative to lambda_1)", torch.linalg.eigvalsh(G), lam),
+        ):
+            diff = (got.cpu() - want).abs().amax()
+            if got.dim() == 2:
+                diff = ((got.cpu() - want).abs() / want[:, -1:]).amax()
+            lines.append(f"- {label}: {float(diff):.2e}")
     return "\n".join(lines)
 
 
