@@ -11,18 +11,26 @@ batched.  The stack is a buffer kept between calls (``_Staging``): the server ag
 the same shapes every round, and a fresh 335 MiB allocation costs more in page faults
 than the products on it.
 
-On CUDA: everything is torch on the device.  The inputs are stacked on the (pinned) host
-in their own dtype (float32 from the wire stays float32: half the bytes to move) and
-converted to float64 on the device; the numbers are the same as on the CPU up to
-rounding.  torch's batched eigh / eigvalsh / svd dispatch to cuSOLVER (one syevd per
-matrix above 32 x 32); the benchmark times it where a GPU exists.
+On CUDA: the products are torch on the device.  The inputs are stacked on the (pinned)
+host in their own dtype (float32 from the wire stays float32: half the bytes to move),
+copied as they are and converted to float64 on the device (torch's cross-device copy_
+with a dtype change converts on the CPU, into pageable memory: measured on an H100 at the
+7B shape, 270 ms of the step's 400 against 3 ms for the float32 copy).  The small
+symmetric eigenproblems (B Grams of Nr x Nr, 32 < Nr <= HOST_EIGH_MAX) go back to the
+host and are solved there by LAPACK in a thread pool: cuSOLVER solves each matrix above
+32 x 32 on its own, a chain of small kernels (H100, 64 Grams of 160 x 160 in float64:
+eigvalsh 70 ms on the GPU, 9.8 ms on 16 host threads with both copies;
+``python -m benchmarks.core.server_profile --blocks``).  The numbers are the same as on
+the CPU up to rounding.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -114,14 +122,18 @@ def stack_layers(
         all_f32 = all(a.dtype == np.float32 for name in names for a in mats[name])
         host_t = STAGING.get(shape, torch.float32 if all_f32 else F64, torch.device("cpu"), True)
         host = host_t.numpy()
-    for b, name in enumerate(names):
-        for i, a in enumerate(mats[name]):
-            host[b, i * r : (i + 1) * r] = a
-        host[b, n * r :] = prevs[name]
+    fill_stack(host, names, mats, prevs)
     if device.type != "cpu":
         stacked = STAGING.get(shape, F64, device)
-        stacked.copy_(host_t)
-        if host_t.dtype != F64:  # A_prev is float64 and must not be rounded
+        if host_t.dtype == F64:
+            stacked.copy_(host_t, non_blocking=True)
+        else:
+            # The copy in the wire's dtype, then the conversion on the device: copy_ with a
+            # dtype change across devices would convert on the host (see the module doc).
+            wire = STAGING.get(shape, host_t.dtype, device)
+            wire.copy_(host_t, non_blocking=True)
+            stacked.copy_(wire)
+            # A_prev is float64 and must not be rounded
             prev = np.stack([prevs[name] for name in names])
             stacked[:, n * r :] = torch.from_numpy(prev).to(device)
     # A NaN/Inf entry makes its client's sum non-finite; one reduction instead of a mask
@@ -134,6 +146,84 @@ def stack_layers(
             b, i = (int(x) for x in torch.nonzero(~finite)[0])
             raise AggregationInputError(f"{names[b]}[client {i}]: contains NaN/Inf entries")
     return stacked
+
+
+def host_pool() -> ThreadPoolExecutor:
+    """The process's threads for host-side batched work (filling the stack, small LAPACK
+    problems): one per core, at most 16, created on first use."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(POOL_WORKERS, "florg-server")
+        return _POOL
+
+
+POOL_WORKERS = min(16, os.cpu_count() or 1)
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def fill_stack(
+    host: np.ndarray,
+    names: Sequence[str],
+    mats: Mapping[str, list[np.ndarray]],
+    prevs: Mapping[str, np.ndarray],
+) -> None:
+    """Writes layer b's A_1; ...; A_N; A_prev into host[b], layers spread over the host
+    pool's threads (NumPy's copies release the GIL)."""
+    n, r = len(mats[names[0]]), prevs[names[0]].shape[0]
+
+    def fill(part: range) -> None:
+        for b in part:
+            name = names[b]
+            for i, a in enumerate(mats[name]):
+                host[b, i * r : (i + 1) * r] = a
+            host[b, n * r :] = prevs[name]
+
+    pool = host_pool()
+    parts = [p for p in _split(len(names), POOL_WORKERS) if len(p)]
+    if len(parts) <= 1:
+        fill(range(len(names)))
+    else:
+        list(pool.map(fill, parts))
+
+
+def _split(count: int, parts: int) -> list[range]:
+    """range(count) in ``parts`` contiguous pieces of near-equal size."""
+    bounds = np.linspace(0, count, parts + 1).round().astype(int)
+    return [range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+# Above this size cuSOLVER's per-matrix syevd beats the host; at and below it (and above
+# 32 x 32, which torch batches on the GPU with Jacobi) the host pool is faster.
+HOST_EIGH_MAX = 512
+
+
+def batched_eigh(S: torch.Tensor, vectors: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """torch.linalg.eigh (or eigvalsh) of a batch of symmetric matrices, ascending, on
+    S's device.  On CUDA, matrices of 33..HOST_EIGH_MAX rows are solved on the host, the
+    batch split over the host pool's threads (see the module doc), and copied back."""
+    n = S.shape[-1]
+    if S.device.type != "cuda" or not 32 < n <= HOST_EIGH_MAX or S.shape[0] < 2:
+        if vectors:
+            return torch.linalg.eigh(S)
+        return torch.linalg.eigvalsh(S), None
+    host = S.cpu()
+    pool = host_pool()
+    parts = [p for p in _split(S.shape[0], POOL_WORKERS) if len(p)]
+
+    def solve(part: range) -> tuple[torch.Tensor, torch.Tensor | None]:
+        block = host[part.start : part.stop]
+        if vectors:
+            return torch.linalg.eigh(block)
+        return torch.linalg.eigvalsh(block), None
+
+    results = list(pool.map(solve, parts))
+    lam = torch.cat([lam for lam, _ in results]).to(S.device, non_blocking=True)
+    if not vectors:
+        return lam, None
+    U = torch.cat([u for _, u in results if u is not None]).to(S.device, non_blocking=True)
+    return lam, U
 
 
 def gram_and_cross(T: torch.Tensor, rows: int) -> torch.Tensor:

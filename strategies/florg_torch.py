@@ -50,6 +50,7 @@ from strategies.florg import check_rank_mismatch, default_rtol
 from strategies.florg_device import (
     F64,
     STAGING,
+    batched_eigh,
     gram_and_cross,
     resolve_server_device,
     stack_layers,
@@ -123,7 +124,18 @@ def _numerical_rank(lam: torch.Tensor, rtol: torch.Tensor) -> torch.Tensor:
 
 
 def _polar(X: torch.Tensor) -> torch.Tensor:
-    """Theorem 1, batched: S = U V^T from the thin SVD of X (B x r x n)."""
+    """Theorem 1, batched: S = U V^T from the thin SVD of X (B x r x n).
+
+    On CUDA with r <= 32 < n the r x n SVD (which cuSOLVER solves one matrix at a time)
+    goes through the thin QR X^T = Q R and the r x r SVD R^T = U' Sigma V'^T, which torch
+    batches: X = U' Sigma (Q V')^T is then a thin SVD of X, so S = U' V'^T Q^T (H100, 64
+    of 8 x 160: 4 ms against 39 ms, both 1e-15 from LAPACK's; server_profile --blocks).
+    """
+    r, n = X.shape[-2:]
+    if X.device.type == "cuda" and r <= 32 < n:
+        Q, R = torch.linalg.qr(X.mT)
+        U, _, Vh = torch.linalg.svd(R.mT)
+        return (U @ Vh) @ Q.mT
     U, _, Vh = torch.linalg.svd(X, full_matrices=False)
     return U @ Vh
 
@@ -143,10 +155,8 @@ def _index_mask(count: torch.Tensor, n: int) -> torch.Tensor:
 
 def _descending_eigh(S: torch.Tensor, vectors: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Eigenvalues (descending, clipped at 0) and, if asked, the matching eigenvectors."""
-    if vectors:
-        lam, U = torch.linalg.eigh(S)
-        return lam.flip(-1).clamp_min(0.0), U.flip(-1)
-    return torch.linalg.eigvalsh(S).flip(-1).clamp_min(0.0), None
+    lam, U = batched_eigh(S, vectors)
+    return lam.flip(-1).clamp_min(0.0), (None if U is None else U.flip(-1))
 
 
 def _from_factor(
