@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategies.florg import aggregate_florg
+from strategies.florg_device import batched_eigh
 from strategies.florg_torch import (
+    _polar,
     aggregate_florg_layers,
     aggregate_layers_torch,
     resolve_server_device,
@@ -156,6 +158,37 @@ def test_bad_inputs_are_rejected_naming_layer_and_client():
         aggregate_florg_layers(good, None, prev, rank_mismatch="svd")
     with pytest.raises(ValueError, match="server device"):
         aggregate_florg_layers(good, None, prev, device="tpu")
+
+
+def test_the_host_pool_eigen_route_equals_torchs_batched_call_and_restores_the_threads():
+    # The route the CUDA step takes for 33..512-row Grams (strategies.florg_device.
+    # batched_eigh), forced here on CPU tensors: the same numbers as the batched call,
+    # and torch's thread count as it was.
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(37, 48, 60, generator=g, dtype=torch.float64)
+    G = X @ X.mT
+    threads = torch.get_num_threads()
+    lam, U = batched_eigh(G, vectors=True, on_host=True)
+    assert U is not None and torch.get_num_threads() == threads
+    want_lam, want_U = torch.linalg.eigh(G)
+    torch.testing.assert_close(lam, want_lam, rtol=1e-12, atol=1e-10)
+    # eigenvectors up to sign: compare the reconstructions
+    torch.testing.assert_close(U @ torch.diag_embed(lam) @ U.mT, G, rtol=1e-12, atol=1e-9)
+    vals, none = batched_eigh(G, vectors=False, on_host=True)
+    assert none is None
+    torch.testing.assert_close(vals, want_lam, rtol=1e-12, atol=1e-10)
+
+
+@pytest.mark.parametrize("r,n", [(8, 160), (3, 40), (8, 8)])
+def test_the_polar_factor_through_qr_equals_the_svds(r, n):
+    # Theorem 1's S = U V^T: the CUDA route (thin QR of X^T, then an r x r SVD) forced on
+    # CPU tensors against the thin SVD of X; S has orthonormal rows either way.
+    g = torch.Generator().manual_seed(r * n)
+    X = torch.randn(5, r, n, generator=g, dtype=torch.float64)
+    via_qr, via_svd = _polar(X, via_qr=True), _polar(X, via_qr=False)
+    torch.testing.assert_close(via_qr, via_svd, rtol=0, atol=1e-12)
+    eye = torch.eye(r, dtype=torch.float64).expand(5, r, r)
+    torch.testing.assert_close(via_qr @ via_qr.mT, eye, rtol=0, atol=1e-12)
 
 
 def test_device_resolution():
