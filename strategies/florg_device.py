@@ -16,7 +16,7 @@ host in their own dtype (float32 from the wire stays float32: half the bytes to 
 copied as they are and converted to float64 on the device (torch's cross-device copy_
 with a dtype change converts on the CPU, into pageable memory: measured on an H100 at the
 7B shape, 270 ms of the step's 400 against 3 ms for the float32 copy).  The small
-symmetric eigenproblems (B Grams of Nr x Nr, 32 < Nr <= HOST_EIGH_MAX) go back to the
+symmetric eigenproblems (B >= 16 Grams of Nr x Nr, 32 < Nr <= 320) go back to the
 host and are solved there by LAPACK in a thread pool: cuSOLVER solves each matrix above
 32 x 32 on its own, a chain of small kernels (H100, 64 Grams of 160 x 160 in float64:
 eigvalsh 70 ms on the GPU, 9.8 ms on 16 host threads with both copies;
@@ -195,9 +195,13 @@ def _split(count: int, parts: int) -> list[range]:
     return [range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-# Above this size cuSOLVER's per-matrix syevd beats the host; at and below it (and above
-# 32 x 32, which torch batches on the GPU with Jacobi) the host pool is faster.
-HOST_EIGH_MAX = 512
+# Where the host pool beats cuSOLVER (H100 machine, 16 host threads; docs/results/
+# gpu-h100/eigh_sizes.txt): batches of at least HOST_EIGH_MIN_BATCH matrices of
+# 33..HOST_EIGH_MAX rows (64 of 160 x 160: eigvalsh 7.8 ms against 69.6, eigh 16.6 against
+# 76.4; at 512 rows the two are even, at 8 matrices of 160 the GPU wins).  Up to 32 x 32
+# torch batches the problems on the GPU with Jacobi.
+HOST_EIGH_MAX = 320
+HOST_EIGH_MIN_BATCH = 16
 
 
 @contextmanager
@@ -221,12 +225,17 @@ def batched_eigh(
     S: torch.Tensor, vectors: bool, on_host: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """torch.linalg.eigh (or eigvalsh) of a batch of symmetric matrices, ascending, on
-    S's device.  ``on_host`` None: on CUDA, matrices of 33..HOST_EIGH_MAX rows are solved
-    on the host, the batch split over the host pool's threads (see the module doc), and
-    copied back; True / False force the route (tests)."""
+    S's device.  ``on_host`` None: on CUDA, batches of at least HOST_EIGH_MIN_BATCH
+    matrices of 33..HOST_EIGH_MAX rows are solved on the host, the batch split over the
+    host pool's threads (see the module doc), and copied back; True / False force the
+    route (tests)."""
     n = S.shape[-1]
     if on_host is None:
-        on_host = S.device.type == "cuda" and 32 < n <= HOST_EIGH_MAX and S.shape[0] > 1
+        on_host = (
+            S.device.type == "cuda"
+            and 32 < n <= HOST_EIGH_MAX
+            and S.shape[0] >= HOST_EIGH_MIN_BATCH
+        )
     if not on_host:
         if vectors:
             return torch.linalg.eigh(S)

@@ -6,6 +6,7 @@ its host-side stages (input checks and stacking, the batched math, the copy back
     python -m benchmarks.core.server_profile --shape roberta-large --device cpu
     python -m benchmarks.core.server_profile --quick         # tiny shape (smoke test)
     python -m benchmarks.core.server_profile --blocks        # + the step's building blocks
+    python -m benchmarks.core.server_profile --eigh-sizes    # CUDA: the eigen routes by size
 
 ``--blocks`` also times, at the same shape, each building block alone on the device and on
 the CPU (all threads): the host-to-device copy of the clients' float32 matrices, the
@@ -267,6 +268,48 @@ def time_blocks(shape_name: str, device: str, quick: bool) -> str:
     return "\n".join(lines)
 
 
+def time_eigh_sizes(batches: Sequence[int], sizes: Sequence[int], reps: int = 15) -> str:
+    """Batched eigvalsh / eigh of B random symmetric float64 matrices of n rows on CUDA:
+    cuSOLVER against ``florg_device.batched_eigh``'s host pool (copies included), the two
+    routes interleaved, median (min) ms of ``reps`` -- where the step's routing rule
+    (HOST_EIGH_MAX, HOST_EIGH_MIN_BATCH) comes from."""
+    from strategies.florg_device import POOL_WORKERS, batched_eigh
+
+    def timed(fn: Callable[[], Any]) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3
+
+    lines = [
+        f"## batched eigen problems on {torch.cuda.get_device_name(0)}: torch threads "
+        f"{torch.get_num_threads()}, host pool {POOL_WORKERS} threads; median (min) ms of {reps}",
+        "",
+        "| B | n | vectors | cuSOLVER | host pool |",
+        "|---|---|---|---|---|",
+    ]
+    for vectors in (False, True):
+        for B in batches:
+            for n in sizes:
+                X = torch.randn(B, n, n + 8, dtype=torch.float64, device="cuda")
+                G = X @ X.mT
+                routes = [
+                    lambda G=G, v=vectors: batched_eigh(G, v, on_host=False),
+                    lambda G=G, v=vectors: batched_eigh(G, v, on_host=True),
+                ]
+                for route in routes:  # warm-up
+                    route()
+                    route()
+                ms: list[list[float]] = [[], []]
+                for _ in range(reps):
+                    for i, route in enumerate(routes):
+                        ms[i].append(timed(route))
+                cells = " | ".join(f"{statistics.median(m):.1f} ({min(m):.1f})" for m in ms)
+                lines.append(f"| {B} | {n} | {vectors} | {cells} |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--shape", default="7b", help="roberta-large or 7b (default 7b)")
@@ -281,11 +324,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="torch CPU threads (default 1, as the core benchmark's server step: on a loaded "
         "machine a multi-threaded LAPACK spin-waits and its times mean little)",
     )
+    parser.add_argument(
+        "--eigh-sizes",
+        action="store_true",
+        help="CUDA only: time batched eigen problems per batch and size, cuSOLVER against "
+        "the host pool, instead of the step",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.eigh_sizes:
+        if device != "cuda":
+            raise SystemExit("--eigh-sizes compares cuSOLVER with the host: it needs CUDA")
+        print(time_eigh_sizes((8, 16, 32, 64), (48, 96, 160, 320, 512)), flush=True)
+        return
     print(profile_step(args.shape, device, args.quick, args.rows), flush=True)
     if args.blocks:
         print("\n" + time_blocks(args.shape, device, args.quick), flush=True)
