@@ -19,8 +19,8 @@ with a dtype change converts on the CPU, into pageable memory: measured on an H1
 symmetric eigenproblems (B >= 16 Grams of Nr x Nr, 32 < Nr <= 320) go back to the
 host and are solved there by LAPACK in a thread pool: cuSOLVER solves each matrix above
 32 x 32 on its own, a chain of small kernels (H100, 64 Grams of 160 x 160 in float64:
-eigvalsh 70 ms on the GPU, 9.8 ms on 16 host threads with both copies;
-``python -m benchmarks.core.server_profile --blocks``).  The numbers are the same as on
+eigvalsh 70 ms on the GPU, 8.2 ms on 16 host threads with both copies;
+``python -m benchmarks.core.server_profile --eigh-sizes``).  The numbers are the same as on
 the CPU up to rounding.
 """
 
@@ -181,12 +181,11 @@ def fill_stack(
                 host[b, i * r : (i + 1) * r] = a
             host[b, n * r :] = prevs[name]
 
-    pool = host_pool()
     parts = [p for p in _split(len(names), POOL_WORKERS) if len(p)]
-    if len(parts) <= 1:
+    if len(parts) <= 1:  # one layer or one core: no pool to start
         fill(range(len(names)))
     else:
-        list(pool.map(fill, parts))
+        list(host_pool().map(fill, parts))
 
 
 def _split(count: int, parts: int) -> list[range]:
