@@ -46,6 +46,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -102,6 +103,29 @@ def _module_file(name: str) -> Path | None:
 
 _DYNAMIC_IMPORTS = frozenset({"import_module", "__import__"})
 
+# CPython 3.11 keeps the AST constructor's recursion counter once per interpreter, so an
+# ``ast.parse`` in another thread at the same moment (Flower's simulation runs the ServerApp
+# in a thread beside the engine's) can fail ours with "SystemError: AST constructor recursion
+# depth mismatch" although the source is fine (python/cpython#106905; seen once in CI).
+_PARSE_LOCK = threading.Lock()
+_PARSE_TRIES = 3
+_PARSE_RACE = "recursion depth mismatch"
+
+
+def _parse(path: Path) -> ast.Module:
+    """``ast.parse`` of a project file, parsed again when another thread's parse corrupted
+    the interpreter's AST recursion counter (see ``_PARSE_RACE``); any other error, or the
+    race ``_PARSE_TRIES`` times over, is raised."""
+    source = path.read_bytes()
+    for attempt in range(1, _PARSE_TRIES + 1):
+        try:
+            with _PARSE_LOCK:  # our own threads never race each other
+                return ast.parse(source, str(path))
+        except SystemError as err:
+            if _PARSE_RACE not in str(err) or attempt == _PARSE_TRIES:
+                raise
+    raise AssertionError("unreachable")
+
 
 def _imports(name: str, path: Path) -> set[str]:
     """The modules ``name`` imports (function-local imports included), their parent
@@ -111,7 +135,7 @@ def _imports(name: str, path: Path) -> set[str]:
     every module of its package."""
     found: set[str] = set()
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

@@ -206,3 +206,43 @@ def test_the_real_builders_code_hashes_cover_their_modules():
     # the method registry imports its modules by name (importlib): all of them count
     assert "flower_app/methods/fedex_lora.py" in model
     assert not any(f.startswith(("florg_tools/", "tests/", "client_app/")) for f in model | data)
+
+
+def _racing_parse(monkeypatch, path: Path, failures: int, message: str) -> list[int]:
+    """Make ``ast.parse`` of ``path`` fail ``failures`` times with ``message``, as the
+    CPython 3.11 race does, then parse for real (other files, pytest's own included, parse
+    as ever); returns the count of parses of ``path`` (one element)."""
+    real_parse = disk_cache.ast.parse
+    calls = [0]
+
+    def parse(source, filename="<unknown>", *args, **kwargs):
+        if filename == str(path):
+            calls[0] += 1
+            if calls[0] <= failures:
+                raise SystemError(message)
+        return real_parse(source, filename, *args, **kwargs)
+
+    monkeypatch.setattr(disk_cache.ast, "parse", parse)
+    return calls
+
+
+RACE = "AST constructor recursion depth mismatch (before=45, after=379)"
+
+
+def test_a_parse_failed_by_another_threads_ast_race_is_parsed_again(monkeypatch):
+    path = ROOT / "flower_app" / "runtime.py"
+    expected = disk_cache._imports("flower_app.runtime", path)
+    calls = _racing_parse(monkeypatch, path, disk_cache._PARSE_TRIES - 1, RACE)
+    assert disk_cache._imports("flower_app.runtime", path) == expected
+    assert calls[0] == disk_cache._PARSE_TRIES
+
+
+def test_a_persistent_race_or_another_system_error_is_raised(monkeypatch):
+    path = ROOT / "flower_app" / "runtime.py"
+    _racing_parse(monkeypatch, path, disk_cache._PARSE_TRIES, RACE)
+    with pytest.raises(SystemError, match="recursion depth mismatch"):
+        disk_cache._imports("flower_app.runtime", path)
+    calls = _racing_parse(monkeypatch, path, 1, "some other interpreter error")
+    with pytest.raises(SystemError, match="some other"):
+        disk_cache._imports("flower_app.runtime", path)
+    assert calls[0] == 1
