@@ -117,14 +117,14 @@ def _parse(path: Path) -> ast.Module:
     the interpreter's AST recursion counter (see ``_PARSE_RACE``); any other error, or the
     race ``_PARSE_TRIES`` times over, is raised."""
     source = path.read_bytes()
-    for attempt in range(1, _PARSE_TRIES + 1):
-        try:
-            with _PARSE_LOCK:  # our own threads never race each other
+    with _PARSE_LOCK:  # our own threads never race each other
+        for _ in range(_PARSE_TRIES - 1):
+            try:
                 return ast.parse(source, str(path))
-        except SystemError as err:
-            if _PARSE_RACE not in str(err) or attempt == _PARSE_TRIES:
-                raise
-    raise AssertionError("unreachable")
+            except SystemError as err:
+                if _PARSE_RACE not in str(err):
+                    raise
+        return ast.parse(source, str(path))  # the last try: whatever it raises is raised
 
 
 def _imports(name: str, path: Path) -> set[str]:
