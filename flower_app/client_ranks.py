@@ -13,7 +13,8 @@ of the server's global state and of its evaluation model (``server_model_config`
 the rank a node is sent before the server knows its rank (its first round): the node
 keeps the top r_n rows (``strategies.flower.ranks.truncate_to_rank``).  A node whose
 node-config rank exceeds r_max fails with a ConfigError naming it (raise ``rank`` or list
-the rank in ``client-ranks``).
+the rank in ``client-ranks``); so does FLoRG's ``subtract-init`` with ranks that differ
+(each node would subtract its own rank's initial Gram from W0, so W0 would differ).
 
 Every client uses the run's scaling s = alpha / ``rank``, whatever its r_n
 (``config_at_rank``): the server aggregates one quantity (FLoRG's Gram matrix, LoRA's
@@ -28,6 +29,8 @@ from dataclasses import replace
 from typing import Any
 
 from flower_app.config import ConfigError, RunConfig
+from flower_app.methods import get_method
+from flower_app.methods.base import SUBTRACT_INIT_NEEDS_ONE_RANK
 
 __all__ = [
     "NODE_RANK",
@@ -74,6 +77,8 @@ def node_rank(config: RunConfig, node_config: Mapping[str, Any], partition_id: i
                 f"node-config rank={r} exceeds the run's largest rank {r_max} "
                 "(max of 'rank' and 'client-ranks'): list it in client-ranks or raise rank"
             )
+        if r != r_max and config.subtract_init and get_method(config.method).adapter == "florg":
+            raise ConfigError(f"node-config rank={r}: {SUBTRACT_INIT_NEEDS_ONE_RANK}")
         return r
     ranks = parse_client_ranks(config.client_ranks)
     if ranks:

@@ -84,11 +84,22 @@ def test_every_client_keeps_the_runs_scaling():
         ({"client-ranks": "2,4", "method": "fedit"}, "client-ranks: method 'fedit'"),
         ({"client-ranks": "2,4", "method": "florg-signed"}, "one common rank"),
         ({"client-ranks": "2,4", "dp": "central"}, "client-ranks: dp=central"),
+        ({"client-ranks": "2,4", "subtract-init": True}, "subtract-init=true subtracts"),
     ],
 )
 def test_bad_client_ranks_fail_naming_the_setting(settings, fragment):
     with pytest.raises(ConfigError, match=fragment):
         resolve_config({}, settings)
+
+
+def test_subtract_init_needs_every_node_at_the_runs_largest_rank():
+    # each node would subtract its own rank's s L A1^T A1 R from W0: W0 would differ by rank
+    config = resolve_config({}, {"rank": 8, "subtract-init": True})
+    assert node_rank(config, {"rank": 8}, 0) == 8  # the server's rank: the same W0
+    with pytest.raises(ConfigError, match="node-config rank=2: subtract-init=true"):
+        node_rank(config, {"rank": 2}, 0)
+    lora = resolve_config({}, {"rank": 8, "subtract-init": True, "method": "fedit"})
+    assert node_rank(lora, {"rank": 2}, 0) == 2  # a LoRA adapter has no initial Gram
 
 
 @pytest.mark.parametrize("value", ["0", "x", "16"])

@@ -56,6 +56,15 @@ RunSettings = Any
 AdaptedModel = Any
 
 ADAPTERS = ("florg", "lora")
+
+# subtract-init writes s L A1^T A1 R into W0 with the node's own A1 (r_n rows): nodes of
+# different rank would hold different W0, and Q = sum w_n A_n^T A_n would not be the
+# update of any one model.
+SUBTRACT_INIT_NEEDS_ONE_RANK = (
+    "subtract-init=true subtracts each node's own initial Gram s L A1^T A1 R from W0, so "
+    "nodes of different rank would not share W0: with client-ranks or a node-config rank, "
+    "set subtract-init=false"
+)
 # The parts each adapter can share, with their shape per layer of W0 (d_out x d_in).
 PART_SHAPES = {
     "florg": {"A": lambda d_out, d_in, r: (r, min(d_in, d_out))},
@@ -127,7 +136,7 @@ class Method:
         a method with a mechanism (``dp_mechanism``), C > 0, z > 0, 0 < delta < 1, uniform
         weights (``strategies.dp.check_dp_settings``), no saved client updates, and the
         accountant's package installed; with ``client-ranks``, a method whose clients may
-        train at different ranks, and no dp=central."""
+        train at different ranks, no dp=central and, for a FLoRG adapter, no subtract-init."""
         if config.client_ranks.strip():
             if not self.heterogeneous_ranks:
                 raise ValueError(
@@ -136,6 +145,8 @@ class Method:
                 )
             if config.dp == "central":
                 raise ValueError("client-ranks: dp=central needs one common rank")
+            if config.subtract_init and self.adapter == "florg":
+                raise ValueError(SUBTRACT_INIT_NEEDS_ONE_RANK)
         if config.dp != "central":
             return
         from importlib.util import find_spec
