@@ -5,6 +5,7 @@
 #
 #   bash scripts/evidence_hetero.sh [ROOT]               # prepare ROOT/hetero (default ../florg-evidence), run
 #   PREPARE_ONLY=1 bash scripts/evidence_hetero.sh ROOT  # prepare only
+#   DIAGNOSTICS=1 bash scripts/evidence_hetero.sh ROOT   # then conf/grids/hetero-diagnostics.yaml
 #
 # The worktree ROOT/hetero is checked out at HETERO_COMMIT (below: fixed once the first
 # hetero run is published) with its own .venv; the grid files are data, copied from this
@@ -35,7 +36,7 @@ mkdir -p "$ROOT"
 . scripts/fixed_worktree.sh
 fixed_worktree "$dir" "$HETERO_COMMIT"
 
-for grid in hetero hetero-references; do
+for grid in hetero hetero-references hetero-diagnostics; do
   cp "conf/grids/$grid.yaml" "$dir/conf/grids/"
   mkdir -p "$dir/results/$grid/runs"
   [ ! -d "$PUBLISHED/runs/$grid" ] || cp -rn "$PUBLISHED/runs/$grid/." "$dir/results/$grid/runs/"
@@ -52,3 +53,13 @@ python -m florg_tools.experiments run hetero-references --no-report
 for method in florg hetlora flexlora; do
   python -m florg_tools.experiments run hetero --no-report --only "method=$method,"
 done
+[ -n "${DIAGNOSTICS:-}" ] || exit 0
+
+# hetero-diagnostics: its (procrustes, semi-orthogonal) runs are hetero's florg seeds 0 and 1
+# at the tuned 5e-4 (every setting the same), copied under the diagnostic grid's run names
+diag="$dir/results/hetero-diagnostics/runs"
+for seed in 0 1; do
+  target="$diag/projection-init=semi-orthogonal,rank-mismatch=procrustes,seed=$seed"
+  [ -d "$target" ] || cp -r "$dir/results/hetero/runs/learning-rate=0.0005,method=florg,seed=$seed,task=movie-sentiment" "$target"
+done
+python -m florg_tools.experiments run hetero-diagnostics --no-report
