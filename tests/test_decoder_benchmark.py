@@ -34,3 +34,16 @@ def test_quick_run_prints_the_ratio_lines():
     assert abs(result["time_ratio"] - float(time_line.group(1))) < 1e-3  # printed to 3 places
     assert result["time_ratio"] > 0 and result["memory_ratio"] > 0
     assert result["florg_peak_bytes"] > 0 and result["lora_peak_bytes"] > 0
+
+
+def test_the_smollm2_shaped_arm_has_the_assets_parameter_count():
+    """The random-weight SmolLM2 arms (for machines without the asset) build a decoder of
+    SmolLM2-135M's shape: 272 parameter tensors, 134,515,008 parameters, as the asset's
+    safetensors hold (30 layers x 9 tensors, the embedding, the final norm)."""
+    from benchmarks.core.decoder_benchmark import SHAPE_ARMS, build_base
+
+    shaped = build_base(SHAPE_ARMS["smollm2shape-fp32"], seed=0)
+    params = dict(shaped.named_parameters())
+    assert len(params) == 272
+    assert sum(p.numel() for p in params.values()) == 134_515_008
+    assert tuple(params["model.layers.0.self_attn.v_proj.weight"].shape) == (192, 576)

@@ -13,7 +13,12 @@ the settings ``precision`` / ``gradient-checkpointing`` applied by flower_app/pr
   ``python -m florg_tools.assets fetch --only SmolLM2-135M``), batch 1 x 256;
 - ``llama1b-bf16``: a randomly initialised LlamaForCausalLM of Llama-3.2-1B's shape (hidden
   2048, 16 layers, 32 heads, 8 kv heads, intermediate 8192, vocab 128256, tied embeddings)
-  in bf16 with gradient checkpointing, batch 1 x 256.
+  in bf16 with gradient checkpointing, batch 1 x 256;
+- ``smollm2shape-fp32``, ``smollm2shape-bf16``: a randomly initialised LlamaForCausalLM of
+  SmolLM2-135M's shape (its config.json: hidden 576, 30 layers, 9 heads, 3 kv heads,
+  intermediate 1536, vocab 49152, tied embeddings), batch 1 x 256: the SmolLM2 arms where
+  the asset is absent (a GPU machine without network). A step's time and memory do not
+  depend on the weights' values: the same shapes, the same kernels.
 
 Step time: both methods' models in one worker process, steps alternating between them (A B,
 B A, ...); each adjacent pair gives one ratio FLoRG / LoRA and the headline is the median
@@ -64,6 +69,16 @@ LLAMA_1B_SHAPE = {  # Llama-3.2-1B's config.json, randomly initialised here
     "tie_word_embeddings": True,
     "max_position_embeddings": 2048,
 }
+SMOLLM2_SHAPE = {  # SmolLM2-135M's config.json, randomly initialised here
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 8192,
+}
 TINY_SHAPE = {
     "hidden_size": 64,
     "num_hidden_layers": 2,
@@ -81,7 +96,7 @@ class Arm:
     """One measured configuration: which base, its precision, checkpointing, batch."""
 
     name: str
-    base: str  # 'smollm2' (the asset), 'llama1b' or 'tiny' (random weights)
+    base: str  # 'smollm2' (the asset), 'llama1b', 'smollm2shape' or 'tiny' (random weights)
     precision: str
     gradient_checkpointing: bool
     batch: int = 1
@@ -110,6 +125,15 @@ ARMS: dict[str, Arm] = {
         Arm("llama1b-bf16", "llama1b", "bf16", True, steps=3),
     )
 }
+# Not in the default run (the real SmolLM2 arms measure the same shapes): for machines
+# without the asset, by name (--arms smollm2shape-bf16).
+SHAPE_ARMS: dict[str, Arm] = {
+    a.name: a
+    for a in (
+        Arm("smollm2shape-fp32", "smollm2shape", "fp32", False, steps=8),
+        Arm("smollm2shape-bf16", "smollm2shape", "bf16", False, steps=8),
+    )
+}
 QUICK_ARM = Arm("tiny-bf16", "tiny", "bf16", True, batch=1, seq_len=16, steps=1, warmup=0)
 
 
@@ -132,7 +156,8 @@ def build_base(arm: Arm, seed: int) -> nn.Module:
             model_path("SmolLM2-135M"), **kwargs
         )
     else:
-        shape = LLAMA_1B_SHAPE if arm.base == "llama1b" else TINY_SHAPE
+        shapes = {"llama1b": LLAMA_1B_SHAPE, "smollm2shape": SMOLLM2_SHAPE, "tiny": TINY_SHAPE}
+        shape = shapes[arm.base]
         torch.manual_seed(seed)
         config = transformers.LlamaConfig(**shape)
         model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
@@ -395,10 +420,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.quick:
         arms = [QUICK_ARM]
     else:
-        unknown = [a for a in args.arms.split(",") if a not in ARMS]
+        known = {**ARMS, **SHAPE_ARMS}
+        unknown = [a for a in args.arms.split(",") if a not in known]
         if unknown:
-            parser.error(f"unknown arm(s) {unknown}; arms: {', '.join(ARMS)}")
-        arms = [ARMS[a] for a in args.arms.split(",")]
+            parser.error(f"unknown arm(s) {unknown}; arms: {', '.join(known)}")
+        arms = [known[a] for a in args.arms.split(",")]
     if args.steps is not None:
         arms = [replace(a, steps=args.steps) for a in arms]
     print(f"# FLoRG decoder benchmark{' (quick)' if args.quick else ''}\n")
