@@ -140,9 +140,11 @@ QUICK_ARM = Arm("tiny-bf16", "tiny", "bf16", True, batch=1, seq_len=16, steps=1,
 # --------------------------------------------------------------------------- building
 
 
-def build_base(arm: Arm, seed: int) -> nn.Module:
-    """The base decoder of ``arm`` (same weights on every call), its parameters in the
-    arm's precision and gradient checkpointing applied (flower_app/precision.py)."""
+def build_base(arm: Arm, seed: int, device: str = "cpu") -> nn.Module:
+    """The base decoder of ``arm`` (same weights on every call on one device), its
+    parameters in the arm's precision and gradient checkpointing applied
+    (flower_app/precision.py). Random-weight bases are initialised on ``device`` (a 1B
+    model's initialisation takes a minute on a CPU, seconds on a GPU)."""
     import transformers
 
     from flower_app.precision import from_pretrained_kwargs, prepare_base_model
@@ -160,7 +162,8 @@ def build_base(arm: Arm, seed: int) -> nn.Module:
         shape = shapes[arm.base]
         torch.manual_seed(seed)
         config = transformers.LlamaConfig(**shape)
-        model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
+        with torch.device(device):
+            model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
     model.config.use_cache = False
     return prepare_base_model(
         model, arm.precision, gradient_checkpointing=arm.gradient_checkpointing
@@ -189,7 +192,7 @@ def build_method(method: str, arm: Arm, s: Settings) -> tuple[nn.Module, Any, An
     )
     with warnings.catch_warnings():  # peft and transformers' deprecated checkpointing names
         warnings.filterwarnings("ignore", category=FutureWarning)
-        model = AdaptedModel(build_base(arm, s.seed), config).model
+        model = AdaptedModel(build_base(arm, s.seed, s.device), config).model
     keep_trainable_float32(model)
     model.to(s.device).train()
     optimizer = make_optimizer(model, lr=1e-4, weight_decay=0.0)
