@@ -201,16 +201,98 @@ def test_florg_dense_formula_in_bf16(d_out, d_in):
 
 
 def test_florg_dense_formula_under_bf16_autocast():
-    """A float32 base under autocast(bf16), as precision=bf16 runs the forward: the base
-    product is rounded to bf16, the adapter path is not (autocast is off inside it)."""
+    """A float32 base under autocast(bf16), as precision=bf16 runs the forward: the factors
+    L A^T, A R are formed in float32 and rounded to bf16 once, the per-token products run in
+    bf16 with float32 accumulation (as PEFT's LoRA under autocast). The bound: bf16's three
+    roundings on the base path, and on the adapter path the rounding of each factor, of each
+    product's output and of the sum, against s |L A^T| (|A R| |x|)."""
     layer32, _, (L, R, A) = _florg_pair(48, 48, r=4)
     x = torch.randn(3, 48).bfloat16().float()
     with MixedPrecision.for_run("bf16", "cpu").autocast():
         y = layer32(x)
     assert y.dtype == torch.bfloat16
     y_ref, scale = _dense_reference(layer32, L, R, A, x)
-    tol = (3 * U_BF16 + 48 * U_FP32) * scale
-    assert torch.all((y.double() - y_ref).abs() <= tol)
+    left, right = torch.as_tensor(np.abs(L @ A.T)), torch.as_tensor(np.abs(A @ R))
+    adapter_scale = layer32.scaling * (x.double().abs() @ right.T) @ left.T
+    tol = 3 * U_BF16 * scale + (5 * U_BF16 + 48 * U_FP32) * adapter_scale
+    err = (y.double() - y_ref).abs()
+    assert torch.all(err <= tol), f"max err/tol {(err / tol).max():.3f}"
+
+
+def _florg_and_peft_twins(r: int = 4):
+    """A bf16 tiny decoder twice: FLoRG on q_proj, and PEFT LoRA on q_proj whose lora_B,
+    lora_A hold FLoRG's float32 factors (L A^T, A R), so both layers hold the same update."""
+    base = tiny_llama()
+    prepare_base_model(base, "bf16")
+    florg = copy.deepcopy(base)
+    inject_florg(florg, FLoRGConfig(r=r, alpha=8.0, target_modules=("q_proj",), a_init_std=0.3))
+    lora = inject_lora(copy.deepcopy(base), LoRAConfig(r=r, alpha=8.0, target_modules=("q_proj",)))
+    for model in (florg, lora):
+        keep_trainable_float32(model)
+    name = "model.layers.0.self_attn.q_proj"
+    f_layer, l_layer = florg_layers(florg)[name], lora_layers(lora)[name]
+    assert f_layer.scaling == l_layer.scaling["default"]
+    with torch.no_grad():
+        left, right = f_layer.lora_factors()
+        l_layer.lora_B["default"].weight.copy_(left)
+        l_layer.lora_A["default"].weight.copy_(right)
+    return f_layer, l_layer
+
+
+def test_florg_under_bf16_autocast_computes_what_peft_lora_computes():
+    """precision=bf16's forward (autocast): FLoRG's layer and PEFT's LoRA layer holding the
+    same factors give the same bf16 output, bit for bit (the same roundings in the same
+    places), and A's gradient is the chain rule through the factors of PEFT's gradients."""
+    f_layer, l_layer = _florg_and_peft_twins()
+    x = torch.randn(3, 5, 32).bfloat16()
+    G = torch.randn(3, 5, 32)
+    outputs = []
+    for layer in (f_layer, l_layer):
+        layer.train()
+        with MixedPrecision.for_run("bf16", "cpu").autocast():
+            y = layer(x)
+        (y.float() * G).sum().backward()
+        outputs.append(y)
+    assert outputs[0].dtype == torch.bfloat16
+    assert torch.equal(outputs[0], outputs[1])
+    update = outputs[0].double() - f_layer.base_layer(x).double()
+    assert update.abs().mean() > 0.1 * outputs[0].double().abs().mean()  # the adapter counts
+    grad_left = l_layer.lora_B["default"].weight.grad
+    grad_right = l_layer.lora_A["default"].weight.grad
+    chain = grad_left.T @ f_layer.L + grad_right @ f_layer.R.T  # d/dA of (L A^T, A R)
+    assert torch.linalg.norm(chain) > 0
+    atol = 1e-6 * float(chain.abs().max())
+    torch.testing.assert_close(f_layer.A.grad, chain, rtol=1e-5, atol=atol)
+
+
+def test_florg_saves_no_more_for_backward_than_peft_lora_under_bf16_autocast():
+    """Activation memory at equal rank: under autocast FLoRG's layers save x as it comes
+    (bf16), not a float32 copy of it, so a training forward keeps no more bytes for the
+    backward pass than PEFT LoRA's (unique storages, the shared L and R included)."""
+
+    def saved_bytes(model: nn.Module) -> int:
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        model.train()
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        with hooks, MixedPrecision.for_run("bf16", "cpu").autocast():
+            model(**lm_batch(length=64))
+        return sum(storages.values())
+
+    base = tiny_llama()
+    prepare_base_model(base, "bf16")
+    targets = ("q_proj", "v_proj")
+    florg = copy.deepcopy(base)
+    inject_florg(florg, FLoRGConfig(r=4, alpha=8.0, target_modules=targets, a_init_std=0.1))
+    lora = inject_lora(copy.deepcopy(base), LoRAConfig(r=4, alpha=8.0, target_modules=targets))
+    for model in (florg, lora):
+        keep_trainable_float32(model)
+    florg_bytes, lora_bytes = saved_bytes(florg), saved_bytes(lora)
+    assert florg_bytes <= lora_bytes, (florg_bytes, lora_bytes)
 
 
 def test_florg_gradients_in_bf16_match_float32():

@@ -34,16 +34,21 @@ the factors inside the block and torch refuses it (CheckpointError); nothing her
 
 Precision (the setting ``precision``, flower_app/precision.py): A, L and R are held in
 float32 whatever the base weight's dtype (float64 only where the base is float64, in
-tests), and the adapter path runs in that dtype with autocast off, x cast up and the
-update cast back to the base output's dtype once. Why float32 for a bf16 / fp16 base:
-A is the trained master weight (an AdamW step of lr 1e-4 on entries of size 0.02 is
-below bf16's resolution 2^-8 relative, so a bf16 A would not move); L A^T sums k products
-whose rounding in bf16 would put a relative error of order 2^-8 sqrt(k) into the factors,
-and with autocast the two factor products and both F.linear calls would each round to
-bf16. The float32 path costs O(r (d_in + d_out)(n + k)) flops against the base's
-O(n d_in d_out), a few per cent of a step at r = 8 on a CPU, the factor products being
-skinny float32 ones (benchmarks/core/decoder_benchmark.py measures it; docs/benchmarks.md
-has the numbers), and matches PEFT, which keeps LoRA's weights in float32 and casts x to them.
+tests), and the two factor products L A^T and A R are formed in that dtype with autocast
+off. Why: A is the trained master weight (an AdamW step of lr 1e-4 on entries of size 0.02
+is below bf16's resolution 2^-8 relative, so a bf16 A would not move), and each factor
+entry sums k products, whose rounding in bf16 would put a relative error of order
+2^-8 sqrt(k) into the factors.
+
+The per-token products, AR x and LAt (AR x), run as PEFT's LoRA layers run: under autocast
+(precision=bf16 / fp16 trains under ``torch.autocast``) in autocast's dtype, the factors
+rounded to it once per pass (as autocast rounds lora_A / lora_B's float32 weights), with
+float32 accumulation inside the matrix products; without autocast in the adapter's dtype,
+x cast up. The update is added to the base output in the output's dtype. So FLoRG and LoRA
+round the same things in the same places at equal settings, and save the same activations
+for the backward pass (x itself, where x is already in autocast's dtype, rather than a
+float32 copy of it). Gradients reach the float32 A through the cast and the float32 factor
+products. ``compute_dtype`` names the rule.
 """
 
 from __future__ import annotations
@@ -65,6 +70,14 @@ def adapter_dtype(base_dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if base_dtype == torch.float64 else torch.float32
 
 
+def compute_dtype(device_type: str, adapter: torch.dtype) -> torch.dtype:
+    """The dtype of the per-token adapter products on ``device_type``: autocast's where
+    autocast is on there (as PEFT's LoRA layers compute under it), else ``adapter``."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return adapter
+
+
 def _adapter_autocast_off(device_type: str) -> contextlib.AbstractContextManager:
     """Autocast disabled where it is on: the adapter path runs in the adapter's dtype."""
     if torch.is_autocast_enabled(device_type):
@@ -74,9 +87,10 @@ def _adapter_autocast_off(device_type: str) -> contextlib.AbstractContextManager
 
 @dataclass(eq=False)
 class _PassFactors:
-    """One training pass's (L A^T D, A R) of a layer and the A they were formed from (its
-    storage and version: an in-place change of A, such as an optimiser step or a loaded
-    state, bumps the version, a replaced ``A.data`` moves the storage)."""
+    """One training pass's (L A^T D, A R) of a layer, in the pass's compute dtype, and the A
+    they were formed from (its storage and version: an in-place change of A, such as an
+    optimiser step or a loaded state, bumps the version, a replaced ``A.data`` moves the
+    storage)."""
 
     left: torch.Tensor
     right: torch.Tensor
@@ -211,12 +225,12 @@ class FLoRGLinear(nn.Module):
 
     def set_pass_factors(self) -> None:
         """Form (L A^T D, A R) once for this training pass, in the adapter's dtype with
-        autocast off, and store them for the forward (and its recomputation under gradient
-        checkpointing) to reuse. A no-op unless A trains and grad is enabled."""
+        autocast off, round them to the pass's compute dtype (``compute_dtype``) and store
+        them for the forward (and its recomputation under gradient checkpointing) to reuse.
+        A no-op unless A trains and grad is enabled."""
         if not (torch.is_grad_enabled() and self.A.requires_grad):
             return
-        with _adapter_autocast_off(self.A.device.type):
-            left, right = self.lora_factors()
+        left, right = self._factors_in(compute_dtype(self.A.device.type, self.A.dtype))
         stored = _PassFactors(left, right, self.A.data_ptr(), self.A._version)
         left.register_hook(_drop_when_used(weakref.ref(self), stored.token))
         self._pass_factors = stored
@@ -226,9 +240,16 @@ class FLoRGLinear(nn.Module):
         """Whether a training pass's factors are stored (until its backward has used them)."""
         return self._pass_factors is not None
 
-    def _forward_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stored pair where this is a training forward with grad and A is as it was
-        when the pair was formed; otherwise the factors formed now."""
+    def _factors_in(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L A^T D, A R) formed in the adapter's dtype with autocast off, then cast to
+        ``dtype`` (no copy where it is the adapter's)."""
+        with _adapter_autocast_off(self.A.device.type):
+            left, right = self.lora_factors()
+            return left.to(dtype), right.to(dtype)
+
+    def _forward_factors(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored pair where this is a training forward with grad, A is as it was when
+        the pair was formed and the pair is in ``dtype``; otherwise the factors formed now."""
         stored = self._pass_factors
         if (
             stored is not None
@@ -236,9 +257,10 @@ class FLoRGLinear(nn.Module):
             and torch.is_grad_enabled()
             and stored.a_version == self.A._version
             and stored.a_data_ptr == self.A.data_ptr()
+            and stored.left.dtype == dtype
         ):
             return stored.left, stored.right
-        return self.lora_factors()
+        return self._factors_in(dtype)
 
     def delta_weight(self) -> torch.Tensor:
         """s * L A^T A R (d_out x d_in); for tests and export only, never in the forward."""
@@ -247,11 +269,13 @@ class FLoRGLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base_layer(x)
-        # The adapter path in the adapter's dtype (float32 for a half-precision base, see the
-        # module docstring), also under autocast, then one rounding to the output's dtype.
+        # The factors formed in float32; the per-token products in autocast's dtype where
+        # autocast is on, else in the adapter's (module docstring), then one cast to the
+        # output's dtype.
+        dtype = compute_dtype(x.device.type, self.A.dtype)
+        left, right = self._forward_factors(dtype)
         with _adapter_autocast_off(x.device.type):
-            left, right = self._forward_factors()
-            update = F.linear(F.linear(x.to(right.dtype), right), left)
+            update = F.linear(F.linear(x.to(dtype), right), left)
         return result + (self.scaling * update).to(result.dtype)
 
     def extra_repr(self) -> str:
