@@ -97,7 +97,7 @@ def test_steps_equal_the_uncached_path_and_form_factors_once(
     reference = copy.deepcopy(cached)
     got = two_steps(cached, precision, factor_calls)
     with monkeypatch.context() as patch:
-        patch.setattr(FLoRGLinear, "set_pass_factors", lambda self: None)
+        patch.setattr(FLoRGLinear, "set_pass_factors", lambda self, *_: None)
         want = two_steps(reference, precision, factor_calls)
     for step, (g, w) in enumerate(zip(got, want, strict=True)):
         assert torch.equal(g["loss"], w["loss"]), step
@@ -144,7 +144,7 @@ def test_eval_and_no_grad_forwards_neither_store_nor_use_factors(factor_calls, m
     assert not any(layer.holds_pass_factors for layer in layers.values())
 
     with monkeypatch.context() as patch:
-        patch.setattr(FLoRGLinear, "set_pass_factors", lambda self: None)
+        patch.setattr(FLoRGLinear, "set_pass_factors", lambda self, *_: None)
         reference.eval()
         with torch.no_grad():
             assert torch.equal(reference(**batch).logits, logits)
@@ -221,7 +221,7 @@ def test_encoder_kinds_form_factors_once_under_checkpointing(
     for m, cache in ((model, True), (reference, False)):
         with monkeypatch.context() as patch:
             if not cache:
-                patch.setattr(FLoRGLinear, "set_pass_factors", lambda self: None)
+                patch.setattr(FLoRGLinear, "set_pass_factors", lambda self, *_: None)
             factor_calls.clear()
             m.train()
             torch.manual_seed(1)  # the same dropout masks (checkpointing replays them)

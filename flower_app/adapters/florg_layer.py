@@ -109,7 +109,7 @@ def _drop_when_used(layer_ref: weakref.ref, token: object):
         if layer is not None:
             stored = layer._pass_factors
             if stored is not None and stored.token is token:
-                layer._pass_factors = None
+                layer.__dict__["_pass_factors"] = None  # a plain attribute (see below)
 
     return hook
 
@@ -223,17 +223,21 @@ class FLoRGLinear(nn.Module):
         left = self.L @ self.A.T
         return (left if self.signs is None else left * self.signs), self.A @ self.R
 
-    def set_pass_factors(self) -> None:
+    def set_pass_factors(self, dtype: torch.dtype | None = None) -> None:
         """Form (L A^T D, A R) once for this training pass, in the adapter's dtype with
-        autocast off, round them to the pass's compute dtype (``compute_dtype``) and store
-        them for the forward (and its recomputation under gradient checkpointing) to reuse.
-        A no-op unless A trains and grad is enabled."""
+        autocast off, round them to the pass's compute dtype ``dtype`` (by default
+        ``compute_dtype`` now) and store them for the forward (and its recomputation under
+        gradient checkpointing) to reuse. A no-op unless A trains and grad is enabled."""
         if not (torch.is_grad_enabled() and self.A.requires_grad):
             return
-        left, right = self._factors_in(compute_dtype(self.A.device.type, self.A.dtype))
+        if dtype is None:
+            dtype = compute_dtype(self.A.device.type, self.A.dtype)
+        left, right = self._factors_in(dtype)
         stored = _PassFactors(left, right, self.A.data_ptr(), self.A._version)
         left.register_hook(_drop_when_used(weakref.ref(self), stored.token))
-        self._pass_factors = stored
+        # a plain attribute, written past nn.Module.__setattr__'s parameter / buffer / module
+        # checks (a step writes it twice per layer)
+        self.__dict__["_pass_factors"] = stored
 
     @property
     def holds_pass_factors(self) -> bool:
@@ -274,8 +278,10 @@ class FLoRGLinear(nn.Module):
         # output's dtype.
         dtype = compute_dtype(x.device.type, self.A.dtype)
         left, right = self._forward_factors(dtype)
-        with _adapter_autocast_off(x.device.type):
-            update = F.linear(F.linear(x.to(dtype), right), left)
+        # Operands in autocast's dtype where it is on: autocast leaves these products as
+        # they are (no context switch needed, which costs a step more than the products
+        # at small shapes on a GPU).
+        update = F.linear(F.linear(x.to(dtype), right), left)
         return result + (self.scaling * update).to(result.dtype)
 
     def extra_repr(self) -> str:
@@ -284,12 +290,34 @@ class FLoRGLinear(nn.Module):
         return base + signed
 
 
+def _florg_layers_of(model: nn.Module) -> list[FLoRGLinear]:
+    """The model's FLoRGLinear layers, found by one walk of its modules and kept on the
+    model (a plain attribute: copies and pickles of the model map it to their own layers).
+    The walk cost a training step a few per cent at small shapes. A layer added later is
+    not in the list: it forms its factors in its forward, as without the hook (correct,
+    only slower)."""
+    layers = model.__dict__.get("_florg_layers_cache")
+    if layers is None:
+        layers = [m for m in model.modules() if isinstance(m, FLoRGLinear)]
+        model.__dict__["_florg_layers_cache"] = layers
+    return layers
+
+
 def form_pass_factors(model: nn.Module, _args: object) -> None:
     """Forward pre-hook of a model carrying FLoRG layers (``inject_florg`` registers it):
     in a training forward with grad enabled, every FLoRGLinear's factors are formed once,
-    here, outside the (checkpointed) blocks; see the module docstring."""
+    here, outside the (checkpointed) blocks, in one autocast-off region (each layer
+    entering its own cost more than its factor products at small shapes); see the module
+    docstring."""
     if not (model.training and torch.is_grad_enabled()):
         return
-    for module in model.modules():
-        if isinstance(module, FLoRGLinear) and module.training:
-            module.set_pass_factors()
+    layers = [layer for layer in _florg_layers_of(model) if layer.training]
+    if not layers:
+        return
+    device_type = layers[0].A.device.type
+    # the pass's compute dtype of each adapter dtype, read before autocast is turned off
+    dtypes = {layer.A.dtype: compute_dtype(device_type, layer.A.dtype) for layer in layers}
+    with _adapter_autocast_off(device_type):
+        for layer in layers:
+            same_device = layer.A.device.type == device_type
+            layer.set_pass_factors(dtypes[layer.A.dtype] if same_device else None)
