@@ -233,3 +233,15 @@ def test_encoder_kinds_form_factors_once_under_checkpointing(
     for name in grads[0]:
         assert torch.equal(grads[0][name], grads[1][name]), name
     assert not any(layer.holds_pass_factors for layer in florg_layers(model).values())
+
+
+def test_a_copy_forms_factors_on_its_own_layers():
+    """The pre-hook keeps the model's FLoRG layers in a list on the model; a deep copy made
+    after the list exists must form factors on the copy's layers, not on the original's."""
+    model = florg_llama("fp32", True)
+    model.train()
+    model(**lm_batch()).loss.backward()  # the list exists now
+    clone = copy.deepcopy(model)
+    clone(**lm_batch())  # no backward: the factors stay stored where they were formed
+    assert all(layer.holds_pass_factors for layer in florg_layers(clone).values())
+    assert not any(layer.holds_pass_factors for layer in florg_layers(model).values())
