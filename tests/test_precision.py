@@ -296,9 +296,10 @@ def test_florg_saves_no_more_for_backward_than_peft_lora_under_bf16_autocast():
 
 
 def test_florg_gradients_in_bf16_match_float32():
-    """With x and the output gradient G representable in bf16, grad_A of the bf16-base layer
-    equals the float32 layer's to float32 precision: W0 does not enter grad_A, and the
-    adapter path, where it is computed, is float32 (a bf16 path would be off by ~2^-8)."""
+    """Without autocast, with x and the output gradient G representable in bf16, grad_A of
+    the bf16-base layer equals the float32 layer's to float32 precision: W0 does not enter
+    grad_A, and the adapter path, where it is computed, is float32 without autocast (a bf16
+    path would be off by ~2^-8)."""
     layer32, layer16, _ = _florg_pair(64, 64, r=4)
     x = torch.randn(6, 64).bfloat16()
     G = torch.randn(6, 64).bfloat16().float()
