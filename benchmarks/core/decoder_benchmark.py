@@ -18,7 +18,11 @@ the settings ``precision`` / ``gradient-checkpointing`` applied by flower_app/pr
   SmolLM2-135M's shape (its config.json: hidden 576, 30 layers, 9 heads, 3 kv heads,
   intermediate 1536, vocab 49152, tied embeddings), batch 1 x 256: the SmolLM2 arms where
   the asset is absent (a GPU machine without network). A step's time and memory do not
-  depend on the weights' values: the same shapes, the same kernels.
+  depend on the weights' values: the same shapes, the same kernels;
+- ``overhead30-bf16``: SmolLM2's 30 layers at the tiny decoder's widths (hidden 64), bf16,
+  batch 1 x 8: a step made of the host's per-layer work (Python, dispatch, autograd
+  nodes), as an H100 step at SmolLM2 size is (0.13 s a step, the CPU time equal to the wall
+  time: docs/results/gpu-h100/), measured on a CPU.
 
 Step time: both methods' models in one worker process, steps alternating between them (A B,
 B A, ...); each adjacent pair gives one ratio FLoRG / LoRA and the headline is the median
@@ -96,7 +100,7 @@ class Arm:
     """One measured configuration: which base, its precision, checkpointing, batch."""
 
     name: str
-    base: str  # 'smollm2' (the asset), 'llama1b', 'smollm2shape' or 'tiny' (random weights)
+    base: str  # 'smollm2' (the asset); random: 'llama1b', 'smollm2shape', 'overhead30', 'tiny'
     precision: str
     gradient_checkpointing: bool
     batch: int = 1
@@ -132,6 +136,7 @@ SHAPE_ARMS: dict[str, Arm] = {
     for a in (
         Arm("smollm2shape-fp32", "smollm2shape", "fp32", False, steps=8),
         Arm("smollm2shape-bf16", "smollm2shape", "bf16", False, steps=8),
+        Arm("overhead30-bf16", "overhead30", "bf16", False, batch=1, seq_len=8, steps=40),
     )
 }
 QUICK_ARM = Arm("tiny-bf16", "tiny", "bf16", True, batch=1, seq_len=16, steps=1, warmup=0)
@@ -158,7 +163,12 @@ def build_base(arm: Arm, seed: int, device: str = "cpu") -> nn.Module:
             model_path("SmolLM2-135M"), **kwargs
         )
     else:
-        shapes = {"llama1b": LLAMA_1B_SHAPE, "smollm2shape": SMOLLM2_SHAPE, "tiny": TINY_SHAPE}
+        shapes = {
+            "llama1b": LLAMA_1B_SHAPE,
+            "smollm2shape": SMOLLM2_SHAPE,
+            "overhead30": {**TINY_SHAPE, "num_hidden_layers": 30},
+            "tiny": TINY_SHAPE,
+        }
         shape = shapes[arm.base]
         torch.manual_seed(seed)
         config = transformers.LlamaConfig(**shape)
