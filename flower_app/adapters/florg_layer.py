@@ -22,8 +22,19 @@ layer's (LAt, AR) once, before the model's blocks run, and stores them on the la
 (``FLoRGLinear.set_pass_factors``); the layer's forward uses them, and so does the
 recomputed forward of gradient checkpointing in the backward pass, which otherwise would
 form them a second time (with checkpointing each block's forward runs twice per step).
-Gradients reach A through the stored factors' own graph exactly as before. The stored pair
-is dropped when the backward pass has computed its gradient (a hook on LAt), and ignored
+Gradients reach A through the stored factors' own graph exactly as before.
+
+Layers that share L and R (``projection-sharing=shape``: every q_proj of a decoder, say)
+have their factors formed together, one product each for the group (``set_group_pass_factors``):
+
+    [A_1; ...; A_n] L^T  ((n r) x d_out, row block i = (L A_i^T)^T)
+    [A_1; ...; A_n] R    ((n r) x d_in,  row block i = A_i R)
+
+the same products as n separate ones (each output row is its own row of A times L^T or
+R; the float rounding of a large product may differ from the small ones' in the last bit),
+at a fraction of the kernel launches and autograd nodes, which at small shapes on a GPU
+are what a step's time is made of. The stored pair is dropped when the backward pass has
+computed its gradient (a hook on the group's LAt product), and ignored
 (the layer forms its factors as it always did) in eval mode, without grad (evaluation,
 generation), and once A has changed or moved since (an optimiser step or a loaded A bump
 A's version). A forward with grad whose backward never runs leaves the pair until the
@@ -99,17 +110,19 @@ class _PassFactors:
     token: object = field(default_factory=object)
 
 
-def _drop_when_used(layer_ref: weakref.ref, token: object):
-    """A gradient hook for a stored LAt: once the backward pass has LAt's whole gradient,
-    every use of the pair in this pass (the forward and checkpointing's recomputation) is
-    behind it, so the layer drops the pair (unless a later pass has replaced it)."""
+def _drop_when_used(layer_refs: list[weakref.ref], token: object):
+    """A gradient hook for a group's stored LAt product: once the backward pass has its
+    whole gradient, every use of the pairs in this pass (the forwards and checkpointing's
+    recomputations) is behind it, so the layers drop their pairs (unless a later pass has
+    replaced them)."""
 
     def hook(_grad: torch.Tensor) -> None:
-        layer = layer_ref()
-        if layer is not None:
-            stored = layer._pass_factors
-            if stored is not None and stored.token is token:
-                layer.__dict__["_pass_factors"] = None  # a plain attribute (see below)
+        for layer_ref in layer_refs:
+            layer = layer_ref()
+            if layer is not None:
+                stored = layer._pass_factors
+                if stored is not None and stored.token is token:
+                    layer.__dict__["_pass_factors"] = None  # a plain attribute (see below)
 
     return hook
 
@@ -179,6 +192,8 @@ class FLoRGLinear(nn.Module):
             self.register_buffer("signs", torch.as_tensor(signs, dtype=dtype, device=device))
         else:
             self.signs = None
+        # D as Python numbers, for grouping layers without reading the buffer each step
+        self.signs_key = None if signs is None else tuple(float(x) for x in signs)
         # Option: W0 <- W0 - s L A1^T D A1 R (float64), so the output is unchanged before
         # training (D = I without signs).
         self.subtract_init = bool(subtract_init)
@@ -220,24 +235,21 @@ class FLoRGLinear(nn.Module):
     def lora_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(L A^T D, A R): the d_out x r and r x d_in factors with Delta W = s * (L A^T D)(A R)
         (D = I without ``signs``)."""
-        left = self.L @ self.A.T
+        left = (self.A @ self.L.T).T  # as the pre-hook's group product forms it
         return (left if self.signs is None else left * self.signs), self.A @ self.R
 
     def set_pass_factors(self, dtype: torch.dtype | None = None) -> None:
         """Form (L A^T D, A R) once for this training pass, in the adapter's dtype with
         autocast off, round them to the pass's compute dtype ``dtype`` (by default
         ``compute_dtype`` now) and store them for the forward (and its recomputation under
-        gradient checkpointing) to reuse. A no-op unless A trains and grad is enabled."""
+        gradient checkpointing) to reuse. A no-op unless A trains and grad is enabled.
+        (The model's pre-hook forms them for groups of layers: ``set_group_pass_factors``.)"""
         if not (torch.is_grad_enabled() and self.A.requires_grad):
             return
         if dtype is None:
             dtype = compute_dtype(self.A.device.type, self.A.dtype)
-        left, right = self._factors_in(dtype)
-        stored = _PassFactors(left, right, self.A.data_ptr(), self.A._version)
-        left.register_hook(_drop_when_used(weakref.ref(self), stored.token))
-        # a plain attribute, written past nn.Module.__setattr__'s parameter / buffer / module
-        # checks (a step writes it twice per layer)
-        self.__dict__["_pass_factors"] = stored
+        with _adapter_autocast_off(self.A.device.type):
+            set_group_pass_factors([self], dtype)
 
     @property
     def holds_pass_factors(self) -> bool:
@@ -290,6 +302,30 @@ class FLoRGLinear(nn.Module):
         return base + signed
 
 
+def set_group_pass_factors(layers: list[FLoRGLinear], dtype: torch.dtype) -> None:
+    """Form and store the pass factors of ``layers``, which share one FLoRGProjections, r,
+    signs, dtype and device, with one product for all their L A^T D and one for all their
+    A R (module docstring), in the adapter's dtype (autocast must be off here), rounded to
+    ``dtype``. Each layer's pair are views of the group's two products."""
+    first = layers[0]
+    r = first.r
+    stacked = torch.cat([layer.A for layer in layers]) if len(layers) > 1 else first.A
+    left_t = stacked @ first.L.T  # row block i: (L A_i^T)^T
+    if first.signs is not None:  # (L A^T D)^T = D A L^T: rows scaled by +-1, exact
+        left_t = left_t * first.signs.repeat(len(layers))[:, None]
+    left_t = left_t.to(dtype)
+    right = (stacked @ first.R).to(dtype)
+    token = object()
+    for layer, left_block, right_block in zip(layers, left_t.split(r), right.split(r), strict=True):
+        stored = _PassFactors(
+            left_block.T, right_block, layer.A.data_ptr(), layer.A._version, token
+        )
+        # a plain attribute, written past nn.Module.__setattr__'s parameter / buffer /
+        # module checks (a step writes it twice per layer)
+        layer.__dict__["_pass_factors"] = stored
+    left_t.register_hook(_drop_when_used([weakref.ref(layer) for layer in layers], token))
+
+
 def _florg_layers_of(model: nn.Module) -> list[FLoRGLinear]:
     """The model's FLoRGLinear layers, found by one walk of its modules and kept on the
     model (a plain attribute: copies and pickles of the model map it to their own layers).
@@ -306,18 +342,17 @@ def _florg_layers_of(model: nn.Module) -> list[FLoRGLinear]:
 def form_pass_factors(model: nn.Module, _args: object) -> None:
     """Forward pre-hook of a model carrying FLoRG layers (``inject_florg`` registers it):
     in a training forward with grad enabled, every FLoRGLinear's factors are formed once,
-    here, outside the (checkpointed) blocks, in one autocast-off region (each layer
-    entering its own cost more than its factor products at small shapes); see the module
-    docstring."""
+    here, outside the (checkpointed) blocks, for groups of layers that share L and R, with
+    autocast off once per group (module docstring)."""
     if not (model.training and torch.is_grad_enabled()):
         return
-    layers = [layer for layer in _florg_layers_of(model) if layer.training]
-    if not layers:
-        return
-    device_type = layers[0].A.device.type
-    # the pass's compute dtype of each adapter dtype, read before autocast is turned off
-    dtypes = {layer.A.dtype: compute_dtype(device_type, layer.A.dtype) for layer in layers}
-    with _adapter_autocast_off(device_type):
-        for layer in layers:
-            same_device = layer.A.device.type == device_type
-            layer.set_pass_factors(dtypes[layer.A.dtype] if same_device else None)
+    groups: dict[tuple, list[FLoRGLinear]] = {}
+    for layer in _florg_layers_of(model):
+        if layer.training and layer.A.requires_grad:
+            key = (id(layer.projections), layer.r, layer.signs_key, layer.A.dtype, layer.A.device)
+            groups.setdefault(key, []).append(layer)
+    for layers in groups.values():
+        device_type = layers[0].A.device.type
+        dtype = compute_dtype(device_type, layers[0].A.dtype)  # before autocast is off
+        with _adapter_autocast_off(device_type):
+            set_group_pass_factors(layers, dtype)
