@@ -7,7 +7,8 @@
 #            (installs the small wheels, checks the imports, then the two benchmarks that
 #            need nothing else: the FLoRG server step at the RoBERTa-large and 7B shapes on
 #            CUDA with a torch.profiler breakdown of the 7B one, and the decoder benchmark's
-#            Llama-3.2-1B-shaped bf16 arm)
+#            Llama-3.2-1B-shaped bf16 arm and its SmolLM2-shaped arms, random weights, which
+#            need no asset)
 #   call k:  bash scripts/device_checks.sh stash ck       # carry .device-carry/ck
 #   last:    bash scripts/device_checks.sh last cN        # carry .device-carry/cN
 #            (joins the parts, installs Ray, builds SmolLM2-135M with `florg assets fetch`,
@@ -75,9 +76,9 @@ server_profile() {  # where the 7B-shape step's time goes (torch.profiler, devic
         | grep -v '^USDT' | tee "$OUT/server_profile.txt"
 }
 
-decoder() {  # $1: arms
-    "$PY" -m benchmarks.core.decoder_benchmark --device cuda --threads 8 --arms "$1" --steps 20 \
-        2>&1 | tee "$OUT/decoder-${1%%,*}.log"
+decoder() {  # $1: arms (on an H100 one pair's ratio spreads widely: 60 pairs, ~80 s an arm)
+    "$PY" -m benchmarks.core.decoder_benchmark --device cuda --threads 8 --arms "$1" \
+        --steps "${DECODER_STEPS:-60}" 2>&1 | tee "$OUT/decoder-${1%%,*}.log"
 }
 
 assets() {
@@ -111,7 +112,8 @@ sft() {  # the sft-cpu preset through the Flower simulation, bf16 on CUDA
 case "${1:-}" in
     stash) stash "$2" ;;
     first)
-        stash c1 >/dev/null && setup && server_step && server_profile && decoder llama1b-bf16 ;;
+        stash c1 >/dev/null && setup && server_step && server_profile \
+            && decoder llama1b-bf16,smollm2shape-bf16,smollm2shape-fp32 ;;
     last)
         stash "$2" >/dev/null
         assets 2>&1 | tee "$OUT/assets.log"
