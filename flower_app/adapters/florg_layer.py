@@ -19,7 +19,7 @@ which read L and R from memory each time.
 The factors once per pass: a model carrying FLoRG layers (``inject_florg``) has a forward
 pre-hook, ``form_pass_factors``, that in a training forward with grad enabled forms every
 layer's (LAt, AR) once, before the model's blocks run, and stores them on the layer
-(``FLoRGLinear.set_pass_factors``); the layer's forward uses them, and so does the
+(``set_group_pass_factors``, below); the layer's forward uses them, and so does the
 recomputed forward of gradient checkpointing in the backward pass, which otherwise would
 form them a second time (with checkpointing each block's forward runs twice per step).
 Gradients reach A through the stored factors' own graph exactly as before.
@@ -90,7 +90,7 @@ def compute_dtype(device_type: str, adapter: torch.dtype) -> torch.dtype:
 
 
 def _adapter_autocast_off(device_type: str) -> contextlib.AbstractContextManager:
-    """Autocast disabled where it is on: the adapter path runs in the adapter's dtype."""
+    """Autocast disabled where it is on: the factor products run in the adapter's dtype."""
     if torch.is_autocast_enabled(device_type):
         return torch.autocast(device_type=device_type, enabled=False)
     return contextlib.nullcontext()
