@@ -238,19 +238,6 @@ class FLoRGLinear(nn.Module):
         left = (self.A @ self.L.T).T  # as the pre-hook's group product forms it
         return (left if self.signs is None else left * self.signs), self.A @ self.R
 
-    def set_pass_factors(self, dtype: torch.dtype | None = None) -> None:
-        """Form (L A^T D, A R) once for this training pass, in the adapter's dtype with
-        autocast off, round them to the pass's compute dtype ``dtype`` (by default
-        ``compute_dtype`` now) and store them for the forward (and its recomputation under
-        gradient checkpointing) to reuse. A no-op unless A trains and grad is enabled.
-        (The model's pre-hook forms them for groups of layers: ``set_group_pass_factors``.)"""
-        if not (torch.is_grad_enabled() and self.A.requires_grad):
-            return
-        if dtype is None:
-            dtype = compute_dtype(self.A.device.type, self.A.dtype)
-        with _adapter_autocast_off(self.A.device.type):
-            set_group_pass_factors([self], dtype)
-
     @property
     def holds_pass_factors(self) -> bool:
         """Whether a training pass's factors are stored (until its backward has used them)."""
