@@ -9,7 +9,11 @@
 # The `integration` marker (pyproject.toml, checked by tests/conftest.py) marks the tests
 # that start real Flower SuperLinks/SuperNodes, Ray, a Docker engine or flwr processes.
 # Without -m both sets run, each in its own pytest process, even when the first fails; the
-# exit status is non-zero when either fails. A set that an argument such as -k empties
+# exit status is non-zero when either fails. A plain `bash scripts/test.sh` (no arguments)
+# runs the deployment tests (DEPLOYMENT_TESTS below: SuperLink/SuperNode processes on
+# loopback, a Docker engine) in a third pytest process beside the other two: they spend most
+# of their time waiting on Flower's heartbeats and 3-second polls, so on CI's two cores they
+# overlap the simulations well (docs/testing.md). FLORG_TEST_JOBS=1: one set after another. A set that an argument such as -k empties
 # (pytest's exit status 5) is not a failure, but the run as a whole must collect tests, and
 # a plain `bash scripts/test.sh` (CI) fails when either set is empty.
 set -euo pipefail
@@ -38,21 +42,57 @@ if [ "$own_marker" = 1 ]; then
   exec python -m pytest -q ${args[@]+"${args[@]}"}
 fi
 
-# Runs one set and reports its exit status.
+DEPLOYMENT_TESTS=(
+  tests/test_deploy_faults.py tests/test_deploy_loopback.py tests/test_deploy_netns.py
+  tests/test_deploy_node_loss.py tests/test_docker_engine.py
+)
+
+# Runs one set (a marker expression, then pytest arguments) and reports its exit status.
 run_set() {
-  local rc=0
+  local rc=0 marker="$1"
+  shift
   # --durations: the slowest tests in the log, to keep CI's time (under 45 min idle) in view.
-  python -m pytest -q --durations=15 -m "$1" ${args[@]+"${args[@]}"} || rc=$?
-  echo "test.sh: pytest -m \"$1\": exit status $rc" >&2
+  python -m pytest -q --durations=15 -m "$marker" "$@" ${args[@]+"${args[@]}"} || rc=$?
+  echo "test.sh: pytest -m \"$marker\" $*: exit status $rc" >&2
   return "$rc"
 }
+
+side=""
+if [ "$fast" = 0 ] && [ "${#args[@]}" = 0 ] && [ "${FLORG_TEST_JOBS:-2}" != 1 ]; then
+  # The deployment tests start now, beside the unit set and then the simulations. Their
+  # log is printed whole once they end (their own --basetemp: two pytest sessions at once).
+  side="$(mktemp -d "${TMPDIR:-/tmp}/florg-test-XXXXXX")"
+  python -m pytest -q --durations=15 -m integration --basetemp "$side/tmp" \
+    "${DEPLOYMENT_TESTS[@]}" >"$side/log" 2>&1 &
+  side_pid=$!
+  # Interrupted: stop that pytest (it stops every server it started, tests/test_orphans.py).
+  trap 'kill -TERM "$side_pid" 2>/dev/null || true' EXIT
+  echo "test.sh: the deployment tests run beside the others (pid $side_pid, log $side/log)" >&2
+fi
 
 unit=0
 run_set "not integration" || unit=$?
 rcs=("$unit")
 if [ "$fast" = 0 ]; then
   integration=0
-  run_set "integration" || integration=$?
+  if [ -n "$side" ]; then
+    ignored=()
+    for file in "${DEPLOYMENT_TESTS[@]}"; do ignored+=(--ignore "$file"); done
+    run_set integration "${ignored[@]}" || integration=$?
+    deployment=0
+    wait "$side_pid" || deployment=$?
+    trap - EXIT
+    echo "test.sh: ---- the deployment tests, run beside the others ----" >&2
+    cat "$side/log"
+    echo "test.sh: pytest -m \"integration\" ${DEPLOYMENT_TESTS[*]}: exit status $deployment" >&2
+    rm -rf "$side"
+    # The integration set's status: a failure of either half, else 5 if one collected nothing.
+    if [ "$integration" = 0 ] || { [ "$integration" = 5 ] && [ "$deployment" != 0 ]; }; then
+      integration="$deployment"
+    fi
+  else
+    run_set integration || integration=$?
+  fi
   rcs+=("$integration")
 fi
 

@@ -2,7 +2,7 @@
 and their refusals, each method's mechanism as its strategy runs it (z = 0 equals the
 mechanism of strategies/dp.py on the clipped inputs; z > 0 differs, with noise that no
 setting reproduces), the accountant in the metrics and the checkpoint. Hand-built Flower
-messages, no simulation (the runs: tests/test_app_e2e.py, tests/test_resume.py)."""
+messages, no simulation (the runs: tests/test_app_e2e.py)."""
 
 from __future__ import annotations
 

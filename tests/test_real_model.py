@@ -26,6 +26,9 @@ def test_minilm_snli_learns_above_chance(tmp_path):
         "max-train-examples": 1600,
         "max-eval-examples": 600,
         "batch-size": 16,
+        # SNLI pairs are short (MiniLM's tokens: median 24, 99th percentile 50, about 0.1 %
+        # over 64): padding to 64 rather than the default 128 halves the compute, not the data.
+        "max-seq-length": 64,
         "learning-rate": 0.001,
         "output-dir": str(tmp_path / "outputs"),
         "run-name": "minilm-snli",

@@ -1,0 +1,37 @@
+"""scripts/test.sh's split of the integration set: the deployment tests run in a pytest
+process of their own beside the others (docs/testing.md). The list must name real modules,
+and a new deployment or Docker module with integration tests must join it (or it would run with the
+simulations and lengthen CI's critical path)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def deployment_tests() -> list[str]:
+    text = (ROOT / "scripts" / "test.sh").read_text()
+    block = re.search(r"^DEPLOYMENT_TESTS=\((.*?)\)", text, re.S | re.M)
+    assert block, "scripts/test.sh has no DEPLOYMENT_TESTS=( ... ) list"
+    return block.group(1).split()
+
+
+def test_the_side_set_names_every_deployment_module_and_only_integration_ones():
+    listed = deployment_tests()
+    assert len(listed) == len(set(listed))
+    for name in listed:
+        path = ROOT / name
+        assert path.is_file(), f"scripts/test.sh lists {name}, which does not exist"
+        text = path.read_text()
+        assert "pytest.mark.integration" in text, f"{name} has no integration test"
+    modules = sorted(ROOT.glob("tests/test_deploy_*.py")) + sorted(
+        ROOT.glob("tests/test_docker*.py")
+    )
+    expected = {
+        p.relative_to(ROOT).as_posix()
+        for p in modules
+        if "pytest.mark.integration" in p.read_text()  # test_deploy_units.py: no servers
+    }
+    assert expected <= set(listed), f"not in scripts/test.sh's list: {expected - set(listed)}"
