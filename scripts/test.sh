@@ -10,10 +10,12 @@
 # that start real Flower SuperLinks/SuperNodes, Ray, a Docker engine or flwr processes.
 # Without -m both sets run, each in its own pytest process, even when the first fails; the
 # exit status is non-zero when either fails. A plain `bash scripts/test.sh` (no arguments)
-# runs the deployment tests (DEPLOYMENT_TESTS below: SuperLink/SuperNode processes on
-# loopback, a Docker engine) in a third pytest process beside the other two: they spend most
-# of their time waiting on Flower's heartbeats and 3-second polls, so on CI's two cores they
-# overlap the simulations well (docs/testing.md). FLORG_TEST_JOBS=1: one set after another. A set that an argument such as -k empties
+# runs the integration set's deployment tests (DEPLOYMENT_TESTS below: SuperLink/SuperNode
+# processes on loopback, a Docker engine) in a pytest process of their own beside its
+# simulations: they spend much of their time waiting on Flower's heartbeats and 3-second
+# polls, so on CI's two cores the two overlap (docs/testing.md). The unit set runs alone
+# first (CPU-bound: beside them it took three times as long). FLORG_TEST_JOBS=1: one set
+# after another. A set that an argument such as -k empties
 # (pytest's exit status 5) is not a failure, but the run as a whole must collect tests, and
 # a plain `bash scripts/test.sh` (CI) fails when either set is empty.
 set -euo pipefail
@@ -57,24 +59,23 @@ run_set() {
   return "$rc"
 }
 
-side=""
-if [ "$fast" = 0 ] && [ "${#args[@]}" = 0 ] && [ "${FLORG_TEST_JOBS:-2}" != 1 ]; then
-  # The deployment tests start now, beside the unit set and then the simulations. Their
-  # log is printed whole once they end (their own --basetemp: two pytest sessions at once).
-  side="$(mktemp -d "${TMPDIR:-/tmp}/florg-test-XXXXXX")"
-  python -m pytest -q --durations=15 -m integration --basetemp "$side/tmp" \
-    "${DEPLOYMENT_TESTS[@]}" >"$side/log" 2>&1 &
-  side_pid=$!
-  # Interrupted: stop that pytest (it stops every server it started, tests/test_orphans.py).
-  trap 'kill -TERM "$side_pid" 2>/dev/null || true' EXIT
-  echo "test.sh: the deployment tests run beside the others (pid $side_pid, log $side/log)" >&2
-fi
-
 unit=0
 run_set "not integration" || unit=$?
 rcs=("$unit")
 if [ "$fast" = 0 ]; then
   integration=0
+  side=""
+  if [ "${#args[@]}" = 0 ] && [ "${FLORG_TEST_JOBS:-2}" != 1 ]; then
+    # The deployment tests, beside the simulations; their log is printed whole once both
+    # end (their own --basetemp: two pytest sessions at once).
+    side="$(mktemp -d "${TMPDIR:-/tmp}/florg-test-XXXXXX")"
+    python -m pytest -q --durations=15 -m integration --basetemp "$side/tmp" \
+      "${DEPLOYMENT_TESTS[@]}" >"$side/log" 2>&1 &
+    side_pid=$!
+    # Interrupted: stop that pytest (it stops every server it started, tests/test_orphans.py).
+    trap 'kill -TERM "$side_pid" 2>/dev/null || true' EXIT
+    echo "test.sh: the deployment tests run beside the others (pid $side_pid, log $side/log)" >&2
+  fi
   if [ -n "$side" ]; then
     ignored=()
     for file in "${DEPLOYMENT_TESTS[@]}"; do ignored+=(--ignore "$file"); done
