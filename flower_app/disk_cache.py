@@ -43,6 +43,7 @@ import ast
 import contextlib
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -203,16 +204,13 @@ def path_identity(path: str | os.PathLike[str] | None) -> Any:
 
 
 def _versions() -> dict[str, str]:
-    import datasets
-    import torch
-    import transformers
-
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-    versions["datasets"] = datasets.__version__
-    with contextlib.suppress(ImportError):
-        import peft
-
-        versions["peft"] = peft.__version__
+    """The installed versions of the libraries a cached entry depends on, read from their
+    package metadata: importing them to read ``__version__`` would load PEFT (seconds of
+    CPU) into every FLoRG process, which never uses it otherwise."""
+    versions = {}
+    for package in ("torch", "transformers", "datasets", "peft"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[package] = importlib.metadata.version(package)
     return versions
 
 

@@ -9,10 +9,10 @@ Not a test module (``__test__`` says so).
   machine); on exit nothing either node started may be left alive.
 * ``two_node_ray_cluster``: a head without CPUs and one joined node (tests/test_ray_cluster.py,
   docs/deploy-ray.md's commands).
-* ``shared_ray_simulation_superlink``: one single-node cluster with this machine's CPUs and a
-  simulation SuperLink whose runs attach to it (``RAY_ADDRESS``, as docs/deploy-ray.md
-  says), so a test module's many simulations do not each start and stop a Ray of their
-  own (seconds a run: Ray's start and stop). Flower's default, a Ray
+* ``shared_ray_simulation_superlink``: one single-node cluster (one CPU by default: one
+  ClientApp actor a run) and a simulation SuperLink whose runs attach to it (``RAY_ADDRESS``,
+  as docs/deploy-ray.md says), so a test module's many simulations do not each start and
+  stop a Ray of their own (seconds a run: Ray's start and stop). Flower's default, a Ray
   started by each run, stays covered by the modules that use ``local_simulation_superlink``
   alone (tests/test_flower_plumbing.py, test_task_kinds.py,
   test_method_registry.py, test_real_model.py, the experiment runner's and the launcher's).
@@ -209,18 +209,27 @@ def two_node_ray_cluster(root: Path, worker_cpus: int = 2) -> Iterator[RayCluste
 
 @contextlib.contextmanager
 def shared_ray_simulation_superlink(
-    tmp_dir: Path, num_supernodes: int, extra_env: Mapping[str, str] | None = None
+    tmp_dir: Path,
+    num_supernodes: int,
+    extra_env: Mapping[str, str] | None = None,
+    actors: int = 1,
 ) -> Iterator[SimulationSuperLink]:
     """``local_simulation_superlink(tmp_dir, num_supernodes, extra_env=...)`` whose runs
-    attach to one private single-node Ray cluster with this machine's CPUs (what each run's
-    own Ray would have); ``extra_env`` reaches the ClientApp actors through the cluster's
-    nodes, as it reaches them through the SuperLink when each run starts its own Ray. The
-    SuperLink stops first, then the cluster, each checked for survivors."""
+    attach to one private single-node Ray cluster; ``extra_env`` reaches the ClientApp
+    actors through the cluster's nodes, as it reaches them through the SuperLink when each
+    run starts its own Ray. The SuperLink stops first, then the cluster, each checked for
+    survivors.
+
+    The cluster has ``actors`` CPUs, one per client: each run gets that many ClientApp
+    actors, which serve its sampled nodes in turn (as Flower's actors do whenever a
+    federation has more nodes than actors). One by default, not one per CPU as a run's own
+    Ray would have: each actor's start imports torch, transformers and datasets, seconds of
+    CPU that on CI's two cores cost more than the tiny models' parallel training saves."""
     root = Path(tempfile.mkdtemp(prefix="rays-", dir="/tmp"))
     try:
         with contextlib.ExitStack() as stack:
             cluster = stack.enter_context(
-                private_ray_cluster(root, head_cpus=os.cpu_count() or 1, extra_env=extra_env)
+                private_ray_cluster(root, head_cpus=actors, extra_env=extra_env)
             )
             yield stack.enter_context(
                 local_simulation_superlink(

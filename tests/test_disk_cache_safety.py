@@ -7,7 +7,10 @@ code in every ClientApp. Entries are now safetensors + JSON (models) and Arrow +
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -246,3 +249,32 @@ def test_a_persistent_race_or_another_system_error_is_raised(monkeypatch):
     with pytest.raises(SystemError, match="some other"):
         disk_cache._imports("flower_app.runtime", path)
     assert calls[0] == 1
+
+
+def test_a_florg_process_keys_its_cache_without_importing_peft(tiny, tmp_path):
+    """The cache key names the library versions (``_versions``) from package metadata: a
+    FLoRG ClientApp or ServerApp never uses PEFT, and importing it only to read its version
+    cost each such process seconds of CPU. FedIT's standard LoRA does load it."""
+    model, task = tiny
+    probe = (
+        "import sys\n"
+        "from flower_app.config import resolve_config\n"
+        "from flower_app.runtime import cached_adapted_model\n"
+        "from flower_app.task_data import load_task_data, tokenized_split\n"
+        "def build(method):\n"
+        f"    settings = {{'model': {str(model)!r}, 'task': 'local', 'data-path': {str(task)!r},\n"
+        "                'text-fields': 'sentence', 'rank': 2, 'method': method}\n"
+        "    config = resolve_config({}, settings)\n"
+        "    tokenized_split(config, 'train')\n"
+        "    cached_adapted_model.__wrapped__(config, load_task_data(config).num_labels)\n"
+        "    return 'peft' in sys.modules\n"
+        "print(build('florg'), build('florg'), build('fedit'))\n"
+    )
+    env = {**os.environ, disk_cache.DIR_ENV_VAR: str(tmp_path / "cache")}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    # a miss, then a hit, without PEFT; FedIT's model is PEFT's LoRA
+    assert out.stdout.split()[-3:] == ["False", "False", "True"], out.stdout + out.stderr
+    assert len(list((tmp_path / "cache" / "models").iterdir())) == 2
