@@ -15,6 +15,7 @@ final adapter equals the uninterrupted run's -- the end-to-end run of the same m
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -82,14 +83,18 @@ def run(superlink, assets, name: str, **settings):
     return outcome, run_dir
 
 
-_clean_runs: dict[str, tuple[RunOutcome, Path]] = {}
+@pytest.fixture(scope="module")
+def clean_run(superlink, assets) -> Callable[[str], tuple[RunOutcome, Path]]:
+    """``clean_run(method)``: the module's end-to-end run of ``method``, made once (the
+    resumption tests compare with it)."""
+    made: dict[str, tuple[RunOutcome, Path]] = {}
 
+    def get(method: str) -> tuple[RunOutcome, Path]:
+        if method not in made:
+            made[method] = run(superlink, assets, f"e2e-{method}", method=method)
+        return made[method]
 
-def clean_run(superlink, assets, method: str) -> tuple[RunOutcome, Path]:
-    """The end-to-end run of ``method`` (run once: the resumption tests compare with it)."""
-    if method not in _clean_runs:
-        _clean_runs[method] = run(superlink, assets, f"e2e-{method}", method=method)
-    return _clean_runs[method]
+    return get
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -107,8 +112,8 @@ def expected_params(method: str, model_dir: Path, n: int) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_every_method_runs_end_to_end(superlink, assets, method):
-    outcome, run_dir = clean_run(superlink, assets, method)
+def test_every_method_runs_end_to_end(assets, clean_run, method):
+    outcome, run_dir = clean_run(method)
     assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
     history = rows(run_dir)
     assert [r["round"] for r in history] == [0, 1, 2]
@@ -346,8 +351,10 @@ def test_launcher_refuses_bad_config_before_launching(tmp_path, capsys):
 # FLoRG's end-to-end resumption runs in tests/test_deploy_faults.py (ServerApp killed,
 # SuperLink restarted; final adapter equal to the clean run's), so it is not repeated here.
 @pytest.mark.parametrize("method", ["fedsa-lora", "fedex-lora"])
-def test_a_server_that_dies_after_round_1_resumes_to_the_clean_result(superlink, assets, method):
-    clean, clean_dir = clean_run(superlink, assets, method)
+def test_a_server_that_dies_after_round_1_resumes_to_the_clean_result(
+    superlink, assets, clean_run, method
+):
+    clean, clean_dir = clean_run(method)
     assert clean.ok, f"{clean.message}\n{clean.log_text[-3000:]}"
     crashed, crash_dir = run(
         superlink, assets, f"crash-{method}", method=method, **{"fault-server-round": 1}
