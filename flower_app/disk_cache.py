@@ -203,10 +203,11 @@ def path_identity(path: str | os.PathLike[str] | None) -> Any:
     ]
 
 
+@functools.cache
 def _versions() -> dict[str, str]:
-    """The installed versions of the libraries a cached entry depends on, read from their
-    package metadata: importing them to read ``__version__`` would load PEFT (seconds of
-    CPU) into every FLoRG process, which never uses it otherwise."""
+    """The installed versions of the libraries a cached entry depends on, read once per
+    process from their package metadata: importing them to read ``__version__`` would load
+    PEFT (seconds of CPU) into every FLoRG process, which never uses it otherwise."""
     versions = {}
     for package in ("torch", "transformers", "datasets", "peft"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
