@@ -43,7 +43,6 @@ import ast
 import contextlib
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
@@ -54,6 +53,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flower_app.config import settings_for
+from flower_app.environment import package_versions
 
 __all__ = [
     "DISABLE_ENV_VAR",
@@ -208,11 +208,7 @@ def _versions() -> dict[str, str]:
     """The installed versions of the libraries a cached entry depends on, read once per
     process from their package metadata: importing them to read ``__version__`` would load
     PEFT (seconds of CPU) into every FLoRG process, which never uses it otherwise."""
-    versions = {}
-    for package in ("torch", "transformers", "datasets", "peft"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            versions[package] = importlib.metadata.version(package)
-    return versions
+    return package_versions(("torch", "transformers", "datasets", "peft"))
 
 
 def _settings(config: Any, groups: tuple[str, ...]) -> dict[str, Any]:

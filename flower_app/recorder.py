@@ -18,6 +18,7 @@ from typing import Any
 from flwr.common.logger import log as flwr_log
 
 from flower_app.config import RunConfig
+from flower_app.environment import describe_environment
 from flower_app.methods import get_method
 from flower_app.paths import run_folder
 from flower_app.task_kinds import TaskKind, get_kind
@@ -237,6 +238,7 @@ class RunRecorder:
             "total-params": self.totals["up-params"] + self.totals["down-params"],
             "wall-seconds": time.perf_counter() - self.t0,
             "status": "finished",
+            "environment": describe_environment(),
             **extra,
         }
         (self.run_dir / "summary.json").write_text(

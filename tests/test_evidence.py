@@ -20,6 +20,7 @@ from florg_tools.experiments.tuning import (
 from flower_app.config import resolve_config
 from flower_app.data.loading import load_task_splits, load_task_test
 from flower_app.data.tasks import resolve_task
+from flower_app.environment import environment_label
 
 GRID = """
 name: ev
@@ -168,7 +169,14 @@ def _finished_grid(tmp_path: Path):
 
 def test_evidence_report_pairs_seeds_and_writes_the_schema(tmp_path):
     grid, out = _finished_grid(tmp_path)
+    machine = {"cpu": "CPU A", "cpu-flags": ["avx2"], "cpu-count": 2, "torch": "2.13.0"}
+    for run in grid.runs:  # FLoRG's runs recorded their machine, FedIT's predate it
+        if run.overrides["method"] == "florg" and run_dir(out, run).is_dir():
+            path = run_dir(out, run) / "summary.json"
+            path.write_text(json.dumps(json.loads(path.read_text()) | {"environment": machine}))
     report = write_evidence(grid, out).read_text()
+    machines = f"{environment_label(machine)} (3 runs); not recorded (3 runs, from commits"
+    assert f"Machines the runs recorded: {machines}" in report
     summary = json.loads((out / "evidence" / "summary.json").read_text())
     task = summary["tasks"]["movie-sentiment"]
     assert task["test_examples"] == 40

@@ -19,9 +19,10 @@ from florg_tools.experiments.aggregate import (
     markdown_report,
 )
 from florg_tools.experiments.grid import GridError, GridRun, load_grid
-from florg_tools.experiments.runner import run_grid
+from florg_tools.experiments.runner import APP_DIR, checkout_commit, run_grid
 from florg_tools.experiments.runs import is_finished, run_dir
 from florg_tools.synthetic import make_sentiment_task
+from flower_app.environment import describe_environment, environment_label
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -221,6 +222,12 @@ def test_grid_runs_resumes_and_reports(tiny_grid, capfd):
         assert is_finished(run_dir(out, run), run)
     state = json.loads((out / "grid.json").read_text())
     assert {v["status"] for v in state.values()} == {"finished"}
+    # provenance: the commit the app was at, the machine each run ran on
+    assert {v["commit"] for v in state.values()} == {checkout_commit(APP_DIR)} != {None}
+    here = environment_label(describe_environment())
+    for run in grid.runs:
+        recorded = json.loads((run_dir(out, run) / "summary.json").read_text())["environment"]
+        assert environment_label(recorded) == here
     kept = list((out / "incomplete").iterdir())
     assert len(kept) == 1 and kept[0].name.startswith("method=florg-")
     assert (kept[0] / "metrics.jsonl").read_text().count("\n") == 1
@@ -233,6 +240,7 @@ def test_grid_runs_resumes_and_reports(tiny_grid, capfd):
     report = write_report(grid, out)
     text = report.read_text()
     assert "| method | final accuracy | change from round 0 | seeds |" in text and "fedit" in text
+    assert f"Machines the runs recorded: {here} (2 runs)." in text
     with (out / "results.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert {row["method"] for row in rows} == {"florg", "fedit"}

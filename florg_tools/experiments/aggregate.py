@@ -10,7 +10,7 @@ import csv
 import json
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +19,9 @@ from typing import Any
 from florg_tools.experiments.communication import format_params, load_metrics, params_to_target
 from florg_tools.experiments.grid import MAIN_BLOCK, Grid, GridRun
 from florg_tools.experiments.runs import is_finished, run_dir
+from flower_app.environment import describe_environment, environment_label
 
-__all__ = ["RunResult", "collect", "markdown_report", "write_csv"]
+__all__ = ["RunResult", "collect", "markdown_report", "run_machines", "write_csv"]
 
 
 @dataclass(frozen=True)
@@ -206,19 +207,19 @@ def communication_lines(results: list[RunResult], grid: Grid) -> list[str]:
     return lines
 
 
-def machine_description() -> str:
-    import os
-    import platform
+def run_machines(environments: Iterable[dict[str, Any] | None]) -> str:
+    """The machines runs recorded (each ``summary.json``'s ``environment``), with how many
+    runs each; runs from commits that did not record one are counted apart. Runs repeat
+    exactly on one machine type, not necessarily across CPUs (flower_app/environment.py)."""
+    counts: Counter[str] = Counter(environment_label(e) if e else "" for e in environments)
 
-    import flwr
-    import torch
+    def runs(n: int) -> str:
+        return f"{n} run" + ("s" if n != 1 else "")
 
-    cpu = platform.processor() or platform.machine()
-    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
-    return (
-        f"{os.cpu_count()} CPU cores ({cpu}){gpu}, Python {platform.python_version()}, "
-        f"torch {torch.__version__}, flwr {flwr.__version__}"
-    )
+    parts = [f"{label} ({runs(n)})" for label, n in counts.most_common() if label]
+    if counts[""]:
+        parts.append(f"not recorded ({runs(counts[''])}, from commits before it was)")
+    return "; ".join(parts) or "no runs"
 
 
 def _wall_time(out: Path) -> str:
@@ -244,12 +245,16 @@ def markdown_report(
     grid: Grid, results: list[RunResult], missing: list[str], plots: list[Path], out: Path
 ) -> str:
     metric = grid.metric
+    machines = run_machines(r.summary.get("environment") for r in results)
     lines = [f"# Grid `{grid.name}`", ""]
     if grid.description:
         lines += [grid.description, ""]
     lines += [
         f"Produced by `python -m florg_tools.experiments run {grid.path.stem}` (grid file "
-        f"`conf/grids/{grid.path.name}`); machine: {machine_description()}.",
+        f"`conf/grids/{grid.path.name}`).",
+        "",
+        f"Machines the runs recorded: {machines}. Report written on "
+        f"{environment_label(describe_environment())}.",
         "",
         f"Wall time: {_wall_time(out)}.",
         "",

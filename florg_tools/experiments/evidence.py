@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from florg_tools.experiments.aggregate import run_machines
 from florg_tools.experiments.communication import load_metrics
 from florg_tools.experiments.grid import MAIN_BLOCK, Grid
 from florg_tools.experiments.runs import is_finished, run_dir
@@ -91,6 +92,9 @@ class MethodRuns:
     # clients of different rank (issue 30): per metrics key (``up-params-per-client``,
     # ``up-params-r<r>``, their ``down-`` twins), seed -> mean over the rounds that have it
     rank_communication: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
+    # per seed, in order: the machine its run recorded (summary.json's environment; None
+    # from commits before runs recorded one)
+    environments: list[dict[str, Any] | None] = dataclasses.field(default_factory=list)
 
 
 def _tuning_document(out: Path) -> dict[str, Any]:
@@ -126,6 +130,7 @@ def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str],
         entry.seeds.append(seed)
         entry.test_final.append(float(summary["final-test-score"]))
         entry.test_last3.append(float(summary["test-last3"]))
+        entry.environments.append(summary.get("environment"))
         rows = load_metrics(folder / "metrics.jsonl")
         test_key = summary.get("test-score-key", "test-score")  # FedSA: personalised models
         entry.curves[seed] = [
@@ -622,6 +627,8 @@ def write_evidence(
     lines += [f"![{p.stem}](plots/{p.name})" for p in plots]
     done = sum(len(r.seeds) for m in methods.values() for r in m.values())
     lines += ["", f"Runs with test scores: {done}; scores are fractions in [0, 1]."]
+    machines = run_machines(e for m in methods.values() for r in m.values() for e in r.environments)
+    lines += ["", f"Machines the runs recorded: {machines}."]
     path = out / "evidence.md"
     path.write_text("\n".join(lines) + "\n")
     return path

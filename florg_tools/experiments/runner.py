@@ -9,13 +9,16 @@ A run counts as finished when its ``summary.json`` says ``"status": "finished"``
 resumes (and a grid file edited since reruns exactly the runs whose settings changed).
 The folder of a run that failed or was interrupted is moved, not deleted, to
 ``<out>/incomplete/<run id>-<time>/`` before the run starts again. Each run's log is
-in ``<out>/logs/<run id>.log``; ``<out>/grid.json`` records every run's last outcome.
+in ``<out>/logs/<run id>.log``; ``<out>/grid.json`` records every run's last outcome and the
+commit the app was at (``checkout_commit``); each run's ``summary.json`` records its machine
+(``environment``, flower_app/environment.py).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +37,7 @@ from florg_tools.flwr_cli import run_flower_app
 from florg_tools.flwr_home import CONFIG_FILE_NAME, simulation_connection
 from florg_tools.superlink import local_superlink
 
-__all__ = ["GridOutcome", "run_grid"]
+__all__ = ["GridOutcome", "checkout_commit", "run_grid"]
 
 APP_DIR = Path(__file__).resolve().parents[2]
 CONNECTION = "grid-simulation"
@@ -78,7 +81,29 @@ def _write_connection(flwr_home: Path, address: str, grid: Grid) -> None:
     (flwr_home / CONFIG_FILE_NAME).write_text(tomli_w.dumps(document), encoding="utf-8")
 
 
-def _record(out: Path, run: GridRun, status: str, seconds: float, message: str) -> None:
+def checkout_commit(app_dir: Path) -> str | None:
+    """The git commit the app's checkout is at, with ``+modified`` when tracked files differ
+    from it (a grid file copied into a fixed worktree does); None outside a git checkout."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(app_dir), *args], capture_output=True, text=True, timeout=60
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    changes = git("status", "--porcelain", "--untracked-files=no")
+    return commit + ("+modified" if changes else "")
+
+
+def _record(
+    out: Path, run: GridRun, status: str, seconds: float, message: str, commit: str | None
+) -> None:
     path = out / "grid.json"
     try:
         state: dict[str, Any] = json.loads(path.read_text())
@@ -90,6 +115,7 @@ def _record(out: Path, run: GridRun, status: str, seconds: float, message: str) 
         "message": message,
         "blocks": list(run.blocks),
         "overrides": run.overrides,
+        "commit": commit,
         "at": datetime.now().isoformat(timespec="seconds"),
     }
     path.write_text(json.dumps(state, indent=2) + "\n")
@@ -144,6 +170,8 @@ def run_grid(
     outcome = GridOutcome([], [r.run_id for r in skipped], {})
     if not pending:
         return outcome
+    commit = checkout_commit(app_dir)
+    say(f"app at commit {commit or 'unknown (not a git checkout)'}")
     started = time.monotonic()
     done_here = 0
     with tempfile.TemporaryDirectory(prefix="florg-grid-home-") as tmp:
@@ -186,6 +214,7 @@ def run_grid(
                     "finished" if done else "failed",
                     seconds,
                     "" if done else outcome.failed[run.run_id],
+                    commit,
                 )
                 grid = _with_choices(grid, out)
                 pending, finished_before = _pending(grid, out, only, tried)
