@@ -239,6 +239,18 @@ def test_a_seeded_centralised_reference_and_the_learning_bars(tmp_path):
     assert cells[3:] == ["mean ≥ 0.15", "yes" if mean >= 0.15 else "no"]
     fedit_mean = 0.6966667 - chance
     assert f"| mean ≥ 0.15 | {'yes' if fedit_mean >= 0.15 else 'no'} |" in learning
+    # a reference whose chosen rate is an end of the rates it tried says so
+    entry = json.loads(seeded.read_text())
+    entry["tasks"]["movie-sentiment"]["methods"]["fedit"]["tuning"] = {
+        "0.0005": 0.7, "0.001": 0.8, "0.002": 0.9
+    }  # fmt: skip
+    seeded.write_text(json.dumps(entry))
+    report = write_evidence(grid, out, centralised_files=[seeded]).read_text()
+    assert "lr 0.002 chosen on validation (the largest of 0.0005, 0.001, 0.002 tried)" in report
+    entry["tasks"]["movie-sentiment"]["methods"]["fedit"]["learning-rate"] = 0.001
+    seeded.write_text(json.dumps(entry))
+    report = write_evidence(grid, out, centralised_files=[seeded]).read_text()
+    assert "lr 0.001 chosen on validation, 3 seeds" in report
 
 
 def test_test_split_is_disjoint_from_training_and_validation():

@@ -262,8 +262,14 @@ def _centralised_label(entry: dict[str, Any]) -> str | None:
     if not entry.get("seeds"):
         return None
     method = entry.get("reference-method", "?")
-    lr = entry.get("methods", {}).get(method, {}).get("learning-rate")
+    info = entry.get("methods", {}).get(method, {})
+    lr = info.get("learning-rate")
     rate = "" if lr is None else f", lr {lr:g} chosen on validation"
+    tried = sorted(float(v) for v in info.get("tuning", {}))
+    if lr is not None and len(tried) > 1 and lr in (tried[0], tried[-1]):
+        # the reference's rates are not extended (unlike the grids'): say so where it shows
+        end = "largest" if lr == tried[-1] else "smallest"
+        rate += f" (the {end} of {', '.join(f'{v:g}' for v in tried)} tried)"
     return f"{method}'s adapter{rate}, {len(entry['seeds'])} seeds"
 
 
