@@ -15,6 +15,14 @@
 #            the decoder benchmark's SmolLM2 arms, then the sft-cpu preset through the Flower
 #            simulation in bf16 on CUDA: florg launch --preset sft-cpu --set precision=bf16)
 #
+#   or, one call, nothing to install (the decoder benchmark and the server step need only the
+#   image's torch, transformers and peft):
+#            mkdir -p .device-carry/before && git archive REV | tar -x -C .device-carry/before \
+#                && echo REV > .device-carry/before/REVISION      # the code to compare against
+#            bash scripts/device_checks.sh side-by-side .device-carry/before ARMS
+#            # carry .device-carry/before: the server step at this tree's code, then the
+#            # decoder benchmark's ARMS at REV and at this tree's code on the same machine
+#
 # The parts wait in $DEVICE_STASH (/tmp/florg-device) between calls, which holds while the
 # machine stays warm. Every step's output goes to $OUT (what the tool sends back).
 set -uo pipefail
@@ -77,8 +85,21 @@ server_profile() {  # where the 7B-shape step's time goes (torch.profiler, devic
 }
 
 decoder() {  # $1: arms (on an H100 one pair's ratio spreads widely: 60 pairs, ~80 s an arm)
-    "$PY" -m benchmarks.core.decoder_benchmark --device cuda --threads 8 --arms "$1" \
-        --steps "${DECODER_STEPS:-60}" 2>&1 | tee "$OUT/decoder-${1%%,*}.log"
+    "$PY" -m benchmarks.core.decoder_benchmark --device "${DECODER_DEVICE:-cuda}" --threads 8 --arms "$1" \
+        --steps "${DECODER_STEPS:-60}" 2>&1 | tee "$OUT/decoder-${2:-${1%%,*}}.log"
+}
+
+side_by_side() {  # $1: a checkout of the code to compare against, $2: arms; one machine
+    local before=$1 arms=$2
+    [ -f "$before/benchmarks/core/decoder_benchmark.py" ] || { echo "no checkout at $before"; exit 1; }
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+    echo "before: $(cat "$before/REVISION" 2>/dev/null || echo '?') (from $before); after: this tree" \
+        | tee -a "$OUT/gpu.txt"
+    server_step
+    (cd "$before" && export PYTHONPATH=$PWD \
+        && "$PY" -c 'import flower_app; print("before: code from", flower_app.__file__)' \
+        && decoder "$arms" before)
+    decoder "$arms" after
 }
 
 assets() {
@@ -122,7 +143,8 @@ case "${1:-}" in
         decoder smollm2-fp32,smollm2-bf16 ;;
     setup | server_step | server_profile | assets) "$1" ;;
     decoder) decoder "$2" ;;
+    side-by-side) side_by_side "$2" "$3" ;;
     sft) shift; sft "$@" ;;
-    *) echo "usage: $0 first | stash cK | last cN | setup | server_step | server_profile | decoder ARMS | assets | sft [--set k=v ...]" >&2
+    *) echo "usage: $0 first | stash cK | last cN | setup | server_step | server_profile | decoder ARMS | side-by-side DIR ARMS | assets | sft [--set k=v ...]" >&2
        exit 2 ;;
 esac
