@@ -390,11 +390,16 @@ def machine_lines(s: Settings) -> list[str]:
     import peft
     import transformers
 
+    from flower_app.environment import describe_environment, environment_label
+
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     device = torch.cuda.get_device_name(0) if s.device.startswith("cuda") else "CPU"
     return [
         f"- device {device}; CPU {platform.processor() or platform.machine()}, os.cpu_count() "
         f"= {os.cpu_count()}, load average (1/5/15 min) at start {load}",
+        # the CPU's model and the vector-instruction flags that decide PyTorch's CPU kernels
+        # (bf16 products fall back to a reference kernel without avx512_bf16 or AMX)
+        f"- machine: {environment_label(describe_environment())}",
         f"- python {platform.python_version()}, torch {torch.__version__}, transformers "
         f"{transformers.__version__}, peft {peft.__version__}; {s.threads} torch thread(s)",
     ]
