@@ -5,8 +5,8 @@
 #   bash scripts/evidence_sft.sh [ROOT]               # prepare ROOT/sft (default ../florg-evidence), run
 #   PREPARE_ONLY=1 bash scripts/evidence_sft.sh ROOT  # prepare only
 #
-# The worktree ROOT/sft is checked out at SFT_COMMIT (below: fixed once the first sft-cpu run
-# is published) with its own .venv; the grid file is data, copied from this checkout. Runs
+# The worktree ROOT/sft is checked out at SFT_COMMIT (below: fixed since the grid's first
+# run; the centralised reference ran at 2afb3fb) with its own .venv; the grid file is data, copied from this checkout. Runs
 # already published under docs/results/sft-cpu/ are copied in first, so the runner skips
 # them. In order:
 #   1. the centralised reference (sft-cpu.yaml's header: LoRA, the budget's 128 steps, its
@@ -19,7 +19,7 @@
 #       --centralised ROOT/sft/results/sft-cpu/centralised-reference.json --publish docs/results/sft-cpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SFT_COMMIT=2afb3fb
+SFT_COMMIT=2e0dfe2
 ROOT="${1:-../florg-evidence}"
 PUBLISHED=docs/results/sft-cpu
 dir="$ROOT/sft"
