@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# The protocol-v2 evidence grids (issue 27) at one fixed commit, resumable across sittings.
+# The protocol-v2 evidence grids (issue 27), each task's at one fixed commit, resumable
+# across sittings.
 #
-#   bash scripts/evidence_v2.sh [ROOT]                # prepare ROOT/v2 (default ../florg-evidence), run
+#   bash scripts/evidence_v2.sh [ROOT]                # prepare ROOT/v2, ROOT/v2-snli (default ../florg-evidence), run
 #   PREPARE_ONLY=1 bash scripts/evidence_v2.sh ROOT   # prepare only
 #   TASKS="movie-sentiment snli" bash scripts/evidence_v2.sh ROOT   # which tasks (default: both)
 #
-# The worktree ROOT/v2 is checked out at V2_COMMIT (below: the code every v2 run ran at,
-# fixed once the first v2 run was published) with its own .venv; the grid files are data,
-# copied from this checkout. Runs already published under docs/results/evidence-v2/
-# are copied into the worktree's results/ first, so the runner skips them (runs are
-# deterministic). Per task, in this order (each step resumes):
+# Each task's grids run in a worktree of their own, checked out at the commit every one of
+# their runs ran at, with its own .venv (the grid files are data, copied from this checkout):
+#   movie-sentiment: ROOT/v2 at V2_COMMIT (finished there);
+#   snli: ROOT/v2-snli at V2_SNLI_COMMIT, fixed before its first run. It is later than
+#     V2_COMMIT so that its runs record their machine and the grid its commit (the 2-core
+#     machine changed CPU between sessions); FLoRG's training differs from V2_COMMIT's only
+#     by float32 rounding (factors formed per group of layers, 42f1937), the baselines' not.
+#     A verdict pairs methods within one task, so within one commit.
+# Runs already published under docs/results/evidence-v2/ are copied into the worktree's
+# results/ first, so the runner skips them (runs are deterministic). Per task, in this
+# order (each step resumes):
 #   1. FLoRG and FedIT of the main grid (the verdict's first rows);
 #   2. the FLoRG variants (plain FLoRG's runs are copied in from step 1, not rerun);
 #   3. the rest of the main grid, one method at a time (florg-signed, FeDeRA, FedEx-LoRA,
@@ -18,16 +25,17 @@
 #   florg experiments evidence evidence-v2 --out ROOT/v2/results/evidence-v2 \
 #       --with evidence-v2-variants=ROOT/v2/results/evidence-v2-variants \
 #       --publish docs/results/evidence-v2
+# and SNLI's grids (evidence-v2-snli, evidence-v2-snli-variants) likewise from ROOT/v2-snli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V2_COMMIT=34820fb
+V2_SNLI_COMMIT=2e0dfe2
 ROOT="${1:-../florg-evidence}"
 TASKS="${TASKS:-movie-sentiment snli}"
 PUBLISHED=docs/results/evidence-v2
-dir="$ROOT/v2"
 mkdir -p "$ROOT"
+ROOT=$(cd "$ROOT" && pwd)
 . scripts/fixed_worktree.sh
-fixed_worktree "$dir" "$V2_COMMIT"
 
 grids_of() {  # task -> its main grid and variants grid
   case "$1" in
@@ -37,7 +45,16 @@ grids_of() {  # task -> its main grid and variants grid
   esac
 }
 
+worktree_of() {  # task -> its worktree and commit
+  case "$1" in
+    movie-sentiment) echo "$ROOT/v2 $V2_COMMIT" ;;
+    snli) echo "$ROOT/v2-snli $V2_SNLI_COMMIT" ;;
+  esac
+}
+
 for task in $TASKS; do
+  read -r dir commit <<<"$(worktree_of "$task")"
+  fixed_worktree "$dir" "$commit"
   for grid in $(grids_of "$task"); do
     cp "conf/grids/$grid.yaml" "$dir/conf/grids/"
     out="$dir/results/$grid"
@@ -47,10 +64,12 @@ for task in $TASKS; do
 done
 [ -z "${PREPARE_ONLY:-}" ] || exit 0
 
-enter_worktree "$dir"
-python -m florg_tools.assets fetch
+home=$PWD
 for task in $TASKS; do
+  read -r dir _ <<<"$(worktree_of "$task")"
   read -r main variants <<<"$(grids_of "$task")"
+  enter_worktree "$dir"
+  python -m florg_tools.assets fetch
   python -m florg_tools.experiments run "$main" --no-report --only method=florg, method=fedit,
   # plain FLoRG's finished runs have the variants grid's ids and settings: reuse them
   for run in results/"$main"/runs/*method=florg,*; do
@@ -63,4 +82,6 @@ for task in $TASKS; do
     python -m florg_tools.experiments run "$main" --no-report --only "method=$method,"
   done
   python -m florg_tools.experiments run "$main" --no-report
+  deactivate
+  cd "$home"
 done
