@@ -483,3 +483,19 @@ def test_a_report_label_with_a_pipe_is_refused(tmp_path):
     path.write_text(GRID + "report: {label: 'a | b'}\n")
     with pytest.raises(GridError, match="report.label"):
         load_grid(path)
+
+
+def test_a_generative_task_has_no_chance_level_and_its_report_says_so():
+    from florg_tools.experiments.evidence import MethodRuns, _chance, _learning_lines, _task_lines
+
+    assert _chance("squad-gen", 200) is None  # answers, not classes: nothing to guess
+    runs = MethodRuns(
+        lr=0.001, seeds=[0], test_final=[0.53], test_last3=[0.52], curves={0: [(0, 0.1)]},
+        params_per_round=None,
+    )  # fmt: skip
+    info = {"chance": None, "centralised": None, "test_examples": 200}
+    report = "\n".join(_task_lines("squad-gen", info, {"florg": runs}))
+    assert "Chance: none (not a classification task)" in report
+    assert "| florg | 0.001 | 1 | 0.5300 (n = 1) | 0.5200 (n = 1) | – |" in report
+    learning = _learning_lines({"tasks": {"squad-gen": info}}, {"squad-gen": {"florg": runs}})
+    assert "| squad-gen | – | no chance level (not a classification task) | – | – |" in learning

@@ -4,9 +4,10 @@ From the finished runs under ``<out>`` (and, optionally, an ablation grid's runs
 centralised reference) it writes:
 
 - ``evidence/summary.json``: per task the chance level (the test split's majority-class
-  share), the centralised reference's test score, the test-set size and, per method, the
-  chosen learning rate, the seeds and, in the same seed order, the final-round test score
-  and the mean test score of the last three rounds;
+  share; null for a task that is not classification), the centralised reference's test
+  score, the test-set size and, per method, the chosen learning rate, the seeds and, in the
+  same seed order, the final-round test score and the mean test score of the last three
+  rounds;
 - ``evidence.md``: the tuning table, per task a table of every method's test score (mean
   and 95% t interval over seeds) with the paired difference FLoRG − method (95% t interval
   over the shared seeds, win count), the mean test score over seeds at every tested round,
@@ -174,12 +175,16 @@ def collect_methods(
     return by_task
 
 
-def _chance(task: str, max_test: int) -> float:
-    """The majority-class share of the task's test subset: what always guessing it scores."""
+def _chance(task: str, max_test: int) -> float | None:
+    """The majority-class share of the task's test subset: what always guessing it scores.
+    None for a task that is not classification (extractive QA, causal-LM generation): it
+    has no class to guess."""
     from flower_app.data.loading import load_task_test
     from flower_app.data.tasks import resolve_task
 
     spec = resolve_task(task)
+    if spec.kind != "classification":
+        return None
     labels = load_task_test(spec, max_test or None)[spec.label_field]
     return max(Counter(labels).values()) / len(labels)
 
@@ -231,11 +236,16 @@ def _paired(ref: MethodRuns, other: MethodRuns, field: str):
 
 
 def _task_lines(task: str, info: dict[str, Any], by_method: dict[str, MethodRuns]) -> list[str]:
+    chance = info["chance"]
+    chance_text = (
+        "Chance: none (not a classification task)"
+        if chance is None
+        else f"Chance (majority class of the {info['test_examples']} test examples): {chance:.4f}"
+    )
     lines = [
         f"### {task}",
         "",
-        f"Chance (majority class of the {info['test_examples']} test examples): "
-        f"{info['chance']:.4f}; centralised reference: {_centralised_text(info)}",
+        f"{chance_text}; centralised reference: {_centralised_text(info)}",
         "",
         "| method | lr | seeds | test, final round | test, mean of last 3 | above chance, final "
         f"(mean) | {REFERENCE} − method, final [95% CI] | wins of {REFERENCE} |",
@@ -249,10 +259,14 @@ def _task_lines(task: str, info: dict[str, Any], by_method: dict[str, MethodRuns
             if paired is not None:
                 diff = str(paired.difference)
                 wins = f"{paired.wins}/{len(common)}"
-        above = sum(runs.test_final) / len(runs.test_final) - info["chance"]
+        above = (
+            "–"
+            if chance is None
+            else f"{sum(runs.test_final) / len(runs.test_final) - chance:+.4f}"
+        )
         lines.append(
             f"| {label} | {runs.lr:g} | {len(runs.seeds)} | {mean_interval(runs.test_final)} | "
-            f"{mean_interval(runs.test_last3)} | {above:+.4f} | {diff} | {wins} |"
+            f"{mean_interval(runs.test_last3)} | {above} | {diff} | {wins} |"
         )
     return lines + [""] + _curve_lines(by_method)
 
@@ -297,6 +311,9 @@ def _learning_lines(
     for task, by_method in methods.items():
         info = summary["tasks"][task]
         chance = info["chance"]
+        if chance is None:  # no class to guess: these bars do not apply
+            lines.append(f"| {task} | – | no chance level (not a classification task) | – | – |")
+            continue
         if info["centralised"] is not None:
             low, high = info.get("centralised_interval") or (None, None)
             shifted = "" if low is None else f" [{low - chance:+.4f}, {high - chance:+.4f}]"
