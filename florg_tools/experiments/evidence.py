@@ -181,9 +181,10 @@ def _chance(task: str, max_test: int) -> float | None:
     has no class to guess."""
     from flower_app.data.loading import load_task_test
     from flower_app.data.tasks import resolve_task
+    from flower_app.task_kinds import get_kind
 
     spec = resolve_task(task)
-    if spec.kind != "classification":
+    if not get_kind(spec.kind).has_classes:
         return None
     labels = load_task_test(spec, max_test or None)[spec.label_field]
     return max(Counter(labels).values()) / len(labels)

@@ -74,6 +74,9 @@ class TaskKind(ABC):
     # The adapters' targets when ``target-modules`` is left at its default (None: that
     # default, BERT-style ``query,value``; a decoder kind names ``q_proj,v_proj``).
     default_target_modules: ClassVar[str | None] = None
+    # Whether the task's label column holds classes, so that always guessing the majority
+    # class is a chance level (the evidence report's); answers and responses are not.
+    has_classes: ClassVar[bool] = False
 
     # ----------------------------------------------------------------- data
     def check_spec(self, spec: TaskSpec) -> None:

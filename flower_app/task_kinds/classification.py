@@ -44,6 +44,7 @@ def load_classifier(
 class Classification(TaskKind):
     name = "classification"
     score_metric = "accuracy"
+    has_classes = True
     metric_names = ("accuracy",)
 
     def load_splits(
