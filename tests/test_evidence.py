@@ -3,6 +3,7 @@ rounds and the evidence report (summary.json schema, paired intervals, verdicts)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -54,6 +55,7 @@ def _fake_run(out: Path, run, val: list[float], test: list[float]) -> None:
     summary = {
         "status": "finished",
         "final-test-score": test[-1],
+        "final-test-loss": round(1.0 - test[-1], 6),  # a loss that falls as the score rises
         "test-last3": sum(test[-3:]) / 3,
         "rounds": 4,
         "total-params": 80 if run.overrides["method"] == "florg" else 160,
@@ -187,6 +189,7 @@ def test_evidence_report_pairs_seeds_and_writes_the_schema(tmp_path):
         "seeds": [0, 1, 2],
         "test_final": [0.8, 0.81, 0.78],
         "test_last3": pytest.approx([0.8, 0.81, 0.78]),
+        "test_loss_final": [0.2, 0.19, 0.22],
     }
     assert task["methods"]["fedit"]["seeds"] == [0, 1, 2]
     above = sum(florg["test_final"]) / 3 - task["chance"]
@@ -201,6 +204,10 @@ def test_evidence_report_pairs_seeds_and_writes_the_schema(tmp_path):
     assert "| method | round 0 | round 1 | round 2 | round 3 | round 4 |" in report
     assert "| florg | 0.500 | 0.797 | 0.797 | 0.797 | 0.797 |" in report
     assert "| fedit | 0.500 | 0.697 | 0.697 | 0.697 | 0.697 |" in report
+    # the held-out loss beside the score: FLoRG's is 0.1 lower than FedIT's on every seed
+    loss = report.split("## Held-out loss (lower is better)")[1].split("## Verdicts")[0]
+    assert "| florg | 3 | 0.2033 [0.1654, 0.2413] | – | – |" in loss
+    assert "| fedit | 3 | 0.3033 [0.2654, 0.3413] | -0.1000 [-0.1000, -0.1000] | 3/3 |" in loss
     assert (out / "plots" / "evidence_forest.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -486,14 +493,26 @@ def test_a_report_label_with_a_pipe_is_refused(tmp_path):
 
 
 def test_a_generative_task_has_no_chance_level_and_its_report_says_so():
-    from florg_tools.experiments.evidence import MethodRuns, _chance, _learning_lines, _task_lines
+    from florg_tools.experiments.evidence import (
+        MethodRuns,
+        _chance,
+        _learning_lines,
+        _loss_lines,
+        _task_lines,
+    )
 
     assert _chance("squad-gen", 200) is None  # answers, not classes: nothing to guess
     runs = MethodRuns(
         lr=0.001, seeds=[0], test_final=[0.53], test_last3=[0.52], curves={0: [(0, 0.1)]},
-        params_per_round=None,
+        params_per_round=None, test_loss=[0.89],
     )  # fmt: skip
     info = {"chance": None, "centralised": None, "test_examples": 200}
+    # its response loss is reported beside gen-F1; a method without one is left out
+    unscored = dataclasses.replace(runs, test_loss=[None])
+    loss = _loss_lines("squad-gen", {"florg": runs, "fedit": unscored})
+    assert "| florg | 1 | 0.8900 (n = 1) | – | – |" in loss
+    assert not any(line.startswith("| fedit") for line in loss)
+    assert _loss_lines("squad-gen", {"fedit": unscored}) == []
     report = "\n".join(_task_lines("squad-gen", info, {"florg": runs}))
     assert "Chance: none (not a classification task)" in report
     assert "| florg | 0.001 | 1 | 0.5300 (n = 1) | 0.5200 (n = 1) | – |" in report

@@ -7,11 +7,12 @@ centralised reference) it writes:
   share; null for a task that is not classification), the centralised reference's test
   score, the test-set size and, per method, the chosen learning rate, the seeds and, in the
   same seed order, the final-round test score and the mean test score of the last three
-  rounds;
+  rounds, and the final round's test loss (``test_loss_final``, null where not recorded);
 - ``evidence.md``: the tuning table, per task a table of every method's test score (mean
   and 95% t interval over seeds) with the paired difference FLoRG − method (95% t interval
   over the shared seeds, win count), the mean test score over seeds at every tested round,
-  and a verdict table, one row per claim of the paper;
+  the final round's held-out test loss likewise (for causal-LM the response loss), and a
+  verdict table, one row per claim of the paper;
 - in ``evidence.md`` also FLoRG's server step per variant (the main grid's FLoRG and the
   ablations: no Procrustes, ``rank-mismatch=truncate``): each run's Gram error and drift
   averaged over its rounds, then mean and 95% interval over seeds, and the paired
@@ -50,6 +51,11 @@ REFERENCE = "florg"
 # ||A_new - A_prev||_F; each the mean over the adapted layers.
 SERVER_DIAGNOSTICS = {"gram_rel_error": "Gram error", "drift": "drift"}
 CENTRALISED_FILE = "centralised.json"
+LOSS_CAPTION = (
+    "The final round's test loss (summary.json's `final-test-loss`): the label's "
+    "cross-entropy for classification; for causal-LM the response loss, the mean "
+    "cross-entropy of the response tokens with the prompt masked."
+)
 # FLoRG settings whose non-default values make a variant (its own row and label)
 VARIANT_KEYS = ("rank-mismatch", "projection-sharing", "subtract-init", "projection-init")
 # Protocol v2: these FLoRG variants are reported under ``variants`` and each gets the
@@ -96,6 +102,10 @@ class MethodRuns:
     # per seed, in order: the machine its run recorded (summary.json's environment; None
     # from commits before runs recorded one)
     environments: list[dict[str, Any] | None] = dataclasses.field(default_factory=list)
+    # per seed, in order: the final round's held-out test loss (summary.json's
+    # final-test-loss: the label's cross-entropy, or for causal-LM the response tokens');
+    # None where the run scored none
+    test_loss: list[float | None] = dataclasses.field(default_factory=list)
 
 
 def _tuning_document(out: Path) -> dict[str, Any]:
@@ -132,6 +142,8 @@ def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str],
         entry.test_final.append(float(summary["final-test-score"]))
         entry.test_last3.append(float(summary["test-last3"]))
         entry.environments.append(summary.get("environment"))
+        loss = summary.get("final-test-loss")
+        entry.test_loss.append(None if loss is None else float(loss))
         rows = load_metrics(folder / "metrics.jsonl")
         test_key = summary.get("test-score-key", "test-score")  # FedSA: personalised models
         entry.curves[seed] = [
@@ -221,6 +233,7 @@ def _method_entry(runs: MethodRuns, v2: bool) -> dict[str, Any]:
         "seeds": runs.seeds,
         "test_final": runs.test_final,
         "test_last3": runs.test_last3,
+        "test_loss_final": runs.test_loss,
     }
     if v2:
         entry |= {"head_lr": runs.head_lr, "lr_path": runs.lr_path, "chosen_lr": runs.chosen_lr}
@@ -270,6 +283,40 @@ def _task_lines(task: str, info: dict[str, Any], by_method: dict[str, MethodRuns
             f"{mean_interval(runs.test_last3)} | {above} | {diff} | {wins} |"
         )
     return lines + [""] + _curve_lines(by_method)
+
+
+def _losses(runs: MethodRuns) -> dict[int, float]:
+    """Seed -> the final round's held-out test loss, for the seeds that recorded one."""
+    return {s: v for s, v in zip(runs.seeds, runs.test_loss, strict=True) if v is not None}
+
+
+def _loss_lines(task: str, by_method: dict[str, MethodRuns]) -> list[str]:
+    """The final round's held-out test loss per method (lower is better) and the paired
+    difference FLoRG − method: the score's companion, and for causal-LM the response loss
+    that issue 28 reports beside gen-F1. Empty when no run of the task recorded one."""
+    losses = {label: _losses(runs) for label, runs in by_method.items()}
+    losses = {label: by_seed for label, by_seed in losses.items() if by_seed}
+    if not losses:
+        return []
+    lines = [
+        f"### {task}",
+        "",
+        f"| method | seeds | test loss, final round | {REFERENCE} − method, final [95% CI] | "
+        f"seeds where {REFERENCE}'s loss is lower |",
+        "|---|---|---|---|---|",
+    ]
+    ref = losses.get(REFERENCE, {})
+    for label, by_seed in losses.items():
+        diff, lower = "–", "–"
+        common = [s for s in ref if s in by_seed]
+        if label != REFERENCE and len(common) >= 2:
+            paired = paired_difference([ref[s] for s in common], [by_seed[s] for s in common])
+            diff, lower = str(paired.difference), f"{paired.losses}/{len(common)}"
+        lines.append(
+            f"| {label} | {len(by_seed)} | {mean_interval(list(by_seed.values()))} | {diff} | "
+            f"{lower} |"
+        )
+    return lines + [""]
 
 
 def _centralised_label(entry: dict[str, Any]) -> str | None:
@@ -639,6 +686,9 @@ def write_evidence(
     lines += ["## Test scores", ""]
     for task, by_method in methods.items():
         lines += _task_lines(task, summary["tasks"][task], by_method)
+    loss_lines = [line for task, by in methods.items() for line in _loss_lines(task, by)]
+    if loss_lines:
+        lines += ["## Held-out loss (lower is better)", "", LOSS_CAPTION, ""] + loss_lines
     lines += ["## Verdicts", ""] + _verdict_rows(methods) + [""]
     rank_lines = [ln for task, by in methods.items() for ln in _rank_communication_lines(task, by)]
     if rank_lines:
