@@ -2,13 +2,15 @@
 # The causal-LM evidence on this CPU (issue 28: conf/grids/sft-cpu.yaml, FLoRG against FedIT
 # on SmolLM2-135M, squad-gen) at one fixed commit, resumable across sittings.
 #
-#   bash scripts/evidence_sft.sh [ROOT]               # prepare ROOT/sft (default ../florg-evidence), run
+#   bash scripts/evidence_sft.sh [ROOT]               # prepare ROOT/sft, then run
 #   PREPARE_ONLY=1 bash scripts/evidence_sft.sh ROOT  # prepare only
+# (ROOT defaults to ../florg-evidence.) The grid finished on 2026-11-28: rerunning it
+# copies the published runs in and finds nothing left to run.
 #
 # The worktree ROOT/sft is checked out at SFT_COMMIT (below: fixed since the grid's first
-# run; the centralised reference ran at 2afb3fb) with its own .venv; the grid file is data, copied from this checkout. Runs
-# already published under docs/results/sft-cpu/ are copied in first, so the runner skips
-# them. In order:
+# run; the centralised reference ran at 2afb3fb) with its own .venv; the grid file is
+# data, copied from this checkout. Runs already published under docs/results/sft-cpu/ are
+# copied in first, so the runner skips them. In order:
 #   1. the centralised reference (sft-cpu.yaml's header: LoRA, the budget's 128 steps, its
 #      rate tuned on validation at seed 0, then seeds 1-2), unless its JSON exists: the
 #      budget is one at which LoRA learns when the reference's test gen-F1 clears the
@@ -16,7 +18,8 @@
 #   2. the grid, one method at a time (its tuning, then its seeds): florg, fedit.
 # Publish what has finished from this checkout with:
 #   florg experiments evidence sft-cpu --out ROOT/sft/results/sft-cpu \
-#       --centralised ROOT/sft/results/sft-cpu/centralised-reference.json --publish docs/results/sft-cpu
+#       --centralised ROOT/sft/results/sft-cpu/centralised-reference.json \
+#       --publish docs/results/sft-cpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SFT_COMMIT=2e0dfe2
