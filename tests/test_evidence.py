@@ -211,6 +211,48 @@ def test_evidence_report_pairs_seeds_and_writes_the_schema(tmp_path):
     assert (out / "plots" / "evidence_forest.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_one_report_over_two_tasks_grids_names_both_settings_and_tunes_each_apart(tmp_path):
+    """Protocol v2's report joins movie sentiment's grid and SNLI's (run in worktrees of
+    their own): the header names the joined grid's setting, and each task's methods carry
+    the rate chosen by their own grid's tuning."""
+    grid, out = _finished_grid(tmp_path)
+    snli_path = tmp_path / "ev-snli.yaml"
+    snli_path.write_text(
+        GRID.replace("name: ev", "name: ev-snli")
+        .replace("task: [movie-sentiment]", "task: [snli]")
+        .replace("tuning:", "description: the SNLI grid's own setting\ntuning:")
+    )
+    snli_out = tmp_path / "snli-worktree"
+    snli = load_grid(snli_path)
+    for run in snli.runs:  # on SNLI both methods choose 0.002
+        good = run.overrides["learning-rate"] == 0.002
+        _fake_run(snli_out, run, [0.4] + [0.6 if good else 0.5] * 4, [0.34] + [0.6] * 4)
+    snli = load_grid(snli_path, choose_tuned(snli, snli_out)["choices"])
+    for run in snli.runs:
+        if run.overrides["seed"] > 0:
+            _fake_run(snli_out, run, [0.4] + [0.6] * 4, [0.34] + [0.6] * 4)
+    report = write_evidence(grid, out, [(snli, snli_out)]).read_text()
+    header = report.split("## Tuning")[0]
+    assert "With `ev-snli` (snli): the SNLI grid's own setting" in header
+    assert "## Tuning of `ev-snli` (validation score, seed 0)" in report
+    tasks = json.loads((out / "evidence" / "summary.json").read_text())["tasks"]
+    assert set(tasks) == {"movie-sentiment", "snli"}
+    assert tasks["movie-sentiment"]["methods"]["florg"]["lr"] == 0.001
+    assert tasks["snli"]["methods"]["florg"]["lr"] == 0.002
+    assert tasks["snli"]["methods"]["fedit"]["test_final"] == [0.6, 0.6, 0.6]
+    assert "| FLoRG beats fedit | snli | test final, 3 seeds |" in report
+    # through the CLI, repeated --with flags add up (publish_evidence_v2.sh passes three)
+    from florg_tools.experiments.__main__ import _parser
+
+    args = _parser().parse_args(
+        ["evidence", "ev", "--with", f"{snli_path}={snli_out}", "--with", "b", "c"]
+    )
+    assert args.others == [f"{snli_path}={snli_out}", "b", "c"]
+    # a joined grid of a task already in the report (a variants grid) adds no header line
+    report = write_evidence(grid, out, [(snli, snli_out), (snli, snli_out)]).read_text()
+    assert report.split("## Tuning")[0].count("With `") == 1
+
+
 def test_a_seeded_centralised_reference_and_the_learning_bars(tmp_path):
     grid, out = _finished_grid(tmp_path)
     (out / "centralised.json").write_text(

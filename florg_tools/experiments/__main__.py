@@ -132,11 +132,13 @@ def _parser() -> argparse.ArgumentParser:
             cmd.add_argument(
                 "--with",
                 dest="others",
-                nargs="*",
+                nargs="+",
+                action="extend",  # repeated --with flags add up: none is dropped
                 default=[],
                 metavar="GRID[=DIR]",
                 help="more grids whose runs join the report (other tasks, ablations, a "
-                "method run at another commit), read from DIR (default: results/<name>)",
+                "method run at another commit), read from DIR (default: results/<name>); "
+                "repeat the flag or list several after one",
             )
             cmd.add_argument(
                 "--centralised",

@@ -656,6 +656,23 @@ def _plots(methods: dict[str, dict[str, MethodRuns]], folder: Path) -> list[Path
     return [curve_path, forest_path]
 
 
+def _tasks_of(grid: Grid) -> set[str]:
+    return {str(run.setting("task")) for run in grid.runs}
+
+
+def _other_task_descriptions(grid: Grid, ablations: list[tuple[Grid, Path]]) -> list[str]:
+    """The description of each joined grid that brings a task the main grid has not (one
+    report over several tasks' grids, e.g. protocol v2's movie sentiment and SNLI), so that
+    the report's header names every task's setting."""
+    seen, lines = _tasks_of(grid), []
+    for other, _ in ablations:
+        new = _tasks_of(other) - seen
+        if new and other.description:
+            lines += [f"With `{other.name}` ({', '.join(sorted(new))}): {other.description}", ""]
+        seen |= new
+    return lines
+
+
 def write_evidence(
     grid: Grid,
     out: Path,
@@ -678,6 +695,7 @@ def write_evidence(
     (out / "evidence").mkdir(parents=True, exist_ok=True)
     (out / "evidence" / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = [f"# Evidence: {grid.name}", "", grid.description, ""]
+    lines += _other_task_descriptions(grid, ablations)
     for source_grid, source_out in sources:
         tuning_path = source_out / "tuning.json"
         if source_grid.tuning is not None and tuning_path.is_file():

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Publish protocol v2's evidence (issue 27), both tasks in one report, to
+# docs/results/evidence-v2/ (README.md, summary.json with a `tasks` entry per task, the
+# tuning files, the plots, every finished run's config, metrics and summary).
+#
+#   bash scripts/publish_evidence_v2.sh [ROOT]   # ROOT as for scripts/evidence_v2.sh
+#
+# Each of the four grids (evidence-v2 and evidence-v2-variants: movie sentiment, run in
+# ROOT/v2; evidence-v2-snli and evidence-v2-snli-variants: SNLI, run in ROOT/v2-snli)
+# comes from its worktree's results folder when that exists, else from its published copy
+# here (runs/<grid>/ and <grid>-tuning.json, staged under a temporary folder in the layout
+# the runner writes): a grid that has finished and been published needs no worktree.
+# Nothing runs; the report is written by `florg experiments evidence` from this checkout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="${1:-../florg-evidence}"
+PUBLISHED=docs/results/evidence-v2
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+
+source_of() {  # grid worktree -> the folder its runs and tuning.json are read from
+  local grid=$1 worktree=$2
+  if [ -d "$ROOT/$worktree/results/$grid/runs" ]; then
+    echo "$ROOT/$worktree/results/$grid"
+  elif [ -d "$PUBLISHED/runs/$grid" ]; then
+    mkdir -p "$stage/$grid/runs"
+    cp -r "$PUBLISHED/runs/$grid/." "$stage/$grid/runs/"
+    [ ! -f "$PUBLISHED/$grid-tuning.json" ] \
+      || cp "$PUBLISHED/$grid-tuning.json" "$stage/$grid/tuning.json"
+    echo "$stage/$grid"
+  fi
+}
+
+main=$(source_of evidence-v2 v2)
+[ -n "$main" ] || { echo "publish_evidence_v2: no runs of evidence-v2 found" >&2; exit 2; }
+args=(evidence evidence-v2 --out "$main")
+for pair in evidence-v2-variants:v2 evidence-v2-snli:v2-snli evidence-v2-snli-variants:v2-snli; do
+  grid=${pair%%:*}
+  folder=$(source_of "$grid" "${pair#*:}")
+  if [ -n "$folder" ]; then
+    echo "publish_evidence_v2: $grid from $folder"
+    args+=(--with "$grid=$folder")
+  fi
+done
+echo "publish_evidence_v2: evidence-v2 from $main"
+python -m florg_tools.experiments "${args[@]}" --publish "$PUBLISHED"
