@@ -21,11 +21,8 @@
 #   2. the FLoRG variants (plain FLoRG's runs are copied in from step 1, not rerun);
 #   3. the rest of the main grid, one method at a time (florg-signed, FeDeRA, FedEx-LoRA,
 #      FFA-LoRA, FedSA-LoRA: each one's tuning, then its seeds).
-# Publish what has finished from this checkout with (see docs/results.md):
-#   florg experiments evidence evidence-v2 --out ROOT/v2/results/evidence-v2 \
-#       --with evidence-v2-variants=ROOT/v2/results/evidence-v2-variants \
-#       --publish docs/results/evidence-v2
-# and SNLI's grids (evidence-v2-snli, evidence-v2-snli-variants) likewise from ROOT/v2-snli.
+# Publish what has finished, both tasks in one report, from this checkout with
+#   bash scripts/publish_evidence_v2.sh ROOT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V2_COMMIT=34820fb
