@@ -7,7 +7,8 @@
 #   TASKS="movie-sentiment snli" bash scripts/evidence_v2.sh ROOT   # which tasks (default: both)
 #
 # Each task's grids run in a worktree of their own, checked out at the commit every one of
-# their runs ran at, with its own .venv (the grid files are data, copied from this checkout):
+# their runs ran at (scripts/evidence_v2_layout.sh), with its own .venv (the grid files
+# are data, copied from this checkout):
 #   movie-sentiment: ROOT/v2 at V2_COMMIT (finished there);
 #   snli: ROOT/v2-snli at V2_SNLI_COMMIT, fixed before its first run. It is later than
 #     V2_COMMIT so that its runs record their machine and the grid its commit (the 2-core
@@ -25,29 +26,13 @@
 #   bash scripts/publish_evidence_v2.sh ROOT
 set -euo pipefail
 cd "$(dirname "$0")/.."
-V2_COMMIT=34820fb
-V2_SNLI_COMMIT=2e0dfe2
 ROOT="${1:-../florg-evidence}"
-TASKS="${TASKS:-movie-sentiment snli}"
-PUBLISHED=docs/results/evidence-v2
 mkdir -p "$ROOT"
 ROOT=$(cd "$ROOT" && pwd)
+. scripts/evidence_v2_layout.sh  # V2_COMMIT, V2_SNLI_COMMIT, grids_of, worktree_of
+TASKS="${TASKS:-$V2_TASKS}"
+PUBLISHED=$V2_PUBLISHED
 . scripts/fixed_worktree.sh
-
-grids_of() {  # task -> its main grid and variants grid
-  case "$1" in
-    movie-sentiment) echo "evidence-v2 evidence-v2-variants" ;;
-    snli) echo "evidence-v2-snli evidence-v2-snli-variants" ;;
-    *) echo "evidence_v2: unknown task $1" >&2; exit 2 ;;
-  esac
-}
-
-worktree_of() {  # task -> its worktree and commit
-  case "$1" in
-    movie-sentiment) echo "$ROOT/v2 $V2_COMMIT" ;;
-    snli) echo "$ROOT/v2-snli $V2_SNLI_COMMIT" ;;
-  esac
-}
 
 for task in $TASKS; do
   read -r dir commit <<<"$(worktree_of "$task")"

@@ -14,14 +14,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${1:-../florg-evidence}"
-PUBLISHED=docs/results/evidence-v2
+. scripts/evidence_v2_layout.sh  # V2_TASKS, V2_PUBLISHED, grids_of, worktree_of
+PUBLISHED=$V2_PUBLISHED
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 
 source_of() {  # grid worktree -> the folder its runs and tuning.json are read from
   local grid=$1 worktree=$2
-  if [ -d "$ROOT/$worktree/results/$grid/runs" ]; then
-    echo "$ROOT/$worktree/results/$grid"
+  if [ -d "$worktree/results/$grid/runs" ]; then
+    echo "$worktree/results/$grid"
   elif [ -d "$PUBLISHED/runs/$grid" ]; then
     mkdir -p "$stage/$grid/runs"
     cp -r "$PUBLISHED/runs/$grid/." "$stage/$grid/runs/"
@@ -31,16 +32,20 @@ source_of() {  # grid worktree -> the folder its runs and tuning.json are read f
   fi
 }
 
-main=$(source_of evidence-v2 v2)
-[ -n "$main" ] || { echo "publish_evidence_v2: no runs of evidence-v2 found" >&2; exit 2; }
-args=(evidence evidence-v2 --out "$main")
-for pair in evidence-v2-variants:v2 evidence-v2-snli:v2-snli evidence-v2-snli-variants:v2-snli; do
-  grid=${pair%%:*}
-  folder=$(source_of "$grid" "${pair#*:}")
-  if [ -n "$folder" ]; then
+args=()  # the first grid found (movie sentiment's main grid) names the report
+for task in $V2_TASKS; do
+  read -r worktree _ <<<"$(worktree_of "$task")"
+  for grid in $(grids_of "$task"); do
+    folder=$(source_of "$grid" "$worktree")
+    [ -n "$folder" ] || continue
     echo "publish_evidence_v2: $grid from $folder"
-    args+=(--with "$grid=$folder")
-  fi
+    if [ ${#args[@]} -eq 0 ]; then
+      args=(evidence "$grid" --out "$folder")
+    else
+      args+=(--with "$grid=$folder")
+    fi
+  done
 done
-echo "publish_evidence_v2: evidence-v2 from $main"
+[ "${args[1]:-}" = evidence-v2 ] \
+  || { echo "publish_evidence_v2: no runs of evidence-v2 found" >&2; exit 2; }
 python -m florg_tools.experiments "${args[@]}" --publish "$PUBLISHED"
