@@ -640,7 +640,8 @@ def _plots(methods: dict[str, dict[str, MethodRuns]], folder: Path) -> list[Path
             if paired is not None and paired.difference.n > 1:
                 entries.append((f"{task}: vs {label}", paired.difference))
     forest_path = folder / "evidence_forest.png"
-    fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(entries), 2) + 1))
+    # Wide enough for the longest variant label beside the axes; the x label on two lines.
+    fig, ax = plt.subplots(figsize=(9, 0.45 * max(len(entries), 2) + 1.3))
     for y, (_name, interval) in enumerate(reversed(entries)):
         ax.errorbar(
             interval.mean, y,
@@ -649,7 +650,7 @@ def _plots(methods: dict[str, dict[str, MethodRuns]], folder: Path) -> list[Path
         )  # fmt: skip
     ax.axvline(0.0, color="grey", ls="--")
     ax.set_yticks(range(len(entries)), [n for n, _ in reversed(entries)], fontsize=8)
-    ax.set_xlabel(f"{REFERENCE} − method, final-round test score (95% CI over seeds)")
+    ax.set_xlabel(f"{REFERENCE} − method\nfinal-round test score, 95% CI over seeds")
     fig.tight_layout()
     fig.savefig(forest_path, dpi=120)
     plt.close(fig)
