@@ -1,0 +1,172 @@
+"""Bit-for-bit behaviour check for refactors: a 2-round run of every method, compared.
+
+    python -m ci.behaviour_snapshot run OUT [--assets DIR] [--only NAME ...]
+    python -m ci.behaviour_snapshot compare BEFORE AFTER
+
+``run`` runs each case below through the Flower simulation (``florg launch
+--ephemeral-superlink``: a private SuperLink, Ray, 3 SuperNodes) on the tiny random BERT and
+the synthetic sentiment task, and keeps each run's ``metrics.jsonl`` and
+``adapter.safetensors`` in ``OUT/<case>/``. The assets are built once into ``--assets``
+(default ``OUT/assets``) and should be shared between the two snapshots compared, so that
+both read the very same files: build them at one commit, pass the folder to the other.
+
+``compare`` holds every case of AFTER to BEFORE: the metrics rows must be equal once the
+wall-clock keys are dropped, and every array of the adapter equal bit for bit. It prints
+one line per case and exits 1 on any difference.
+
+Run it before a refactor (at the old commit, e.g. in a ``git worktree``) and after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+NUM_NODES = 3
+
+# Every method, plus central DP for one mean-mechanism method and for FLoRG.
+CASES: dict[str, dict[str, object]] = {
+    "florg": {"method": "florg"},
+    "florg-no-procrustes": {"method": "florg-no-procrustes"},
+    "florg-signed": {"method": "florg-signed"},
+    "fedit": {"method": "fedit"},
+    "federa": {"method": "federa"},
+    "ffa-lora": {"method": "ffa-lora"},
+    "fedsa-lora": {"method": "fedsa-lora"},
+    "fedex-lora": {"method": "fedex-lora"},
+    "hetlora": {"method": "hetlora", "client-ranks": "1,2,2"},
+    "flexlora": {"method": "flexlora", "client-ranks": "1,2,2"},
+    "florg-ranks": {"method": "florg", "client-ranks": "1,2,2"},
+    "fedit-dp": {"method": "fedit", "dp": "central", "dp-noise-multiplier": 0.5},
+    "florg-dp": {"method": "florg", "dp": "central", "dp-noise-multiplier": 0.5},
+}
+# Keys of a metrics row that measure time or the machine, not the computation.
+WALL_CLOCK_KEYS = ("time", "seconds", "wall", "duration", "elapsed", "-s", "timestamp")
+
+
+def build_assets(folder: Path) -> tuple[Path, Path]:
+    """The tiny BERT and the sentiment task, made once in ``folder``."""
+    from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
+
+    model, task = folder / "model", folder / "task"
+    if not (model / "config.json").exists():
+        make_tiny_bert(model)
+    if not (task / "train.jsonl").exists():
+        make_sentiment_task(task)
+    return model, task
+
+
+def run_case(name: str, settings: dict[str, object], model: Path, task: Path, out: Path) -> None:
+    config = {
+        "model": str(model),
+        "task": "local",
+        "data-path": str(task),
+        "text-fields": "sentence",
+        "rank": 2,
+        "num-server-rounds": 2,
+        "min-available-nodes": NUM_NODES,
+        "min-train-nodes": NUM_NODES,
+        "batch-size": 16,
+        "learning-rate": 0.005,
+        "max-test-examples": 40,
+        "output-dir": str(out / "runs"),
+        "run-name": name,
+        "tensorboard": "off",
+        **settings,
+    }
+    sets = [arg for key, value in config.items() for arg in ("--set", f"{key}={value}")]
+    env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", FLORG_OUTPUT_ROOT=str(out))
+    cmd = [sys.executable, "-m", "florg_tools.launch", "--app", str(ROOT),
+           "--flwr-home", str(out / "flwr-home"), "--ephemeral-superlink", "--quiet",
+           "--timeout", "900", *sets]  # fmt: skip
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{name}: the run failed ({result.returncode})\n{result.stderr[-3000:]}")
+    run_dir = out / "runs" / name
+    case = out / name
+    case.mkdir(parents=True, exist_ok=True)
+    for file in ("metrics.jsonl", "adapter.safetensors"):
+        (case / file).write_bytes((run_dir / file).read_bytes())
+    print(f"{name}: done", flush=True)
+
+
+def is_wall_clock(key: str) -> bool:
+    return any(part in key for part in WALL_CLOCK_KEYS)
+
+
+def comparable_rows(path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in row.items() if not is_wall_clock(k)} for row in rows]
+
+
+def compare_case(before: Path, after: Path) -> list[str]:
+    from safetensors.numpy import load_file
+
+    problems = []
+    rows_before, rows_after = (comparable_rows(p / "metrics.jsonl") for p in (before, after))
+    if rows_before != rows_after:
+        for i, (a, b) in enumerate(zip(rows_before, rows_after, strict=False)):
+            keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            if keys:
+                problems.append(f"metrics row {i} differs in {keys[:8]}")
+        if len(rows_before) != len(rows_after):
+            problems.append(f"{len(rows_before)} rows before, {len(rows_after)} after")
+    arrays_before = load_file(str(before / "adapter.safetensors"))
+    arrays_after = load_file(str(after / "adapter.safetensors"))
+    if arrays_before.keys() != arrays_after.keys():
+        problems.append("the adapter's array names differ")
+    for key in sorted(arrays_before.keys() & arrays_after.keys()):
+        a, b = arrays_before[key], arrays_after[key]
+        if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
+            diff = np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))
+            problems.append(f"adapter array {key} differs (max |diff| {diff:.3g})")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run")
+    run.add_argument("out", type=Path)
+    run.add_argument("--assets", type=Path, default=None)
+    run.add_argument("--only", nargs="*", default=None)
+    compare = sub.add_parser("compare")
+    compare.add_argument("before", type=Path)
+    compare.add_argument("after", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        out = args.out.resolve()
+        model, task = build_assets((args.assets or out / "assets").resolve())
+        # a Flower home whose simulation connection has NUM_NODES SuperNodes, one CPU each
+        subprocess.run(
+            [sys.executable, "-m", "florg_tools.flwr_home", "setup", "--flwr-home",
+             str(out / "flwr-home"), "--num-supernodes", str(NUM_NODES), "--num-cpus", "1"],
+            cwd=ROOT, check=True, capture_output=True,
+        )  # fmt: skip
+        for name, settings in CASES.items():
+            if args.only is None or name in args.only:
+                run_case(name, settings, model, task, out)
+        return 0
+    failed = 0
+    for name in CASES:
+        before, after = args.before / name, args.after / name
+        if not (before / "metrics.jsonl").exists() or not (after / "metrics.jsonl").exists():
+            print(f"{name}: MISSING in {'before' if not before.exists() else 'after'}")
+            failed += 1
+            continue
+        problems = compare_case(before, after)
+        print(f"{name}: {'identical' if not problems else 'DIFFERS: ' + '; '.join(problems)}")
+        failed += bool(problems)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
