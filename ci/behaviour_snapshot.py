@@ -6,7 +6,8 @@
 ``run`` runs each case below through the Flower simulation (``florg launch
 --ephemeral-superlink``: a private SuperLink, Ray, 3 SuperNodes) on the tiny random BERT and
 the synthetic sentiment task, and keeps each run's ``metrics.jsonl`` and
-``adapter.safetensors`` in ``OUT/<case>/``. The assets are built once into ``--assets``
+``adapter.safetensors`` in ``OUT/<case>/``. Central DP's noise, drawn from OS entropy by the
+app, is seeded in these runs only (``ci/seeded_noise/sitecustomize.py``). The assets are built once into ``--assets``
 (default ``OUT/assets``) and should be shared between the two snapshots compared, so that
 both read the very same files: build them at one commit, pass the folder to the other.
 
@@ -30,6 +31,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 NUM_NODES = 3
+SEEDED_NOISE = Path(__file__).resolve().parent / "seeded_noise"  # its sitecustomize.py
 
 # Every method, plus central DP for one mean-mechanism method and for FLoRG.
 CASES: dict[str, dict[str, object]] = {
@@ -84,6 +86,8 @@ def run_case(name: str, settings: dict[str, object], model: Path, task: Path, ou
     sets = [arg for key, value in config.items() for arg in ("--set", f"{key}={value}")]
     env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", FLORG_OUTPUT_ROOT=str(out))
+    # dp=central draws its noise from OS entropy: seed it, in this check only
+    env["PYTHONPATH"] = os.pathsep.join([str(SEEDED_NOISE), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "florg_tools.launch", "--app", str(ROOT),
            "--flwr-home", str(out / "flwr-home"), "--ephemeral-superlink", "--quiet",
            "--timeout", "900", *sets]  # fmt: skip
