@@ -11,7 +11,7 @@ import pytest
 from florg_tools.experiments.results_doc import fill, sync
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "results" / "v1.md"
+PAGE = ROOT / "docs" / "results-v1.md"
 
 REPORT = """# Evidence: ev
 
@@ -110,12 +110,12 @@ def test_a_missing_marker_is_an_error():
 
 
 def test_the_v1_page_holds_the_published_report_and_leads_with_the_verdicts(tmp_path):
-    """docs/results/v1.md takes the published report's tables unchanged (no marker lost or
+    """docs/results-v1.md takes the published report's tables unchanged (no marker lost or
     duplicated in its prose), and reads verdicts first: v1's verdicts, then the report's
     remaining tables."""
     doc = tmp_path / "results.md"
     doc.write_text(PAGE.read_text())
-    sync(doc, ROOT / "docs" / "results" / "evidence" / "README.md")
+    sync(doc, ROOT / "evidence" / "evidence" / "README.md")
     assert doc.read_text() == PAGE.read_text()
     text = PAGE.read_text()
     order = [
@@ -136,7 +136,7 @@ def test_published_runs_keep_config_metrics_and_summary_only():
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
     listed = subprocess.run(
-        ["git", "ls-files", "docs/results"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["git", "ls-files", "evidence"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.splitlines()
     in_runs = [path for path in listed if "/runs/" in path]
     assert in_runs, "no published run found"

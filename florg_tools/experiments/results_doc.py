@@ -1,9 +1,9 @@
 """Copy the evidence report's tables into protocol v1's page, so the two never disagree.
 
-    python -m florg_tools.experiments.results_doc [--doc docs/results/v1.md] \
-        [--report docs/results/evidence/README.md] [--status FILE]
+    python -m florg_tools.experiments.results_doc [--doc docs/results-v1.md] \
+        [--report evidence/evidence/README.md] [--status FILE]
 
-docs/results/v1.md (moved from docs/results.md, which is now the verdict page) marks
+docs/results-v1.md (moved from docs/results.md, which is now the verdict page) marks
 the places with ``<!-- VERDICTS -->``, ``<!-- TESTS -->``,
 ``<!-- TUNING -->``, ``<!-- SERVER -->`` (FLoRG's server step per variant),
 ``<!-- LEARNING -->`` (each task's scores above chance against issue 11's bars; and
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 INTRO = {
-    "VERDICTS": "Printed by the publish command below into `docs/results/evidence/README.md` "
+    "VERDICTS": "Printed by the publish command below into `evidence/evidence/README.md` "
     "(paired differences FLoRG − baseline over seeds, 95% t intervals; communication from "
     "exact parameter counts):",
     "TESTS": "From the same report (chance: the majority class of the test examples; "
@@ -98,8 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m florg_tools.experiments.results_doc", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    parser.add_argument("--doc", type=Path, default=Path("docs/results/v1.md"))
-    parser.add_argument("--report", type=Path, default=Path("docs/results/evidence/README.md"))
+    parser.add_argument("--doc", type=Path, default=Path("docs/results-v1.md"))
+    parser.add_argument("--report", type=Path, default=Path("evidence/evidence/README.md"))
     parser.add_argument("--status", type=Path, default=None, help="a file with the status text")
     args = parser.parse_args(argv)
     status = None if args.status is None else args.status.read_text()
