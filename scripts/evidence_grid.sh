@@ -12,13 +12,13 @@
 #                                           personalised models; eval-every)
 # Each commit gets a git worktree ROOT/<commit> with its own .venv. The grid files are
 # data, copied from this checkout (the f8959ae one lists FedSA-LoRA, which moved to
-# evidence-fedsa). Runs already published under docs/results/evidence/ are copied into the
+# evidence-fedsa). Runs already published under evidence/evidence/ are copied into the
 # worktree's results/ first, so the runner skips them. Publish what has finished from this
 # checkout with:
 #   florg experiments evidence evidence --out ROOT/f8959ae/results/evidence \
 #       --with evidence-fedsa=ROOT/<new>/results/evidence-fedsa ... \
-#       --publish docs/results/evidence
-# (or see docs/results.md, "Continuing the grids").
+#       --publish evidence/evidence
+# (or see evidence/evidence/NOTES.md, "Continuing the grids").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EVIDENCE_OLD=f8959ae
@@ -30,7 +30,7 @@ GRIDS=(
   "evidence-snli $EVIDENCE_NEW florg_tools.experiments"
 )
 ROOT="${1:-../florg-evidence}"
-PUBLISHED=docs/results/evidence
+PUBLISHED=evidence/evidence
 mkdir -p "$ROOT"
 
 . scripts/fixed_worktree.sh

@@ -9,7 +9,7 @@
 #
 # The worktree ROOT/hetero is checked out at HETERO_COMMIT (below: fixed once the first
 # hetero run is published) with its own .venv; the grid files are data, copied from this
-# checkout. Runs already published under docs/results/hetero/ are copied in first, so the
+# checkout. Runs already published under evidence/hetero/ are copied in first, so the
 # runner skips them.
 #
 # The references reuse protocol v2's runs: hetero-references' settings are evidence-v2's
@@ -23,14 +23,14 @@
 # florg (heterogeneous), hetlora, flexlora.
 # Publish what has finished from this checkout with (see docs/results.md):
 #   florg experiments evidence hetero --out ROOT/hetero/results/hetero \
-#       --with hetero-references=ROOT/hetero/results/hetero-references --publish docs/results/hetero
+#       --with hetero-references=ROOT/hetero/results/hetero-references --publish evidence/hetero
 # (the references' labels carry hetero-references.yaml's report.label, "(homogeneous r = 4)").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HETERO_COMMIT=2afb3fb
 ROOT="${1:-../florg-evidence}"
-PUBLISHED=docs/results/hetero
-REUSED=docs/results/evidence-v2/runs/evidence-v2
+PUBLISHED=evidence/hetero
+REUSED=evidence/evidence-v2/runs/evidence-v2
 dir="$ROOT/hetero"
 mkdir -p "$ROOT"
 . scripts/fixed_worktree.sh

@@ -9,7 +9,7 @@
 #
 # The worktree ROOT/sft is checked out at SFT_COMMIT (below: fixed since the grid's first
 # run; the centralised reference ran at 2afb3fb) with its own .venv; the grid file is
-# data, copied from this checkout. Runs already published under docs/results/sft-cpu/ are
+# data, copied from this checkout. Runs already published under evidence/sft-cpu/ are
 # copied in first, so the runner skips them. In order:
 #   1. the centralised reference (sft-cpu.yaml's header: LoRA, the budget's 128 steps, its
 #      rate tuned on validation at seed 0, then seeds 1-2), unless its JSON exists: the
@@ -19,12 +19,12 @@
 # Publish what has finished from this checkout with:
 #   florg experiments evidence sft-cpu --out ROOT/sft/results/sft-cpu \
 #       --centralised ROOT/sft/results/sft-cpu/centralised-reference.json \
-#       --publish docs/results/sft-cpu
+#       --publish evidence/sft-cpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SFT_COMMIT=2e0dfe2
 ROOT="${1:-../florg-evidence}"
-PUBLISHED=docs/results/sft-cpu
+PUBLISHED=evidence/sft-cpu
 dir="$ROOT/sft"
 mkdir -p "$ROOT"
 . scripts/fixed_worktree.sh

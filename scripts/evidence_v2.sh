@@ -15,7 +15,7 @@
 #     machine changed CPU between sessions); FLoRG's training differs from V2_COMMIT's only
 #     by float32 rounding (factors formed per group of layers, 42f1937), the baselines' not.
 #     A verdict pairs methods within one task, so within one commit.
-# Runs already published under docs/results/evidence-v2/ are copied into the worktree's
+# Runs already published under evidence/evidence-v2/ are copied into the worktree's
 # results/ first, so the runner skips them (runs are deterministic). Per task, in this
 # order (each step resumes):
 #   1. FLoRG and FedIT of the main grid (the verdict's first rows);

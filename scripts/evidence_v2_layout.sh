@@ -8,7 +8,7 @@
 V2_TASKS="movie-sentiment snli"
 V2_COMMIT=34820fb
 V2_SNLI_COMMIT=2e0dfe2
-V2_PUBLISHED=docs/results/evidence-v2
+V2_PUBLISHED=evidence/evidence-v2
 
 grids_of() {
   case "$1" in

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Publish protocol v2's evidence (issue 27), both tasks in one report, to
-# docs/results/evidence-v2/ (README.md, summary.json with a `tasks` entry per task, the
+# evidence/evidence-v2/ (README.md, summary.json with a `tasks` entry per task, the
 # tuning files, the plots, every finished run's config, metrics and summary).
 #
 #   bash scripts/publish_evidence_v2.sh [ROOT]   # ROOT as for scripts/evidence_v2.sh

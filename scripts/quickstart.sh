@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # README command 1: set up a fresh machine and run the main job (FLoRG on all-MiniLM-L6-v2
-# with SNLI, 5 simulated clients, non-IID Dirichlet(0.5), the run settings of
+# with SNLI, 5 simulated clients, an IID split, the run settings of
 # pyproject.toml) through the Flower simulation engine.  Extra arguments go to the
 # launcher, e.g.:  bash scripts/quickstart.sh --set method=fedit
 set -euo pipefail

@@ -1,4 +1,8 @@
-"""florg_tools/experiments/results_doc.py: the report's tables land between the markers."""
+"""florg_tools/experiments/results_doc.py: the result pages' generated blocks.
+
+The committed pages must be what the command writes from the published evidence (the
+check CI runs), an edited block must fail the check by page and block name, and the
+report copies and number formats behave as the pages rely on."""
 
 from __future__ import annotations
 
@@ -8,10 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.experiments.results_doc import fill, sync
+from florg_tools.experiments import results_doc
+from florg_tools.experiments.results_doc import (
+    BLOCKS,
+    COMMAND,
+    check,
+    fill,
+    main,
+    pages,
+    report_parts,
+    signed,
+    write,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "results" / "v1.md"
+V1_PAGE = ROOT / "docs" / "results-v1.md"
 
 REPORT = """# Evidence: ev
 
@@ -60,48 +75,107 @@ Test score per tested round, mean over seeds:
 ![plot](plots/x.png)
 """
 
-DOC = """# Results
 
-<!-- STATUS -->
-
-### Verdicts
-
-<!-- VERDICTS -->
-
-### Test scores
-
-<!-- TESTS -->
-
-<!-- TUNING -->
-
-<!-- SERVER -->
-
-<!-- LEARNING -->
-
-## Appendix
-"""
+def _copy_pages(target: Path) -> None:
+    """The pages under ``target`` as in the repository, and the evidence linked back."""
+    for page in pages():
+        (target / page).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / page, target / page)
+    (target / "evidence").symlink_to(ROOT / "evidence")
 
 
-def test_sync_copies_each_table_and_replaces_an_earlier_copy(tmp_path):
-    doc, report = tmp_path / "results.md", tmp_path / "README.md"
-    doc.write_text(DOC)
-    report.write_text(REPORT)
-    sync(doc, report, "**Status: 1 of 2 runs.**")
-    text = doc.read_text()
-    assert "| FLoRG beats fedit | holds |" in text and "plots/x.png" not in text
-    assert "#### movie-sentiment" in text and "| florg | 0.001 |" in text
-    assert "Test score per tested round, mean over seeds:\n\n| method | round 0 |" in text
-    assert "`ev`:\n\n| combination | lr = 1 | chosen |" in text
-    assert "<!-- STATUS -->\n**Status: 1 of 2 runs.**\n<!-- /STATUS -->" in text
-    server = "#### movie-sentiment\n\n| variant | seeds | Gram error, mean over rounds |"
-    assert server in text and "| florg | 2 | 0.0500 [0.0400, 0.0600] |\n<!-- /SERVER -->" in text
-    learning = "| movie-sentiment | florg | +0.2000 [+0.1000, +0.3000] | mean ≥ 0.15 | yes |"
-    assert f"{learning}\n<!-- /LEARNING -->" in text
-    report.write_text(REPORT.replace("| holds |", "| does not hold |"))
-    sync(doc, report)  # a second copy replaces the first; the status stays
-    text = doc.read_text()
-    assert text.count("FLoRG beats fedit") == 1 and "| does not hold |" in text
-    assert "**Status: 1 of 2 runs.**" in text and text.endswith("## Appendix\n")
+def test_the_committed_pages_are_what_the_command_writes():
+    """CI's check: every generated block of README.md, docs/results.md and
+    docs/results-v1.md equals what the command writes from evidence/ today."""
+    problems = check(ROOT, ROOT)
+    assert not problems, "\n".join(problems) + f"\n(run `{COMMAND}` and commit the pages)"
+
+
+def test_the_check_fails_naming_the_page_and_the_block_when_a_block_is_edited(tmp_path, capsys):
+    _copy_pages(tmp_path)
+    page = tmp_path / "docs" / "results.md"
+    text = page.read_text()
+    start = text.index("<!-- VERDICT-TABLE -->")
+    cell = text.index("does not hold", start)  # a verdict inside the generated table
+    page.write_text(text[:cell] + "holds" + text[cell + len("does not hold") :])
+    assert main(["--check", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "docs/results.md: block VERDICT-TABLE differs" in out
+    assert out.count("differs") == 1  # only the edited block
+    # writing repairs it (the figures stay: they are the repository's), then the check passes
+    assert write(tmp_path, ROOT, figures=False) == ["docs/results.md"]
+    assert page.read_text() == (ROOT / "docs" / "results.md").read_text()
+    assert main(["--check", "--root", str(tmp_path)]) == 0
+
+
+def test_a_block_whose_markers_are_gone_is_named(tmp_path):
+    _copy_pages(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(readme.read_text().replace("<!-- /HEADLINE -->", ""))
+    assert any(
+        line.startswith("README.md: block HEADLINE is missing") for line in check(tmp_path, ROOT)
+    )
+
+
+def test_prose_outside_the_blocks_is_the_authors(tmp_path):
+    """Edits outside the markers are not the command's business: the check passes."""
+    _copy_pages(tmp_path)
+    page = tmp_path / "docs" / "results.md"
+    page.write_text(page.read_text().replace("**In words.**", "**In short.**", 1))
+    assert check(tmp_path, ROOT) == []
+
+
+def test_every_block_names_the_command_and_its_sources():
+    for block in BLOCKS:
+        text = (ROOT / block.page).read_text()
+        first = text.split(f"<!-- {block.marker} -->\n", 1)[1].splitlines()[0]
+        assert first.startswith(f"<!-- written by `{COMMAND}` from "), (block.page, block.marker)
+        assert all(source in first for source in block.sources)
+
+
+def test_the_readme_links_to_the_verdict_instead_of_restating_intervals():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    assert "bash scripts/setup.sh" in readme and "bash scripts/test.sh" in readme
+    assert "bash scripts/quickstart.sh" in readme
+    assert "](docs/results.md)" in readme
+    assert "[−" not in readme and "[-0." not in readme  # no interval typed or generated
+
+
+def test_signed_numbers_keep_their_sign_visible():
+    assert signed(-0.0781) == "−0.078"
+    assert signed(0.0515) == "+0.052" or signed(0.0515) == "+0.051"  # float rounding
+    assert signed(-0.0001) == "−0.0001"  # three decimals would read as 0
+    assert signed(0.0) == "+0.000"
+
+
+def test_the_verdict_table_pairs_seeds_and_decides():
+    entries = {
+        "florg": {"seeds": [0, 1, 2], "test_final": [0.5, 0.6, 0.7]},
+        "fedit": {"seeds": [2, 1, 0], "test_final": [0.9, 0.8, 0.7]},
+    }
+    found = results_doc.paired(entries["florg"], entries["fedit"])
+    assert found.seeds == 3 and found.ahead == 0 and found.behind == 3
+    assert found.verdict == "does not hold"
+    assert found.text().startswith("−0.200 [")
+
+
+def test_report_parts_copy_each_table_and_fill_replaces_an_earlier_copy():
+    parts = report_parts(REPORT)
+    assert parts["VERDICTS"] == "| claim | verdict |\n|---|---|\n| FLoRG beats fedit | holds |"
+    assert "#### movie-sentiment" in parts["TESTS"] and "| florg | 0.001 |" in parts["TESTS"]
+    assert (
+        "Test score per tested round, mean over seeds:\n\n| method | round 0 |" in (parts["TESTS"])
+    )
+    assert parts["TUNING"].startswith("`ev`:\n\n| combination | lr = 1 | chosen |")
+    assert parts["SERVER"].endswith("| florg | 2 | 0.0500 [0.0400, 0.0600] |")
+    assert "plots/x.png" not in "".join(parts.values())
+    doc = "# Results\n\n<!-- VERDICTS -->\n\n## Appendix\n"
+    once = fill(doc, "VERDICTS", "first")
+    assert "<!-- VERDICTS -->\nfirst\n<!-- /VERDICTS -->" in once
+    twice = fill(once, "VERDICTS", "second")
+    assert twice.count("<!-- VERDICTS -->") == 1 and "first" not in twice
+    assert twice.endswith("## Appendix\n")
 
 
 def test_a_missing_marker_is_an_error():
@@ -109,15 +183,10 @@ def test_a_missing_marker_is_an_error():
         fill("# nothing here", "VERDICTS", "x")
 
 
-def test_the_v1_page_holds_the_published_report_and_leads_with_the_verdicts(tmp_path):
-    """docs/results/v1.md takes the published report's tables unchanged (no marker lost or
-    duplicated in its prose), and reads verdicts first: v1's verdicts, then the report's
-    remaining tables."""
-    doc = tmp_path / "results.md"
-    doc.write_text(PAGE.read_text())
-    sync(doc, ROOT / "docs" / "results" / "evidence" / "README.md")
-    assert doc.read_text() == PAGE.read_text()
-    text = PAGE.read_text()
+def test_the_v1_page_leads_with_the_verdicts():
+    """docs/results-v1.md reads verdicts first: v1's verdicts, then the report's remaining
+    tables, each marker once."""
+    text = V1_PAGE.read_text()
     order = [
         "# Protocol v1: the verdicts",
         "### What to conclude",
@@ -136,7 +205,7 @@ def test_published_runs_keep_config_metrics_and_summary_only():
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
     listed = subprocess.run(
-        ["git", "ls-files", "docs/results"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["git", "ls-files", "evidence"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.splitlines()
     in_runs = [path for path in listed if "/runs/" in path]
     assert in_runs, "no published run found"

@@ -3,9 +3,9 @@ validation at one seed, then five seeds at the chosen rate, held-out test scores
 95% t interval.
 
     python -m benchmarks.centralised.centralised_reference --task snli --steps 600 \
-        --eval-every 60 --json docs/results/evidence/centralised-reference.json
+        --eval-every 60 --json evidence/evidence/centralised-reference.json
     python -m benchmarks.centralised.centralised_reference --task movie-sentiment \
-        --steps 300 --eval-every 30 --json docs/results/evidence/centralised-reference.json
+        --steps 300 --eval-every 30 --json evidence/evidence/centralised-reference.json
 
 One seed and one learning rate make it a single centralised run per method, which tells
 whether a model, task, learning rate and step budget learn at all (a federated run of R

@@ -1,9 +1,9 @@
 """How label-skewed each seed's client partitions are, beside each method's test score.
 
     python -m benchmarks.evidence.partition_skew --grid evidence-snli \
-        --summary docs/results/evidence/summary.json
+        --summary evidence/evidence/summary.json
     python -m benchmarks.evidence.partition_skew --grid evidence \
-        --summary docs/results/evidence/summary.json
+        --summary evidence/evidence/summary.json
 
 A grid's seed sets the Dirichlet (rho) draw that splits the training pool over the
 clients, so two seeds of one grid federate different problems: one seed's clients may

@@ -47,7 +47,7 @@ def write_report(grid: Grid, out: Path) -> Path:
 
 def publish(grid: Grid, out: Path, target: Path) -> Path:
     """Copy the report, the CSV, the plots and each finished run's config, metrics and
-    summary (not its weights or logs) to ``target``, e.g. docs/results/<grid>."""
+    summary (not its weights or logs) to ``target``, e.g. evidence/<grid>."""
     target.mkdir(parents=True, exist_ok=True)
     for name in ("results.md", "results.csv"):
         shutil.copy2(out / name, target / name)
@@ -157,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
                 default=None,
                 metavar="DIR",
                 help="also copy the report, plots and per-run metrics to DIR (e.g. "
-                "docs/results/<grid>)",
+                "evidence/<grid>)",
             )
     return parser
 

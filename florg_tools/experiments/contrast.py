@@ -13,7 +13,7 @@ finished runs from any grid folders, groups them by that key's value, and prints
   and how that gap moved between values (the per-seed difference of differences).
 
     python -m florg_tools.experiments.contrast \
-        docs/results/evidence/runs/evidence-snli docs/results/evidence-snli-rho1/runs \
+        evidence/evidence/runs/evidence-snli evidence/evidence-snli-rho1/runs \
         --key dirichlet-alpha \
         --arms method=florg,learning-rate=0.001 method=fedit,learning-rate=0.002 \
         [--chance 0.361]

@@ -205,7 +205,7 @@ def _chance(task: str, max_test: int) -> float | None:
 def evidence_summary(
     grid: Grid, methods: dict[str, dict[str, MethodRuns]], centralised: dict[str, Any]
 ) -> dict[str, Any]:
-    """The machine-readable summary (docs/results/evidence/summary.json's schema)."""
+    """The machine-readable summary (evidence/evidence/summary.json's schema)."""
     max_test = int(grid.base.get("max-test-examples", 0))
     v2 = grid.tuning is not None and grid.tuning.extend > 1
     tasks = {}

@@ -23,7 +23,7 @@ It prints, and with ``--out DIR`` writes as ``DIR/privacy-utility.md`` and
 
     python -m florg_tools.experiments.privacy results/privacy/runs \
         --arms method=florg,learning-rate=0.0005 method=fedit,learning-rate=0.004 \
-        [--seeds 0 1 2] [--chance 0.49] [--out docs/results/privacy]
+        [--seeds 0 1 2] [--chance 0.49] [--out evidence/privacy]
 
 The same (arm, level, seed) found twice with different test scores is an error (runs are
 deterministic, so a run reused from another grid must agree with its rerun).

@@ -15,7 +15,7 @@ Runs whose global model is not a method output alone are refused: a method with 
 parts (FedSA-LoRA: its global B is zero) or with a server-side fold (FedEx-LoRA: its
 residual lives in the strategy's state).
 
-The runs published under ``docs/results/`` keep ``config.json``, ``metrics.jsonl`` and
+The runs published under ``evidence/`` keep ``config.json``, ``metrics.jsonl`` and
 ``summary.json`` only, no checkpoint: ``--round 0`` works on them as they are; any later
 round needs the run's checkpoint back, which the grid runner regenerates by rerunning the
 run (deterministic: the same settings, seed, data and partition), e.g.::
@@ -23,7 +23,7 @@ run (deterministic: the same settings, seed, data and partition), e.g.::
     florg experiments run GRID --out DIR --only RUN_ID --no-report
     python -m florg_tools.experiments.probe DIR/runs/RUN_ID
 
-(a tuned grid needs its published choices first, ``docs/results/evidence/GRID-tuning.json``
+(a tuned grid needs its published choices first, ``evidence/evidence/GRID-tuning.json``
 copied to ``DIR/tuning.json``; the evidence grids rerun at their own commit,
 ``scripts/evidence_grid.sh``). A missing checkpoint's error prints that command.
 """
@@ -67,8 +67,8 @@ def _run_config(folder: Path) -> RunConfig:
 def regenerate_hint(folder: Path) -> str:
     """How to get a run folder's checkpoint back: rerun the run with the grid runner.
 
-    A published run lies at ``docs/results/<grid>/runs/<run id>`` (or, for the evidence
-    grids, ``docs/results/evidence/runs/<grid>/<run id>``), which names its grid."""
+    A published run lies at ``evidence/<grid>/runs/<run id>`` (or, for the evidence
+    grids, ``evidence/evidence/runs/<grid>/<run id>``), which names its grid."""
     folder = Path(folder)
     if folder.parent.name == "runs":
         grid = folder.parent.parent.name
@@ -76,7 +76,7 @@ def regenerate_hint(folder: Path) -> str:
         grid = folder.parent.name
     else:
         grid = "GRID"
-    tuning = f"docs/results/evidence/{grid}-tuning.json"
+    tuning = f"evidence/evidence/{grid}-tuning.json"
     first = (
         f" (first copy {tuning} to DIR/tuning.json, the published tuning choices; the "
         "evidence grids rerun at their own commit, scripts/evidence_grid.sh)"
@@ -84,7 +84,7 @@ def regenerate_hint(folder: Path) -> str:
         else ""
     )
     return (
-        "Published runs (docs/results/) keep config.json, metrics.jsonl and summary.json "
+        "Published runs (evidence/) keep config.json, metrics.jsonl and summary.json "
         "only; regenerate the checkpoint by rerunning the run, which the grid runner does "
         f"deterministically: `florg experiments run {grid} --out DIR --only {folder.name} "
         f"--no-report`{first}, then probe DIR/runs/{folder.name}. Round 0 needs no "

@@ -11,7 +11,7 @@ for the choice; they are printed afterwards for the value chosen on the first se
 their paired difference when the two differ.
 
     python -m florg_tools.experiments.retune \
-        docs/results/evidence/runs/evidence-snli docs/results/evidence-snli-seed-tuning/runs \
+        evidence/evidence/runs/evidence-snli evidence/evidence-snli-seed-tuning/runs \
         --seeds 0 1 2 [--key learning-rate] [--per task method] [--chance 0.361] \
         [--only method=florg]
 

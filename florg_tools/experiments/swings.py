@@ -1,11 +1,11 @@
 """Round-to-round behaviour of a grid's runs: the per-round validation accuracy, the rounds
 whose global model predicts one class, and the largest change between consecutive rounds.
 
-    python -m florg_tools.experiments.swings docs/results/evidence/runs/evidence \
+    python -m florg_tools.experiments.swings evidence/evidence/runs/evidence \
         [--one-class 0.47] [--seed 0] [--florg]
 
 prints a markdown table, one row per finished run (learning rate, method), as in
-docs/results/v1-diagnostics.md ("Round-to-round swings: a first diagnosis"). With
+evidence/evidence/NOTES.md ("Round-to-round swings: a first diagnosis"). With
 ``--florg`` it prints, per finished FLoRG run, whether the server step moves with the
 swings: the range of the round's Gram error of the rank-r factor (``gram_rel_error``) and
 of the drift of A (``drift``), their correlation over rounds with the absolute change of

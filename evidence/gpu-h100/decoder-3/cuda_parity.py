@@ -3,7 +3,7 @@
 
 Ran on the device (call 2) as ``PYTHONPATH=. python3 .devjob/cuda_parity.py``; this is that
 file, ruff-formatted since. From the repository root:
-``PYTHONPATH=. python3 docs/results/gpu-h100/decoder-3/cuda_parity.py`` (needs CUDA)."""
+``PYTHONPATH=. python3 evidence/gpu-h100/decoder-3/cuda_parity.py`` (needs CUDA)."""
 
 import json
 

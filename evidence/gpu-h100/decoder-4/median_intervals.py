@@ -2,7 +2,7 @@
 benchmark's headline), interquartile range, and a distribution-free 95 % interval for the
 median from order statistics (ranks n/2 -+ 1.96 sqrt(n)/2).
 
-    python docs/results/gpu-h100/decoder-4/median_intervals.py
+    python evidence/gpu-h100/decoder-4/median_intervals.py
 """
 
 import math
