@@ -68,8 +68,6 @@ __all__ = [
     "ProcInfo",
     "ReceivedSignal",
     "TrackedProcess",
-    "children",
-    "cpu_seconds",
     "descendants",
     "die_by_signal",
     "is_alive",
@@ -80,7 +78,6 @@ __all__ = [
     "still_alive",
     "tagged_processes",
     "terminate_tree",
-    "thread_cpu_seconds",
 ]
 
 TAG_ENV_VAR = "FLORG_SUPERLINK_TAG"
@@ -172,14 +169,6 @@ def descendants(table: Mapping[int, ProcInfo], root: int) -> list[ProcInfo]:
     return found
 
 
-def children(pid: int) -> list[int]:
-    """The pids of the direct children of ``pid`` (none if it is gone)."""
-    try:
-        return [child.pid for child in psutil.Process(pid).children()]
-    except psutil.Error:
-        return []
-
-
 def is_alive(info: ProcInfo) -> bool:
     """Whether the process ``info`` describes still runs (same pid and start time, and not
     a zombie)."""
@@ -211,30 +200,6 @@ def still_alive(recorded: Iterable[ProcInfo], tag: str | None = None) -> list[Pr
             alive[info.pid] = info
     alive.pop(os.getpid(), None)
     return sorted(alive.values(), key=lambda i: i.pid)
-
-
-def cpu_seconds(info: ProcInfo) -> float | None:
-    """User + system CPU seconds of the process ``info`` (``None`` once it is gone, a
-    zombie, or another process with its pid)."""
-    try:
-        proc = psutil.Process(info.pid)
-        with proc.oneshot():
-            if abs(proc.create_time() - info.start_time) >= _SAME_START:
-                return None
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return None
-            times = proc.cpu_times()
-    except psutil.Error:
-        return None
-    return times.user + times.system
-
-
-def thread_cpu_seconds(pid: int) -> dict[int, float]:
-    """User + system CPU seconds of each thread of ``pid`` (empty if it is gone)."""
-    try:
-        return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
-    except psutil.Error:
-        return {}
 
 
 def _signal_until_gone(
