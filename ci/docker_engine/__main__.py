@@ -1,5 +1,5 @@
-"""``python -m florg_tools.deploy.docker_engine start|stop``: the private engine by hand
-(needs root); see ``florg_tools.deploy.docker_engine``."""
+"""``python -m ci.docker_engine start|stop``: the private engine by hand
+(needs root); see ``ci.docker_engine``."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from florg_tools.deploy.docker_engine.client import (
+from ci.docker_engine.client import (
     DockerEngineError,
     cache_root,
     engine_prerequisites,
 )
-from florg_tools.deploy.docker_engine.engine import STORAGE_DRIVERS, PrivateDockerd, start_engine
-from florg_tools.deploy.docker_engine.pids import proc_stat
+from ci.docker_engine.engine import STORAGE_DRIVERS, PrivateDockerd, start_engine
+from ci.docker_engine.pids import proc_stat
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m florg_tools.deploy.docker_engine")
+    p = argparse.ArgumentParser(prog="python -m ci.docker_engine")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("start", help="start a private dockerd in its own network namespace")
     s.add_argument("--state-dir", type=Path, default=Path("/tmp/florg-dockerd"))

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from florg_tools.deploy.docker_engine.client import (
+from ci.docker_engine.client import (
     DockerClient,
     DockerEngineError,
     cache_root,
     docker_cli,
 )
-from florg_tools.deploy.docker_engine.pids import (
+from ci.docker_engine.pids import (
     alive,
     proc_stat,
     remove_tree,
