@@ -44,14 +44,44 @@ KILLS = [pytest.param(signal.SIGTERM, id="SIGTERM"), pytest.param(signal.SIGKILL
 # TREE (tests/test_processes.py): a child and a double-forked grandchild re-parented to
 # init (only its environment tag links it to us); prints the two pids, then waits.
 
-# A starter: spawns TREE (log: argv[1]), prints the tag, then waits to be killed.
+# A starter: spawns ``python -c argv[2] argv[3:]`` (TREE; log: argv[1]), prints the tag,
+# then waits to be killed.
 STARTER = """
 import os, sys, time
 from pathlib import Path
 from florg_tools.processes import spawn
-popen, tag = spawn([sys.executable, "-c", sys.argv[2]], env=dict(os.environ),
+popen, tag = spawn([sys.executable, "-c", *sys.argv[2:]], env=dict(os.environ),
                    log_path=Path(sys.argv[1]))
 print(tag, flush=True)
+time.sleep(120)
+"""
+
+# Run as ``python -c UNTAGGED_TREE top UNTAGGED_TREE``: two processes re-parented to init
+# that show no tag (as Ray's agents and workers show none once they set their process
+# title): a stray in the spawned process's group, and the child of a holder that carries
+# the tag, each in a session of its own (as a container under its containerd shim).
+# Prints the pids of the holder, its child and the stray, then waits.
+UNTAGGED_TREE = """
+import os, subprocess, sys, time
+role, code = sys.argv[1], sys.argv[2]
+untagged = {"PATH": os.environ.get("PATH", "")}
+
+def start(next_role, **kwargs):
+    return subprocess.Popen([sys.executable, "-c", code, next_role, code], **kwargs)
+
+if role == "top":
+    middle = start("middle", stdout=subprocess.PIPE, text=True)
+    pids = middle.stdout.readline().strip()
+    middle.wait()
+    print(pids, flush=True)
+elif role == "middle":  # starts both and exits: they re-parent to init
+    holder = start("holder", stdout=subprocess.PIPE, text=True, start_new_session=True)
+    stray = start("stray", env=untagged, stdout=subprocess.DEVNULL)
+    print(holder.pid, holder.stdout.readline().strip(), stray.pid, flush=True)
+    os._exit(0)
+elif role == "holder":
+    child = start("child", env=untagged, stdout=subprocess.DEVNULL, start_new_session=True)
+    print(child.pid, flush=True)
 time.sleep(120)
 """
 
@@ -135,6 +165,38 @@ def test_a_killed_starter_takes_its_tree_and_the_reparented_grandchild_along(tmp
         assert starter.wait(timeout=10) == -sig
         _assert_nothing_survives(recorded, tag, timeout=10.0)
         assert "[watchdog" in log.read_text()  # it says what it had to stop
+    finally:
+        _stop(starter, recorded, tag)
+
+
+def test_a_killed_starter_takes_its_reparented_untagged_processes_along(tmp_path):
+    # Neither is in the starter's tree nor shows the tag: the watchdog finds the stray as a
+    # member of the spawned process's group, the child as a child of a tagged process.
+    log = tmp_path / "tree.log"
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER, str(log), UNTAGGED_TREE, "top", UNTAGGED_TREE],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    recorded: list[ProcInfo] = []
+    tag = None
+    try:
+        tag = _read_line(starter, 30.0)
+        _wait_for(lambda: log.exists() and len(log.read_text().split()) == 3, 30.0, "the tree")
+        holder, child, stray = (int(x) for x in log.read_text().split())
+        recorded = _tree_of(starter.pid, tag)
+        table = process_table(tag)
+        assert table[holder].tagged and table[holder].pgid == holder  # a session of its own
+        spawned = next(p for p in recorded if p.ppid == starter.pid and p.tagged)
+        assert table[stray].pgid == spawned.pid  # the spawned process's group
+        for pid in (child, stray):
+            assert not table[pid].tagged and pid not in {p.pid for p in recorded}
+            recorded.append(table[pid])
+
+        os.kill(starter.pid, signal.SIGKILL)
+        assert starter.wait(timeout=10) == -signal.SIGKILL
+        _assert_nothing_survives(recorded, tag, timeout=10.0)
     finally:
         _stop(starter, recorded, tag)
 
