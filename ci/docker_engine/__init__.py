@@ -1,7 +1,7 @@
 """A private Docker engine for the compose demo's test (test machinery, not part of the
 tooling): its own ``dockerd`` (and the ``containerd`` it starts) in its OWN network
 namespace, with its own data-root, exec-root, socket and config, started and stopped by
-pid.
+pid, and never outliving the process that started it (``engine``'s docstring).
 
 Why a network namespace: the engine's network namespace has only a loopback interface, so
 the containers (on the compose project's bridge network inside it), the builds and the

@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         data_base = args.data_root or cache_root() / "engine"
         drivers = (args.storage_driver,) if args.storage_driver else STORAGE_DRIVERS
         try:
-            engine = start_engine(state_dir, data_base.resolve(), drivers)
+            # Not tied to this command's life: it exits, the engine runs on until `stop`.
+            engine = start_engine(state_dir, data_base.resolve(), drivers, die_with_starter=False)
         except DockerEngineError as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
@@ -54,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f'export PATH={shlex.quote(str(state_dir / "bin"))}:"$PATH"')
         print(f"# dockerd pid {engine.pid} ({engine.storage_driver}); host commands that dial")
         print(f"# the published ports: {shlex.join(engine.netns())} COMMAND")
-        engine._popen = None  # leave it running: `stop` finds it by its recorded pid
+        # Leave it running: `stop` finds it by its recorded pid.
+        engine._popen = None
+        engine._tracked = None
         return 0
     try:
         state: dict[str, Any] = json.loads((state_dir / "engine.json").read_text())
