@@ -10,8 +10,9 @@ Not a test module (``__test__`` says so).
   with the process that started it when that process is killed (pytest ended by a
   timeout's SIGTERM, or SIGKILL): it is started with ``florg_tools.processes.spawn``, as
   the tooling starts its SuperLinks, so ``ray start`` gets a parent-death signal and a
-  watchdog stops every Ray process carrying the node's environment tag (GCS, raylet,
-  workers: they inherit it) once the starter is gone (tests/test_orphans.py).
+  watchdog stops every Ray process carrying the node's environment tag (GCS, raylet:
+  they inherit it) or in its process group (the agents and workers, whose process titles
+  hide their environment) once the starter is gone (tests/test_orphans.py).
 * ``two_node_ray_cluster``: a head without CPUs and one joined node (tests/test_ray_cluster.py,
   docs/deploy-ray.md's commands).
 * ``shared_ray_simulation_superlink``: one single-node cluster (one CPU by default: one
