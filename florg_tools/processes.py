@@ -27,7 +27,8 @@ killed from outside -- SIGTERM from ``timeout``, or SIGKILL, which no handler se
   executes inherits it). When the starter dies, however it dies, the kernel closes
   that end and the watchdog reads EOF (it also checks every second that its parent is
   still the starter, for a write end kept open by a ``fork`` without ``exec``). It then
-  stops every process carrying the tag plus the started process and its descendants
+  stops every process carrying the tag plus the started process and the members of its
+  process group (re-parented ones included), and their descendants
   (SIGTERM, SIGKILL after 3 s, by pid and by process group: ``_signal_until_gone``), which
   reaches the grandchildren PDEATHSIG cannot (``flower-superexec`` in its own session,
   ``flwr-simulation``, Ray's services), and exits. ``TrackedProcess.stop()`` releases it
@@ -68,8 +69,6 @@ __all__ = [
     "ProcInfo",
     "ReceivedSignal",
     "TrackedProcess",
-    "children",
-    "cpu_seconds",
     "descendants",
     "die_by_signal",
     "is_alive",
@@ -80,7 +79,6 @@ __all__ = [
     "still_alive",
     "tagged_processes",
     "terminate_tree",
-    "thread_cpu_seconds",
 ]
 
 TAG_ENV_VAR = "FLORG_SUPERLINK_TAG"
@@ -172,14 +170,6 @@ def descendants(table: Mapping[int, ProcInfo], root: int) -> list[ProcInfo]:
     return found
 
 
-def children(pid: int) -> list[int]:
-    """The pids of the direct children of ``pid`` (none if it is gone)."""
-    try:
-        return [child.pid for child in psutil.Process(pid).children()]
-    except psutil.Error:
-        return []
-
-
 def is_alive(info: ProcInfo) -> bool:
     """Whether the process ``info`` describes still runs (same pid and start time, and not
     a zombie)."""
@@ -211,30 +201,6 @@ def still_alive(recorded: Iterable[ProcInfo], tag: str | None = None) -> list[Pr
             alive[info.pid] = info
     alive.pop(os.getpid(), None)
     return sorted(alive.values(), key=lambda i: i.pid)
-
-
-def cpu_seconds(info: ProcInfo) -> float | None:
-    """User + system CPU seconds of the process ``info`` (``None`` once it is gone, a
-    zombie, or another process with its pid)."""
-    try:
-        proc = psutil.Process(info.pid)
-        with proc.oneshot():
-            if abs(proc.create_time() - info.start_time) >= _SAME_START:
-                return None
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return None
-            times = proc.cpu_times()
-    except psutil.Error:
-        return None
-    return times.user + times.system
-
-
-def thread_cpu_seconds(pid: int) -> dict[int, float]:
-    """User + system CPU seconds of each thread of ``pid`` (empty if it is gone)."""
-    try:
-        return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
-    except psutil.Error:
-        return {}
 
 
 def _signal_until_gone(
@@ -627,13 +593,28 @@ def _watch(tag: str, starter: int, recorded: dict[int, ProcInfo]) -> str | None:
 def _sweep(
     tag: str, recorded: Mapping[int, ProcInfo], timeout: float = 15.0
 ) -> tuple[int, list[ProcInfo]]:
-    """Stop every process carrying ``tag`` and the ``recorded`` ones with their
-    descendants; (how many were found alive, the survivors)."""
+    """Stop every process carrying ``tag``, the ``recorded`` ones and the members of their
+    process groups, each with its descendants; (how many were found alive, the
+    survivors)."""
     seen: dict[int, ProcInfo] = dict(recorded)
     found: set[tuple[int, float]] = set()
+    # spawn starts each recorded process in a session, and so a process group, of its own,
+    # whose id is its pid. The kernel hands out no pid still in use as a group id, so a
+    # process of such a group is one the started process spawned, even after the started
+    # process died.
+    groups = {rec.pid for rec in recorded.values()}
 
     def find_alive() -> list[ProcInfo]:
         table = process_table(tag)
+        # Not every process a started process spawned shows the tag or stays in its tree.
+        # One that sets its title over its environment (Ray's "ray::..." agents and
+        # workers) has no environment left to read; once its parent died (Ray's services
+        # share the fate of `ray start`, which the parent-death signal kills) it re-parents
+        # to init. Members of the started processes' groups, and the children of every
+        # tagged process (a container under its containerd shim), are roots too.
+        for info in table.values():
+            if info.pgid in groups or info.tagged:
+                seen[info.pid] = info
         for root in list(seen.values()):
             now = table.get(root.pid)
             if now is not None and now.same_process(root):

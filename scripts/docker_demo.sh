@@ -14,7 +14,7 @@
 # Needs Docker with the compose plugin (or docker-compose), and this repository's .venv
 # on the host for the `flwr` CLI (created by scripts/setup.sh when missing).
 # On an ordinary machine compose pulls Flower's official images. On a machine that
-# reaches package indexes but no image registry, run `bash scripts/docker_standin.sh`
+# reaches package indexes but no image registry, run `bash ci/docker_standin.sh`
 # first: stand-ins with the official names, and docker/wheelhouse/ for an offline build
 # (docs/deploy-docker.md); tests/test_docker_engine.py runs this script that way.
 set -euo pipefail

@@ -6,7 +6,13 @@ Not a test module (``__test__`` says so).
   ``head_cpus`` CPUs and, when ``worker_cpus`` is given, a second node that joins it the way
   another machine would (``ray start --address HEAD``). Each node runs ``ray start --block``
   in its own session and is stopped by its pid (``ray stop`` would stop every Ray on the
-  machine); on exit nothing either node started may be left alive.
+  machine); on exit nothing either node started may be left alive. Each node also dies
+  with the process that started it when that process is killed (pytest ended by a
+  timeout's SIGTERM, or SIGKILL): it is started with ``florg_tools.processes.spawn``, as
+  the tooling starts its SuperLinks, so ``ray start`` gets a parent-death signal and a
+  watchdog stops every Ray process carrying the node's environment tag (GCS, raylet:
+  they inherit it) or in its process group (the agents and workers, whose process titles
+  hide their environment) once the starter is gone (tests/test_orphans.py).
 * ``two_node_ray_cluster``: a head without CPUs and one joined node (tests/test_ray_cluster.py,
   docs/deploy-ray.md's commands).
 * ``shared_ray_simulation_superlink``: one single-node cluster (one CPU by default: one
@@ -38,6 +44,7 @@ from pathlib import Path
 import psutil
 
 from florg_tools.flwr_home import RAY_ADDRESS_ENV_VAR
+from florg_tools.processes import TrackedProcess, spawn
 from florg_tools.superlink import SimulationSuperLink, find_free_port, local_simulation_superlink
 
 __test__ = False  # not a test module
@@ -56,13 +63,20 @@ BIN = Path(sys.executable).parent
 
 @dataclass
 class RayNode:
-    """``ray start ... --block`` in its own session; SIGTERM to it stops this node only."""
+    """``ray start ... --block`` in its own session; SIGTERM to it stops this node only.
+    ``tracker`` follows it and every process carrying its tag, and releases its watchdog
+    once the node is stopped."""
 
     name: str
     popen: subprocess.Popen[bytes]
     temp_dir: Path
     log: Path
+    tracker: TrackedProcess
     seen: dict[int, float] = field(default_factory=dict)  # pid -> create time
+
+    @property
+    def tag(self) -> str | None:
+        return self.tracker.tag
 
     @property
     def sid(self) -> int:
@@ -101,22 +115,25 @@ class RayNode:
             self.popen.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=5.0)
-        return [f"{p.pid}: {' '.join(p.cmdline())[:120]}" for p in self.processes()]
+        survivors = [f"{p.pid}: {' '.join(p.cmdline())[:120]}" for p in self.processes()]
+        # Whatever carries the node's tag outside its session (nothing, normally); then
+        # the watchdog is released: the node is stopped, nothing is left to guard.
+        left = self.tracker.stop(grace=1.0)
+        return survivors + [f"{p.pid}: {p.cmdline[:120]}" for p in left]
 
 
 def start_ray_node(
     name: str, args: list[str], temp_dir: Path, env: dict[str, str], timeout: float = 150.0
 ) -> RayNode:
     """``ray start ARGS --temp-dir DIR --block``; ready when Ray has written
-    ``DIR/ray_current_cluster`` (the GCS address), which it does once the node is up."""
+    ``DIR/ray_current_cluster`` (the GCS address), which it does once the node is up.
+    Started by ``spawn``: its own session, and it dies with this process (module
+    docstring)."""
     temp_dir.mkdir(parents=True, exist_ok=True)
     log = temp_dir.parent / f"{name}.log"
     command = [str(BIN / "ray"), "start", *args, "--temp-dir", str(temp_dir), "--block"]
-    with log.open("wb") as out:
-        popen = subprocess.Popen(
-            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    node = RayNode(name, popen, temp_dir, log)
+    popen, tag = spawn(command, env=env, log_path=log)
+    node = RayNode(name, popen, temp_dir, log, TrackedProcess(popen, tag, log))
     deadline = time.monotonic() + timeout
     while not (temp_dir / "ray_current_cluster").exists():
         if popen.poll() is not None or time.monotonic() > deadline:

@@ -41,6 +41,19 @@ def test_no_runtime_module_imports_the_tooling():
     assert not offenders, offenders
 
 
+def test_the_tooling_never_imports_the_test_machinery():
+    """The test machinery (the ``ci`` package at the repository root, the harnesses in
+    ``tests``) builds on the tooling, never the other way: neither is installed with the
+    tooling, nor in the FAB or the app image."""
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in _modules(TOOLING)
+        for name in _imported_names(path)
+        if name.split(".")[0] in ("ci", "tests")
+    ]
+    assert not offenders, offenders
+
+
 def test_importing_both_apps_loads_no_tooling_module():
     code = (
         "import sys, client_app.client_app, server_app.server_app; "

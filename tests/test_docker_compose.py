@@ -549,7 +549,7 @@ def _standin_instructions() -> list[str]:
 
 
 def test_standins_have_the_official_names_entrypoints_user_and_paths():
-    from florg_tools.deploy.docker_offline import standin_images
+    from ci.docker_standin import standin_images
 
     ins = _standin_instructions()
     stages: dict[str, list[str]] = {}

@@ -4,12 +4,12 @@ SuperNode container killed in the middle of round 2.
 
 What runs, in order (docs/deploy-docker.md, "What the test runs"):
 
-1. a private ``dockerd`` (``florg_tools.deploy.docker_engine``): its own network namespace
+1. a private ``dockerd`` (``ci.docker_engine``): its own network namespace
    with only a loopback interface, its own socket, exec-root and config under a temp
    folder, its data-root in ``~/.cache/florg-docker/engine`` so that a second run reuses
    the images (a run that finds the cache locked uses a temporary one); stopped by pid at
    the end, also after a failure, and no process of it may survive;
-2. ``florg_tools.deploy.docker_offline.prepare`` (what ``scripts/docker_standin.sh`` runs):
+2. ``ci.docker_standin.prepare`` (what ``ci/docker_standin.sh`` runs):
    the wheelhouse fetched by the host's pip into ``docker/wheelhouse/``, and the
    stand-ins for ``flwr/superlink``, ``flwr/supernode``, ``flwr/superexec`` 1.42.0;
 3. ``bash scripts/docker_demo.sh`` itself, in the engine's network namespace: it checks
@@ -48,9 +48,8 @@ from typing import Any
 
 import pytest
 
-from florg_tools.deploy import docker_offline
-from florg_tools.deploy.compose_gen import APP_IMAGE, DockerLayout, service_specs
-from florg_tools.deploy.docker_engine import (
+from ci import docker_standin
+from ci.docker_engine import (
     DockerEngineError,
     PrivateDockerd,
     cached_data_root,
@@ -60,6 +59,8 @@ from florg_tools.deploy.docker_engine import (
     remove_tree,
     start_engine,
 )
+from florg_tools.deploy import docker_offline
+from florg_tools.deploy.compose_gen import APP_IMAGE, DockerLayout, service_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -100,9 +101,9 @@ def _preflight() -> list[str]:
         compose_command(docker_cli())
     except (DockerEngineError, OSError, subprocess.SubprocessError) as err:
         problems.append(str(err))
-    if sys.version_info[:2] != docker_offline.STANDIN_PYTHON:
+    if sys.version_info[:2] != docker_standin.STANDIN_PYTHON:
         problems.append(
-            f"the wheelhouse needs Python {docker_offline.STANDIN_PYTHON}, this is "
+            f"the wheelhouse needs Python {docker_standin.STANDIN_PYTHON}, this is "
             f"{sys.version_info[:2]}"
         )
     return problems
@@ -258,9 +259,9 @@ def _run_demo(
 
     # -- stand-ins and wheelhouse (cached after the first run on this machine)
     t0 = time.monotonic()
-    images = docker_offline.prepare(engine.client(), ROOT, log=lambda m: print(m, flush=True))
+    images = docker_standin.prepare(engine.client(), ROOT, log=lambda m: print(m, flush=True))
     timings["standins+wheelhouse"] = time.monotonic() - t0
-    assert set(images) == set(docker_offline.standin_images().values())
+    assert set(images) == set(docker_standin.standin_images().values())
     assert docker_offline.wheelhouse_has_wheels(ROOT)
 
     # -- the demo script, unchanged, in the engine's network namespace
@@ -337,7 +338,7 @@ def _run_demo(
     assert (out / RUN_NAME / "adapter.safetensors").stat().st_size > 0
 
     # -- what ran: the stand-ins and the app image; only the project network; 127.0.0.1
-    standins = docker_offline.standin_images()
+    standins = docker_standin.standin_images()
     expected = {"superlink": standins["superlink"], "superexec-serverapp": APP_IMAGE}
     for i in range(1, NODES + 1):
         expected[f"supernode-{i}"] = standins["supernode"]
@@ -356,7 +357,7 @@ def _run_demo(
             assert not bindings, (service, bindings)
     app_base = engine.docker(
         "image", "inspect", "--format",
-        '{{ index .Config.Labels "' + docker_offline.STANDIN_LABEL + '" }}', APP_IMAGE,
+        '{{ index .Config.Labels "' + docker_standin.STANDIN_LABEL + '" }}', APP_IMAGE,
     ).stdout.strip()  # fmt: skip
     assert app_base == images[standins["superexec"]], "the app image is not FROM the stand-in"
     timings["cached-engine"] = float(cached)
@@ -366,7 +367,7 @@ def _run_demo(
 
 
 def test_debian_mirror_is_read_from_both_apt_formats(tmp_path, monkeypatch):
-    monkeypatch.delenv(docker_offline.MIRROR_ENV, raising=False)
+    monkeypatch.delenv(docker_standin.MIRROR_ENV, raising=False)
     apt = tmp_path / "apt"
     (apt / "sources.list.d").mkdir(parents=True)
     (apt / "sources.list.d" / "other.list.disabled").write_text("deb http://x/ bookworm main\n")
@@ -376,19 +377,19 @@ def test_debian_mirror_is_read_from_both_apt_formats(tmp_path, monkeypatch):
         "Types: deb deb-src\nURIs: http://mirror.example/debian/\n"
         "Suites: bookworm bookworm-updates\nComponents: main\n"
     )
-    assert docker_offline.debian_mirror(apt_dir=apt) == "http://mirror.example/debian"
+    assert docker_standin.debian_mirror(apt_dir=apt) == "http://mirror.example/debian"
     (apt / "sources.list.d" / "debian.sources").unlink()
     (apt / "sources.list").write_text(
         "# comment\ndeb-src http://src.example/debian bookworm main\n"
         "deb [signed-by=/k.gpg arch=amd64] http://one.example/debian bookworm main\n"
     )
-    assert docker_offline.debian_mirror(apt_dir=apt) == "http://one.example/debian"
-    monkeypatch.setenv(docker_offline.MIRROR_ENV, "http://override.example/debian")
-    assert docker_offline.debian_mirror(apt_dir=apt) == "http://override.example/debian"
-    monkeypatch.delenv(docker_offline.MIRROR_ENV)
+    assert docker_standin.debian_mirror(apt_dir=apt) == "http://one.example/debian"
+    monkeypatch.setenv(docker_standin.MIRROR_ENV, "http://override.example/debian")
+    assert docker_standin.debian_mirror(apt_dir=apt) == "http://override.example/debian"
+    monkeypatch.delenv(docker_standin.MIRROR_ENV)
     (apt / "sources.list").write_text("deb http://one.example/debian trixie main\n")
-    with pytest.raises(docker_offline.DockerOfflineError, match="bookworm"):
-        docker_offline.debian_mirror(apt_dir=apt)
+    with pytest.raises(docker_standin.DockerOfflineError, match="bookworm"):
+        docker_standin.debian_mirror(apt_dir=apt)
 
 
 def test_sync_and_clear_wheelhouse_keep_only_the_readme(tmp_path):

@@ -1,12 +1,16 @@
-"""Nothing outlives the process that started it (issue 31): what ``florg_tools.processes.spawn``
+"""Nothing outlives the process that started it: what ``florg_tools.processes.spawn``
 starts dies with its starter even when the starter is killed from outside -- SIGTERM, or
 SIGKILL, which no handler sees -- through the parent-death signal and the watchdog
 (florg_tools/processes.py's docstring).
 
 The unit tests use plain Python process trees (a child, and a double-forked grandchild that
 re-parents away from the tree, as Ray's services and the SuperExec's children do); the
-integration tests kill a real ``florg launch --ephemeral-superlink`` and a pytest session
-holding ``local_simulation_superlink``. Every wait polls with a deadline.
+integration tests kill a real ``florg launch --ephemeral-superlink``, a pytest session
+holding ``local_simulation_superlink``, and a process holding each of the other servers
+the tests start: the private ``dockerd`` with its ``containerd`` (ci/docker_engine/) and
+the private Ray cluster (tests/ray_harness.py). Survivors are looked for among the
+processes recorded before the kill (pid and start time) and those carrying the server's
+environment tag, never by name. Every wait polls with a deadline.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from __future__ import annotations
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -39,19 +45,50 @@ from florg_tools.processes import (
 from tests.test_processes import TREE
 
 REPO = Path(__file__).resolve().parent.parent
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 KILLS = [pytest.param(signal.SIGTERM, id="SIGTERM"), pytest.param(signal.SIGKILL, id="SIGKILL")]
 
 # TREE (tests/test_processes.py): a child and a double-forked grandchild re-parented to
 # init (only its environment tag links it to us); prints the two pids, then waits.
 
-# A starter: spawns TREE (log: argv[1]), prints the tag, then waits to be killed.
+# A starter: spawns ``python -c argv[2] argv[3:]`` (TREE; log: argv[1]), prints the tag,
+# then waits to be killed.
 STARTER = """
 import os, sys, time
 from pathlib import Path
 from florg_tools.processes import spawn
-popen, tag = spawn([sys.executable, "-c", sys.argv[2]], env=dict(os.environ),
+popen, tag = spawn([sys.executable, "-c", *sys.argv[2:]], env=dict(os.environ),
                    log_path=Path(sys.argv[1]))
 print(tag, flush=True)
+time.sleep(120)
+"""
+
+# Run as ``python -c UNTAGGED_TREE top UNTAGGED_TREE``: two processes re-parented to init
+# that show no tag (as Ray's agents and workers show none once they set their process
+# title): a stray in the spawned process's group, and the child of a holder that carries
+# the tag, each in a session of its own (as a container under its containerd shim).
+# Prints the pids of the holder, its child and the stray, then waits.
+UNTAGGED_TREE = """
+import os, subprocess, sys, time
+role, code = sys.argv[1], sys.argv[2]
+untagged = {"PATH": os.environ.get("PATH", "")}
+
+def start(next_role, **kwargs):
+    return subprocess.Popen([sys.executable, "-c", code, next_role, code], **kwargs)
+
+if role == "top":
+    middle = start("middle", stdout=subprocess.PIPE, text=True)
+    pids = middle.stdout.readline().strip()
+    middle.wait()
+    print(pids, flush=True)
+elif role == "middle":  # starts both and exits: they re-parent to init
+    holder = start("holder", stdout=subprocess.PIPE, text=True, start_new_session=True)
+    stray = start("stray", env=untagged, stdout=subprocess.DEVNULL)
+    print(holder.pid, holder.stdout.readline().strip(), stray.pid, flush=True)
+    os._exit(0)
+elif role == "holder":
+    child = start("child", env=untagged, stdout=subprocess.DEVNULL, start_new_session=True)
+    print(child.pid, flush=True)
 time.sleep(120)
 """
 
@@ -135,6 +172,38 @@ def test_a_killed_starter_takes_its_tree_and_the_reparented_grandchild_along(tmp
         assert starter.wait(timeout=10) == -sig
         _assert_nothing_survives(recorded, tag, timeout=10.0)
         assert "[watchdog" in log.read_text()  # it says what it had to stop
+    finally:
+        _stop(starter, recorded, tag)
+
+
+def test_a_killed_starter_takes_its_reparented_untagged_processes_along(tmp_path):
+    # Neither is in the starter's tree nor shows the tag: the watchdog finds the stray as a
+    # member of the spawned process's group, the child as a child of a tagged process.
+    log = tmp_path / "tree.log"
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER, str(log), UNTAGGED_TREE, "top", UNTAGGED_TREE],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    recorded: list[ProcInfo] = []
+    tag = None
+    try:
+        tag = _read_line(starter, 30.0)
+        _wait_for(lambda: log.exists() and len(log.read_text().split()) == 3, 30.0, "the tree")
+        holder, child, stray = (int(x) for x in log.read_text().split())
+        recorded = _tree_of(starter.pid, tag)
+        table = process_table(tag)
+        assert table[holder].tagged and table[holder].pgid == holder  # a session of its own
+        spawned = next(p for p in recorded if p.ppid == starter.pid and p.tagged)
+        assert table[stray].pgid == spawned.pid  # the spawned process's group
+        for pid in (child, stray):
+            assert not table[pid].tagged and pid not in {p.pid for p in recorded}
+            recorded.append(table[pid])
+
+        os.kill(starter.pid, signal.SIGKILL)
+        assert starter.wait(timeout=10) == -signal.SIGKILL
+        _assert_nothing_survives(recorded, tag, timeout=10.0)
     finally:
         _stop(starter, recorded, tag)
 
@@ -306,3 +375,109 @@ def test_a_pytest_session_killed_from_outside_leaves_no_superlink_behind(tmp_pat
         text=True,
     )
     _kill_and_check(session, signal.SIGTERM)  # what `timeout` sends first
+
+
+# A starter of the private Docker engine (ci/docker_engine/): it starts dockerd (state dir
+# argv[1], data-roots below argv[2]), prints the engine's tag and dockerd's pid, then
+# waits to be killed.
+DOCKERD_STARTER = """
+import sys, time
+from pathlib import Path
+from ci.docker_engine import start_engine
+engine = start_engine(Path(sys.argv[1]), Path(sys.argv[2]))
+print("TAG", engine.tag, engine.pid, flush=True)
+time.sleep(300)
+"""
+
+# A starter of the tests' private Ray cluster (tests/ray_harness.py): a head node without
+# CPUs (root argv[1]); it prints the head's tag, then waits to be killed.
+RAY_STARTER = """
+import sys, time
+from pathlib import Path
+from tests.ray_harness import private_ray_cluster
+with private_ray_cluster(Path(sys.argv[1]), head_cpus=0) as cluster:
+    print("TAG", cluster.nodes[0].tag, flush=True)
+    time.sleep(300)
+"""
+
+
+def _kill_server_starter(
+    starter: subprocess.Popen[str], sig: int, expect: Callable[[list[ProcInfo]], object]
+) -> list[ProcInfo]:
+    """Once the starter printed its server's tag, record the starter's process tree and
+    every process carrying the tag, check it with ``expect`` (the server is really up),
+    kill the starter with ``sig`` and check that none of the recorded processes, and no
+    process carrying the tag, survives. Returns what was recorded."""
+    recorded: list[ProcInfo] = []
+    tag = None
+    try:
+        tag = _read_line(starter, 180.0, r"TAG (\w+)")
+        recorded = _tree_of(starter.pid, tag)
+        assert expect(recorded), [p.cmdline[:100] for p in recorded]
+        os.kill(starter.pid, sig)
+        assert starter.wait(timeout=20) == -sig
+        _assert_nothing_survives(recorded, tag, timeout=30.0)
+        return recorded
+    finally:
+        _stop(starter, recorded, tag)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sig", KILLS)
+def test_a_killed_starter_leaves_no_private_dockerd_behind(sig):
+    from ci.docker_engine import engine_prerequisites, remove_tree, unmount_under
+
+    problems = engine_prerequisites()
+    if problems:
+        message = "no private Docker engine here: " + "; ".join(problems)
+        if CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    # Unix socket paths are short: the engine's state lives in /tmp, not in tmp_path. A
+    # data-root of its own (empty: dockerd starts in seconds), not the image cache, which a
+    # killed dockerd must not touch.
+    root = Path(tempfile.mkdtemp(prefix="florg-dk-", dir="/tmp"))
+    starter = subprocess.Popen(
+        [sys.executable, "-c", DOCKERD_STARTER, str(root / "s"), str(root / "data")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def dockerd_and_containerd(recorded: list[ProcInfo]) -> bool:
+        # dockerd is the starter's child (unshare and sh exec it); containerd its child.
+        table = {p.pid: p for p in recorded}
+        dockerd = [p for p in recorded if p.ppid == starter.pid and "dockerd" in p.cmdline]
+        return len(dockerd) == 1 and any(
+            "containerd" in p.cmdline and p.ppid == dockerd[0].pid for p in table.values()
+        )
+
+    try:
+        _kill_server_starter(starter, sig, dockerd_and_containerd)
+    finally:
+        unmount_under(root)
+        remove_tree(root)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sig", KILLS)
+def test_a_killed_starter_leaves_no_private_ray_cluster_behind(sig):
+    # Ray's unix sockets live under its temp dir, whose path must stay short.
+    root = Path(tempfile.mkdtemp(prefix="rayk-", dir="/tmp"))
+    starter = subprocess.Popen(
+        [sys.executable, "-c", RAY_STARTER, str(root)],
+        cwd=REPO,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def head_services(recorded: list[ProcInfo]) -> bool:
+        # `ray start --block` (the starter's child) and the head's GCS and raylet.
+        commands = [p.cmdline for p in recorded]
+        return all(any(name in c for c in commands) for name in ("gcs_server", "raylet"))
+
+    try:
+        _kill_server_starter(starter, sig, head_services)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Simulation overhead: CPU time of the simulation's processes and of the machine
-(``florg_tools.processes``, psutil), and the monitor thread that places the run's rows on
-this process's clock."""
+(psutil; processes named by pid and start time as ``florg_tools.processes`` records them),
+and the monitor thread that places the run's rows on this process's clock."""
 
 from __future__ import annotations
 
@@ -11,7 +11,47 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from florg_tools.processes import ProcInfo
+
+
+def child_pids(pid: int) -> list[int]:
+    """The pids of the direct children of ``pid`` (none if it is gone)."""
+    import psutil
+
+    try:
+        return [child.pid for child in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []
+
+
+def cpu_seconds(info: ProcInfo) -> float | None:
+    """User + system CPU seconds of the process ``info`` (``None`` once it is gone, a
+    zombie, or another process with its pid: the start time tells them apart)."""
+    import psutil
+
+    from florg_tools.processes import process_info
+
+    now = process_info(info.pid)
+    if now is None or now.zombie or not now.same_process(info):
+        return None
+    try:
+        times = psutil.Process(info.pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each thread of ``pid`` (empty if it is gone)."""
+    import psutil
+
+    try:
+        return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+    except psutil.Error:
+        return {}
 
 
 def busy_threads(before: dict[int, float], after: dict[int, float]) -> int:
@@ -95,10 +135,10 @@ class SimMonitor(threading.Thread):
         self.join(timeout=10.0)
 
     def sample_cpu(self) -> dict[str, float]:
-        from florg_tools.processes import children, cpu_seconds, process_info
+        from florg_tools.processes import process_info
 
         pids = {info.pid for info in self.superlink.recorded()}
-        pids.update(children(os.getpid()))
+        pids.update(child_pids(os.getpid()))
         for pid in pids:
             # re-read: a Ray worker renames itself once it hosts an actor
             info = process_info(pid)
@@ -114,8 +154,6 @@ class SimMonitor(threading.Thread):
         return totals
 
     def sample_threads(self) -> dict[tuple[int, float], dict[int, float]]:
-        from florg_tools.processes import thread_cpu_seconds
-
         watched = (CATEGORIES[0], CATEGORIES[1])
         sampled = {key: thread_cpu_seconds(key[0]) for key, c in self._cat.items() if c in watched}
         return {key: threads for key, threads in sampled.items() if threads}  # live ones

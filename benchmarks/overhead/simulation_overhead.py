@@ -15,10 +15,10 @@ same local training + aggregation + server evaluation in a plain Python loop, in
     data and the model; row 0 is the initial evaluation).  A monitor thread in this process
     polls the run folder every 50 ms, so the ServerApp's start (``config.json`` appears)
     and every row are also placed on this process's clock, relative to the launch; it also
-    samples the CPU time (utime + stime, ``florg_tools.processes``) of every process of the
-    simulation (SuperLink, SuperExec, ``flwr-simulation`` = ServerApp + Ray driver, Ray
-    services, the ClientApp actors) and of the ``flwr`` CLI children of the launcher, at
-    every row.
+    samples the CPU time (utime + stime, ``benchmarks.overhead.monitor``) of every process
+    of the simulation (SuperLink, SuperExec, ``flwr-simulation`` = ServerApp + Ray driver,
+    Ray services, the ClientApp actors) and of the ``flwr`` CLI children of the launcher,
+    at every row.
 (b) Loop.  The same work in this process with the app's own modules: ``load_task_data``,
     ``cached_adapted_model``, per client the ClientApp's round
     (``flower_app.client_round.train_round``: its partition, seeds and training settings),

@@ -1,5 +1,5 @@
-"""``python -m florg_tools.deploy.docker_engine start|stop``: the private engine by hand
-(needs root); see ``florg_tools.deploy.docker_engine``."""
+"""``python -m ci.docker_engine start|stop``: the private engine by hand
+(needs root); see ``ci.docker_engine``."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from florg_tools.deploy.docker_engine.client import (
+from ci.docker_engine.client import (
     DockerEngineError,
     cache_root,
     engine_prerequisites,
 )
-from florg_tools.deploy.docker_engine.engine import STORAGE_DRIVERS, PrivateDockerd, start_engine
-from florg_tools.deploy.docker_engine.pids import proc_stat
+from ci.docker_engine.engine import STORAGE_DRIVERS, PrivateDockerd, start_engine
+from ci.docker_engine.pids import proc_stat
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m florg_tools.deploy.docker_engine")
+    p = argparse.ArgumentParser(prog="python -m ci.docker_engine")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("start", help="start a private dockerd in its own network namespace")
     s.add_argument("--state-dir", type=Path, default=Path("/tmp/florg-dockerd"))
@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         data_base = args.data_root or cache_root() / "engine"
         drivers = (args.storage_driver,) if args.storage_driver else STORAGE_DRIVERS
         try:
-            engine = start_engine(state_dir, data_base.resolve(), drivers)
+            # Not tied to this command's life: it exits, the engine runs on until `stop`.
+            engine = start_engine(state_dir, data_base.resolve(), drivers, die_with_starter=False)
         except DockerEngineError as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
@@ -54,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f'export PATH={shlex.quote(str(state_dir / "bin"))}:"$PATH"')
         print(f"# dockerd pid {engine.pid} ({engine.storage_driver}); host commands that dial")
         print(f"# the published ports: {shlex.join(engine.netns())} COMMAND")
-        engine._popen = None  # leave it running: `stop` finds it by its recorded pid
+        # Leave it running: `stop` finds it by its recorded pid.
+        engine._popen = None
+        engine._tracked = None
         return 0
     try:
         state: dict[str, Any] = json.loads((state_dir / "engine.json").read_text())

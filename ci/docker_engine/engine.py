@@ -1,6 +1,13 @@
 """The private engine itself: :class:`PrivateDockerd` (``dockerd`` in its own network
 namespace, stopped by pid), :func:`start_engine` (storage driver fallback) and
 :func:`cached_data_root` (the stable, locked data-root).
+
+The engine dies with the process that started it, also when that process is killed from
+outside (a test run ended by ``timeout``'s SIGTERM, or SIGKILL): ``dockerd`` is started
+with ``florg_tools.processes.spawn``, as the tooling starts its SuperLinks, which gives it a
+parent-death signal and a watchdog that stops it, its ``containerd`` and everything else
+carrying its environment tag once the starter is gone (tests/test_orphans.py). Only the
+command line's ``start``, which leaves the engine running for a later ``stop``, opts out.
 """
 
 from __future__ import annotations
@@ -17,15 +24,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
-from florg_tools.deploy.docker_engine.client import (
+from ci.docker_engine.client import (
     DockerClient,
     DockerEngineError,
     cache_root,
     docker_cli,
 )
-from florg_tools.deploy.docker_engine.pids import (
+from ci.docker_engine.pids import (
     alive,
     proc_stat,
     remove_tree,
@@ -33,6 +39,7 @@ from florg_tools.deploy.docker_engine.pids import (
     snapshot,
     unmount_under,
 )
+from florg_tools.processes import TrackedProcess, spawn
 
 STORAGE_DRIVERS = ("overlay2", "vfs")
 
@@ -66,15 +73,20 @@ class PrivateDockerd:
     """``dockerd`` in its own network namespace (only ``lo``), with everything of its own
     under ``state_dir`` (socket, exec-root, pidfile, config, log, client config) and
     images in ``data_root``. Use as a context manager or call :meth:`start` /
-    :meth:`stop`; :meth:`stop` (also after a failure) stops every process by pid."""
+    :meth:`stop`; :meth:`stop` (also after a failure) stops every process by pid.
+
+    ``die_with_starter`` (the default): the engine never outlives the process that started
+    it (module docstring); ``tag`` is then the environment tag its processes carry."""
 
     state_dir: Path
     data_root: Path
     storage_driver: str = "overlay2"
     start_timeout: float = 120.0
+    die_with_starter: bool = True
     pid: int | None = None
+    tag: str | None = None
     _popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    _log: IO[bytes] | None = field(default=None, repr=False)
+    _tracked: TrackedProcess | None = field(default=None, repr=False)
     _cli: str | None = field(default=None, repr=False)
     survivors: list[str] = field(default_factory=list)
 
@@ -128,17 +140,20 @@ class PrivateDockerd:
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(self._cli)
-        # sh brings lo up in the fresh namespace, then becomes dockerd (same pid).
+        # sh brings lo up in the fresh namespace, then becomes dockerd (same pid: unshare
+        # and sh both exec, so the parent-death signal set at the fork reaches dockerd).
+        # spawn: a session of its own, stdin from /dev/null, output appended to the log,
+        # and -- with die_with_starter -- the parent-death signal and the watchdog.
         script = "ip link set lo up && exec " + shlex.join(self.argv())
-        self._log = self.log_path.open("ab")
-        self._popen = subprocess.Popen(
+        self._popen, tag = spawn(
             ["unshare", "--net", "--", "sh", "-c", script],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            env=dict(os.environ),
+            log_path=self.log_path,
+            die_with_starter=self.die_with_starter,
         )
+        self._tracked = TrackedProcess(self._popen, tag, self.log_path)
         self.pid = self._popen.pid
+        self.tag = tag
         self._write_state()
         try:
             self._wait_ready()
@@ -210,10 +225,13 @@ class PrivateDockerd:
         if self._popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._popen.wait(timeout=5)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
         self.survivors = [f"{p.pid}: {p.cmdline[:160]}" for p in tracked if alive(p)]
+        if self._tracked is not None:
+            # Whatever carries the engine's tag and is still left (nothing, normally),
+            # then the watchdog is released: the engine is stopped, nothing to guard.
+            left = self._tracked.stop(grace=1.0)
+            self.survivors += [f"{p.pid}: {p.cmdline[:160]}" for p in left]
+            self._tracked = None
         unmount_under(self.exec_root)
         self.pid = None
         return self.survivors
@@ -280,16 +298,21 @@ class PrivateDockerd:
 
 
 def start_engine(
-    state_dir: Path, data_base: Path, drivers: Sequence[str] = STORAGE_DRIVERS
+    state_dir: Path,
+    data_base: Path,
+    drivers: Sequence[str] = STORAGE_DRIVERS,
+    *,
+    die_with_starter: bool = True,
 ) -> PrivateDockerd:
     """Start on the first storage driver that works, with the data-root
     ``<data_base>/<driver>``. A data-root the daemon fails on (stale, partial) is wiped
-    and tried once more before the next driver."""
+    and tried once more before the next driver. ``die_with_starter``: as
+    :class:`PrivateDockerd`'s."""
     errors: list[str] = []
     for driver in drivers:
         root = data_base / driver
         for attempt in (1, 2):
-            engine = PrivateDockerd(state_dir, root, driver)
+            engine = PrivateDockerd(state_dir, root, driver, die_with_starter=die_with_starter)
             try:
                 return engine.start()
             except DockerEngineError as err:

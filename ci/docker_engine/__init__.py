@@ -1,6 +1,7 @@
-"""A private Docker engine for the compose demo's test: its own ``dockerd`` (and the
-``containerd`` it starts) in its OWN network namespace, with its own data-root, exec-root,
-socket and config, started and stopped by pid.
+"""A private Docker engine for the compose demo's test (test machinery, not part of the
+tooling): its own ``dockerd`` (and the ``containerd`` it starts) in its OWN network
+namespace, with its own data-root, exec-root, socket and config, started and stopped by
+pid, and never outliving the process that started it (``engine``'s docstring).
 
 Why a network namespace: the engine's network namespace has only a loopback interface, so
 the containers (on the compose project's bridge network inside it), the builds and the
@@ -23,9 +24,9 @@ afresh once.
 
 Command line (the same engine by hand; needs root)::
 
-    python -m florg_tools.deploy.docker_engine start --state-dir /tmp/florg-dockerd
+    python -m ci.docker_engine start --state-dir /tmp/florg-dockerd
     #   prints the exports for DOCKER_HOST, PATH, ... and the nsenter prefix
-    python -m florg_tools.deploy.docker_engine stop --state-dir /tmp/florg-dockerd
+    python -m ci.docker_engine stop --state-dir /tmp/florg-dockerd
 """
 
 # Modules: ``client`` (the docker client and compose tool, prerequisites, DockerClient),
@@ -34,7 +35,7 @@ Command line (the same engine by hand; needs root)::
 
 from __future__ import annotations
 
-from florg_tools.deploy.docker_engine.client import (
+from ci.docker_engine.client import (
     CACHE_ENV,
     DockerClient,
     DockerEngineError,
@@ -43,13 +44,13 @@ from florg_tools.deploy.docker_engine.client import (
     docker_cli,
     engine_prerequisites,
 )
-from florg_tools.deploy.docker_engine.engine import (
+from ci.docker_engine.engine import (
     STORAGE_DRIVERS,
     PrivateDockerd,
     cached_data_root,
     start_engine,
 )
-from florg_tools.deploy.docker_engine.pids import remove_tree, unmount_under
+from ci.docker_engine.pids import remove_tree, unmount_under
 
 __all__ = [
     "CACHE_ENV",

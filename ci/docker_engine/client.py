@@ -8,20 +8,26 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
-CACHE_ENV = "FLORG_DOCKER_CACHE"
+# The one cache folder of the docker tooling (``$FLORG_DOCKER_CACHE``): the wheelhouses
+# (florg_tools) and this engine's data-roots; re-exported from here for the test machinery.
+from florg_tools.deploy.docker_offline import CACHE_ENV, cache_root
+
+__all__ = [
+    "CACHE_ENV",
+    "DockerClient",
+    "DockerEngineError",
+    "cache_root",
+    "compose_command",
+    "docker_cli",
+    "engine_prerequisites",
+]
+
 _REQUIRED_BINARIES = ("dockerd", "containerd", "runc", "docker-proxy", "unshare", "nsenter", "ip")
 
 
 class DockerEngineError(RuntimeError):
     """The private engine cannot be started or used; the message says why."""
-
-
-def cache_root() -> Path:
-    """``$FLORG_DOCKER_CACHE``, else ``~/.cache/florg-docker``."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser().resolve() if env else Path.home() / ".cache" / "florg-docker"
 
 
 def _client_version(cli: str) -> tuple[int, ...] | None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from florg_tools.deploy.docker_engine.client import DockerEngineError
+from ci.docker_engine.client import DockerEngineError
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# For a machine that reaches package indexes but no container registry (this project's CI
-# machines): build local STAND-INS for Flower's official images under the official names
+# Test machinery (python -m ci.docker_standin all), for a machine that reaches package
+# indexes but no container registry (this project's CI machines): build local STAND-INS
+# for Flower's official images under the official names
 # (flwr/superlink:1.42.0, flwr/supernode:1.42.0, flwr/superexec:1.42.0) and fill
 # docker/wheelhouse/ so that docker/Dockerfile builds offline; then
 # `bash scripts/docker_demo.sh` runs docker/compose.yml + docker/with-tls.yml unchanged.
 # On a machine that can pull, do not run this: compose pulls the official images.
 #
-#   bash scripts/docker_standin.sh          # the engine of DOCKER_HOST (or the default one)
+#   bash ci/docker_standin.sh               # the engine of DOCKER_HOST (or the default one)
 #
 # Needs root for debootstrap (Debian 12 minbase from this machine's apt mirror, once),
 # a docker client that builds with BuildKit (Debian's docker.io, or one with buildx), and
@@ -22,4 +23,4 @@ if [ ! -x "$VENV/bin/python" ]; then
   bash scripts/setup.sh
 fi
 export DOCKER_BUILDKIT=1
-exec "$VENV/bin/python" -m florg_tools.deploy.docker_offline all
+exec "$VENV/bin/python" -m ci.docker_standin all
