@@ -1,6 +1,6 @@
 """The ClientApp: train the method's adapter on this node's partition and send the payload.
 
-Everything method-specific comes from the method registry (flower_app/methods/). State a
+Everything method-specific comes from the method registry (strategies/). State a
 node keeps between rounds lives in its Flower ``Context`` (per run): a method's personal
 parts (FedSA-LoRA's own B) and whatever its hook keeps (FedEx-LoRA's folded residuals). A
 resumed run (flower_app/checkpoint.py) is a new Flower run with fresh contexts:
@@ -34,11 +34,11 @@ from flower_app.config import resolve_config
 from flower_app.faults import inject_faults
 from flower_app.modeling import pick_device
 from flower_app.node_config import use_node_data
+from flower_app.records import from_array_record, to_array_record
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data
 from flower_app.task_eval import evaluate_task
-from strategies.flower.base import from_array_record, to_array_record
-from strategies.flower.ranks import truncate_to_rank
+from strategies.common.ranks import truncate_to_rank
 
 app = ClientApp(mods=[inject_faults])  # fault-* (testing): flower_app/faults.py
 

@@ -112,7 +112,7 @@ class RoundReply:
         """The reply's Flower content: the shared arrays (float32) and the metrics."""
         from flwr.app import MetricRecord, RecordDict
 
-        from strategies.flower.base import to_array_record
+        from flower_app.records import to_array_record
 
         return RecordDict(
             {"arrays": to_array_record(self.shared), "metrics": MetricRecord(self.metrics)}

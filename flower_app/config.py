@@ -30,7 +30,7 @@ Unknown keys and bad values raise ``ConfigError`` naming the key, before any mod
 built or any client trains (the value checks and the coercion: flower_app/config_checks.py).
 
 Settings and methods depend one way, this module -> the method registry
-(flower_app/methods/): the values ``method`` may take are the registered names (the
+(strategies/): the values ``method`` may take are the registered names (the
 registry's check ``RegisteredMethod``), and ``resolve_config`` is the one validation every
 caller runs (the apps, the launcher, the grids, the benchmarks), so it has to know them.
 The registry never imports this module, not even for annotations: a method is handed a
@@ -64,7 +64,7 @@ from flower_app.config_checks import (
     rank_list,
 )
 from flower_app.config_checks import is_folder_name as is_folder_name  # re-exported
-from flower_app.methods import RegisteredMethod, get_method
+from strategies.registry import RegisteredMethod, get_method
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # presets and grids (the tooling's)
 
@@ -111,7 +111,7 @@ class RunConfig:
     )
     method: str = setting(
         "florg",
-        "federated method (flower_app/methods/)",
+        "federated method (strategies/)",
         check=RegisteredMethod(),
         affects=(MODEL,),
     )

@@ -23,7 +23,7 @@ import numpy as np
 from flwr.app import Context, Message, MessageType
 
 from flower_app.config import resolve_config
-from strategies.flower.base import ADAPTER_SUFFIXES, from_array_record, to_array_record
+from flower_app.records import ADAPTER_SUFFIXES, from_array_record, to_array_record
 
 
 def partition_id(context: Context) -> int:

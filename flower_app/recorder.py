@@ -19,10 +19,10 @@ from flwr.common.logger import log as flwr_log
 
 from flower_app.config import RunConfig
 from flower_app.environment import describe_environment
-from flower_app.methods import get_method
 from flower_app.paths import run_folder
 from flower_app.task_kinds import TaskKind, get_kind
 from flower_app.tracking import open_tracker
+from strategies.registry import get_method
 
 INFO = 20
 

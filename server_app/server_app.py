@@ -28,11 +28,11 @@ from flower_app.config import ConfigError, RunConfig, resolve_config
 from flower_app.console import install_console
 from flower_app.modeling import pick_device, resolve_model_source
 from flower_app.recorder import INFO, RunRecorder, make_run_dir
+from flower_app.records import from_array_record, to_array_record
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, load_test_data
 from flower_app.task_eval import evaluate_task
-from strategies.flower import AdapterStrategy
-from strategies.flower.base import from_array_record, to_array_record
+from strategies.common.strategy import AdapterStrategy
 
 app = ServerApp()
 
@@ -58,7 +58,7 @@ class GlobalEvaluator:
         self.recorder = recorder
         self.run_dir = run_dir
         self.lineage = lineage
-        # at the run's largest rank (flower_app/client_ranks.py; strategies/flower/florg.py)
+        # at the run's largest rank (flower_app/client_ranks.py; strategies/florg/strategy.py)
         model_config = server_model_config(config)
         self.adapted = cached_adapted_model(model_config, data.num_labels, data.spec.kind)
         self.device = pick_device(config.device)

@@ -1,5 +1,5 @@
 """Test helper: a copy of the Flower App with one module added to one registry, as a user
-adds a method (flower_app/methods/) or a task kind (flower_app/task_kinds/): one module plus
+adds a method (strategies/) or a task kind (flower_app/task_kinds/): one module plus
 one registry line. Not a test module."""
 
 from __future__ import annotations

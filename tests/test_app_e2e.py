@@ -26,11 +26,11 @@ from client_app.client_app import NODE_STATE_ENV
 from florg_tools.flwr_cli import RunOutcome, run_flower_app
 from florg_tools.run_config import resume_run_config
 from flower_app.adapters.targets import adapter_layout
-from flower_app.methods import get_method, method_names
-from flower_app.methods.communication import round_communication
-from strategies.dp import FEDEX_REFUSAL, epsilon_for
-from strategies.florg import aggregate_florg
-from strategies.florg_signed import aggregate_florg_signed
+from strategies.common.central_dp import FEDEX_REFUSAL, epsilon_for
+from strategies.communication import round_communication
+from strategies.florg.rule import aggregate_florg
+from strategies.florg_signed.rule import aggregate_florg_signed
+from strategies.registry import get_method, method_names
 from tests.ray_harness import shared_ray_simulation_superlink
 
 METHODS = method_names()

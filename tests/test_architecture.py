@@ -149,9 +149,9 @@ def test_find_cycle_finds_a_cycle_and_accepts_a_dag():
 
 def test_import_graph_sees_function_local_and_from_imports():
     graph = import_graph()
-    # flower_app/methods/base.py imports AdapterStrategy only under TYPE_CHECKING
-    assert "strategies.flower.base" not in graph["flower_app.methods.base"]
-    assert "strategies.flower.base" in import_graph(type_checking=True)["flower_app.methods.base"]
+    # strategies/method.py imports AdapterStrategy only under TYPE_CHECKING
+    assert "strategies.common.strategy" not in graph["strategies.method"]
+    assert "strategies.common.strategy" in import_graph(type_checking=True)["strategies.method"]
     assert "flower_app.config" in graph["server_app.server_app"]
     # a function-local import (flower_app/disk_cache.py: cache_root)
     assert "flower_app.asset_registry" in graph["flower_app.disk_cache"]
@@ -184,8 +184,10 @@ def test_settings_and_methods_depend_one_way():
     the registry imports, annotations (``if TYPE_CHECKING:``) and function-local imports
     included, reaches the settings (the config.py docstring says why this way)."""
     graph = import_graph(type_checking=True)
-    assert "flower_app.methods" in graph["flower_app.config"]
-    methods = {m for m in graph if m.split(".")[:2] == ["flower_app", "methods"]}
+    assert "strategies.registry" in graph["flower_app.config"]
+    methods = {"strategies.registry", "strategies.method"} | {
+        m for m in graph if m.startswith("strategies.") and m.endswith(".method")
+    }
     assert len(methods) > 5
     reached = reachable(graph, methods)
     assert not reached & {"flower_app.config", "flower_app.config_checks", "flower_app.adapted"}

@@ -18,8 +18,8 @@ from florg_tools.synthetic import make_generative_qa_task, make_tiny_causal_lm
 from flower_app.config import ConfigError, resolve_config
 from flower_app.data import sft
 from flower_app.data.tasks import TASKS
-from flower_app.methods import method_names
 from flower_app.sft_eval import generate_answers, generation_scores, response_loss
+from strategies.registry import method_names
 from tests.ray_harness import shared_ray_simulation_superlink
 
 NUM_NODES = 2

@@ -21,7 +21,7 @@ from flower_app.checkpoint import (
 )
 from flower_app.config import DEFAULTS, ConfigError, resolve_config
 from flower_app.recorder import RunRecorder
-from strategies.flower.base import from_array_record, to_array_record
+from flower_app.records import from_array_record, to_array_record
 from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1

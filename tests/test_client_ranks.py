@@ -21,11 +21,11 @@ from flower_app.client_ranks import (
     server_model_config,
 )
 from flower_app.config import ConfigError, resolve_config
-from flower_app.methods.communication import client_communication
-from strategies.florg_ranks import aggregate_florg_ranks
-from strategies.florg_torch import aggregate_florg_layers
-from strategies.flower.base import from_array_record, to_array_record
-from strategies.flower.ranks import truncate_to_rank
+from flower_app.records import from_array_record, to_array_record
+from strategies.common.ranks import truncate_to_rank
+from strategies.communication import client_communication
+from strategies.florg.ranks import aggregate_florg_ranks
+from strategies.florg.rule_torch import aggregate_florg_layers
 from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1

@@ -29,7 +29,7 @@ from flower_app.modeling import pick_device
 from flower_app.node_config import use_node_data
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, tokenized_split
-from strategies.flower.participation import NodeLedger
+from strategies.common.participation import NodeLedger
 
 TaskIdentity.run_id = 1
 TaskIdentity.task_id = 1

@@ -1,4 +1,4 @@
-"""Central DP mechanisms (strategies/dp.py, strategies/dp_torch.py; docs/privacy.md):
+"""Central DP mechanisms (strategies/common/central_dp.py, strategies/florg/dp_torch.py; docs/privacy.md):
 noise calibration, clipping, post-processing, accounting against the libraries, settings."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 import torch
 from scipy import stats
 
-from strategies import dp
-from strategies.dp_torch import private_florg_layers_torch
-from strategies.federa import aggregate_federa
-from strategies.florg import aggregate_florg_reference
+from strategies.common import central_dp as dp
+from strategies.federa.rule import aggregate_federa
+from strategies.florg.dp_torch import private_florg_layers_torch
+from strategies.florg.rule import aggregate_florg_reference
 
 ALPHA = 1e-6  # two-sided level of the chi-square checks (the seeds are fixed anyway)
 

@@ -1,6 +1,6 @@
 """Central differential privacy wired into the app (issue 29; docs/privacy.md): the settings
 and their refusals, each method's mechanism as its strategy runs it (z = 0 equals the
-mechanism of strategies/dp.py on the clipped inputs; z > 0 differs, with noise that no
+mechanism of strategies/common/central_dp.py on the clipped inputs; z > 0 differs, with noise that no
 setting reproduces), the accountant in the metrics and the checkpoint. Hand-built Flower
 messages, no simulation (the runs: tests/test_app_e2e.py)."""
 
@@ -15,9 +15,9 @@ from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from flower_app.config import ConfigError, resolve_config
-from flower_app.methods import get_method, method_names
 from flower_app.recorder import RunRecorder
-from strategies.dp import (
+from flower_app.records import from_array_record, to_array_record
+from strategies.common.central_dp import (
     FEDEX_REFUSAL,
     MECHANISMS,
     CentralDP,
@@ -28,8 +28,8 @@ from strategies.dp import (
     private_florg_layers,
     product_update,
 )
-from strategies.florg_signed import sign_blocks
-from strategies.flower.base import from_array_record, to_array_record
+from strategies.florg_signed.rule import sign_blocks
+from strategies.registry import get_method, method_names
 from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1
@@ -80,7 +80,7 @@ def f32(state):
 
 
 def expected_private(method, sent, clients, m, strategy):
-    """The mechanism of strategies/dp.py with z = 0 on the clipped replies, m sampled."""
+    """The mechanism of strategies/common/central_dp.py with z = 0 on the clipped replies, m sampled."""
     clients = [f32(c) for c in clients]
     head = [HEAD]
     mechanism = MECHANISMS[method]
@@ -166,7 +166,7 @@ def test_fedex_lora_is_refused_with_its_reason_and_the_others_declare_their_mech
 
 
 def test_a_method_without_a_declared_mechanism_is_refused():
-    from flower_app.methods.base import Method
+    from strategies.method import Method
 
     toy = Method(name="toy", summary="", adapter="lora", shared=("A",))
     with pytest.raises(ValueError, match="^dp: .*'toy'"):
@@ -178,7 +178,7 @@ def test_a_method_without_a_declared_mechanism_is_refused():
 
 @pytest.mark.parametrize("method", DP_METHODS)
 def test_the_strategys_private_round_is_the_mechanism_on_the_clipped_replies(method):
-    """z = 0: the strategy's release equals strategies/dp.py's mechanism on the clipped
+    """z = 0: the strategy's release equals strategies/common/central_dp.py's mechanism on the clipped
     replies (clipping active: C below most update norms), divided by the m clients sampled
     (4, one of them silent); z > 0: it differs, and two runs of the same settings differ."""
     rng = np.random.default_rng(1)
@@ -238,8 +238,8 @@ def test_an_outlier_is_clipped_not_screened_and_a_round_without_replies_still_re
 
 def test_the_strategy_refuses_what_the_settings_refuse():
     rng = np.random.default_rng(3)
-    from strategies.flower.fedex_lora import FedExLoRAStrategy
-    from strategies.flower.lora_strategies import FedITStrategy
+    from strategies.common.lora_strategies import FedITStrategy
+    from strategies.fedex_lora.strategy import FedExLoRAStrategy
 
     lora = initial_state("fedit", rng)
     with pytest.raises(ValueError, match="quadratic"):

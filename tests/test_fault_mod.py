@@ -12,7 +12,7 @@ from flwr.app import ConfigRecord, Context, Message, Metadata, MetricRecord, Rec
 
 from client_app.client_app import app
 from flower_app.faults import inject_faults
-from strategies.flower.base import from_array_record, to_array_record
+from flower_app.records import from_array_record, to_array_record
 
 PAYLOAD = {
     "enc.q.A": np.full((2, 4), 0.5, np.float32),

@@ -1,4 +1,4 @@
-"""The method registry (flower_app/methods/): what it checks, and that a new method is one
+"""The method registry (strategies/): what it checks, and that a new method is one
 module plus one registry line, run end to end through the real Flower simulation."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from florg_tools.flwr_cli import run_flower_app
 from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
 from flower_app.adapters.targets import adapter_layout
 from flower_app.config import ConfigError, resolve_config
-from flower_app.methods import Method, get_method, method_names, register_method
+from strategies.registry import Method, get_method, method_names, register_method
 from tests.app_copy import ROOT, app_with_registered_module
 from tests.flower_harness import local_simulation_superlink
 from tests.strategy_helpers import strategy_for
@@ -31,12 +31,12 @@ TOY_MODULE = '''
 
 from __future__ import annotations
 
-from flower_app.methods.base import Method
+from strategies.method import Method
 
 
 class ToyFrozenA(Method):
     def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
-        from strategies.flower.lora_strategies import FFALoRAStrategy
+        from strategies.common.lora_strategies import FFALoRAStrategy
 
         return FFALoRAStrategy(initial_state, **self.strategy_settings(config, run_dir=run_dir))
 
@@ -101,7 +101,7 @@ NEW_SETTING = """    florg_check_fingerprint: bool = setting(
         True, "FLoRG: reject a client whose L/R fingerprint differs", affects=()
     )
 """
-# ... and its use in flower_app/methods/florg.py.
+# ... and its use in strategies/florg/method.py.
 NEW_USE = (
     "            fingerprint=fingerprint,\n",
     "            fingerprint=fingerprint if config.florg_check_fingerprint else None,\n",
@@ -109,7 +109,7 @@ NEW_USE = (
 CHECK_NEW_OPTION = """
 import numpy as np
 from flower_app.config import resolve_config
-from flower_app.methods import build_strategy
+from strategies.registry import build_strategy
 
 state = {"l.A": np.eye(2)}
 on = build_strategy(resolve_config({}), state, fingerprint=7)
@@ -124,7 +124,7 @@ print(on.fingerprint, off.fingerprint, build_strategy(signed, state, fingerprint
 
 def test_a_new_strategy_option_is_one_setting_plus_its_use_in_the_method_module(tmp_path):
     """In a copy of the app, a FLoRG option added as one RunConfig field and one line of
-    flower_app/methods/florg.py reaches FLoRG's strategy (and florg-signed's, which builds
+    strategies/florg/method.py reaches FLoRG's strategy (and florg-signed's, which builds
     its strategy as FLoRG does), from the run settings, with no other file touched."""
     app = tmp_path / "app"
     for part in ("flower_app", "strategies"):
@@ -143,7 +143,7 @@ def test_a_new_strategy_option_is_one_setting_plus_its_use_in_the_method_module(
         for path in app.rglob("*.py")
         if path.read_text() != (ROOT / path.relative_to(app)).read_text()
     )
-    assert changed == ["flower_app/config.py", "flower_app/methods/florg.py"]
+    assert changed == ["flower_app/config.py", "strategies/florg/method.py"]
     out = subprocess.run(
         [sys.executable, "-c", CHECK_NEW_OPTION], cwd=app, capture_output=True, text=True
     )

@@ -61,7 +61,7 @@ def run_loop(
     from flower_app.runtime import cached_adapted_model
     from flower_app.task_data import load_task_data, make_loader, tokenized_split
     from flower_app.training import evaluate
-    from strategies.flower.base import Reply
+    from strategies.common.replies import Reply
 
     import_s = time.perf_counter() - t_import0
     n = sizes.clients
@@ -186,7 +186,7 @@ def measure_serde(down: dict[str, Any], up: dict[str, Any], clients: int) -> tup
     from flwr.app import ConfigRecord, MetricRecord, RecordDict
     from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
-    from strategies.flower.base import from_array_record, to_array_record
+    from flower_app.records import from_array_record, to_array_record
 
     def roundtrip(make) -> tuple[float, int]:
         times = []
