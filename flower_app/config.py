@@ -550,7 +550,7 @@ def resolve_config(
 def _check_half_precision_writes(config: RunConfig) -> None:
     """``precision`` bf16 / fp16 holds W0 in a half dtype, and two settings write into W0:
     ``subtract-init`` (W0 - s L A1^T A1 R, so that the start is a zero update) and
-    FedEx-LoRA's residual fold. A write into a half-precision W0 rounds every entry to 8
+    a method that writes into W0 (FedEx-LoRA's residual fold). A write into a half-precision W0 rounds every entry to 8
     (bf16) or 11 (fp16) significant bits, an error of up to 2^-9 |W0| per entry, the size of
     what is written: the start would not be zero and the residual would be lost."""
     p = config.precision
@@ -562,10 +562,10 @@ def _check_half_precision_writes(config: RunConfig) -> None:
             f"{p}: the write rounds W0 by about as much as it subtracts; set subtract-init=false "
             "or precision=fp32"
         )
-    if config.method == "fedex-lora":
+    if get_method(config.method).writes_base_weights:
         raise ConfigError(
-            f"method='fedex-lora' folds its residual into W0 every round, which precision={p!r} "
-            f"holds in {p}: the fold rounds W0 by about as much as the residual; use "
+            f"method={config.method!r} writes into W0 every round, which precision={p!r} "
+            f"holds in {p}: the write rounds W0 by about as much as it adds; use "
             "precision=fp32"
         )
 
@@ -588,8 +588,8 @@ def _check_quantization_settings(config: RunConfig) -> None:
             f"subtract-init=true writes s L A1^T A1 R into W0, which quantization={q!r} "
             "stores in bitsandbytes' packed format; set subtract-init=false or quantization=none"
         )
-    if config.method == "fedex-lora":
+    if get_method(config.method).writes_base_weights:
         raise ConfigError(
-            f"method='fedex-lora' folds its residual into W0 every round, which "
+            f"method={config.method!r} writes into W0 every round, which "
             f"quantization={q!r} stores in bitsandbytes' packed format; use quantization=none"
         )

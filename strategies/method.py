@@ -82,9 +82,17 @@ class Method:
     shared: tuple[str, ...]
     local: tuple[str, ...] = ()
     frozen: tuple[str, ...] = ()
-    # Whether its clients may train at different ranks (issue 30: ``client-ranks``, a
-    # node's ``rank``); its strategy then aggregates them (``heterogeneous_ranks``).
+    # -- flags the common strategy and the settings' checks read ----------------------
+    # Whether its clients may train at different ranks (``client-ranks``, a node's
+    # ``rank``); its rule then aggregates them.
     heterogeneous_ranks: bool = False
+    # Its central-DP mechanism ('mean', 'product-mean', 'gram'; docs/privacy.md), which
+    # ``aggregate_private`` implements; None: dp=central is refused, with ``dp_refusal``.
+    dp_mechanism: str | None = None
+    dp_refusal: str = ""
+    # Whether it writes into the frozen base weights W0 during the run (FedEx-LoRA's
+    # residual fold): refused with a half-precision or quantised W0.
+    writes_base_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.adapter not in ADAPTERS:
@@ -153,7 +161,7 @@ class Method:
 
         from strategies.common.central_dp import check_dp_settings
 
-        self.dp_mechanism()
+        self.check_dp_supported()
         check_dp_settings(
             clipping_norm=config.dp_clipping_norm,
             noise_multiplier=config.dp_noise_multiplier,
@@ -168,15 +176,15 @@ class Method:
         if find_spec("dp_accounting") is None:
             raise ValueError('dp: dp=central needs dp-accounting: pip install "flwr[dp]"')
 
-    def dp_mechanism(self) -> str:
-        """The central-DP mechanism this method's strategy implements ('mean',
-        'product-mean' or 'gram'; docs/privacy.md), or ValueError saying why there is
-        none. A method that has none by default; declaring one is a promise that its
-        strategy's ``aggregate_private`` implements it."""
-        raise ValueError(
-            f"dp: dp=central is not supported for method {self.name!r}: it declares no "
-            "differential-privacy mechanism (docs/privacy.md)"
-        )
+    def check_dp_supported(self) -> str:
+        """The mechanism's name, or ValueError saying why the method has none."""
+        if self.dp_mechanism is None:
+            raise ValueError(
+                self.dp_refusal
+                or f"dp: dp=central is not supported for method {self.name!r}: it declares no "
+                "differential-privacy mechanism (docs/privacy.md)"
+            )
+        return self.dp_mechanism
 
     def central_dp(self, config: RunSettings) -> Any:
         """The strategy's ``dp`` (a ``strategies.common.central_dp.CentralDP``, noise from OS entropy),
@@ -186,7 +194,7 @@ class Method:
         from strategies.common.central_dp import CentralDP
 
         return CentralDP(
-            self.dp_mechanism(),
+            self.check_dp_supported(),
             config.dp_clipping_norm,
             config.dp_noise_multiplier,
             config.dp_delta,
@@ -202,11 +210,41 @@ class Method:
         run_dir: Path | None = None,
     ) -> AdapterStrategy:
         """The method's Flower strategy for a run with the settings ``config``, starting
-        from ``initial_state``: its class called with ``strategy_settings`` plus the
-        method's own options, each read from ``config``. ``fingerprint``: the L/R
-        fingerprint of the server's model (FLoRG checks the clients' against it);
-        ``run_dir``: the run folder (``save-client-updates`` writes there)."""
-        raise NotImplementedError(f"method {self.name!r} has no strategy")
+        from ``initial_state``: the common strategy running this method's ``aggregate`` and
+        ``aggregate_private`` (a method with a strategy of its own overrides this and adds
+        its own options, each read from ``config``). ``fingerprint``: the L/R fingerprint of
+        the server's model (FLoRG checks the clients' against it); ``run_dir``: the run
+        folder (``save-client-updates`` writes there)."""
+        from strategies.common.strategy import AdapterStrategy
+
+        return AdapterStrategy(
+            initial_state, method=self, **self.strategy_settings(config, run_dir=run_dir)
+        )
+
+    def aggregate(
+        self,
+        sent: Mapping[str, np.ndarray],
+        payloads: list[dict[str, np.ndarray]],
+        weights: np.ndarray,
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """The method's server rule: the new adapter arrays (the head is FedAvg'd by the
+        strategy) and the round's diagnostics, from the global state ``sent`` (float64) and
+        the checked replies ``payloads`` with their normalised ``weights``."""
+        raise NotImplementedError(f"method {self.name!r} has no server rule")
+
+    def aggregate_private(
+        self,
+        dp: Any,
+        sent: Mapping[str, np.ndarray],
+        payloads: list[dict[str, np.ndarray]],
+        num_sampled: int,
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """One round under dp=central (``dp``: a ``strategies.common.central_dp.CentralDP``):
+        the whole new state and the round's metrics. By default the mean mechanism, right
+        for every method whose rule averages the shared arrays."""
+        from strategies.common.central_dp import mean_mechanism
+
+        return mean_mechanism(dp, sent, payloads, num_sampled)
 
     def strategy_settings(
         self, config: RunSettings, *, run_dir: Path | None = None
@@ -238,3 +276,15 @@ class Method:
     ) -> int:
         """Whatever else one layer sends down per client and round (0 for most methods)."""
         return 0
+
+
+def adapter_layers(state: Mapping[str, np.ndarray]) -> list[str]:
+    """The adapted layers of a state, in its order (``flower_app.records.split_state``)."""
+    from flower_app.records import split_state
+
+    return list(split_state(state)[0])
+
+
+def stacked(payloads: list[dict[str, np.ndarray]], key: str) -> list[np.ndarray]:
+    """Every client's array ``key``, in float64, in the order of ``payloads``."""
+    return [np.asarray(p[key], np.float64) for p in payloads]

@@ -17,20 +17,28 @@ from flwr.supercore.task_identity import TaskIdentity
 from flower_app.config import ConfigError, resolve_config
 from flower_app.recorder import RunRecorder
 from flower_app.records import from_array_record, to_array_record
-from strategies.common.central_dp import (
-    FEDEX_REFUSAL,
-    MECHANISMS,
-    CentralDP,
-    clip_florg_with_head,
-    clip_update,
-    epsilon_for,
-    federa_private_step,
-    private_florg_layers,
-    product_update,
-)
+from strategies.common.central_dp import CentralDP, clip_update
+from strategies.common.dp_accounting import epsilon_for
+from strategies.common.product_mean import product_update, refactor_noised_product
+from strategies.fedex_lora.method import FEDEX_REFUSAL
+from strategies.florg.dp import clip_florg_with_head, private_florg_layers
 from strategies.florg_signed.rule import sign_blocks
 from strategies.registry import get_method, method_names
 from tests.strategy_helpers import strategy_for
+
+# Each method's central-DP mechanism, as docs/privacy.md derives it (the methods declare it
+# in their folders, ``Method.dp_mechanism``; FedEx-LoRA declares none and refuses).
+MECHANISMS = {
+    "fedit": "mean",
+    "ffa-lora": "mean",
+    "fedsa-lora": "mean",
+    "hetlora": "mean",
+    "federa": "product-mean",
+    "flexlora": "product-mean",
+    "florg": "gram",
+    "florg-no-procrustes": "gram",
+    "florg-signed": "gram",
+}
 
 TaskIdentity.run_id = 1
 TaskIdentity.task_id = 1
@@ -97,7 +105,7 @@ def expected_private(method, sent, clients, m, strategy):
             for c in clients
         ]
         product = sent[kb] @ sent[ka] + sum(u["p"] for u in units) / m
-        B, A, _ = federa_private_step(product, 2)
+        B, A, _ = refactor_noised_product(product, 2)
         return {kb: B, ka: A, HEAD: sent[HEAD] + sum(u[HEAD] for u in units) / m}
     keys = [k for k in sent if k.endswith(".A")]
     prev = {k: sent[k] for k in keys}
@@ -160,7 +168,7 @@ def test_fedex_lora_is_refused_with_its_reason_and_the_others_declare_their_mech
     assert str(err.value) == FEDEX_REFUSAL and "quadratic" in str(err.value)
     resolve_config({}, {"method": "fedex-lora", "save-client-updates": True})  # dp=off: fine
     for name in DP_METHODS:
-        assert get_method(name).dp_mechanism() == MECHANISMS[name], name
+        assert get_method(name).dp_mechanism == MECHANISMS[name], name
         config = resolve_config({}, {"dp": "central", "method": name})
         assert config.dp_delta == 1e-5 and config.dp_noise_multiplier == 1.0
 
@@ -238,18 +246,21 @@ def test_an_outlier_is_clipped_not_screened_and_a_round_without_replies_still_re
 
 def test_the_strategy_refuses_what_the_settings_refuse():
     rng = np.random.default_rng(3)
-    from strategies.common.lora_strategies import FedITStrategy
+    from strategies.common.strategy import AdapterStrategy
     from strategies.fedex_lora.strategy import FedExLoRAStrategy
 
     lora = initial_state("fedit", rng)
+    fedit = get_method("fedit")
     with pytest.raises(ValueError, match="quadratic"):
-        FedExLoRAStrategy(lora, dp=CentralDP("mean", C, Z, DELTA))
+        FedExLoRAStrategy(lora, method=get_method("fedex-lora"), dp=CentralDP("mean", C, Z, DELTA))
     with pytest.raises(ValueError, match="implements the mechanism 'mean', not 'gram'"):
-        FedITStrategy(lora, dp=CentralDP("gram", C, Z, DELTA))
+        AdapterStrategy(lora, method=fedit, dp=CentralDP("gram", C, Z, DELTA))
     with pytest.raises(ValueError, match="uniform"):
-        FedITStrategy(lora, weighting="num-examples", dp=CentralDP("mean", C, Z, DELTA))
+        AdapterStrategy(
+            lora, method=fedit, weighting="num-examples", dp=CentralDP("mean", C, Z, DELTA)
+        )
     with pytest.raises(ValueError, match="save-client-updates"):
-        FedITStrategy(lora, updates_dir="x", dp=CentralDP("mean", C, Z, DELTA))
+        AdapterStrategy(lora, method=fedit, updates_dir="x", dp=CentralDP("mean", C, Z, DELTA))
 
 
 # --------------------------------------------------------------------------- accounting

@@ -157,12 +157,15 @@ def test_replies_are_aggregated_in_partition_order_whatever_the_arrival_order():
 
 
 def test_kappa_below_one_is_refused():
-    from strategies.common.lora_strategies import FedITStrategy
+    from strategies.common.strategy import AdapterStrategy
+    from strategies.registry import get_method
 
     with pytest.raises(ValueError, match="screen-kappa"):
         strategy_for("fedit", {"l.lora_A": np.zeros((1, 2))}, screen_kappa=0.5)
     with pytest.raises(ValueError, match="screen_kappa"):
-        FedITStrategy({"l.lora_A": np.zeros((1, 2))}, screen_kappa=0.5)
+        AdapterStrategy(
+            {"l.lora_A": np.zeros((1, 2))}, method=get_method("fedit"), screen_kappa=0.5
+        )
 
 
 def test_every_round_reports_the_update_norms_that_dp_clips():

@@ -73,9 +73,10 @@ def test_florg_strategy_passes_device_and_rank_policy(rank_mismatch):
     with pytest.raises(ValueError, match="rank-mismatch"):
         strategy_for("florg", state, rank_mismatch="svd")
     from strategies.florg.strategy import FLoRGStrategy
+    from strategies.registry import get_method
 
     with pytest.raises(ValueError, match="rank_mismatch"):
-        FLoRGStrategy(state, rank_mismatch="svd")
+        FLoRGStrategy(state, method=get_method("florg"), rank_mismatch="svd")
     # The FLoRG keys are ignored by the other methods.
     strategy_for("fedit", {"l.lora_A": np.ones((2, 3))}, server_device="cpu")
 

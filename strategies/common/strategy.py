@@ -18,7 +18,7 @@ It samples nodes like FedAvg, then in ``aggregate_train``
   6. returns the new global arrays with metrics: server aggregation seconds,
      parameters and bytes actually sent and received this round, train loss, counts of
      failed / rejected / screened / clipped replies and the rule's diagnostics.
-Subclasses only implement ``aggregate_adapter``.
+The rule of step 5 is the method's (``Method.aggregate``).
 
 Clients of different rank (issue 30, docs/architecture.md): the global state has the run's
 largest rank r_max; a reply declares its client's rank r_n (``rank`` metric), checked
@@ -34,16 +34,20 @@ was sent. With every rank equal to r_max nothing of this changes a message or a 
 run from a checkpoint. The arrays travel as Flower ArrayRecords (flower_app/records.py).
 
 Central differential privacy (``dp=central``, docs/privacy.md): with ``dp`` (a
-``strategies.common.central_dp.CentralDP``) steps 4 and 5 are replaced by the method's mechanism,
-``aggregate_private``: each kept client's contribution (adapter and head jointly) is clipped
-to C and the sum gets Gaussian noise, divided by m = the number of clients sampled in the
-round (a client that failed or was rejected counts as one that did not move), then
-post-processed by the method's rule. The base class implements the mean mechanism
-(``dp_mechanism = "mean"``: FedIT, FFA-LoRA, FedSA-LoRA); FeDeRA and FLoRG override it,
-FedEx-LoRA has none. The median-ratio screening is off under dp=central: whether a client is
-kept would depend on the other clients, which the privacy analysis does not cover, and
-clipping already bounds what one client moves. Every round then records ``dp-epsilon``,
-and the ledger goes into the checkpoint (``state_json`` / ``restore``).
+``strategies.common.central_dp.CentralDP``) steps 4 and 5 are replaced by the method's
+mechanism (``Method.aggregate_private``): each kept client's contribution (adapter and head
+jointly) is clipped to C and the sum gets Gaussian noise, divided by m = the number of
+clients sampled in the round (a client that failed or was rejected counts as one that did
+not move), then post-processed by the method's rule. The median-ratio screening is off
+under dp=central: whether a client is kept would depend on the other clients, which the
+privacy analysis does not cover, and clipping already bounds what one client moves. Every
+round then records ``dp-epsilon``, and the ledger goes into the checkpoint (``state_json``
+/ ``restore``).
+
+The strategy never names a method: it reads the method's rule, mechanism and flags
+(``heterogeneous_ranks``, ``dp_mechanism``) from the ``Method`` it is built with. A method
+whose round needs more (FLoRG's batched step and per-rank factors, FedEx-LoRA's residual
+messages) subclasses it in its own folder.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -70,12 +74,15 @@ from flower_app.records import (
 from strategies.common import replies as _replies
 from strategies.common import screening as _screening
 from strategies.common.averaging import weighted_average
-from strategies.common.central_dp import CentralDP, check_dp_supported, noise_std_mean, noised_mean
+from strategies.common.central_dp import CentralDP
 from strategies.common.participation import NodeLedger
 from strategies.common.ranks import adapter_k, rank_of, shapes_at_rank, truncate_to_rank
 from strategies.common.replies import Reply, ReplyRejected, declared_rank
 from strategies.common.screening import DEFAULT_KAPPA
 from strategies.common.validation import normalize_weights
+
+if TYPE_CHECKING:  # the method builds this strategy (Method.build_strategy)
+    from strategies.method import Method
 
 log = logging.getLogger("flwr.florg")  # propagates to Flower's console handler
 INFO = logging.INFO
@@ -87,18 +94,11 @@ COMMON_SPLIT_PREFIXES = ("test-", "val-")  # metrics on a split every client sco
 class AdapterStrategy(FedAvg):
     """FedAvg's sampling plus validated, method-specific aggregation of adapter arrays."""
 
-    method = "adapter"
-    # The central-DP mechanism ``aggregate_private`` implements (strategies.common.central_dp.MECHANISMS);
-    # None: the strategy has none, and refuses ``dp``.
-    dp_mechanism: str | None = "mean"
-    # Whether the rule aggregates clients of different rank (issue 30); False: a reply at
-    # another rank than the global state's is rejected.
-    heterogeneous_ranks: bool = False
-
     def __init__(
         self,
         initial_state: Mapping[str, np.ndarray],
         *,
+        method: Method,
         fraction_train: float = 1.0,
         min_train_nodes: int = 2,
         min_available_nodes: int = 2,
@@ -120,6 +120,8 @@ class AdapterStrategy(FedAvg):
             raise ValueError(f"weighting must be 'uniform' or 'num-examples', got {weighting!r}")
         if not screen_kappa >= 1:
             raise ValueError(f"screen_kappa must be >= 1, got {screen_kappa!r}")
+        # the method's rule, DP mechanism and flags (heterogeneous ranks, DP): never its name
+        self.method = method
         self.weighting = weighting
         self.screen_updates = bool(screen_updates)
         self.screen_kappa = float(screen_kappa)
@@ -147,14 +149,13 @@ class AdapterStrategy(FedAvg):
 
     def _check_dp(self, dp: CentralDP, weighting: str, updates_dir: Any) -> None:
         """What the run settings check (Method.check_settings), again where the strategy
-        is built directly: a mechanism this class implements, uniform weights, no saved
-        client updates."""
-        if self.dp_mechanism is None:
-            check_dp_supported(self.method)  # FedEx-LoRA: the refusal with its reason
-        if self.dp_mechanism is None or dp.mechanism != self.dp_mechanism:
+        is built directly: the method's mechanism, uniform weights, no saved client
+        updates."""
+        mechanism = self.method.check_dp_supported()  # a refusal says why there is none
+        if dp.mechanism != mechanism:
             raise ValueError(
-                f"dp=central: {type(self).__name__} implements the mechanism "
-                f"{self.dp_mechanism!r}, not {dp.mechanism!r}"
+                f"dp=central: method {self.method.name!r} implements the mechanism "
+                f"{mechanism!r}, not {dp.mechanism!r}"
             )
         if weighting != "uniform":
             raise ValueError("dp=central needs aggregation-weights='uniform'")
@@ -227,9 +228,9 @@ class AdapterStrategy(FedAvg):
         )
         expected: Mapping[str, np.ndarray] = self.global_state
         if rank != self.largest_rank:
-            if not self.heterogeneous_ranks:
+            if not self.method.heterogeneous_ranks:
                 raise ReplyRejected(
-                    f"declared rank {rank}, but {self.method} aggregates rank "
+                    f"declared rank {rank}, but {self.method.name} aggregates rank "
                     f"{self.largest_rank} only"
                 )
             if self.dp is not None:
@@ -391,8 +392,8 @@ class AdapterStrategy(FedAvg):
     def aggregate_adapter(
         self, server_round: int, payloads: list[dict[str, np.ndarray]], weights: np.ndarray
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        """The method's rule over the adapter arrays (head handled by the base class)."""
-        raise NotImplementedError
+        """The method's rule over the adapter arrays (the head is FedAvg'd by the caller)."""
+        return self.method.aggregate(self.global_state, payloads, weights)
 
     # -- central differential privacy (docs/privacy.md) -----------------------------------
     # Why not Flower's DifferentialPrivacyServerSideFixedClipping: it wraps a strategy's
@@ -428,24 +429,10 @@ class AdapterStrategy(FedAvg):
     def aggregate_private(
         self, server_round: int, payloads: list[dict[str, np.ndarray]], num_sampled: int
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        """The mean mechanism (FedIT, FFA-LoRA, FedSA-LoRA; docs/privacy.md section 2): the
-        update reply - sent over every shared array, adapter and head jointly, clipped to C
-        (``strategies.common.central_dp.clip_update``), then ``noised_mean``: the sum plus N(0, (zC)^2 I),
-        divided by m; the new state is sent + that. Returns the whole new state."""
+        """The method's central-DP mechanism (``Method.aggregate_private``) over the kept
+        replies, m = ``num_sampled``; returns the whole new state."""
         assert self.dp is not None
-        dp, sent = self.dp, self.global_state
-        updates = ({k: np.asarray(p[k], np.float64) - v for k, v in sent.items()} for p in payloads)
-        mean = noised_mean(
-            (dp.clip(u) for u in updates),
-            dp.clipping_norm,
-            dp.noise_multiplier,
-            dp.rng,
-            num_sampled=num_sampled,
-        )
-        new_state = {k: v + mean[k] for k, v in sent.items()}
-        return new_state, {
-            "dp-noise-std": noise_std_mean(dp.clipping_norm, dp.noise_multiplier, num_sampled)
-        }
+        return self.method.aggregate_private(self.dp, self.global_state, payloads, num_sampled)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -503,7 +490,7 @@ class AdapterStrategy(FedAvg):
         """JSON state needed to continue: the node -> partition map learnt so far; under
         dp=central the privacy ledger (``dp``), so a resumed run continues the count."""
         state: dict[str, Any] = {
-            "method": self.method,
+            "method": self.method.name,
             "partitions": {str(k): v for k, v in self.ledger.partitions.items()},
         }
         if self.node_ranks:
@@ -514,8 +501,10 @@ class AdapterStrategy(FedAvg):
 
     def restore(self, arrays: Mapping[str, np.ndarray], state: Mapping[str, Any]) -> None:
         """Continue from ``state_arrays`` / ``state_json`` of a checkpoint."""
-        if state.get("method") != self.method:
-            raise ValueError(f"checkpoint of a {state.get('method')} strategy, not {self.method}")
+        if state.get("method") != self.method.name:
+            raise ValueError(
+                f"checkpoint of a {state.get('method')} strategy, not {self.method.name}"
+            )
         saved = {k[len("global/") :]: v for k, v in arrays.items() if k.startswith("global/")}
         if set(saved) != set(self.global_state) or any(
             saved[k].shape != self.global_state[k].shape for k in saved

@@ -4,20 +4,31 @@
 
 from __future__ import annotations
 
-from strategies.method import Method
+import numpy as np
+
+from strategies.method import Method, adapter_layers, stacked
 
 
 class FeDeRA(Method):
-    def dp_mechanism(self):
-        return "product-mean"  # clip the product updates B A - B_sent A_sent with the head
-
     def lora_init(self, config):
         return config.lora_init
 
-    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
-        from strategies.common.lora_strategies import FeDeRAStrategy
+    def aggregate(self, sent, payloads, weights):
+        from strategies.federa.rule import aggregate_federa
 
-        return FeDeRAStrategy(initial_state, **self.strategy_settings(config, run_dir=run_dir))
+        new, errors = {}, []
+        for layer in adapter_layers(sent):
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            new[kb], new[ka], info = aggregate_federa(
+                stacked(payloads, kb), stacked(payloads, ka), weights
+            )
+            errors.append(info["trunc_rel_error"])
+        return new, {"trunc_rel_error": float(np.mean(errors))}
+
+    def aggregate_private(self, dp, sent, payloads, num_sampled):
+        from strategies.common.product_mean import product_mean_mechanism
+
+        return product_mean_mechanism(dp, sent, payloads, num_sampled)
 
 
 FEDERA = FeDeRA(
@@ -25,6 +36,8 @@ FEDERA = FeDeRA(
     summary="average the products B A, re-factor by truncated SVD",
     adapter="lora",
     shared=("A", "B"),
+    # clip the product updates B A - B_sent A_sent with the head; noised mean product
+    dp_mechanism="product-mean",
 )
 
 METHODS = (FEDERA,)

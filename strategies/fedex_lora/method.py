@@ -18,23 +18,38 @@ import numpy as np
 
 from strategies.method import Method
 
+# Why dp=central is refused rather than noised. The round's result is (avg B, avg A,
+# residual) with residual = sum_n w_n B_n A_n - avg(B) avg(A), folded into W0 so that the
+# model equals the exact mean of the products. The residual is quadratic in each client's
+# factors: its sensitivity is that of the product update B_n A_n - B A = dB A + B dA + dB dA,
+# a second Gaussian release on a dense d_out x d_in matrix. Unlike FeDeRA and FLoRG, which
+# truncate to rank r after the noise, FedEx keeps the residual exactly, so full-rank noise
+# of Frobenius norm ~ sigma sqrt(d_out d_in) would enter W0 every round and never leave.
+FEDEX_REFUSAL = (
+    "dp=central is not supported for fedex-lora: its residual "
+    "sum_n w_n B_n A_n - avg(B) avg(A) is quadratic in each client's factors, so it needs "
+    "its own mechanism on the dense d_out x d_in product (sensitivity of one client's "
+    "product update B_n A_n - B A <= ||dB|| ||A||_2 + ||B||_2 ||dA|| + ||dB|| ||dA||, not "
+    "the C of the factor update), and FedEx folds that residual into the frozen W0 every "
+    "round without truncation: the full-rank noise (std z C / m on each of d_out * d_in "
+    "entries, norm ~ z C sqrt(d_out d_in) / m per layer, about 1000 x the signal bound "
+    "C / m at d = 1024, z = 1) would accumulate in W0 as a random walk. A correct variant exists "
+    "(clip (dB, dA, B_n A_n - B A) jointly, noise all three, residual by post-processing) "
+    "but it is dense-noise DP fine-tuning of W0, not FedEx's exact aggregation; use fedit, "
+    "federa or florg with dp=central"
+)
 CUMULATIVE = "fedex-cumulative-residual"  # the client's context: float64 dense residuals
 FOLDED_ROUND = "fedex-residual-round"  # the client's context: last round folded
 PRISTINE = "fedex-pristine-W0"  # AdaptedModel.held_tensors: W0 before any fold
 
 
 class FedExLoRA(Method):
-    def dp_mechanism(self):
-        """None: the refusal (``strategies.common.central_dp.FEDEX_REFUSAL``) says why."""
-        from strategies.common.central_dp import check_dp_supported
-
-        return check_dp_supported(self.name)  # raises
-
     def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.fedex_lora.strategy import FedExLoRAStrategy
 
         return FedExLoRAStrategy(
             initial_state,
+            method=self,
             residual_mode=config.fedex_residual,
             **self.strategy_settings(config, run_dir=run_dir),
         )
@@ -105,6 +120,8 @@ FEDEX_LORA = FedExLoRA(
     summary="average A and B, clients fold the exact residual into W0",
     adapter="lora",
     shared=("A", "B"),
+    dp_refusal=FEDEX_REFUSAL,
+    writes_base_weights=True,  # the residual fold
 )
 
 METHODS = (FEDEX_LORA,)

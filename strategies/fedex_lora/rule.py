@@ -20,8 +20,8 @@ from typing import Literal
 
 import numpy as np
 
-from strategies.federa.rule import stacked_lora_factors
-from strategies.fedit.rule import aggregate_fedit
+from strategies.common.averaging import weighted_average
+from strategies.common.low_rank import stacked_lora_factors
 
 ResidualMode = Literal["dense", "factored"]
 RESIDUAL_MODES: tuple[str, ...] = ("dense", "factored")
@@ -55,7 +55,7 @@ def aggregate_fedex_lora(
     if residual_mode not in RESIDUAL_MODES:
         raise ValueError(f"residual_mode {residual_mode!r} unknown; choose one of {RESIDUAL_MODES}")
     B_s, A_s, w = stacked_lora_factors(client_Bs, client_As, weights)
-    B_bar, A_bar = aggregate_fedit(client_Bs, client_As, w)
+    B_bar, A_bar = weighted_average(client_Bs, w, "B"), weighted_average(client_As, w, "A")
     if residual_mode == "dense":
         residual = Residual(dense=B_s @ A_s - B_bar @ A_bar)
     else:

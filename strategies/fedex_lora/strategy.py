@@ -20,9 +20,6 @@ from strategies.fedex_lora.rule import Residual, aggregate_fedex_lora
 
 
 class FedExLoRAStrategy(AdapterStrategy):
-    method = "fedex-lora"
-    dp_mechanism = None  # refused: strategies.common.central_dp.FEDEX_REFUSAL says why
-
     def __init__(self, *args, residual_mode: str = "dense", **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.residual_mode = residual_mode

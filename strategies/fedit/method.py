@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from strategies.method import Method
+from strategies.method import Method, adapter_layers, stacked
 
 
 class FedIT(Method):
-    def dp_mechanism(self):
-        return "mean"  # clip reply - sent over A, B and the head; noised mean
+    def aggregate(self, sent, payloads, weights):
+        from strategies.fedit.rule import aggregate_fedit
 
-    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
-        from strategies.common.lora_strategies import FedITStrategy
-
-        return FedITStrategy(initial_state, **self.strategy_settings(config, run_dir=run_dir))
+        new = {}
+        for layer in adapter_layers(sent):
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            new[kb], new[ka] = aggregate_fedit(stacked(payloads, kb), stacked(payloads, ka), weights)
+        return new, {}
 
 
 FEDIT = FedIT(
@@ -20,6 +21,7 @@ FEDIT = FedIT(
     summary="average A and B separately",
     adapter="lora",
     shared=("A", "B"),
+    dp_mechanism="mean",  # clip reply - sent over A, B and the head; noised mean
 )
 
 METHODS = (FEDIT,)

@@ -5,17 +5,17 @@ with B = 0 and the clients evaluate their personalised models."""
 
 from __future__ import annotations
 
-from strategies.method import Method
+from strategies.method import Method, adapter_layers, stacked
 
 
 class FedSALoRA(Method):
-    def dp_mechanism(self):
-        return "mean"  # clip reply - sent over A and the head; noised mean (B never leaves)
+    def aggregate(self, sent, payloads, weights):
+        from strategies.fedsa_lora.rule import aggregate_fedsa_lora
 
-    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
-        from strategies.common.lora_strategies import FedSALoRAStrategy
-
-        return FedSALoRAStrategy(initial_state, **self.strategy_settings(config, run_dir=run_dir))
+        return {
+            f"{layer}.lora_A": aggregate_fedsa_lora(stacked(payloads, f"{layer}.lora_A"), weights)
+            for layer in adapter_layers(sent)
+        }, {}
 
 
 FEDSA_LORA = FedSALoRA(
@@ -24,6 +24,7 @@ FEDSA_LORA = FedSALoRA(
     adapter="lora",
     shared=("A",),
     local=("B",),
+    dp_mechanism="mean",  # clip reply - sent over A and the head; noised mean (B stays)
 )
 
 METHODS = (FEDSA_LORA,)

@@ -3,17 +3,17 @@ travels and is averaged (``strategies/ffa_lora/rule.py``)."""
 
 from __future__ import annotations
 
-from strategies.method import Method
+from strategies.method import Method, adapter_layers, stacked
 
 
 class FFALoRA(Method):
-    def dp_mechanism(self):
-        return "mean"  # clip reply - sent over B and the head; noised mean
+    def aggregate(self, sent, payloads, weights):
+        from strategies.ffa_lora.rule import aggregate_ffa_lora
 
-    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
-        from strategies.common.lora_strategies import FFALoRAStrategy
-
-        return FFALoRAStrategy(initial_state, **self.strategy_settings(config, run_dir=run_dir))
+        return {
+            f"{layer}.lora_B": aggregate_ffa_lora(stacked(payloads, f"{layer}.lora_B"), weights)
+            for layer in adapter_layers(sent)
+        }, {}
 
 
 FFA_LORA = FFALoRA(
@@ -22,6 +22,7 @@ FFA_LORA = FFALoRA(
     adapter="lora",
     shared=("B",),
     frozen=("A",),
+    dp_mechanism="mean",  # clip reply - sent over B and the head; noised mean
 )
 
 METHODS = (FFA_LORA,)

@@ -5,17 +5,33 @@ ranks: FeDeRA's SVD re-factoring of the weighted product."""
 
 from __future__ import annotations
 
-from strategies.method import Method
+import numpy as np
+
+from strategies.method import Method, adapter_layers, stacked
 
 
 class FlexLoRA(Method):
-    def dp_mechanism(self):
-        return "product-mean"  # one common rank under dp=central: FeDeRA's mechanism
+    def aggregate(self, sent, payloads, weights):
+        """Each node is then sent the first r_n singular directions, its own truncated SVD
+        (the common strategy's ``sent_state``: the top r_n rows of A and columns of B)."""
+        from strategies.common.ranks import rank_of
+        from strategies.flexlora.rule import aggregate_flexlora
 
-    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
-        from strategies.common.lora_strategies import FlexLoRAStrategy
+        new, errors = {}, []
+        for layer in adapter_layers(sent):
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            new[kb], new[ka], info = aggregate_flexlora(
+                stacked(payloads, kb), stacked(payloads, ka), weights, rank=rank_of(sent)
+            )
+            errors.append(info["trunc_rel_error"])
+        return new, {"trunc_rel_error": float(np.mean(errors))}
 
-        return FlexLoRAStrategy(initial_state, **self.strategy_settings(config, run_dir=run_dir))
+    def aggregate_private(self, dp, sent, payloads, num_sampled):
+        """With one common rank (dp=central refuses client-ranks) the rule is linear in the
+        products: the product-mean mechanism."""
+        from strategies.common.product_mean import product_mean_mechanism
+
+        return product_mean_mechanism(dp, sent, payloads, num_sampled)
 
 
 FLEXLORA = FlexLoRA(
@@ -24,6 +40,7 @@ FLEXLORA = FlexLoRA(
     adapter="lora",
     shared=("A", "B"),
     heterogeneous_ranks=True,
+    dp_mechanism="product-mean",
 )
 
 METHODS = (FLEXLORA,)

@@ -1,8 +1,8 @@
 """The private FLoRG server step in torch, float64, batched over layers of equal k.
 
 ``private_florg_layers_torch`` computes what the numpy reference
-``strategies.common.central_dp.private_florg_layers`` computes (same clipping check, same Delta, the same
-noise: drawn by ``strategies.common.central_dp.layer_noise`` on the host from the same Generator in the
+``strategies.florg.dp.private_florg_layers`` computes (same clipping check, same Delta, the same
+noise: drawn by ``strategies.florg.dp.layer_noise`` on the host from the same Generator in the
 same layer order, then moved to the device; the tests hold the two to 1e-10).  What runs
 on the device, per group of layers with equal (r, k):
 
@@ -12,7 +12,7 @@ on the device, per group of layers with equal (r, k):
     S      = U V^T of A_prev A~^T, A_new = S A~   (``florg_torch._polar``)
 
 The k x k eigendecomposition cannot be replaced by the thin N r x N r path of
-strategies/florg/rule_torch.py: the noise E is full rank (``strategies.common.central_dp.florg_private_step``).
+strategies/florg/rule_torch.py: the noise E is full rank (``strategies.florg.dp.florg_private_step``).
 On CUDA, torch's batched eigh dispatches to cuSOLVER.  Staging memory: B k^2 float64 per
 group, chunked below ``MAX_GRAM_BYTES``.
 """
@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from strategies.common.central_dp import EPS64, _florg_inputs, florg_sensitivity, layer_noise
+from strategies.common.central_dp import EPS64
 from strategies.florg.device import F64, STAGING, resolve_server_device, stack_layers
+from strategies.florg.dp import _florg_inputs, florg_sensitivity, layer_noise
 from strategies.florg.rule_torch import _canonical_signs, _polar
 
 # Layers per batched call are capped so that the noised Gram matrices stay below this.
@@ -45,7 +46,7 @@ def florg_private_steps_torch(
     *,
     procrustes: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``strategies.common.central_dp.florg_private_step`` for a batch: noised_Qs (B x k x k, symmetric),
+    """``strategies.florg.dp.florg_private_step`` for a batch: noised_Qs (B x k x k, symmetric),
     prev_As (B x r_prev x k), float64 on one device.  Returns (A_new (B x r_prev x k),
     r' per layer, the eigenvalues of each Q^ in descending order)."""
     B, k, _ = noised_Qs.shape
@@ -81,7 +82,7 @@ def private_florg_layers_torch(
     device: str | torch.device = "auto",
     max_gram_bytes: int = MAX_GRAM_BYTES,
 ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, float | int]]]:
-    """``strategies.common.central_dp.private_florg_layers`` batched in torch on ``device`` ('auto': CUDA
+    """``strategies.florg.dp.private_florg_layers`` batched in torch on ``device`` ('auto': CUDA
     when torch sees one).  Same arguments, same results (new A as float64 numpy, the same
     info keys) up to rounding."""
     mats, prevs, c, z, n, m = _florg_inputs(
@@ -103,7 +104,7 @@ def private_florg_layers_torch(
                 T = stack_layers(part, mats, prevs, dev)  # [A_1; ...; A_N; A_prev]
                 M, prev = T[:, : n * r], T[:, n * r :]
                 E = torch.from_numpy(np.stack([noise[name] for name in part])).to(dev)
-                gram = _symmetric_product(M)  # as strategies.common.central_dp.noised_mean_gram
+                gram = _symmetric_product(M)  # as strategies.florg.dp.noised_mean_gram
                 if centred:
                     base = _symmetric_product(prev)
                     Q = (gram - n * base + E) / m + base

@@ -17,9 +17,6 @@ from strategies.method import Method
 class FLoRG(Method):
     procrustes: bool = True
 
-    def dp_mechanism(self):
-        return "gram"  # clip A - A_prev with the head; noised Gram mean; eigh, Procrustes
-
     def strategy_class(self) -> type:
         """The strategy ``build_strategy`` calls (florg-signed: its per-sign-block step)."""
         from strategies.florg.strategy import FLoRGStrategy
@@ -29,6 +26,7 @@ class FLoRG(Method):
     def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         return self.strategy_class()(
             initial_state,
+            method=self,
             procrustes=self.procrustes,
             fingerprint=fingerprint,
             server_device=config.server_device,
@@ -43,6 +41,8 @@ FLORG = FLoRG(
     adapter="florg",
     shared=("A",),
     heterogeneous_ranks=True,
+    # clip A - A_prev with the head; noised Gram mean; eigh, Procrustes (strategy.py)
+    dp_mechanism="gram",
 )
 FLORG_NO_PROCRUSTES = FLoRG(
     name="florg-no-procrustes",
@@ -50,6 +50,7 @@ FLORG_NO_PROCRUSTES = FLoRG(
     adapter="florg",
     shared=("A",),
     heterogeneous_ranks=True,
+    dp_mechanism="gram",
     procrustes=False,
 )
 

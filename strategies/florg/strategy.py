@@ -1,6 +1,5 @@
 """FLoRGStrategy: Gram aggregation + decomposition + Procrustes for every adapted layer,
 batched over layers of equal shape on the server's device (``aggregate_florg_layers``);
-FLoRGSignedStrategy: the same step per sign block of A (``strategies.florg_signed.rule``).
 
 Every round also records how far the server step lands from plain FedAvg on A, under both
 rank-mismatch policies (``fedavg_gap_procrustes``, ``fedavg_gap_truncate``; mean over
@@ -40,15 +39,15 @@ from __future__ import annotations
 import numpy as np
 
 from flower_app.records import split_state
-from strategies.common.central_dp import clip_florg_with_head, florg_sensitivity, noised_mean
+from strategies.common.central_dp import noised_mean
 from strategies.common.ranks import rank_of
 from strategies.common.replies import Reply, ReplyRejected, metric_number
 from strategies.common.strategy import AdapterStrategy
+from strategies.florg.dp import clip_florg_with_head, florg_sensitivity
 from strategies.florg.dp_torch import private_florg_layers_torch
 from strategies.florg.ranks_torch import aggregate_florg_ranks_layers
 from strategies.florg.rule import RANK_MISMATCH_POLICIES, check_rank_mismatch
 from strategies.florg.rule_torch import aggregate_florg_layers
-from strategies.florg_signed.rule import sign_blocks
 
 
 class FLoRGStrategy(AdapterStrategy):
@@ -57,10 +56,6 @@ class FLoRGStrategy(AdapterStrategy):
     ``server_device``: 'auto' (CUDA when the ServerApp sees a GPU), 'cpu' or 'cuda'.
     ``rank_mismatch``: 'procrustes' (the paper) or 'truncate' (see ``strategies.florg.rule``).
     """
-
-    method = "florg"
-    dp_mechanism = "gram"
-    heterogeneous_ranks = True
 
     def __init__(
         self,
@@ -154,7 +149,7 @@ class FLoRGStrategy(AdapterStrategy):
         keys = [f"{layer}.A" for layer in self.layers()]
         sent = self.global_state
         mixed = any(p[k].shape[0] != sent[k].shape[0] for p in payloads for k in keys)
-        if self.heterogeneous_ranks and (mixed or self.factors_by_rank):
+        if self.method.heterogeneous_ranks and (mixed or self.factors_by_rank):
             return self.aggregate_ranks(payloads, weights)
         new_As, per_layer = self.server_step(payloads, weights, self.rank_mismatch)
         info = summarize_layers(per_layer)
@@ -259,42 +254,6 @@ class FLoRGStrategy(AdapterStrategy):
                 gaps.append(float(np.linalg.norm(new - mean)) / move if move > 0 else np.nan)
             out[f"fedavg_gap_{policy}"] = float(np.nanmean(gaps)) if gaps else np.nan
         return out
-
-
-class FLoRGSignedStrategy(FLoRGStrategy):
-    """florg-signed: each layer's A = [A₊; A₋] is aggregated as two FLoRG blocks (the
-    Gram average of each, decomposed and aligned with the previous block by Procrustes),
-    so the core A₊ᵀA₊ - A₋ᵀA₋ averages exactly where each block's rank fits."""
-
-    method = "florg-signed"
-    heterogeneous_ranks = False  # the sign blocks split one common rank
-
-    def blocks(self) -> dict[str, tuple[str, slice]]:
-        """Each sign block of each layer's A (the blocks partition A's rows, so the joint
-        clipping and Delta of FLoRG cover them: docs/privacy.md section 4.3)."""
-        return {
-            f"{key}#{i}": (key, rows)
-            for key in (f"{layer}.A" for layer in self.layers())
-            for i, rows in enumerate(sign_blocks(self.global_state[key].shape[0]))
-        }
-
-    def server_step(self, payloads, weights, rank_mismatch):
-        keys = [f"{layer}.A" for layer in self.layers()]
-        blocks: dict[str, list[np.ndarray]] = {}
-        prev: dict[str, np.ndarray] = {}
-        for key in keys:
-            for i, rows in enumerate(sign_blocks(self.global_state[key].shape[0])):
-                blocks[f"{key}#{i}"] = [p[key][rows] for p in payloads]
-                prev[f"{key}#{i}"] = self.global_state[key][rows]
-        new_blocks, per_block = aggregate_florg_layers(
-            blocks, weights, prev, self.procrustes,
-            device=str(self.server_device), rank_mismatch=rank_mismatch,
-        )  # fmt: skip
-        new_As = {
-            key: np.concatenate([b for name, b in new_blocks.items() if name.split("#")[0] == key])
-            for key in keys
-        }
-        return new_As, per_block
 
 
 def summarize_layers(

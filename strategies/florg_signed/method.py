@@ -24,7 +24,7 @@ class FLoRGSigned(FLoRG):
 
     def strategy_class(self) -> type:
         """FLoRG's step per sign block, built with FLoRG's options (``FLoRG.build_strategy``)."""
-        from strategies.florg.strategy import FLoRGSignedStrategy
+        from strategies.florg_signed.strategy import FLoRGSignedStrategy
 
         return FLoRGSignedStrategy
 
@@ -35,5 +35,7 @@ METHODS = (
         summary="FLoRG with core AᵀDA, D = diag(+1, ..., -1, ...): each sign block as FLoRG",
         adapter="florg",
         shared=("A",),
+        # each sign block through the Gram step as its own "layer"
+        dp_mechanism="gram",
     ),
 )

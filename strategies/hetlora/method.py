@@ -4,17 +4,23 @@ columns of B (``strategies/hetlora/rule.py``).  With equal ranks: FedIT."""
 
 from __future__ import annotations
 
-from strategies.method import Method
+from strategies.method import Method, adapter_layers, stacked
 
 
 class HetLoRA(Method):
-    def dp_mechanism(self):
-        return "mean"  # one common rank under dp=central: FedIT's mechanism
+    def aggregate(self, sent, payloads, weights):
+        """Each node is then sent the top r_n of the result (the common strategy's
+        ``sent_state``)."""
+        from strategies.common.ranks import rank_of
+        from strategies.hetlora.rule import aggregate_hetlora
 
-    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
-        from strategies.common.lora_strategies import HetLoRAStrategy
-
-        return HetLoRAStrategy(initial_state, **self.strategy_settings(config, run_dir=run_dir))
+        new = {}
+        for layer in adapter_layers(sent):
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            new[kb], new[ka] = aggregate_hetlora(
+                stacked(payloads, kb), stacked(payloads, ka), weights, rank=rank_of(sent)
+            )
+        return new, {}
 
 
 HETLORA = HetLoRA(
@@ -23,6 +29,9 @@ HETLORA = HetLoRA(
     adapter="lora",
     shared=("A", "B"),
     heterogeneous_ranks=True,
+    # dp=central needs one common rank (refused with client-ranks); then HetLoRA is FedIT
+    # and the mean mechanism its private round
+    dp_mechanism="mean",
 )
 
 METHODS = (HETLORA,)
