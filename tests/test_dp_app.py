@@ -193,9 +193,9 @@ def test_the_strategys_private_round_is_the_mechanism_on_the_clipped_replies(met
     sent = initial_state(method, rng)
     clients = client_states(sent, rng)
     noiseless = strategy_for(method, sent, fingerprint=None, **DP)
-    assert noiseless.dp.mechanism == MECHANISMS[method] and not noiseless.screen_updates
+    assert noiseless.dp.mechanism == MECHANISMS[method] and not noiseless.gate.screen_updates
     noiseless.dp = CentralDP(MECHANISMS[method], C, 0.0, DELTA, np.random.default_rng(5))
-    noiseless._sampled[1] = 4  # as configure_train records it: 4 sampled, 3 replied
+    noiseless.communication.sampled[1] = 4  # as configure_train records it: 4 sampled, 3 replied
     arrays, metrics = noiseless.aggregate_train(1, [reply(c, i) for i, c in enumerate(clients)])
     got = from_array_record(arrays)
     want = expected_private(method, sent, clients, 4, noiseless)
@@ -209,7 +209,7 @@ def test_the_strategys_private_round_is_the_mechanism_on_the_clipped_replies(met
     noised = [strategy_for(method, sent, **DP) for _ in range(2)]
     outs = []
     for s in noised:
-        s._sampled[1] = 4
+        s.communication.sampled[1] = 4
         arrays, metrics = s.aggregate_train(1, [reply(c, i) for i, c in enumerate(clients)])
         outs.append(s.global_state)
         assert metrics["dp-epsilon"] == pytest.approx(epsilon_for(Z, 1.0, 1, DELTA), rel=1e-12)
@@ -237,7 +237,7 @@ def test_an_outlier_is_clipped_not_screened_and_a_round_without_replies_still_re
     strategy = strategy_for("florg", initial_state("florg", rng), **DP)
     before = dict(strategy.global_state)
     bad = {k: np.full_like(v, np.nan) for k, v in before.items()}
-    strategy._sampled[1] = 2
+    strategy.communication.sampled[1] = 2
     arrays, metrics = strategy.aggregate_train(1, [reply(bad, 0), reply(bad, 1)])
     assert arrays is not None and metrics["rejected"] == 2 and metrics["clients"] == 0
     assert metrics["dp-epsilon"] == pytest.approx(epsilon_for(Z, 1.0, 1, DELTA))

@@ -134,7 +134,7 @@ def test_each_method_builds_its_strategy_from_the_run_settings(tmp_path):
         server_device="cpu", screen_kappa=3.0, aggregation_weights="num-examples",
     )  # fmt: skip
     assert florg.fingerprint == 7 and not florg.procrustes and florg.rank_mismatch == "truncate"
-    assert florg.server_device.type == "cpu" and florg.screen_kappa == 3.0
+    assert florg.server_device.type == "cpu" and florg.gate.screen_kappa == 3.0
     assert florg.weighting == "num-examples" and florg.updates_dir is None
     ffa = strategy_for("ffa-lora", {"l.lora_B": np.zeros((3, 2))}, min_train_nodes=3)
     assert ffa.method.name == "ffa-lora" and ffa.min_train_nodes == 3 and ffa.fraction_evaluate == 0
@@ -144,7 +144,7 @@ def test_each_method_builds_its_strategy_from_the_run_settings(tmp_path):
     saved = strategy_for(
         "fedit", state, run_dir=tmp_path, save_client_updates=True, screen_updates=False
     )
-    assert saved.updates_dir == tmp_path / "updates" and not saved.screen_updates
+    assert saved.updates_dir == tmp_path / "updates" and not saved.gate.screen_updates
 
 
 # A new strategy option of one method (docs/adding-a-strategy-option.md): FLoRG's L/R

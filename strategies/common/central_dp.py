@@ -62,7 +62,6 @@ known side channels (Mironov 2012, for Laplace); both are out of scope here and 
 docs/privacy.md.
 """
 
-
 from __future__ import annotations
 
 import math
@@ -107,7 +106,6 @@ def check_dp_settings(
             "dp=central needs aggregation-weights='uniform' (client-reported example counts "
             f"are data-dependent and raise one client's sensitivity), got {aggregation_weights!r}"
         )
-
 
 
 # --------------------------------------------------------------------------- structures
@@ -230,7 +228,6 @@ def noised_mean(
     return _rebuild(first, out)
 
 
-
 # --------------------------------------------------------------------------- a run's DP
 
 # Flower samples a fixed number of nodes per round without replacement (FedAvg's
@@ -301,9 +298,10 @@ class CentralDP:
         self.accountant = accountant
 
 
-
 def mean_mechanism(
-    dp: CentralDP, sent: Mapping[str, np.ndarray], payloads: Iterable[Mapping[str, Any]],
+    dp: CentralDP,
+    sent: Mapping[str, np.ndarray],
+    payloads: Iterable[Mapping[str, Any]],
     num_sampled: int,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """The mean mechanism (docs/privacy.md section 2): the update reply - sent over every

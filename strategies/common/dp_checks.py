@@ -15,7 +15,6 @@ KEY_DELTA = "dp-delta"
 DP_MODES: tuple[str, ...] = ("off", "central")
 
 
-
 def _real(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{key} must be a number, got {value!r}")

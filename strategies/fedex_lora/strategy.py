@@ -17,6 +17,7 @@ from flwr.app import Array, ArrayRecord, Message, RecordDict
 
 from strategies.common.strategy import AdapterStrategy
 from strategies.fedex_lora.rule import Residual, aggregate_fedex_lora
+from strategies.method import stacked
 
 
 class FedExLoRAStrategy(AdapterStrategy):
@@ -60,8 +61,8 @@ class FedExLoRAStrategy(AdapterStrategy):
         for layer in self.layers():
             kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
             new[kb], new[ka], residuals[layer] = aggregate_fedex_lora(
-                self.stacked(payloads, kb),
-                self.stacked(payloads, ka),
+                stacked(payloads, kb),
+                stacked(payloads, ka),
                 weights,
                 self.residual_mode,
             )

@@ -12,7 +12,9 @@ class FedIT(Method):
         new = {}
         for layer in adapter_layers(sent):
             kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
-            new[kb], new[ka] = aggregate_fedit(stacked(payloads, kb), stacked(payloads, ka), weights)
+            new[kb], new[ka] = aggregate_fedit(
+                stacked(payloads, kb), stacked(payloads, ka), weights
+            )
         return new, {}
 
 
