@@ -149,7 +149,7 @@ class RunConfig:
     alpha: float = setting(
         16.0, "scaling numerator: s = alpha / r", check=positive, affects=(MODEL,)
     )
-    # issue 30: clients of different rank (flower_app/client_ranks.py)
+    # issue 30: clients of different rank (flower_app/rank_settings.py)
     client_ranks: str = setting(
         "",
         "per-client adapter ranks, a comma list cycled over partition ids ('' = every "
@@ -403,7 +403,7 @@ class RunConfig:
         check=open_unit_interval,
         affects=(),
     )
-    # -- issue 14: console and metric tracking (flower_app/console.py, tracking.py) --
+    # -- issue 14: console and metric tracking (flower_app/server/console.py, tracking.py) --
     log_level: str = setting(
         "info",
         "debug: Flower's full records too",
@@ -439,9 +439,14 @@ class RunConfig:
         every ``eval-every``-th round and the last three (what tuning reads)."""
         return self._scheduled(server_round, self.eval_every)
 
+    def in_last_rounds(self, server_round: int) -> bool:
+        """Whether ``server_round`` is one of the run's last three rounds, whose mean
+        validation score the tuning reads (so every method is scored there)."""
+        return server_round > self.num_server_rounds - 3
+
     def _scheduled(self, server_round: int, every: int) -> bool:
         periodic = every > 0 and server_round % every == 0
-        return server_round == 0 or periodic or server_round > self.num_server_rounds - 3
+        return server_round == 0 or periodic or self.in_last_rounds(server_round)
 
     def as_dict(self) -> dict[str, Any]:
         return {key: getattr(self, to_attr(key)) for key in SCHEMA}

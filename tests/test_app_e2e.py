@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from client_app.client_app import NODE_STATE_ENV
 from florg_tools.flwr_cli import RunOutcome, run_flower_app
 from florg_tools.run_config import resume_run_config
 from flower_app.adapters.targets import adapter_layout
+from flower_app.client.node_state import NODE_STATE_ENV
 from strategies.common.dp_accounting import epsilon_for
 from strategies.communication import round_communication
 from strategies.fedex_lora.method import FEDEX_REFUSAL

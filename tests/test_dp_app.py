@@ -15,8 +15,8 @@ from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from flower_app.config import ConfigError, resolve_config
-from flower_app.recorder import RunRecorder
 from flower_app.records import from_array_record, to_array_record
+from flower_app.server.recorder import RunRecorder
 from strategies.common.central_dp import CentralDP, clip_update
 from strategies.common.dp_accounting import epsilon_for
 from strategies.common.product_mean import product_update, refactor_noised_product

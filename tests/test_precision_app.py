@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from florg_tools.synthetic import make_generative_qa_task, make_tiny_causal_lm
-from flower_app.client_round import train_round
+from flower_app.client.round import train_round
 from flower_app.config import ConfigError, resolve_config
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data

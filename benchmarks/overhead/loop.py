@@ -48,14 +48,14 @@ def run_loop(
     sizes: Sizes, work: Path, client_threads: int = 1, calibrate: bool = True
 ) -> LoopResult:
     """The simulation's rounds in a plain loop: every client's round is the ClientApp's
-    (``flower_app.client_round``), the strategy the ServerApp's (the method builds it from
+    (``flower_app.client.round``), the strategy the ServerApp's (the method builds it from
     the settings), its replies aggregated as the ServerApp's are once checked
     (``AdapterStrategy.aggregate_replies``: screening, weighting, the method's rule)."""
     t_import0 = time.perf_counter()
     import numpy as np
     import torch
 
-    from flower_app.client_round import receive, train_round
+    from flower_app.client.round import receive, train_round
     from flower_app.config import resolve_config
     from flower_app.modeling import pick_device
     from flower_app.runtime import cached_adapted_model

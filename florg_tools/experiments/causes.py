@@ -109,8 +109,8 @@ def final_updates(folder: Path) -> tuple[Any, dict[str, Update]]:
 
     from flower_app.adapters.florg_model import florg_layers
     from flower_app.adapters.lora import lora_layers
-    from flower_app.checkpoint import load_checkpoint
     from flower_app.runtime import cached_adapted_model
+    from flower_app.server.checkpoint import load_checkpoint
     from flower_app.task_data import load_task_data
 
     checkpoint = load_checkpoint(folder)

@@ -69,6 +69,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from flower_app.ranks import truncate_to_rank
 from flower_app.records import declared_params, split_state, to_array_record
 from strategies.common.averaging import weighted_average
 from strategies.common.central_dp import CentralDP
@@ -76,7 +77,6 @@ from strategies.common.client_evaluation import personalised_metrics
 from strategies.common.ledger import CommunicationLedger
 from strategies.common.participation import NodeLedger
 from strategies.common.rank_router import RankRouter
-from strategies.common.ranks import truncate_to_rank
 from strategies.common.replies import Reply, ReplyRejected
 from strategies.common.reply_gate import ReplyGate
 from strategies.common.run_state import CheckpointedRounds

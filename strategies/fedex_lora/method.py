@@ -72,7 +72,7 @@ class FedExLoRA(Method):
         from flwr.app import Array, ArrayRecord, MetricRecord
 
         from flower_app.records import from_array_record
-        from strategies.fedex_lora.strategy import read_residuals
+        from strategies.fedex_lora.residual_messages import read_residuals
 
         state = context.state
         cumulative = from_array_record(state[CUMULATIVE]) if CUMULATIVE in state else {}

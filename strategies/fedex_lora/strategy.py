@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.app import Message, RecordDict
 
 from strategies.common.strategy import AdapterStrategy
+from strategies.fedex_lora.residual_messages import residuals_record
 from strategies.fedex_lora.rule import Residual, aggregate_fedex_lora
 from strategies.method import stacked
 
@@ -31,16 +32,8 @@ class FedExLoRAStrategy(AdapterStrategy):
     def extend_train_message(self, server_round: int, message: Message) -> Message:
         node = message.metadata.dst_node_id
         since = self.node_synced.get(node, 0)
-        entries: dict[str, Array] = {}
-        for t in sorted(r for r in self.residuals if r > since):
-            for layer, res in self.residuals[t].items():
-                if res.dense is not None:
-                    entries[f"{t}/{layer}/dense"] = Array(res.dense.astype(np.float32))
-                else:
-                    entries[f"{t}/{layer}/P"] = Array(res.P.astype(np.float32))
-                    entries[f"{t}/{layer}/Q"] = Array(res.Q.astype(np.float32))
         content = RecordDict(dict(message.content.items()))
-        content["residuals"] = ArrayRecord(array_dict=entries)
+        content["residuals"] = residuals_record(self.residuals, since)
         return Message(
             content=content, message_type=message.metadata.message_type, dst_node_id=node
         )
@@ -106,17 +99,3 @@ class FedExLoRAStrategy(AdapterStrategy):
                 layer: Residual(dense=p.get("dense"), P=p.get("P"), Q=p.get("Q"))
                 for layer, p in layers.items()
             }
-
-
-def read_residuals(record: ArrayRecord) -> dict[int, dict[str, np.ndarray]]:
-    """Client side: {round: {layer: dense residual}} from a 'residuals' ArrayRecord."""
-    parts: dict[int, dict[str, dict[str, np.ndarray]]] = {}
-    for key, arr in record.items():
-        t, layer, kind = key.split("/")
-        parts.setdefault(int(t), {}).setdefault(layer, {})[kind] = arr.numpy().astype(np.float64)
-    out: dict[int, dict[str, np.ndarray]] = {}
-    for t, layers in parts.items():
-        out[t] = {
-            layer: p["dense"] if "dense" in p else p["P"] @ p["Q"] for layer, p in layers.items()
-        }
-    return out

@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from flower_app.ranks import rank_of
 from flower_app.records import split_state
 from strategies.common.central_dp import noised_mean
-from strategies.common.ranks import rank_of
 from strategies.common.replies import Reply, ReplyRejected, metric_number
 from strategies.common.strategy import AdapterStrategy
 from strategies.florg.dp import clip_florg_with_head, florg_sensitivity

@@ -11,7 +11,7 @@ A node's rank r_n, highest precedence first:
 The run's largest rank r_max = max(``rank``, every rank in ``client-ranks``) is the rank
 of the server's global state and of its evaluation model (``server_model_config``), and
 the rank a node is sent before the server knows its rank (its first round): the node
-keeps the top r_n rows (``strategies.common.ranks.truncate_to_rank``).  A node whose
+keeps the top r_n rows (``flower_app.ranks.truncate_to_rank``).  A node whose
 node-config rank exceeds r_max fails with a ConfigError naming it (raise ``rank`` or list
 the rank in ``client-ranks``); so does FLoRG's ``subtract-init`` with ranks that differ
 (each node would subtract its own rank's initial Gram from W0, so W0 would differ).

@@ -1,7 +1,7 @@
 """The run folder: resolved config, one metrics row per round, console lines, summary.
 
 Each row also goes to TensorBoard event files in ``<run>/tensorboard/`` when the optional
-``tensorboard`` package is there (setting ``tensorboard``, flower_app/tracking.py).
+``tensorboard`` package is there (setting ``tensorboard``, flower_app/server/tracking.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from flwr.common.logger import log as flwr_log
 from flower_app.config import RunConfig
 from flower_app.environment import describe_environment
 from flower_app.paths import run_folder
+from flower_app.server.tracking import open_tracker
 from flower_app.task_kinds import TaskKind, get_kind
-from flower_app.tracking import open_tracker
 from strategies.registry import get_method
 
 INFO = 20

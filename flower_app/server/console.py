@@ -4,7 +4,7 @@ Flower's ``Strategy.start`` (flwr/serverapp/strategy/strategy.py, 1.41 and 1.42)
 every round's aggregated train and evaluate MetricRecords, the global evaluation's
 MetricRecord and, at the end, the whole ``Result`` (every round's records) at INFO: lines
 several hundred characters wide between our own ``[florg] round t/T | ...`` lines
-(flower_app/recorder.py).  ``install_console`` adds a filter to Flower's ``flwr`` logger
+(flower_app/server/recorder.py).  ``install_console`` adds a filter to Flower's ``flwr`` logger
 that re-levels exactly those records to DEBUG; Flower's other INFO lines (strategy
 settings, ``[ROUND t/T]``, sampling and reply counts, timings) stay.  The records are
 matched by logger name and message *format string* (not the formatted text), so our own

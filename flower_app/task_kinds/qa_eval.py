@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from flower_app.squad_metrics import evaluate_predictions
+from flower_app.task_kinds.squad_metrics import evaluate_predictions
 
 N_BEST = 20
 MAX_ANSWER_LENGTH = 30

@@ -12,7 +12,7 @@ setting ``fault-partition`` it misbehaves as ``fault-kind`` says:
     claim   the reply claims ``fault-scale`` examples (poisoning)
 
 Everything else passes through unchanged; with ``fault-partition = -1`` (the default) the
-mod does nothing. The round itself (flower_app/client_round.py) knows nothing of faults.
+mod does nothing. The round itself (flower_app/client/round.py) knows nothing of faults.
 """
 
 from __future__ import annotations

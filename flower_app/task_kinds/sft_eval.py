@@ -6,7 +6,7 @@ the padding are -100), averaged over tokens, not examples; perplexity = exp(loss
 ``generate_answers``: per example the prompt alone (left-padded into a batch), greedy
 decoding of up to ``max_new_tokens`` tokens, stopped at EOS; the answer is the decoded text
 up to its first line break. EM and F1 are the official SQuAD v1.1 ones
-(``flower_app.squad_metrics``: normalised text, the best over the gold answers), percent.
+(``flower_app.task_kinds.squad_metrics``: normalised text, the best over the gold answers), percent.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from flower_app.squad_metrics import exact_match, f1_score
+from flower_app.task_kinds.squad_metrics import exact_match, f1_score
 
 
 @torch.no_grad()

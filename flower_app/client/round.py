@@ -20,7 +20,7 @@ it is, and the centralised benchmarks (benchmarks/centralised/training.py) train
    ``content`` is the reply's Flower RecordDict) and the own parts the client keeps.
 
 Fault injection (the testing settings ``fault-*``) is no part of a round: it is a Flower
-client mod around the ClientApp (flower_app/faults.py).
+client mod around the ClientApp (flower_app/client/faults.py).
 """
 
 from __future__ import annotations
