@@ -1,6 +1,6 @@
 """A model carrying one method's adapter, and what of it travels between client and server.
 
-The method (``flower_app/methods/``) says which adapter to inject and which of its parts
+The method (``strategies/``) says which adapter to inject and which of its parts
 travel (down and up, every round), stay on the client or stay frozen:
 
     florg adapters   '<layer>.A' + head
@@ -29,7 +29,7 @@ from flower_app.adapters.florg_model import (
 )
 from flower_app.adapters.lora import LoRAConfig, get_lora_state, inject_lora, set_lora_state
 from flower_app.config import RunConfig
-from flower_app.methods import Method, get_method
+from strategies.registry import Method, get_method
 
 
 def florg_config(config: RunConfig, method: Method) -> FLoRGConfig:

@@ -30,7 +30,7 @@ Unknown keys and bad values raise ``ConfigError`` naming the key, before any mod
 built or any client trains (the value checks and the coercion: flower_app/config_checks.py).
 
 Settings and methods depend one way, this module -> the method registry
-(flower_app/methods/): the values ``method`` may take are the registered names (the
+(strategies/): the values ``method`` may take are the registered names (the
 registry's check ``RegisteredMethod``), and ``resolve_config`` is the one validation every
 caller runs (the apps, the launcher, the grids, the benchmarks), so it has to know them.
 The registry never imports this module, not even for annotations: a method is handed a
@@ -64,7 +64,7 @@ from flower_app.config_checks import (
     rank_list,
 )
 from flower_app.config_checks import is_folder_name as is_folder_name  # re-exported
-from flower_app.methods import RegisteredMethod, get_method
+from strategies.registry import RegisteredMethod, get_method
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # presets and grids (the tooling's)
 
@@ -111,7 +111,7 @@ class RunConfig:
     )
     method: str = setting(
         "florg",
-        "federated method (flower_app/methods/)",
+        "federated method (strategies/)",
         check=RegisteredMethod(),
         affects=(MODEL,),
     )
@@ -149,7 +149,7 @@ class RunConfig:
     alpha: float = setting(
         16.0, "scaling numerator: s = alpha / r", check=positive, affects=(MODEL,)
     )
-    # issue 30: clients of different rank (flower_app/client_ranks.py)
+    # issue 30: clients of different rank (flower_app/rank_settings.py)
     client_ranks: str = setting(
         "",
         "per-client adapter ranks, a comma list cycled over partition ids ('' = every "
@@ -403,7 +403,7 @@ class RunConfig:
         check=open_unit_interval,
         affects=(),
     )
-    # -- issue 14: console and metric tracking (flower_app/console.py, tracking.py) --
+    # -- issue 14: console and metric tracking (flower_app/server/console.py, tracking.py) --
     log_level: str = setting(
         "info",
         "debug: Flower's full records too",
@@ -439,9 +439,14 @@ class RunConfig:
         every ``eval-every``-th round and the last three (what tuning reads)."""
         return self._scheduled(server_round, self.eval_every)
 
+    def in_last_rounds(self, server_round: int) -> bool:
+        """Whether ``server_round`` is one of the run's last three rounds, whose mean
+        validation score the tuning reads (so every method is scored there)."""
+        return server_round > self.num_server_rounds - 3
+
     def _scheduled(self, server_round: int, every: int) -> bool:
         periodic = every > 0 and server_round % every == 0
-        return server_round == 0 or periodic or server_round > self.num_server_rounds - 3
+        return server_round == 0 or periodic or self.in_last_rounds(server_round)
 
     def as_dict(self) -> dict[str, Any]:
         return {key: getattr(self, to_attr(key)) for key in SCHEMA}
@@ -550,7 +555,7 @@ def resolve_config(
 def _check_half_precision_writes(config: RunConfig) -> None:
     """``precision`` bf16 / fp16 holds W0 in a half dtype, and two settings write into W0:
     ``subtract-init`` (W0 - s L A1^T A1 R, so that the start is a zero update) and
-    FedEx-LoRA's residual fold. A write into a half-precision W0 rounds every entry to 8
+    a method that writes into W0 (FedEx-LoRA's residual fold). A write into a half-precision W0 rounds every entry to 8
     (bf16) or 11 (fp16) significant bits, an error of up to 2^-9 |W0| per entry, the size of
     what is written: the start would not be zero and the residual would be lost."""
     p = config.precision
@@ -562,10 +567,10 @@ def _check_half_precision_writes(config: RunConfig) -> None:
             f"{p}: the write rounds W0 by about as much as it subtracts; set subtract-init=false "
             "or precision=fp32"
         )
-    if config.method == "fedex-lora":
+    if get_method(config.method).writes_base_weights:
         raise ConfigError(
-            f"method='fedex-lora' folds its residual into W0 every round, which precision={p!r} "
-            f"holds in {p}: the fold rounds W0 by about as much as the residual; use "
+            f"method={config.method!r} writes into W0 every round, which precision={p!r} "
+            f"holds in {p}: the write rounds W0 by about as much as it adds; use "
             "precision=fp32"
         )
 
@@ -588,8 +593,8 @@ def _check_quantization_settings(config: RunConfig) -> None:
             f"subtract-init=true writes s L A1^T A1 R into W0, which quantization={q!r} "
             "stores in bitsandbytes' packed format; set subtract-init=false or quantization=none"
         )
-    if config.method == "fedex-lora":
+    if get_method(config.method).writes_base_weights:
         raise ConfigError(
-            f"method='fedex-lora' folds its residual into W0 every round, which "
+            f"method={config.method!r} writes into W0 every round, which "
             f"quantization={q!r} stores in bitsandbytes' packed format; use quantization=none"
         )

@@ -5,7 +5,7 @@ be in the ``ConfigError`` it raises: the check's ``hint`` when it has one, else 
 its ``options`` when it has those, else its name (``positive``, ``fraction``, ...).  The
 checks are used by the declaration of every setting, ``RunConfig`` in flower_app/config.py
 (the ``method`` setting's, ``RegisteredMethod``, is the method registry's:
-flower_app/methods/__init__.py).
+strategies/registry.py).
 """
 
 from __future__ import annotations

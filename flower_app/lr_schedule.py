@@ -10,7 +10,7 @@ so round 1 trains just below ``learning-rate`` and the last round at ``min-learn
 exactly (FlowerTune's convention; the shifted variant (t - 1) / T would start at
 ``learning-rate`` and never reach the floor). The head's rate (``head-learning-rate``, when
 set) is scaled by the same factor lr_t / lr. Each round's AdamW is fresh
-(flower_app/client_round.py), so the rate is constant within a round.
+(flower_app/client/round.py), so the rate is constant within a round.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ setup() {
 import importlib
 for name in ("flwr", "datasets", "flwr_datasets", "omegaconf", "gguf", "dp_accounting",
              "flwr.simulation", "flwr.server", "flwr.supernode", "flwr.cli.app",
-             "flower_app.client_round", "flower_app.runtime", "client_app.client_app",
+             "flower_app.client.round", "flower_app.runtime", "client_app.client_app",
              "server_app.server_app", "florg_tools.launch", "florg_tools.experiments"):
     try:
         importlib.import_module(name)

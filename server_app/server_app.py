@@ -1,6 +1,6 @@
 """The ServerApp: build the method's strategy, run the rounds, evaluate, write the run folder.
 
-After every round it checkpoints everything needed to continue (flower_app/checkpoint.py);
+After every round it checkpoints everything needed to continue (flower_app/server/checkpoint.py);
 with ``resume=<run folder>`` it continues from the last complete round.
 """
 
@@ -15,7 +15,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
-from flower_app.checkpoint import (
+from flower_app.config import ConfigError, RunConfig, resolve_config
+from flower_app.modeling import pick_device, resolve_model_source
+from flower_app.rank_settings import server_model_config
+from flower_app.records import from_array_record, to_array_record
+from flower_app.runtime import cached_adapted_model
+from flower_app.server.checkpoint import (
     check_resumable,
     load_checkpoint,
     new_lineage,
@@ -23,16 +28,11 @@ from flower_app.checkpoint import (
     restore_random_state,
     save_checkpoint,
 )
-from flower_app.client_ranks import server_model_config
-from flower_app.config import ConfigError, RunConfig, resolve_config
-from flower_app.console import install_console
-from flower_app.modeling import pick_device, resolve_model_source
-from flower_app.recorder import INFO, RunRecorder, make_run_dir
-from flower_app.runtime import cached_adapted_model
+from flower_app.server.console import install_console
+from flower_app.server.recorder import INFO, RunRecorder, make_run_dir
 from flower_app.task_data import load_task_data, load_test_data
 from flower_app.task_eval import evaluate_task
-from strategies.flower import AdapterStrategy
-from strategies.flower.base import from_array_record, to_array_record
+from strategies.common.strategy import AdapterStrategy
 
 app = ServerApp()
 
@@ -58,7 +58,7 @@ class GlobalEvaluator:
         self.recorder = recorder
         self.run_dir = run_dir
         self.lineage = lineage
-        # at the run's largest rank (flower_app/client_ranks.py; strategies/flower/florg.py)
+        # at the run's largest rank (flower_app/rank_settings.py; strategies/florg/strategy.py)
         model_config = server_model_config(config)
         self.adapted = cached_adapted_model(model_config, data.num_labels, data.spec.kind)
         self.device = pick_device(config.device)
@@ -147,7 +147,7 @@ def main(grid: Grid, context: Context) -> None:
     data = load_task_data(config)
     if config.max_test_examples > 0:
         load_test_data(config)  # a task without a test split fails here, before training
-    # rank > k etc.; at the largest client rank (flower_app/client_ranks.py)
+    # rank > k etc.; at the largest client rank (flower_app/rank_settings.py)
     adapted = cached_adapted_model(server_model_config(config), data.num_labels, data.spec.kind)
     initial_state = adapted.shared_state()
     strategy = adapted.method.build_strategy(

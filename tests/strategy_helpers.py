@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from flower_app.config import RunConfig, resolve_config
-from flower_app.methods import build_strategy
+from strategies.registry import build_strategy
 
 
 def run_settings(method: str = "florg", **settings: Any) -> RunConfig:

@@ -300,7 +300,7 @@ def test_federa_svd_init_keeps_output_and_uses_principal_directions():
 def test_fedex_fold_sets_w0_plus_scaled_residual_and_restores_w0():
     """FedEx-LoRA's hook: W0 <- W0_pristine + s * cumulative residual; {} restores W0."""
     from flower_app.config import resolve_config
-    from flower_app.methods.fedex_lora import FEDEX_LORA, PRISTINE, fold_residual
+    from strategies.fedex_lora.method import FEDEX_LORA, PRISTINE, fold_residual
 
     class Holder:  # what the hook needs of an AdaptedModel
         def __init__(self, model):

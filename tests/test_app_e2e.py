@@ -22,15 +22,16 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from client_app.client_app import NODE_STATE_ENV
 from florg_tools.flwr_cli import RunOutcome, run_flower_app
 from florg_tools.run_config import resume_run_config
 from flower_app.adapters.targets import adapter_layout
-from flower_app.methods import get_method, method_names
-from flower_app.methods.communication import round_communication
-from strategies.dp import FEDEX_REFUSAL, epsilon_for
-from strategies.florg import aggregate_florg
-from strategies.florg_signed import aggregate_florg_signed
+from flower_app.client.node_state import NODE_STATE_ENV
+from strategies.common.dp_accounting import epsilon_for
+from strategies.communication import round_communication
+from strategies.fedex_lora.method import FEDEX_REFUSAL
+from strategies.florg.rule import aggregate_florg
+from strategies.florg_signed.rule import aggregate_florg_signed
+from strategies.registry import get_method, method_names
 from tests.ray_harness import shared_ray_simulation_superlink
 
 METHODS = method_names()
@@ -164,11 +165,9 @@ def _dp_methods() -> list[str]:
     refusal): each path through the simulation once, keeping CI's time down."""
     chosen: dict[str, str] = {}
     for name in METHODS:
-        try:
-            chosen.setdefault(get_method(name).dp_mechanism(), name)
-        except ValueError:
-            chosen.setdefault(f"refused {name}", name)
-    assert chosen[get_method(DP_RESUMED).dp_mechanism()] == DP_RESUMED
+        mechanism = get_method(name).dp_mechanism
+        chosen.setdefault(mechanism or f"refused {name}", name)
+    assert chosen[get_method(DP_RESUMED).dp_mechanism] == DP_RESUMED
     return sorted({*chosen.values(), "fedsa-lora", "florg-signed"} - {DP_RESUMED})
 
 

@@ -91,13 +91,18 @@ def _is_type_checking(node: ast.AST) -> bool:
     )
 
 
-def _runtime_nodes(tree: ast.AST, type_checking: bool = False):
+def _runtime_nodes(
+    tree: ast.AST, type_checking: bool = False, skip_functions: frozenset[str] = frozenset()
+):
     """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` (annotations
-    only, never run), which ``type_checking`` includes too."""
+    only, never run), which ``type_checking`` includes too, and of the functions named in
+    ``skip_functions``."""
     stack = [tree]
     while stack:
         node = stack.pop()
         yield node
+        if isinstance(node, ast.FunctionDef) and node.name in skip_functions:
+            continue
         if _is_type_checking(node) and not type_checking:
             stack.extend(node.orelse)
         else:
@@ -105,7 +110,9 @@ def _runtime_nodes(tree: ast.AST, type_checking: bool = False):
 
 
 def import_graph(
-    packages: tuple[str, ...] = GRAPH_PACKAGES, type_checking: bool = False
+    packages: tuple[str, ...] = GRAPH_PACKAGES,
+    type_checking: bool = False,
+    skip_functions: frozenset[str] = frozenset(),
 ) -> dict[str, set[str]]:
     """module -> the modules of ``packages`` it imports, function-local imports included,
     ``if TYPE_CHECKING:`` imports only with ``type_checking`` (they never run); ``from pkg
@@ -116,7 +123,7 @@ def import_graph(
         is_package = path.name == "__init__.py"
         edges: set[str] = set()
         tree = ast.parse(path.read_text(), str(path))
-        for node in _runtime_nodes(tree, type_checking):
+        for node in _runtime_nodes(tree, type_checking, skip_functions):
             if isinstance(node, ast.Import):
                 edges.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -162,9 +169,10 @@ def test_find_cycle_finds_a_cycle_and_accepts_a_dag():
 
 def test_import_graph_sees_function_local_and_from_imports():
     graph = import_graph()
-    # flower_app/methods/base.py imports AdapterStrategy only under TYPE_CHECKING
-    assert "strategies.flower.base" not in graph["flower_app.methods.base"]
-    assert "strategies.flower.base" in import_graph(type_checking=True)["flower_app.methods.base"]
+    # the common strategy names its Method only under TYPE_CHECKING; the method builds it
+    assert "strategies.method" not in graph["strategies.common.strategy"]
+    assert "strategies.method" in import_graph(type_checking=True)["strategies.common.strategy"]
+    assert "strategies.common.strategy" in graph["strategies.method"]
     assert "flower_app.config" in graph["server_app.server_app"]
     # a function-local import (flower_app/disk_cache.py: cache_root)
     assert "flower_app.asset_registry" in graph["flower_app.disk_cache"]
@@ -197,8 +205,10 @@ def test_settings_and_methods_depend_one_way():
     the registry imports, annotations (``if TYPE_CHECKING:``) and function-local imports
     included, reaches the settings (the config.py docstring says why this way)."""
     graph = import_graph(type_checking=True)
-    assert "flower_app.methods" in graph["flower_app.config"]
-    methods = {m for m in graph if m.split(".")[:2] == ["flower_app", "methods"]}
+    assert "strategies.registry" in graph["flower_app.config"]
+    methods = {"strategies.registry", "strategies.method"} | {
+        m for m in graph if m.startswith("strategies.") and m.endswith(".method")
+    }
     assert len(methods) > 5
     reached = reachable(graph, methods)
     assert not reached & {"flower_app.config", "flower_app.config_checks", "flower_app.adapted"}
@@ -211,3 +221,66 @@ def test_the_runtime_caches_and_the_data_do_not_import_each_other_in_a_cycle():
     assert "flower_app.runtime" not in graph["flower_app.task_data"]
     runtime = {m: graph[m] for m in graph if m.split(".")[0] in RUNTIME_PACKAGES}
     assert find_cycle(runtime) is None
+
+
+# The runtime's two sides. The ClientApp and flower_app/client/ form the client side; the
+# ServerApp, flower_app/server/, each method's Flower strategy (strategies/<m>/strategy.py)
+# and the common strategy's parts form the server side. Everything else (settings,
+# adapters, the methods' declarations and rules, task kinds, data, training, records) is
+# the core both import.
+SERVER_STRATEGY_PARTS = {
+    f"strategies.common.{name}"
+    for name in (
+        "strategy", "reply_gate", "rank_router", "ledger", "run_state", "client_evaluation",
+        "participation", "replies", "screening",
+    )
+}  # fmt: skip
+
+
+def is_client_side(module: str) -> bool:
+    return module.split(".")[0] == "client_app" or module.startswith("flower_app.client.")
+
+
+def is_server_side(module: str) -> bool:
+    return (
+        module.split(".")[0] == "server_app"
+        or module.startswith("flower_app.server.")
+        or module.endswith(".strategy")
+        or module in SERVER_STRATEGY_PARTS
+    )
+
+
+def test_the_client_side_never_imports_the_server_side_and_the_reverse():
+    """Function-local imports included. A method's ``build_strategy`` is the one hook of the
+    core that reaches its Flower strategy, and only the server calls it: its imports are
+    left out of the client side's reach."""
+    graph = import_graph()
+    client = {m for m in graph if is_client_side(m)}
+    server = {m for m in graph if is_server_side(m)}
+    assert len(client) >= 5 and len(server) >= 10
+    direct = [f"{a} -> {b}" for a in client for b in graph[a] if is_server_side(b)]
+    direct += [f"{a} -> {b}" for a in server for b in graph[a] if is_client_side(b)]
+    assert not direct, direct
+    assert not reachable(graph, server) & client
+    hooks_left_out = import_graph(skip_functions=frozenset({"build_strategy"}))
+    assert not reachable(hooks_left_out, client) & server, sorted(
+        reachable(hooks_left_out, client) & server
+    )
+
+
+def test_a_clientapp_process_loads_no_server_module_and_the_reverse():
+    code = (
+        "import sys, importlib; importlib.import_module(sys.argv[1]); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('client_app', 'server_app', 'flower_app', 'strategies')))"
+    )
+    for app, other_side in (
+        ("client_app.client_app", is_server_side),
+        ("server_app.server_app", is_client_side),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", code, app], cwd=ROOT, capture_output=True, text=True,
+            check=True,
+        )  # fmt: skip
+        loaded = ast.literal_eval(out.stdout)  # a printed list of module names
+        assert loaded and not [m for m in loaded if other_side(m)], (app, loaded)

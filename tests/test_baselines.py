@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strategies.federa import aggregate_federa
-from strategies.fedex_lora import aggregate_fedex_lora
-from strategies.fedit import aggregate_fedit
-from strategies.fedsa_lora import aggregate_fedsa_lora
-from strategies.ffa_lora import aggregate_ffa_lora
+from strategies.federa.rule import aggregate_federa
+from strategies.fedex_lora.rule import aggregate_fedex_lora
+from strategies.fedit.rule import aggregate_fedit
+from strategies.fedsa_lora.rule import aggregate_fedsa_lora
+from strategies.ffa_lora.rule import aggregate_ffa_lora
 
 
 def lora_clients(rng, n, d_out, d_in, r):

@@ -18,8 +18,8 @@ from florg_tools.synthetic import make_generative_qa_task, make_tiny_causal_lm
 from flower_app.config import ConfigError, resolve_config
 from flower_app.data import sft
 from flower_app.data.tasks import TASKS
-from flower_app.methods import method_names
-from flower_app.sft_eval import generate_answers, generation_scores, response_loss
+from flower_app.task_kinds.sft_eval import generate_answers, generation_scores, response_loss
+from strategies.registry import method_names
 from tests.ray_harness import shared_ray_simulation_superlink
 
 NUM_NODES = 2
@@ -184,7 +184,7 @@ def test_generative_tasks_and_their_sources():
 
 
 def test_a_round_adapts_q_and_v_and_instructions_are_scored_by_their_loss(tiny, tmp_path):
-    from flower_app.client_round import train_round
+    from flower_app.client.round import train_round
     from flower_app.runtime import cached_adapted_model
     from flower_app.task_data import load_task_data
     from flower_app.task_eval import evaluate_task

@@ -21,9 +21,9 @@ from florg_tools.experiments.causes import (
     reachable_rows,
 )
 from flower_app.adapters.projections import make_projections
-from flower_app.checkpoint import save_checkpoint
 from flower_app.config import resolve_config
 from flower_app.runtime import cached_adapted_model
+from flower_app.server.checkpoint import save_checkpoint
 
 L, R = make_projections(9, 7, seed=3, name="x")  # 9 x 7 and 7 x 7: k = 7
 rng = np.random.default_rng(0)

@@ -12,16 +12,16 @@ from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from florg_tools.run_config import load_preset, resume_run_config
-from flower_app.checkpoint import (
+from flower_app.config import DEFAULTS, ConfigError, resolve_config
+from flower_app.records import from_array_record, to_array_record
+from flower_app.server.checkpoint import (
     check_resumable,
     load_checkpoint,
     random_state_json,
     restore_random_state,
     save_checkpoint,
 )
-from flower_app.config import DEFAULTS, ConfigError, resolve_config
-from flower_app.recorder import RunRecorder
-from strategies.flower.base import from_array_record, to_array_record
+from flower_app.server.recorder import RunRecorder
 from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1

@@ -13,19 +13,19 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.client_ranks import (
+from flower_app.config import ConfigError, resolve_config
+from flower_app.rank_settings import (
     config_at_rank,
     largest_rank,
     node_rank,
     parse_client_ranks,
     server_model_config,
 )
-from flower_app.config import ConfigError, resolve_config
-from flower_app.methods.communication import client_communication
-from strategies.florg_ranks import aggregate_florg_ranks
-from strategies.florg_torch import aggregate_florg_layers
-from strategies.flower.base import from_array_record, to_array_record
-from strategies.flower.ranks import truncate_to_rank
+from flower_app.ranks import truncate_to_rank
+from flower_app.records import from_array_record, to_array_record
+from strategies.communication import client_communication
+from strategies.florg.ranks import aggregate_florg_ranks
+from strategies.florg.rule_torch import aggregate_florg_layers
 from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1
@@ -118,7 +118,7 @@ def test_florg_mixed_ranks_aggregate_every_layer_and_send_each_node_its_factor()
     replies = [reply(n, sent[n], ranks[n], partition=n - 1) for n in sent]
     arrays, metrics = strategy.aggregate_train(1, replies)
     assert metrics["clients"] == 3 and metrics["rejected"] == 0
-    assert strategy.node_ranks == ranks
+    assert strategy.router.node_ranks == ranks
     new = from_array_record(arrays)
     for key in ("enc.q.A", "enc.v.A"):
         As = [sent[n][key].astype(np.float32) for n in sorted(sent)]
@@ -192,7 +192,7 @@ def test_a_reply_not_matching_its_rank_is_rejected_and_the_rest_kept(
     assert metrics["rejected"] == 1 and metrics["clients"] == 1
     lines = [r.getMessage() for r in caplog.records if "rejected update" in r.getMessage()]
     assert len(lines) == 1 and reason in lines[0], lines
-    assert strategy.node_ranks == {2: 2}  # the rejected node's rank is not learnt
+    assert strategy.router.node_ranks == {2: 2}  # the rejected node's rank is not learnt
     assert from_array_record(arrays)["enc.q.A"].shape == (R_MAX, K)
 
 
@@ -278,7 +278,7 @@ def test_a_checkpoint_carries_the_factors_and_node_ranks():
     strategy.aggregate_train(1, replies)
     resumed = strategy_for("florg", FLORG_STATE)
     resumed.restore(strategy.state_arrays(), strategy.state_json())
-    assert resumed.node_ranks == {1: 2, 2: 4}
+    assert resumed.router.node_ranks == {1: 2, 2: 4}
     assert set(resumed.factors_by_rank) == {2}
     for key, value in strategy.factors_by_rank[2].items():
         np.testing.assert_array_equal(resumed.factors_by_rank[2][key], value)

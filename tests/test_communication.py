@@ -10,9 +10,9 @@ from transformers import BertForSequenceClassification
 from flower_app.adapters.florg_model import get_florg_state, inject_florg
 from flower_app.adapters.lora import LoRAConfig, get_lora_state, inject_lora
 from flower_app.adapters.targets import adapter_layout
-from flower_app.methods import method_names
-from flower_app.methods.communication import round_communication
-from strategies.fedex_lora import aggregate_fedex_lora
+from strategies.communication import round_communication
+from strategies.fedex_lora.rule import aggregate_fedex_lora
+from strategies.registry import method_names
 from tests.test_adapter import florg_config
 
 METHODS = method_names()

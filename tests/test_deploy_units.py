@@ -24,12 +24,12 @@ from florg_tools.flwr_home import write_tls_connection
 from florg_tools.synthetic import make_sentiment_task
 from flower_app import disk_cache
 from flower_app.adapters.florg_model import florg_layers
+from flower_app.client.node_config import use_node_data
 from flower_app.config import ConfigError, resolve_config
 from flower_app.modeling import pick_device
-from flower_app.node_config import use_node_data
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, tokenized_split
-from strategies.flower.participation import NodeLedger
+from strategies.common.participation import NodeLedger
 
 TaskIdentity.run_id = 1
 TaskIdentity.task_id = 1

@@ -207,7 +207,7 @@ def test_the_real_builders_code_hashes_cover_their_modules():
     assert {"flower_app/data/qa_features.py", "flower_app/tokenizer.py"} <= data
     assert "flower_app/asset_registry.py" in data  # (the old hand-written list named assets.py)
     # the method registry imports its modules by name (importlib): all of them count
-    assert "flower_app/methods/fedex_lora.py" in model
+    assert "strategies/fedex_lora/method.py" in model
     assert not any(f.startswith(("florg_tools/", "tests/", "client_app/")) for f in model | data)
 
 

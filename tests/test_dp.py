@@ -1,4 +1,4 @@
-"""Central DP mechanisms (strategies/dp.py, strategies/dp_torch.py; docs/privacy.md):
+"""Central DP mechanisms (strategies/common/central_dp.py, strategies/florg/dp_torch.py; docs/privacy.md):
 noise calibration, clipping, post-processing, accounting against the libraries, settings."""
 
 from __future__ import annotations
@@ -10,10 +10,13 @@ import pytest
 import torch
 from scipy import stats
 
-from strategies import dp
-from strategies.dp_torch import private_florg_layers_torch
-from strategies.federa import aggregate_federa
-from strategies.florg import aggregate_florg_reference
+from strategies.common import central_dp as dp
+from strategies.common import dp_accounting as accounting
+from strategies.common import dp_checks, product_mean
+from strategies.federa.rule import aggregate_federa
+from strategies.florg import dp as gram_dp
+from strategies.florg.dp_torch import private_florg_layers_torch
+from strategies.florg.rule import aggregate_florg_reference
 
 ALPHA = 1e-6  # two-sided level of the chi-square checks (the seeds are fixed anyway)
 
@@ -116,11 +119,11 @@ def test_federa_product_mechanism_is_federa_without_noise():
     Bs = [B0 + 0.1 * rng.standard_normal((d_out, r)) for _ in range(n)]
     As = [A0 + 0.1 * rng.standard_normal((r, d_in)) for _ in range(n)]
     ups = [
-        dp.clip_update({"l": dp.product_update(B, A, B0, A0)}, 1e6)
+        dp.clip_update({"l": product_mean.product_update(B, A, B0, A0)}, 1e6)
         for B, A in zip(Bs, As, strict=True)
     ]
     mean = dp.noised_mean(ups, 1e6, 0.0, rng)["l"] + B0 @ A0
-    B, A, info = dp.federa_private_step(mean, r)
+    B, A, info = product_mean.refactor_noised_product(mean, r)
     B_ref, A_ref, ref_info = aggregate_federa(Bs, As, None)
     np.testing.assert_allclose(B @ A, B_ref @ A_ref, atol=1e-10)
     assert info["trunc_rel_error"] == pytest.approx(ref_info["trunc_rel_error"], abs=1e-10)
@@ -133,15 +136,15 @@ def test_gram_noise_is_symmetric_and_calibrated():
     rng = np.random.default_rng(4)
     r, k, m, C, z = 2, 24, 3, 0.8, 0.9
     prev = 0.3 * rng.standard_normal((r, k))
-    As = [dp.clip_florg(prev + rng.standard_normal((r, k)), C, prev) for _ in range(m)]
+    As = [gram_dp.clip_florg(prev + rng.standard_normal((r, k)), C, prev) for _ in range(m)]
     stacked = np.concatenate(As)
     exact = stacked.T @ stacked / m
-    delta = dp.florg_sensitivity(C, prev)
+    delta = gram_dp.florg_sensitivity(C, prev)
     assert delta == pytest.approx(C * (2 * np.linalg.norm(prev, 2) + C))
     diag, off = [], []
     iu = np.triu_indices(k, 1)
     for _ in range(40):  # 40 draws: 960 diagonal, 11040 off-diagonal entries
-        Q = dp.noised_gram_sum(As, C, z, rng, prev_A=prev)
+        Q = gram_dp.noised_gram_sum(As, C, z, rng, prev_A=prev)
         assert np.array_equal(Q, Q.T)  # exactly symmetric
         E = Q - exact
         diag.append(np.diag(E))
@@ -150,8 +153,8 @@ def test_gram_noise_is_symmetric_and_calibrated():
     assert_std(np.concatenate(diag), sigma)
     assert_std(np.concatenate(off), sigma)
     # clip-A-itself: Delta = C^2
-    own = [dp.clip_florg(rng.standard_normal((r, k)), C) for _ in range(m)]
-    E = dp.noised_gram_sum(own, C, z, rng) - sum(a.T @ a for a in own) / m
+    own = [gram_dp.clip_florg(rng.standard_normal((r, k)), C) for _ in range(m)]
+    E = gram_dp.noised_gram_sum(own, C, z, rng) - sum(a.T @ a for a in own) / m
     assert_std(gram_sum_upper(E), z * C**2 / m)
 
 
@@ -160,24 +163,24 @@ def test_gram_clipping_bounds_one_clients_influence():
     r, k, m, C = 3, 10, 4, 0.5
     prev = rng.standard_normal((r, k))
     for anchor in (None, prev):  # clip A itself (Delta = C^2) or the update (centred)
-        others = [dp.clip_florg(rng.standard_normal((r, k)), C, anchor) for _ in range(m - 1)]
-        huge = dp.clip_florg(1e6 * rng.standard_normal((r, k)), C, anchor)
-        with_it = dp.noised_gram_sum([*others, huge], C, 0.0, rng, prev_A=anchor, num_sampled=m)
-        without = dp.noised_gram_sum(others, C, 0.0, rng, prev_A=anchor, num_sampled=m)
+        others = [gram_dp.clip_florg(rng.standard_normal((r, k)), C, anchor) for _ in range(m - 1)]
+        huge = gram_dp.clip_florg(1e6 * rng.standard_normal((r, k)), C, anchor)
+        with_it = gram_dp.noised_gram_sum([*others, huge], C, 0.0, rng, prev_A=anchor, num_sampled=m)
+        without = gram_dp.noised_gram_sum(others, C, 0.0, rng, prev_A=anchor, num_sampled=m)
         moved = np.linalg.norm(with_it - without)
-        delta = dp.florg_sensitivity(C, anchor)
+        delta = gram_dp.florg_sensitivity(C, anchor)
         assert moved <= delta / m * (1 + 1e-12), (anchor is None, moved, delta / m)
         assert moved > 0.3 * delta / m  # and the bound is not vacuous
-    assert dp.florg_sensitivity(C) == C**2
+    assert gram_dp.florg_sensitivity(C) == C**2
     with pytest.raises(ValueError, match="exceeds the clipping bound"):
-        dp.noised_gram_sum([rng.standard_normal((r, k))], 1e-3, 1.0, rng)
+        gram_dp.noised_gram_sum([rng.standard_normal((r, k))], 1e-3, 1.0, rng)
 
 
 def test_sensitivity_bounds_hold_for_worst_looking_updates():
     rng = np.random.default_rng(6)
     C = 0.7
     prevs = {"q": rng.standard_normal((3, 8)), "v": 2.0 * rng.standard_normal((3, 8))}
-    delta = dp.florg_sensitivity(C, prevs)
+    delta = gram_dp.florg_sensitivity(C, prevs)
     p = max(np.linalg.norm(P, 2) for P in prevs.values())
     assert delta == pytest.approx(C * (2 * p + C))
     top = {n: np.linalg.svd(P)[0][:, :1] @ np.linalg.svd(P)[2][:1] for n, P in prevs.items()}
@@ -186,12 +189,12 @@ def test_sensitivity_bounds_hold_for_worst_looking_updates():
         *({n: rng.standard_normal(P.shape) for n, P in prevs.items()} for _ in range(50)),
     ]
     for D in candidates:
-        clipped = dp.clip_florg({n: prevs[n] + D[n] for n in prevs}, C, prevs)
+        clipped = gram_dp.clip_florg({n: prevs[n] + D[n] for n in prevs}, C, prevs)
         terms = [clipped[n].T @ clipped[n] - prevs[n].T @ prevs[n] for n in prevs]
         assert np.sqrt(sum(np.sum(t**2) for t in terms)) <= delta * (1 + 1e-12)
     # the head clipped in the same unit: one Gaussian mechanism with multiplier z
     head = {"classifier.weight": 50 * rng.standard_normal((2, 8))}
-    A, h = dp.clip_florg_with_head({n: prevs[n] + top[n] for n in prevs}, head, C, 0.2, prevs)
+    A, h = gram_dp.clip_florg_with_head({n: prevs[n] + top[n] for n in prevs}, head, C, 0.2, prevs)
     gram = np.sqrt(sum(np.sum((A[n].T @ A[n] - prevs[n].T @ prevs[n]) ** 2) for n in prevs))
     assert (gram / delta) ** 2 + (dp.flat_norm(h) / 0.2) ** 2 <= 1 + 1e-12
 
@@ -204,12 +207,12 @@ def test_private_step_without_noise_is_the_reference_truncate(centred, procruste
     prev = rng.standard_normal((r, k))
     raw = [prev + 0.8 * rng.standard_normal((r, k)) for _ in range(n)]
     anchor = prev if centred else None
-    clipped = [dp.clip_florg(a, C, anchor) for a in raw]
+    clipped = [gram_dp.clip_florg(a, C, anchor) for a in raw]
     assert any(
         np.linalg.norm(a - b) > 1e-6 for a, b in zip(clipped, raw, strict=True)
     )  # clipping active
-    Q = dp.noised_gram_sum(clipped, C, 0.0, rng, prev_A=anchor)
-    new, info = dp.florg_private_step(Q, prev, r, procrustes=procrustes)
+    Q = gram_dp.noised_gram_sum(clipped, C, 0.0, rng, prev_A=anchor)
+    new, info = gram_dp.florg_private_step(Q, prev, r, procrustes=procrustes)
     ref, _ = aggregate_florg_reference(clipped, None, prev, procrustes, rank_mismatch="truncate")
     np.testing.assert_allclose(new, ref, atol=1e-10, rtol=0)
     assert info["rank"] == r and info["dropped"] == 0
@@ -218,11 +221,11 @@ def test_private_step_without_noise_is_the_reference_truncate(centred, procruste
 def test_private_step_drops_non_positive_eigenvalues():
     prev = np.eye(3, 6)
     Q = np.diag([2.0, -1.0, 0.5, 0.0, -3.0, 0.1])
-    new, info = dp.florg_private_step(Q, prev)
+    new, info = gram_dp.florg_private_step(Q, prev)
     # top 3 in descending order: 2.0, 0.5, 0.1 -- all positive
     assert info["rank"] == 3 and info["negative_eigenvalues"] == 2
     np.testing.assert_allclose(new.T @ new, np.diag([2.0, 0, 0.5, 0, 0, 0.1]), atol=1e-12)
-    new, info = dp.florg_private_step(-np.eye(6), prev)  # all negative: nothing kept
+    new, info = gram_dp.florg_private_step(-np.eye(6), prev)  # all negative: nothing kept
     assert info["rank"] == 0 and info["dropped"] == 3 and not new.any()
 
 
@@ -241,10 +244,10 @@ def test_torch_batched_step_equals_numpy(device, centred, procrustes):
     rng = np.random.default_rng(8)
     C, z, n = 1.2, 0.7, 3
     prevs, raw = mixed_layers(rng, n)
-    clipped = [dp.clip_florg(c, C, prevs if centred else None) for c in raw]
+    clipped = [gram_dp.clip_florg(c, C, prevs if centred else None) for c in raw]
     client_As = {name: [c[name] for c in clipped] for name in prevs}
     kwargs = dict(centred=centred, procrustes=procrustes, num_sampled=n + 1)
-    ref, ref_info = dp.private_florg_layers(
+    ref, ref_info = gram_dp.private_florg_layers(
         client_As, prevs, C, z, np.random.default_rng(9), **kwargs
     )
     got, info = private_florg_layers_torch(
@@ -257,14 +260,14 @@ def test_torch_batched_step_equals_numpy(device, centred, procrustes):
         for key in ("eigengap", "drift", "noise_std"):
             assert info[name][key] == pytest.approx(ref_info[name][key], abs=1e-10)
     # the reference itself is the per-layer functions with one joint Delta
-    delta = dp.florg_sensitivity(C, prevs if centred else None)
+    delta = gram_dp.florg_sensitivity(C, prevs if centred else None)
     rng2 = np.random.default_rng(9)
     for name, prev in prevs.items():
-        Q = dp.noised_gram_sum(
+        Q = gram_dp.noised_gram_sum(
             client_As[name], C, z, rng2, prev_A=prev if centred else None,
             sensitivity=delta, num_sampled=n + 1,
         )  # fmt: skip
-        one, _ = dp.florg_private_step(Q, prev, procrustes=procrustes)
+        one, _ = gram_dp.florg_private_step(Q, prev, procrustes=procrustes)
         np.testing.assert_allclose(one, ref[name], atol=1e-12, rtol=0)
 
 
@@ -273,7 +276,7 @@ def test_layers_refuse_unclipped_clients():
     prevs, raw = mixed_layers(rng, 2)
     client_As = {name: [c[name] for c in raw] for name in prevs}
     with pytest.raises(ValueError, match="client 0"):
-        dp.private_florg_layers(client_As, prevs, 0.1, 1.0, rng)
+        gram_dp.private_florg_layers(client_As, prevs, 0.1, 1.0, rng)
 
 
 # --------------------------------------------------------------------------- accounting
@@ -292,7 +295,7 @@ def test_epsilon_matches_dp_accounting_and_flowers_accountant():
     delta = 1e-5
     for z, (m, population), steps in [(1.1, (8, 8), 60), (1.0, (2, 8), 20)]:
         q = m / population
-        ours = dp.epsilon_for(z, q, steps, delta)
+        ours = accounting.epsilon_for(z, q, steps, delta)
         direct = dpa.rdp.RdpAccountant()
         direct.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), steps)
         sampling = SamplingMethod.NO_AMPLIFICATION if q == 1 else SamplingMethod.POISSON
@@ -302,32 +305,32 @@ def test_epsilon_matches_dp_accounting_and_flowers_accountant():
         flower.compose(GaussianPrivacyEvent(z, m, population), count=steps)
         assert ours == pytest.approx(direct.get_epsilon(delta), rel=1e-12)
         assert ours == pytest.approx(flower.get_epsilon(delta), rel=1e-12)
-    assert dp.epsilon_for(1.0, 1.0, 0, delta) == 0.0
+    assert accounting.epsilon_for(1.0, 1.0, 0, delta) == 0.0
     # more noise, fewer rounds or rarer sampling: less epsilon
-    assert dp.epsilon_for(2.0, 1.0, 60, delta) < dp.epsilon_for(1.1, 1.0, 60, delta)
+    assert accounting.epsilon_for(2.0, 1.0, 60, delta) < accounting.epsilon_for(1.1, 1.0, 60, delta)
 
 
 def test_accountant_state_is_json_and_a_resumed_run_continues_the_count():
-    acc = dp.DpAccountant(1e-5)
+    acc = accounting.DpAccountant(1e-5)
     for _ in range(3):
         acc.record(1.2, 1.0)
     state = json.loads(json.dumps(acc.state_dict()))
     assert state == {"delta": 1e-5, "compositions": [[1.2, 1.0, 3]]}
-    resumed = dp.DpAccountant.from_state_dict(state)
+    resumed = accounting.DpAccountant.from_state_dict(state)
     resumed.record(1.2, 1.0, 2)
     resumed.record(0.9, 1.0)
     assert resumed.steps == 6
     assert resumed.compositions == [(1.2, 1.0, 5), (0.9, 1.0, 1)]
-    straight = dp.DpAccountant(1e-5, [(1.2, 1.0, 5), (0.9, 1.0, 1)])
-    assert resumed.epsilon() == straight.epsilon() > dp.epsilon_for(1.2, 1.0, 5, 1e-5)
+    straight = accounting.DpAccountant(1e-5, [(1.2, 1.0, 5), (0.9, 1.0, 1)])
+    assert resumed.epsilon() == straight.epsilon() > accounting.epsilon_for(1.2, 1.0, 5, 1e-5)
     with pytest.raises(ValueError, match="DpAccountant state"):
-        dp.DpAccountant.from_state_dict({"compositions": []})
+        accounting.DpAccountant.from_state_dict({"compositions": []})
 
 
 def test_noise_multiplier_for_meets_the_target():
-    z = dp.noise_multiplier_for(3.0, 1.0, 30, 1e-5, tol=1e-4)
-    assert dp.epsilon_for(z, 1.0, 30, 1e-5) <= 3.0
-    assert dp.epsilon_for(z - 1e-3, 1.0, 30, 1e-5) > 3.0
+    z = accounting.noise_multiplier_for(3.0, 1.0, 30, 1e-5, tol=1e-4)
+    assert accounting.epsilon_for(z, 1.0, 30, 1e-5) <= 3.0
+    assert accounting.epsilon_for(z - 1e-3, 1.0, 30, 1e-5) > 3.0
 
 
 # --------------------------------------------------------------------------- settings
@@ -364,29 +367,32 @@ def test_mechanisms_and_accounting_name_the_bad_setting():
     with pytest.raises(ValueError, match="dp-noise-multiplier"):
         dp.noised_mean(ups, 1e6, -1.0, rng)
     with pytest.raises(ValueError, match="dp-clipping-norm"):
-        dp.clip_florg(np.ones((2, 3)), -1.0)
+        gram_dp.clip_florg(np.ones((2, 3)), -1.0)
     with pytest.raises(ValueError, match="dp-noise-multiplier"):
-        dp.epsilon_for(0.0, 1.0, 10, 1e-5)
+        accounting.epsilon_for(0.0, 1.0, 10, 1e-5)
     with pytest.raises(ValueError, match="dp-delta"):
-        dp.epsilon_for(1.0, 1.0, 10, 0.0)
+        accounting.epsilon_for(1.0, 1.0, 10, 0.0)
     with pytest.raises(ValueError, match="dp-delta"):
-        dp.DpAccountant(1.5)
+        accounting.DpAccountant(1.5)
     with pytest.raises(ValueError, match="sample rate"):
-        dp.epsilon_for(1.0, 0.0, 10, 1e-5)
+        accounting.epsilon_for(1.0, 0.0, 10, 1e-5)
     with pytest.raises(ValueError, match="dp must be one of"):
-        dp.check_dp_mode("local")
-    assert dp.check_dp_mode("central") == "central"
-    dp.check_dp_settings(clipping_norm=0.5, noise_multiplier=1, delta=1e-6, method="florg")
+        dp_checks.check_dp_mode("local")
+    assert dp_checks.check_dp_mode("central") == "central"
+    dp.check_dp_settings(clipping_norm=0.5, noise_multiplier=1, delta=1e-6)
 
 
 def test_fedex_is_refused_with_the_reason():
+    from strategies.method import Method
+    from strategies.registry import get_method
+
     with pytest.raises(ValueError, match="fedex-lora") as err:
-        dp.check_dp_supported("fedex-lora")
+        get_method("fedex-lora").check_dp_supported()
     assert "quadratic" in str(err.value) and "W0" in str(err.value)
-    with pytest.raises(ValueError, match="quadratic"):
-        dp.check_dp_settings(clipping_norm=1, noise_multiplier=1, delta=1e-5, method="fedex-lora")
+    made_up = Method(name="made-up", summary="", adapter="lora", shared=("A",))
     with pytest.raises(ValueError, match="no differential-privacy mechanism"):
-        dp.check_dp_supported("made-up")
-    assert dp.check_dp_supported("florg") == "gram"
-    assert dp.check_dp_supported("federa") == "product-mean"
-    assert {dp.check_dp_supported(m) for m in ("fedit", "ffa-lora", "fedsa-lora")} == {"mean"}
+        made_up.check_dp_supported()
+    assert get_method("florg").check_dp_supported() == "gram"
+    assert get_method("federa").check_dp_supported() == "product-mean"
+    mean = {get_method(m).check_dp_supported() for m in ("fedit", "ffa-lora", "fedsa-lora")}
+    assert mean == {"mean"}

@@ -1,6 +1,6 @@
 """Central differential privacy wired into the app (issue 29; docs/privacy.md): the settings
 and their refusals, each method's mechanism as its strategy runs it (z = 0 equals the
-mechanism of strategies/dp.py on the clipped inputs; z > 0 differs, with noise that no
+mechanism of strategies/common/central_dp.py on the clipped inputs; z > 0 differs, with noise that no
 setting reproduces), the accountant in the metrics and the checkpoint. Hand-built Flower
 messages, no simulation (the runs: tests/test_app_e2e.py)."""
 
@@ -15,22 +15,30 @@ from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from flower_app.config import ConfigError, resolve_config
-from flower_app.methods import get_method, method_names
-from flower_app.recorder import RunRecorder
-from strategies.dp import (
-    FEDEX_REFUSAL,
-    MECHANISMS,
-    CentralDP,
-    clip_florg_with_head,
-    clip_update,
-    epsilon_for,
-    federa_private_step,
-    private_florg_layers,
-    product_update,
-)
-from strategies.florg_signed import sign_blocks
-from strategies.flower.base import from_array_record, to_array_record
+from flower_app.records import from_array_record, to_array_record
+from flower_app.server.recorder import RunRecorder
+from strategies.common.central_dp import CentralDP, clip_update
+from strategies.common.dp_accounting import epsilon_for
+from strategies.common.product_mean import product_update, refactor_noised_product
+from strategies.fedex_lora.method import FEDEX_REFUSAL
+from strategies.florg.dp import clip_florg_with_head, private_florg_layers
+from strategies.florg_signed.rule import sign_blocks
+from strategies.registry import get_method, method_names
 from tests.strategy_helpers import strategy_for
+
+# Each method's central-DP mechanism, as docs/privacy.md derives it (the methods declare it
+# in their folders, ``Method.dp_mechanism``; FedEx-LoRA declares none and refuses).
+MECHANISMS = {
+    "fedit": "mean",
+    "ffa-lora": "mean",
+    "fedsa-lora": "mean",
+    "hetlora": "mean",
+    "federa": "product-mean",
+    "flexlora": "product-mean",
+    "florg": "gram",
+    "florg-no-procrustes": "gram",
+    "florg-signed": "gram",
+}
 
 TaskIdentity.run_id = 1
 TaskIdentity.task_id = 1
@@ -80,7 +88,7 @@ def f32(state):
 
 
 def expected_private(method, sent, clients, m, strategy):
-    """The mechanism of strategies/dp.py with z = 0 on the clipped replies, m sampled."""
+    """The mechanism of strategies/common/central_dp.py with z = 0 on the clipped replies, m sampled."""
     clients = [f32(c) for c in clients]
     head = [HEAD]
     mechanism = MECHANISMS[method]
@@ -97,7 +105,7 @@ def expected_private(method, sent, clients, m, strategy):
             for c in clients
         ]
         product = sent[kb] @ sent[ka] + sum(u["p"] for u in units) / m
-        B, A, _ = federa_private_step(product, 2)
+        B, A, _ = refactor_noised_product(product, 2)
         return {kb: B, ka: A, HEAD: sent[HEAD] + sum(u[HEAD] for u in units) / m}
     keys = [k for k in sent if k.endswith(".A")]
     prev = {k: sent[k] for k in keys}
@@ -160,13 +168,13 @@ def test_fedex_lora_is_refused_with_its_reason_and_the_others_declare_their_mech
     assert str(err.value) == FEDEX_REFUSAL and "quadratic" in str(err.value)
     resolve_config({}, {"method": "fedex-lora", "save-client-updates": True})  # dp=off: fine
     for name in DP_METHODS:
-        assert get_method(name).dp_mechanism() == MECHANISMS[name], name
+        assert get_method(name).dp_mechanism == MECHANISMS[name], name
         config = resolve_config({}, {"dp": "central", "method": name})
         assert config.dp_delta == 1e-5 and config.dp_noise_multiplier == 1.0
 
 
 def test_a_method_without_a_declared_mechanism_is_refused():
-    from flower_app.methods.base import Method
+    from strategies.method import Method
 
     toy = Method(name="toy", summary="", adapter="lora", shared=("A",))
     with pytest.raises(ValueError, match="^dp: .*'toy'"):
@@ -178,16 +186,16 @@ def test_a_method_without_a_declared_mechanism_is_refused():
 
 @pytest.mark.parametrize("method", DP_METHODS)
 def test_the_strategys_private_round_is_the_mechanism_on_the_clipped_replies(method):
-    """z = 0: the strategy's release equals strategies/dp.py's mechanism on the clipped
+    """z = 0: the strategy's release equals strategies/common/central_dp.py's mechanism on the clipped
     replies (clipping active: C below most update norms), divided by the m clients sampled
     (4, one of them silent); z > 0: it differs, and two runs of the same settings differ."""
     rng = np.random.default_rng(1)
     sent = initial_state(method, rng)
     clients = client_states(sent, rng)
     noiseless = strategy_for(method, sent, fingerprint=None, **DP)
-    assert noiseless.dp.mechanism == MECHANISMS[method] and not noiseless.screen_updates
+    assert noiseless.dp.mechanism == MECHANISMS[method] and not noiseless.gate.screen_updates
     noiseless.dp = CentralDP(MECHANISMS[method], C, 0.0, DELTA, np.random.default_rng(5))
-    noiseless._sampled[1] = 4  # as configure_train records it: 4 sampled, 3 replied
+    noiseless.communication.sampled[1] = 4  # as configure_train records it: 4 sampled, 3 replied
     arrays, metrics = noiseless.aggregate_train(1, [reply(c, i) for i, c in enumerate(clients)])
     got = from_array_record(arrays)
     want = expected_private(method, sent, clients, 4, noiseless)
@@ -201,7 +209,7 @@ def test_the_strategys_private_round_is_the_mechanism_on_the_clipped_replies(met
     noised = [strategy_for(method, sent, **DP) for _ in range(2)]
     outs = []
     for s in noised:
-        s._sampled[1] = 4
+        s.communication.sampled[1] = 4
         arrays, metrics = s.aggregate_train(1, [reply(c, i) for i, c in enumerate(clients)])
         outs.append(s.global_state)
         assert metrics["dp-epsilon"] == pytest.approx(epsilon_for(Z, 1.0, 1, DELTA), rel=1e-12)
@@ -229,7 +237,7 @@ def test_an_outlier_is_clipped_not_screened_and_a_round_without_replies_still_re
     strategy = strategy_for("florg", initial_state("florg", rng), **DP)
     before = dict(strategy.global_state)
     bad = {k: np.full_like(v, np.nan) for k, v in before.items()}
-    strategy._sampled[1] = 2
+    strategy.communication.sampled[1] = 2
     arrays, metrics = strategy.aggregate_train(1, [reply(bad, 0), reply(bad, 1)])
     assert arrays is not None and metrics["rejected"] == 2 and metrics["clients"] == 0
     assert metrics["dp-epsilon"] == pytest.approx(epsilon_for(Z, 1.0, 1, DELTA))
@@ -238,18 +246,21 @@ def test_an_outlier_is_clipped_not_screened_and_a_round_without_replies_still_re
 
 def test_the_strategy_refuses_what_the_settings_refuse():
     rng = np.random.default_rng(3)
-    from strategies.flower.fedex_lora import FedExLoRAStrategy
-    from strategies.flower.lora_strategies import FedITStrategy
+    from strategies.common.strategy import AdapterStrategy
+    from strategies.fedex_lora.strategy import FedExLoRAStrategy
 
     lora = initial_state("fedit", rng)
+    fedit = get_method("fedit")
     with pytest.raises(ValueError, match="quadratic"):
-        FedExLoRAStrategy(lora, dp=CentralDP("mean", C, Z, DELTA))
+        FedExLoRAStrategy(lora, method=get_method("fedex-lora"), dp=CentralDP("mean", C, Z, DELTA))
     with pytest.raises(ValueError, match="implements the mechanism 'mean', not 'gram'"):
-        FedITStrategy(lora, dp=CentralDP("gram", C, Z, DELTA))
+        AdapterStrategy(lora, method=fedit, dp=CentralDP("gram", C, Z, DELTA))
     with pytest.raises(ValueError, match="uniform"):
-        FedITStrategy(lora, weighting="num-examples", dp=CentralDP("mean", C, Z, DELTA))
+        AdapterStrategy(
+            lora, method=fedit, weighting="num-examples", dp=CentralDP("mean", C, Z, DELTA)
+        )
     with pytest.raises(ValueError, match="save-client-updates"):
-        FedITStrategy(lora, updates_dir="x", dp=CentralDP("mean", C, Z, DELTA))
+        AdapterStrategy(lora, method=fedit, updates_dir="x", dp=CentralDP("mean", C, Z, DELTA))
 
 
 # --------------------------------------------------------------------------- accounting

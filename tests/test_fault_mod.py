@@ -1,6 +1,6 @@
-"""Fault injection is a Flower client mod (flower_app/faults.py) around the ClientApp: it
+"""Fault injection is a Flower client mod (flower_app/client/faults.py) around the ClientApp: it
 acts on training messages of the partition ``fault-partition`` only, and leaves the round
-itself (flower_app/client_round.py) alone. End to end: tests/test_app_e2e.py."""
+itself (flower_app/client/round.py) alone. End to end: tests/test_app_e2e.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
 
 from client_app.client_app import app
-from flower_app.faults import inject_faults
-from strategies.flower.base import from_array_record, to_array_record
+from flower_app.client.faults import inject_faults
+from flower_app.records import from_array_record, to_array_record
 
 PAYLOAD = {
     "enc.q.A": np.full((2, 4), 0.5, np.float32),

@@ -8,15 +8,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strategies.florg import aggregate_florg
-from strategies.florg_device import batched_eigh
-from strategies.florg_torch import (
+from strategies.common.validation import AggregationInputError
+from strategies.florg.device import batched_eigh
+from strategies.florg.rule import aggregate_florg
+from strategies.florg.rule_torch import (
     _polar,
     aggregate_florg_layers,
     aggregate_layers_torch,
     resolve_server_device,
 )
-from strategies.validation import AggregationInputError
 
 TOL = 1e-12
 ALL_MODES = [(True, "procrustes"), (True, "truncate"), (False, "procrustes")]
@@ -161,7 +161,7 @@ def test_bad_inputs_are_rejected_naming_layer_and_client():
 
 
 def test_the_host_pool_eigen_route_equals_torchs_batched_call_and_restores_the_threads():
-    # The route the CUDA step takes for 33..512-row Grams (strategies.florg_device.
+    # The route the CUDA step takes for 33..512-row Grams (strategies.florg.device.
     # batched_eigh), forced here on CPU tensors: the same numbers as the batched call,
     # and torch's thread count as it was.
     g = torch.Generator().manual_seed(0)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strategies.florg import aggregate_florg, aggregate_florg_reference, procrustes_rotation
+from strategies.florg.rule import aggregate_florg, aggregate_florg_reference, procrustes_rotation
 
 
 def dense_gram(As: list[np.ndarray], w: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Issue 30: the baselines for clients of different rank, HetLoRA's and FlexLoRA's rules
-(strategies/hetlora.py, strategies/flexlora.py), against references and their reductions
+(strategies/hetlora/rule.py, strategies/flexlora/rule.py), against references and their reductions
 to known rules at equal ranks."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.federa import aggregate_federa
-from strategies.fedit import aggregate_fedit
-from strategies.flexlora import aggregate_flexlora
-from strategies.flower.ranks import truncate_to_rank
-from strategies.hetlora import aggregate_hetlora
-from strategies.validation import AggregationInputError
+from flower_app.ranks import truncate_to_rank
+from strategies.common.validation import AggregationInputError
+from strategies.federa.rule import aggregate_federa
+from strategies.fedit.rule import aggregate_fedit
+from strategies.flexlora.rule import aggregate_flexlora
+from strategies.hetlora.rule import aggregate_hetlora
 
 D_OUT, D_IN = 7, 9
 

@@ -13,8 +13,8 @@ from flwr.app import ConfigRecord, Context, Message, Metadata, RecordDict
 import flower_app.training as training
 from flower_app.config import ConfigError, resolve_config
 from flower_app.lr_schedule import cosine_annealing, round_learning_rate, round_lr_factor
+from flower_app.records import to_array_record
 from flower_app.runtime import cached_adapted_model
-from strategies.flower.base import to_array_record
 
 
 def test_constant_is_the_default_and_every_round_trains_at_learning_rate():

@@ -9,7 +9,7 @@ import pytest
 
 from flower_app.config import ConfigError, resolve_config
 from flower_app.paths import OUTPUT_ROOT_ENV, confined, output_root
-from flower_app.recorder import make_run_dir
+from flower_app.server.recorder import make_run_dir
 
 
 @pytest.fixture()

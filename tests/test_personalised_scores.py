@@ -12,7 +12,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from florg_tools.experiments.tuning import selection_score
 from flower_app.config import resolve_config
-from flower_app.recorder import RunRecorder
+from flower_app.server.recorder import RunRecorder
 from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1  # messages are normally built inside a run

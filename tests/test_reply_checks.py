@@ -25,8 +25,8 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
-from strategies.florg import aggregate_florg
-from strategies.flower.base import from_array_record, to_array_record
+from flower_app.records import from_array_record, to_array_record
+from strategies.florg.rule import aggregate_florg
 from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1

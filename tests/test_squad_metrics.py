@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flower_app.squad_metrics import (
+from flower_app.task_kinds.squad_metrics import (
     evaluate_predictions,
     exact_match,
     f1_score,

@@ -24,8 +24,8 @@ from flower_app.data.qa_features import (
 )
 from flower_app.data.qa_loading import TITLE_BUCKET, TITLE_BUCKETS, load_qa_splits
 from flower_app.data.tasks import resolve_task
-from flower_app.methods import method_names
-from flower_app.qa_eval import best_span, postprocess_predictions
+from flower_app.task_kinds.qa_eval import best_span, postprocess_predictions
+from strategies.registry import method_names
 
 # The span head through the simulation: the methods whose round touches the task kind beyond
 # the shared arrays -- FLoRG (its Gram step carries the trained head, the PEFT export),
@@ -370,12 +370,12 @@ def test_partitions_split_examples_never_features(tiny, scheme):
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_trains_and_scores_the_span_head_in_process(tiny, method):
     """One client round of every method on the span task, in process (the ClientApp's
-    round, flower_app/client_round.py), then the server's QA evaluation: the shared arrays
+    round, flower_app/client/round.py), then the server's QA evaluation: the shared arrays
     move, the span head is among them where the method trains it, the scores are SQuAD's."""
     import numpy as np
     import torch
 
-    from flower_app.client_round import train_round
+    from flower_app.client.round import train_round
     from flower_app.runtime import cached_adapted_model
     from flower_app.task_data import load_task_data
     from flower_app.task_eval import evaluate_task
@@ -459,7 +459,7 @@ def test_span_head_trains_through_the_flower_simulation(tiny, superlink, tmp_pat
 
 
 def test_rows_carry_the_headline_score(tmp_path):
-    from flower_app.recorder import RunRecorder
+    from flower_app.server.recorder import RunRecorder
     from flower_app.task_kinds import get_kind
 
     config = resolve_config({})

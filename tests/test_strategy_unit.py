@@ -7,8 +7,8 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from strategies.florg import aggregate_florg
-from strategies.flower.base import from_array_record, to_array_record
+from flower_app.records import from_array_record, to_array_record
+from strategies.florg.rule import aggregate_florg
 from tests.strategy_helpers import strategy_for
 
 # Messages are normally built inside a run; give this process a run identity.
@@ -72,10 +72,11 @@ def test_florg_strategy_passes_device_and_rank_policy(rank_mismatch):
     assert metrics["rank"] == 4
     with pytest.raises(ValueError, match="rank-mismatch"):
         strategy_for("florg", state, rank_mismatch="svd")
-    from strategies.flower.florg import FLoRGStrategy
+    from strategies.florg.strategy import FLoRGStrategy
+    from strategies.registry import get_method
 
     with pytest.raises(ValueError, match="rank_mismatch"):
-        FLoRGStrategy(state, rank_mismatch="svd")
+        FLoRGStrategy(state, method=get_method("florg"), rank_mismatch="svd")
     # The FLoRG keys are ignored by the other methods.
     strategy_for("fedit", {"l.lora_A": np.ones((2, 3))}, server_device="cpu")
 

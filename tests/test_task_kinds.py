@@ -107,9 +107,9 @@ KINDS = (Parity(),)
 RUN_TOY_IN_PROCESS = """
 import json, sys
 import torch
-from flower_app.client_round import train_round
+from flower_app.client.round import train_round
 from flower_app.config import resolve_config
-from flower_app.recorder import RunRecorder
+from flower_app.server.recorder import RunRecorder
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, tokenized_split
 from flower_app.task_eval import evaluate_task

@@ -1,7 +1,7 @@
 """What the centralised benchmarks share (``centralised_reference``, ``head_learning_rate``,
 ``adapter_growth``): one process trains a method's adapter on the whole training split,
 with the app's own config, data and tokenisation, trains as a client's round does
-(``flower_app.client_round.train_steps``) and scores a held-out split as the ServerApp
+(``flower_app.client.round.train_steps``) and scores a held-out split as the ServerApp
 does: ``score`` is the task kind's headline fraction (accuracy for classification, F1 / 100
 for extractive QA, gen-F1 / 100 for causal LM with short answers) and ``loss`` its loss."""
 
@@ -119,14 +119,14 @@ def train_centralised(
     after_chunk: Callable[[int, Any, Any], None] | None = None,
 ) -> CentralisedCurve:
     """Train ``model`` for ``steps`` AdamW steps with the run's settings ``config``
-    (``flower_app.client_round.train_steps``, what a client's round trains with: batches
+    (``flower_app.client.round.train_steps``, what a client's round trains with: batches
     of ``batch-size``, the adapter at ``learning-rate``, the head at its own rate,
     ``weight-decay``) in chunks of ``restart_every`` steps (a fresh optimiser per chunk,
     as in a round; default ``eval_every``), scoring the validation split every
     ``eval_every`` steps and after the last; ``after_chunk(step, train result, validation
     score)`` is called after each scoring. The batches are shuffled with ``seed``
     (default: the run's), so every method at one seed sees the same."""
-    from flower_app.client_round import train_steps
+    from flower_app.client.round import train_steps
     from flower_app.modeling import pick_device
     from flower_app.task_data import make_loader
 

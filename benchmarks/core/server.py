@@ -67,8 +67,8 @@ def _compare(
 
 def server_worker(s: Settings, shape_name: str) -> dict[str, Any]:
     """Dense reference, numpy loop and batched torch (CPU) for one shape, interleaved."""
-    from strategies.florg import aggregate_florg, aggregate_florg_reference
-    from strategies.florg_torch import aggregate_florg_layers
+    from strategies.florg.rule import aggregate_florg, aggregate_florg_reference
+    from strategies.florg.rule_torch import aggregate_florg_layers
 
     torch.set_num_threads(s.blas_threads)
     shape = next(x for x in s.server_shapes if x.name == shape_name)
@@ -120,8 +120,8 @@ def gpu_worker(s: Settings) -> dict[str, Any]:
     """The batched torch step on CUDA (wall ms, inputs from host numpy to host numpy)."""
     if not torch.cuda.is_available():
         return {"available": False, "reason": "CUDA not available"}
-    from strategies.florg import aggregate_florg
-    from strategies.florg_torch import aggregate_florg_layers
+    from strategies.florg.rule import aggregate_florg
+    from strategies.florg.rule_torch import aggregate_florg_layers
 
     out: dict[str, Any] = {"available": True, "device": torch.cuda.get_device_name(0)}
     for shape in s.server_shapes:

@@ -53,7 +53,7 @@ def _server_shape(name: str, quick: bool) -> ServerShape:
 def profile_step(shape_name: str, device: str, quick: bool, rows: int) -> str:
     from torch.profiler import ProfilerActivity, profile
 
-    from strategies.florg_torch import aggregate_florg_layers
+    from strategies.florg.rule_torch import aggregate_florg_layers
 
     shape = _server_shape(shape_name, quick)
     client_As, w, prev_As = server_problems(shape, Settings())
@@ -67,8 +67,8 @@ def profile_step(shape_name: str, device: str, quick: bool, rows: int) -> str:
         aggregate_florg_layers(wire, w, prev_As, device=device)
         _sync(device)
         walls.append((time.perf_counter() - t0) * 1e3)
-    from strategies.florg_device import STAGING, stack_layers
-    from strategies.florg_torch import _validated
+    from strategies.florg.device import STAGING, stack_layers
+    from strategies.florg.rule_torch import _validated
 
     stages: dict[str, list[float]] = {"validate": [], "stack + copy": []}
     for _ in range(5):  # the host-side stages alone
@@ -273,7 +273,7 @@ def time_eigh_sizes(batches: Sequence[int], sizes: Sequence[int], reps: int = 15
     cuSOLVER against ``florg_device.batched_eigh``'s host pool (copies included), the two
     routes interleaved, median (min) ms of ``reps`` -- where the step's routing rule
     (HOST_EIGH_MAX, HOST_EIGH_MIN_BATCH) comes from."""
-    from strategies.florg_device import POOL_WORKERS, batched_eigh
+    from strategies.florg.device import POOL_WORKERS, batched_eigh
 
     def timed(fn: Callable[[], Any]) -> float:
         torch.cuda.synchronize()

@@ -48,20 +48,20 @@ def run_loop(
     sizes: Sizes, work: Path, client_threads: int = 1, calibrate: bool = True
 ) -> LoopResult:
     """The simulation's rounds in a plain loop: every client's round is the ClientApp's
-    (``flower_app.client_round``), the strategy the ServerApp's (the method builds it from
+    (``flower_app.client.round``), the strategy the ServerApp's (the method builds it from
     the settings), its replies aggregated as the ServerApp's are once checked
     (``AdapterStrategy.aggregate_replies``: screening, weighting, the method's rule)."""
     t_import0 = time.perf_counter()
     import numpy as np
     import torch
 
-    from flower_app.client_round import receive, train_round
+    from flower_app.client.round import receive, train_round
     from flower_app.config import resolve_config
     from flower_app.modeling import pick_device
     from flower_app.runtime import cached_adapted_model
     from flower_app.task_data import load_task_data, make_loader, tokenized_split
     from flower_app.training import evaluate
-    from strategies.flower.base import Reply
+    from strategies.common.replies import Reply
 
     import_s = time.perf_counter() - t_import0
     n = sizes.clients
@@ -186,7 +186,7 @@ def measure_serde(down: dict[str, Any], up: dict[str, Any], clients: int) -> tup
     from flwr.app import ConfigRecord, MetricRecord, RecordDict
     from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
-    from strategies.flower.base import from_array_record, to_array_record
+    from flower_app.records import from_array_record, to_array_record
 
     def roundtrip(make) -> tuple[float, int]:
         times = []

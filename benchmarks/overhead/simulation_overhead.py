@@ -21,7 +21,7 @@ same local training + aggregation + server evaluation in a plain Python loop, in
     at every row.
 (b) Loop.  The same work in this process with the app's own modules: ``load_task_data``,
     ``cached_adapted_model``, per client the ClientApp's round
-    (``flower_app.client_round.train_round``: its partition, seeds and training settings),
+    (``flower_app.client.round.train_round``: its partition, seeds and training settings),
     the ServerApp's strategy (``Method.build_strategy`` from the same settings) aggregating
     the checked replies (``AdapterStrategy.aggregate_replies``: screening, the method's rule,
     FedAvg of the head), and the ServerApp's evaluation of the global model on the

@@ -33,7 +33,7 @@ the start the final update still holds; 1 = all of it) and ``share`` = coef² ||
 ||ΔW||² (the fraction of the final ||ΔW||² that is that start), summed over layers.
 
 **fedavg-gap** (cause c). The server's metrics rows carry ``fedavg_gap_procrustes`` and
-``fedavg_gap_truncate`` (strategies/flower/florg.py): per round, ||A_new - Σ wₙAₙ||_F /
+``fedavg_gap_truncate`` (strategies/florg/strategy.py): per round, ||A_new - Σ wₙAₙ||_F /
 ||A_new - A_prev||_F under each rank-mismatch policy; printed here as the mean over rounds.
 
 **head-lr** (cause a). The paired gap between two arms (FLoRG − FedIT) under protocol v1
@@ -109,8 +109,8 @@ def final_updates(folder: Path) -> tuple[Any, dict[str, Update]]:
 
     from flower_app.adapters.florg_model import florg_layers
     from flower_app.adapters.lora import lora_layers
-    from flower_app.checkpoint import load_checkpoint
     from flower_app.runtime import cached_adapted_model
+    from flower_app.server.checkpoint import load_checkpoint
     from flower_app.task_data import load_task_data
 
     checkpoint = load_checkpoint(folder)

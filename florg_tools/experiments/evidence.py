@@ -46,7 +46,7 @@ from flower_app.config import DEFAULTS
 __all__ = ["REFERENCE", "MethodRuns", "collect_methods", "evidence_summary", "write_evidence"]
 
 REFERENCE = "florg"
-# FLoRG's per-round server diagnostics (strategies/florg.py): gram_rel_error =
+# FLoRG's per-round server diagnostics (strategies/florg/rule.py): gram_rel_error =
 # ||A_new^T A_new - Q||_F / ||Q||_F, Q the mean client Gram (paper, eq. (5)); drift =
 # ||A_new - A_prev||_F; each the mean over the adapted layers.
 SERVER_DIAGNOSTICS = {"gram_rel_error": "Gram error", "drift": "drift"}
@@ -554,7 +554,7 @@ RANK_COMMUNICATION_PREFIXES = ("up-params-", "down-params-")
 
 def _is_rank_communication(key: str) -> bool:
     """A per-client communication key of a round with mixed ranks
-    (``strategies.flower.base.LoRAStrategyBase.rank_communication``)."""
+    (``strategies.common.strategy.LoRAStrategyBase.rank_communication``)."""
     return key.startswith(RANK_COMMUNICATION_PREFIXES)
 
 

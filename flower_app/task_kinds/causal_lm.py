@@ -10,7 +10,7 @@ classification task, the label as a word, e.g. ``snli-gen``; any other: instruct
 ``text_fields`` = (instruction[, input]) and ``label_field`` = the output, as Alpaca and
 FlowerTune's data are), the prompt laid out by ``prompt-template`` (``plain`` or ``chat``).
 
-Evaluation (``flower_app.sft_eval``): ``response-loss`` (= ``loss``, per response token) and
+Evaluation (``flower_app.task_kinds.sft_eval``): ``response-loss`` (= ``loss``, per response token) and
 ``perplexity`` every evaluated round; where the examples have short gold answers (SQuAD,
 labels), greedy generation of up to ``max-new-tokens`` tokens scored by ``gen-exact-match``
 and ``gen-f1`` (percent, SQuAD's normalisation, best over the gold answers). ``score`` is
@@ -179,7 +179,11 @@ class CausalLM(TaskKind):
         import math
 
         from flower_app.data.batching import make_loader
-        from flower_app.sft_eval import generate_answers, generation_scores, response_loss
+        from flower_app.task_kinds.sft_eval import (
+            generate_answers,
+            generation_scores,
+            response_loss,
+        )
         from flower_app.tokenizer import cached_tokenizer
 
         config = data.config

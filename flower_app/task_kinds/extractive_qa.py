@@ -7,7 +7,7 @@ question never straddles clients), IID or Dirichlet over the article-title bucke
 positions (``flower_app.data.qa_features``); the model is
 ``AutoModelForQuestionAnswering`` (a seeded span head ``qa_outputs``: start and end
 logits); the loss is the model's mean start/end cross-entropy. Evaluation maps the logits
-back to answer texts (``flower_app.qa_eval``) and reports ``exact-match`` and ``f1``
+back to answer texts (``flower_app.task_kinds.qa_eval``) and reports ``exact-match`` and ``f1``
 (percent, the official SQuAD v1.1 script over all gold answers), ``loss`` (over the
 features), ``score`` = F1 / 100 and ``num-examples`` (questions, not windows).
 """
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from flower_app.config import RunConfig
     from flower_app.data.tasks import TaskSpec
-    from flower_app.qa_eval import QAEvalSet
+    from flower_app.task_kinds.qa_eval import QAEvalSet
 
 
 def load_question_answerer(
@@ -72,7 +72,7 @@ def qa_eval_set(data: SplitView) -> QAEvalSet:
 
     from flower_app.data.qa_features import CONTEXT_OFFSETS, EXAMPLE_INDEX
     from flower_app.data.tokenize import MODEL_INPUTS
-    from flower_app.qa_eval import QAEvalSet
+    from flower_app.task_kinds.qa_eval import QAEvalSet
     from flower_app.tokenizer import cached_tokenizer
 
     config = data.config
@@ -136,7 +136,7 @@ class ExtractiveQA(TaskKind):
     def evaluate(self, model: nn.Module, data: SplitView, device: torch.device) -> dict[str, float]:
         from flower_app.config import ConfigError
         from flower_app.data.batching import make_loader
-        from flower_app.qa_eval import evaluate_qa
+        from flower_app.task_kinds.qa_eval import evaluate_qa
 
         if data.split != "eval":
             raise ConfigError(

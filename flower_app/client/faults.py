@@ -1,0 +1,63 @@
+"""Client fault injection for tests and the poisoning benchmark: a Flower client mod.
+
+The ClientApp attaches ``inject_faults`` (``ClientApp(mods=[inject_faults])``, the idiom of
+Flower's own client mods such as DP clipping): a function ``(msg, context, call_next) ->
+Message`` around every message. On a training message of the partition named by the run
+setting ``fault-partition`` it misbehaves as ``fault-kind`` says:
+
+    raise   the ClientApp raises before training (the server gets an error reply)
+    nan     the reply's first array is all NaN
+    shape   the reply's first array loses its last column
+    scale   every adapter array of the reply x ``fault-scale`` (poisoning)
+    claim   the reply claims ``fault-scale`` examples (poisoning)
+
+Everything else passes through unchanged; with ``fault-partition = -1`` (the default) the
+mod does nothing. The round itself (flower_app/client/round.py) knows nothing of faults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from flwr.app import Context, Message, MessageType
+
+from flower_app.config import resolve_config
+from flower_app.records import ADAPTER_SUFFIXES, from_array_record, to_array_record
+
+
+def partition_id(context: Context) -> int:
+    """This node's ``partition-id`` (node config; a lone node holds partition 0)."""
+    return int(context.node_config.get("partition-id", 0))
+
+
+def inject_faults(
+    msg: Message, context: Context, call_next: Callable[[Message, Context], Message]
+) -> Message:
+    """The client mod: misbehave on training messages of ``fault-partition`` (see above)."""
+    if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
+        return call_next(msg, context)
+    config = resolve_config(context.run_config)
+    pid = partition_id(context)
+    if config.fault_partition != pid:
+        return call_next(msg, context)
+    if config.fault_kind == "raise":
+        raise RuntimeError(f"fault injected on partition {pid} (run config 'fault-partition')")
+    reply = call_next(msg, context)
+    if reply.has_error():
+        return reply
+    if config.fault_kind == "claim":  # poisoning: claims fault-scale examples
+        reply.content["metrics"]["num-examples"] = config.fault_scale
+        return reply
+    payload = from_array_record(reply.content["arrays"])
+    key = next(iter(payload))
+    if config.fault_kind == "nan":
+        payload[key] = np.full_like(payload[key], np.nan)
+    elif config.fault_kind == "shape":
+        payload[key] = payload[key][..., :-1]
+    elif config.fault_kind == "scale":  # poisoning: every adapter tensor x fault-scale
+        for name in payload:
+            if name.endswith(ADAPTER_SUFFIXES):
+                payload[name] = payload[name] * config.fault_scale
+    reply.content["arrays"] = to_array_record(payload)
+    return reply

@@ -1,0 +1,157 @@
+"""What one client does in one round, written once.
+
+The ClientApp (client_app/client_app.py) runs it for every training message; the
+benchmarks that replay rounds outside Flower (benchmarks/overhead/loop.py) run it as
+it is, and the centralised benchmarks (benchmarks/centralised/training.py) train with the same
+``train_steps``. A round:
+
+1. **receive**: load the global arrays and the client's own parts into the adapted model
+   (``receive``; the ClientApp first fetches the own parts from its Flower context or the
+   node's disk, and runs the method's ``receive_on_client`` hook, FedEx-LoRA's fold);
+2. **seed**: the partition's loader is shuffled with, and torch's global generator
+   (dropout) is seeded with, ``round_seed`` = run seed + 1000 x round + partition id, so a
+   round trains the same wherever and whenever it runs (a resumed run equals the
+   uninterrupted one; issue 15);
+3. **train** with the run's settings (``train_steps``: ``flower_app.training.train_local``
+   with ``learning-rate`` and the head's rate, both times the round's ``lr-schedule``
+   factor (flower_app/lr_schedule.py), ``weight-decay``, ``local-epochs`` /
+   ``local-steps``, ``device``, ``progress-bar``);
+4. **reply**: the shared arrays and the training metrics (``RoundReply``; its
+   ``content`` is the reply's Flower RecordDict) and the own parts the client keeps.
+
+Fault injection (the testing settings ``fault-*``) is no part of a round: it is a Flower
+client mod around the ClientApp (flower_app/client/faults.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from flower_app.config import RunConfig
+from flower_app.lr_schedule import round_lr_factor
+from flower_app.modeling import pick_device
+from flower_app.precision import MixedPrecision
+from flower_app.task_data import load_task_data, make_loader, tokenized_split
+from flower_app.training import TrainResult, train_local
+
+if TYPE_CHECKING:
+    from flwr.app import RecordDict
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from flower_app.adapted import AdaptedModel
+
+
+def round_seed(config: RunConfig, server_round: int, partition_id: int) -> int:
+    """The seed of a partition's round: its loader's shuffle and torch's generator."""
+    return config.seed + 1000 * server_round + partition_id
+
+
+def receive(
+    adapted: AdaptedModel,
+    shared: Mapping[str, np.ndarray],
+    local: Mapping[str, np.ndarray] | None = None,
+) -> None:
+    """Load the global arrays and the client's own parts (FedSA-LoRA's B; ``None``: their
+    zero initialisation) into ``adapted``."""
+    adapted.load_shared_state(shared)
+    adapted.load_local_state(local)
+
+
+def train_steps(
+    config: RunConfig,
+    model: nn.Module,
+    loader: DataLoader,
+    *,
+    max_steps: int | None = None,
+    description: str = "local training",
+    lr_factor: float = 1.0,
+) -> TrainResult:
+    """Train ``model`` on ``loader`` with the run's settings: a fresh AdamW (the adapter at
+    ``learning-rate``, the head at ``RunConfig.head_lr``, ``weight-decay``) for
+    ``local-epochs`` passes or ``local-steps`` steps (``max_steps`` overrides both: that
+    many steps), on ``device``, with the ``progress-bar``, minimising the task kind's
+    training loss (flower_app/task_kinds/), the forward under the run's ``precision``
+    (``flower_app.precision.MixedPrecision``). ``lr_factor`` multiplies both rates (the
+    round's ``lr-schedule`` factor: flower_app/lr_schedule.py)."""
+    device = pick_device(config.device)
+    return train_local(
+        model,
+        loader,
+        epochs=config.local_epochs,
+        max_steps=config.local_steps if max_steps is None else max_steps,
+        lr=config.learning_rate * lr_factor,
+        head_lr=config.head_lr * lr_factor,
+        weight_decay=config.weight_decay,
+        device=device,
+        progress=config.progress_bar,
+        description=description,
+        loss_fn=load_task_data(config).kind.training_loss,
+        mixed=MixedPrecision.for_run(config.precision, device),
+    )
+
+
+@dataclass
+class RoundReply:
+    """What a round produced: the ``shared`` arrays sent up, the ``local`` parts the client
+    keeps, and ``metrics`` (the caller's first, then ``num-examples``, ``train-loss``,
+    ``steps``, ``train-seconds``)."""
+
+    shared: dict[str, np.ndarray]
+    local: dict[str, np.ndarray]
+    metrics: dict[str, float] = field(default_factory=dict)
+    result: TrainResult | None = None
+
+    def content(self) -> RecordDict:
+        """The reply's Flower content: the shared arrays (float32) and the metrics."""
+        from flwr.app import MetricRecord, RecordDict
+
+        from flower_app.records import to_array_record
+
+        return RecordDict(
+            {"arrays": to_array_record(self.shared), "metrics": MetricRecord(self.metrics)}
+        )
+
+
+def train_round(
+    config: RunConfig,
+    adapted: AdaptedModel,
+    *,
+    server_round: int,
+    partition_id: int,
+    num_partitions: int,
+    metrics: Mapping[str, Any] | None = None,
+) -> RoundReply:
+    """One client's training in round ``server_round``, after ``receive``: its partition
+    of the training split shuffled and torch seeded with ``round_seed``, ``train_steps``,
+    and the reply (``metrics`` come first in the reply's metrics)."""
+    dataset = tokenized_split(config, "train", partition_id, num_partitions)
+    seed = round_seed(config, server_round, partition_id)
+    loader = make_loader(dataset, config.batch_size, shuffle=True, seed=seed)
+    # Dropout draws from torch's global generator: seeded per (run seed, round, partition).
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    result = train_steps(
+        config,
+        adapted.model,
+        loader,
+        description=f"round {server_round} partition {partition_id}",
+        lr_factor=round_lr_factor(config, server_round),
+    )
+    adapted.model.to("cpu")
+    reply = RoundReply(adapted.shared_state(), adapted.local_state(), dict(metrics or {}), result)
+    reply.metrics.update(
+        {
+            "num-examples": result.num_examples,
+            "train-loss": result.loss,
+            "steps": result.steps,
+            "train-seconds": time.perf_counter() - t0,
+        }
+    )
+    return reply

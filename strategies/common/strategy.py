@@ -1,0 +1,381 @@
+"""AdapterStrategy: the Flower Message-API strategy shared by FLoRG and the five baselines.
+
+It samples nodes like FedAvg, then in ``aggregate_train``
+  1. drops error replies (a client that died) and logs them,
+  2. rejects, with a logged reason, every malformed reply (``check_reply``: other
+     records, missing or extra keys, a dtype other than float32/float64, a 0-d or
+     3-d or otherwise mis-shaped array, an array whose serialised size exceeds its
+     expected size, NaN/Inf, a ``num-examples`` / ``partition-id`` / ``train-loss``
+     that is not a finite number of the right kind; strategies/common/replies.py), so
+     it is never aggregated,
+  3. screens the rest (``screen-updates``, on by default; docs/faults.md,
+     strategies/common/screening.py): an update whose distance from the global state
+     it started from exceeds kappa times the round's median distance is rejected, and
+     a claimed ``num-examples`` above kappa times the median claim is clipped to it,
+  4. weights the rest uniformly (the paper) or by ``num-examples``, in partition order
+     (so the result does not depend on the order replies arrive in),
+  5. calls the method's rule (``aggregate_adapter``) and FedAvgs the task head,
+  6. returns the new global arrays with metrics: server aggregation seconds,
+     parameters and bytes actually sent and received this round, train loss, counts of
+     failed / rejected / screened / clipped replies and the rule's diagnostics.
+The rule of step 5 is the method's (``Method.aggregate``).
+
+Its parts, each in its own module: the reply gate (validation and screening,
+``reply_gate.py``), the rank router (``rank_router.py``), the communication ledger
+(``ledger.py``), the node -> partition ledger (``participation.py``), central DP
+(``central_dp.py``, the method's mechanism) and the run state for checkpoints and resume
+(``run_state.py``).
+
+Clients of different rank (docs/architecture.md): the global state has the run's
+largest rank r_max; a reply declares its client's rank r_n (``rank`` metric), checked
+against the arrays' shapes (every layer's A has r_n rows) and rejected when r_n exceeds k
+or r_max or when the method aggregates one rank only (``heterogeneous_ranks`` false). The
+strategy remembers each node's rank from its replies and from then on sends it the state
+of its own rank (``sent_state``: by default the top r_n rows of A / columns of B of the
+global state; FLoRG its own factor); a node whose rank it does not know yet gets the
+r_max state and keeps the top r_n rows. Screening measures each client from the state it
+was sent. With every rank equal to r_max nothing of this changes a message or a number.
+
+``state_arrays`` / ``state_json`` and ``restore`` carry everything needed to continue a
+run from a checkpoint. The arrays travel as Flower ArrayRecords (flower_app/records.py).
+
+Central differential privacy (``dp=central``, docs/privacy.md): with ``dp`` (a
+``strategies.common.central_dp.CentralDP``) steps 4 and 5 are replaced by the method's
+mechanism (``Method.aggregate_private``): each kept client's contribution (adapter and head
+jointly) is clipped to C and the sum gets Gaussian noise, divided by m = the number of
+clients sampled in the round (a client that failed or was rejected counts as one that did
+not move), then post-processed by the method's rule. The median-ratio screening is off
+under dp=central: whether a client is kept would depend on the other clients, which the
+privacy analysis does not cover, and clipping already bounds what one client moves. Every
+round then records ``dp-epsilon``, and the ledger goes into the checkpoint (``state_json``
+/ ``restore``).
+
+The strategy never names a method: it reads the method's rule, mechanism and flags
+(``heterogeneous_ranks``, ``dp_mechanism``) from the ``Method`` it is built with. A method
+whose round needs more (FLoRG's batched step and per-rank factors, FedEx-LoRA's residual
+messages) subclasses it in its own folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from flower_app.ranks import truncate_to_rank
+from flower_app.records import declared_params, split_state, to_array_record
+from strategies.common.averaging import weighted_average
+from strategies.common.central_dp import CentralDP
+from strategies.common.client_evaluation import personalised_metrics
+from strategies.common.ledger import CommunicationLedger
+from strategies.common.participation import NodeLedger
+from strategies.common.rank_router import RankRouter
+from strategies.common.replies import Reply, ReplyRejected
+from strategies.common.reply_gate import ReplyGate
+from strategies.common.run_state import CheckpointedRounds
+from strategies.common.screening import DEFAULT_KAPPA
+from strategies.common.validation import normalize_weights
+
+if TYPE_CHECKING:  # the method builds this strategy (Method.build_strategy)
+    from strategies.method import Method
+
+log = logging.getLogger("flwr.florg")  # propagates to Flower's console handler
+
+
+class AdapterStrategy(CheckpointedRounds, FedAvg):
+    """FedAvg's sampling plus validated, method-specific aggregation of adapter arrays."""
+
+    def __init__(
+        self,
+        initial_state: Mapping[str, np.ndarray],
+        *,
+        method: Method,
+        fraction_train: float = 1.0,
+        min_train_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighting: str = "uniform",
+        clients_evaluate: bool = False,
+        updates_dir: str | Path | None = None,
+        screen_updates: bool = True,
+        screen_kappa: float = DEFAULT_KAPPA,
+        dp: CentralDP | None = None,
+    ) -> None:
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=1.0 if clients_evaluate else 0.0,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=min_train_nodes if clients_evaluate else 0,
+            min_available_nodes=min_available_nodes,
+        )
+        if weighting not in ("uniform", "num-examples"):
+            raise ValueError(f"weighting must be 'uniform' or 'num-examples', got {weighting!r}")
+        # the method's rule, DP mechanism and flags (heterogeneous ranks, DP): never its name
+        self.method = method
+        self.weighting = weighting
+        self.gate = ReplyGate(screen_updates=screen_updates, screen_kappa=screen_kappa)
+        self.dp = dp
+        if dp is not None:
+            self._check_dp(dp, weighting, updates_dir)
+            self.gate.turn_off_screening_for_dp()
+        self.global_state: dict[str, np.ndarray] = {
+            k: np.asarray(v, np.float64) for k, v in initial_state.items()
+        }
+        self.updates_dir = Path(updates_dir) if updates_dir else None
+        self.round_metrics: dict[int, dict[str, float]] = {}
+        if dp is not None:
+            self.round_metrics[0] = {"dp-epsilon": 0.0}  # the initial state is public
+        self.communication = CommunicationLedger()  # parameters sent and received
+        self.ledger = NodeLedger()  # node id -> partition id; lost nodes per round
+        self.router = RankRouter(self.global_state)  # each node's rank; r_max
+
+    @property
+    def largest_rank(self) -> int:
+        """r_max: the global state's rank."""
+        return self.router.largest_rank
+
+    def _check_dp(self, dp: CentralDP, weighting: str, updates_dir: Any) -> None:
+        """What the run settings check (Method.check_settings), again where the strategy
+        is built directly: the method's mechanism, uniform weights, no saved client
+        updates."""
+        mechanism = self.method.check_dp_supported()  # a refusal says why there is none
+        if dp.mechanism != mechanism:
+            raise ValueError(
+                f"dp=central: method {self.method.name!r} implements the mechanism "
+                f"{mechanism!r}, not {dp.mechanism!r}"
+            )
+        if weighting != "uniform":
+            raise ValueError("dp=central needs aggregation-weights='uniform'")
+        if updates_dir is not None:
+            raise ValueError("dp=central: save-client-updates would store the raw updates")
+
+    # -- sending ------------------------------------------------------------------------
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        messages = [
+            self.extend_train_message(server_round, self.at_node_rank(server_round, m))
+            for m in super().configure_train(server_round, arrays, config, grid)
+        ]
+        self.communication.record_sent(server_round, messages)
+        self.ledger.sent(server_round, messages)
+        return messages
+
+    def extend_train_message(self, server_round: int, message: Message) -> Message:
+        """Hook for methods that send more than the global arrays (FedEx-LoRA)."""
+        return message
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """FedAvg's, each node sent the state of its own rank."""
+        return [
+            self.at_node_rank(None, m)
+            for m in super().configure_evaluate(server_round, arrays, config, grid)
+        ]
+
+    # -- clients of different rank (rank_router.py) ----------------------------------------
+    def sent_state(self, rank: int) -> dict[str, np.ndarray]:
+        """The state a node of ``rank`` is sent: the global state's top ``rank`` rows of
+        every A and columns of every B (FLoRG overrides it: a factor of its own)."""
+        return truncate_to_rank(self.global_state, rank)
+
+    def at_node_rank(self, server_round: int | None, message: Message) -> Message:
+        """``message`` with the state of its node's rank (``RankRouter.route``)."""
+        return self.router.route(server_round, message, self.sent_state)
+
+    # -- receiving ----------------------------------------------------------------------
+    def check_reply(self, message: Message) -> Reply:
+        """The checked reply, or ReplyRejected with the reason (``ReplyGate.check``)."""
+        return self.gate.check(
+            message,
+            self.global_state,
+            self.router,
+            method_name=self.method.name,
+            heterogeneous=self.method.heterogeneous_ranks,
+            private=self.dp is not None,
+        )
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        nodes = self.ledger.settle(server_round, replies)
+        checked: list[Reply] = []
+        failures = rejected = 0
+        up_params = 0
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            if msg.has_error():
+                failures += 1
+                log.warning(
+                    "round %d: node %s (partition %s) failed, reply dropped: %s",
+                    server_round,
+                    node,
+                    self.ledger.partition_of(node),
+                    msg.error.reason,
+                )
+                continue
+            up_params += declared_params(msg.content)
+            try:
+                reply = self.check_reply(msg)
+                checked.append(reply)
+                self.router.learn(reply)
+            except ReplyRejected as err:
+                rejected += 1
+                log.warning(
+                    "round %d: rejected update from partition %s (node %s): %s",
+                    server_round,
+                    self.ledger.partition_of(node),
+                    node,
+                    err,
+                )
+        return self.aggregate_replies(
+            server_round,
+            checked,
+            failures=failures,
+            rejected=rejected,
+            up_params=up_params,
+            node_metrics=nodes.metrics(),
+        )
+
+    def aggregate_replies(
+        self,
+        server_round: int,
+        checked: list[Reply],
+        *,
+        failures: int = 0,
+        rejected: int = 0,
+        up_params: int = 0,
+        node_metrics: Mapping[str, float] | None = None,
+    ) -> tuple[ArrayRecord | None, MetricRecord]:
+        """Steps 3 to 6 over the checked replies (``aggregate_train`` counted the failed
+        and rejected ones and the parameters sent up): screen, weight, aggregate, record.
+        A caller without Flower messages (benchmarks/overhead/loop.py) starts here."""
+        # partition order: the order replies arrive in never matters
+        checked = sorted(checked, key=lambda r: (r.partition, r.node))
+        mixed = self.router.is_mixed(server_round, checked)
+        starts = (
+            [self.router.start_state(server_round, r, self.sent_state) for r in checked]
+            if mixed
+            else None
+        )
+        kept, sizes, screening = self.gate.screen(server_round, checked, self.global_state, starts)
+        metrics: dict[str, float] = {
+            "clients": len(kept),
+            "failures": failures,
+            "rejected": rejected,
+            **screening,
+            "up-params": up_params,
+            "down-params": self.communication.down(server_round),
+            **(node_metrics or {}),
+        }
+        if mixed:
+            metrics.update(self.communication.per_rank(checked))
+        if not kept and self.dp is None:
+            log.warning(
+                "round %d: no valid client update; the global model is unchanged", server_round
+            )
+            self.round_metrics[server_round] = metrics
+            return None, MetricRecord(metrics)
+
+        payloads = [r.arrays for r in kept]
+        prev_state = self.global_state
+        t0 = time.perf_counter()
+        if self.dp is None:
+            weights = normalize_weights(
+                None if self.weighting == "uniform" else sizes, len(payloads)
+            )
+            new_state, info = self.aggregate_adapter(server_round, payloads, weights)
+            for key in split_state(prev_state)[1]:
+                new_state[key] = weighted_average([p[key] for p in payloads], weights, key)
+        else:
+            new_state, info = self.release_private(server_round, payloads)
+            weights = np.full(len(payloads), 1.0 / max(len(payloads), 1))
+        metrics["agg-seconds"] = time.perf_counter() - t0
+        self.global_state = new_state
+        losses = np.array([r.train_loss for r in kept])
+        known = np.isfinite(losses)
+        if known.any():
+            n = np.asarray(sizes)[known]
+            metrics["train-loss"] = float(np.dot(n / n.sum(), losses[known]))
+        metrics["examples"] = float(np.sum(sizes))
+        metrics.update(info)
+        self.round_metrics[server_round] = metrics
+        if self.updates_dir is not None:
+            partitions = [r.partition for r in kept]
+            self._save_updates(server_round, prev_state, payloads, weights, partitions)
+        return to_array_record(new_state), MetricRecord(metrics)
+
+    def aggregate_adapter(
+        self, server_round: int, payloads: list[dict[str, np.ndarray]], weights: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """The method's rule over the adapter arrays (the head is FedAvg'd by the caller)."""
+        return self.method.aggregate(self.global_state, payloads, weights)
+
+    # -- central differential privacy (docs/privacy.md) -----------------------------------
+    # Why not Flower's DifferentialPrivacyServerSideFixedClipping: it wraps a strategy's
+    # aggregate_train and noises its OUTPUT, which for FeDeRA and FLoRG is a non-linear
+    # function of the replies (an SVD, an eigendecomposition and Procrustes), so the noise
+    # would not be the Gaussian mechanism on a statistic of bounded sensitivity; it would
+    # also clip before this strategy's reply checks, and its accounted mode accepts only
+    # FedAvg.aggregate_train. For the mean methods our mechanism equals it in distribution
+    # (tests/test_dp.py); strategies/common/central_dp.py's docstring lists why its helpers are not called.
+    def release_private(
+        self, server_round: int, payloads: list[dict[str, np.ndarray]]
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """One round under dp=central: the method's mechanism over the kept replies, the
+        round recorded by the accountant. With no reply kept the mechanism still releases
+        (the sent state plus noise: as if one client had not moved), so that whether a round
+        is released never depends on the clients' data."""
+        assert self.dp is not None
+        m = self.communication.num_sampled(server_round, len(payloads))
+        if not payloads:
+            log.warning("round %d: no valid client update; dp=central releases noise only",
+                        server_round)  # fmt: skip
+        new_state, info = self.aggregate_private(
+            server_round, payloads or [dict(self.global_state)], m
+        )
+        info = {**info, "dp-sampled": m, **self.dp.release()}
+        return new_state, info
+
+    def aggregate_private(
+        self, server_round: int, payloads: list[dict[str, np.ndarray]], num_sampled: int
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """The method's central-DP mechanism (``Method.aggregate_private``) over the kept
+        replies, m = ``num_sampled``; returns the whole new state."""
+        assert self.dp is not None
+        return self.method.aggregate_private(self.dp, self.global_state, payloads, num_sampled)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """The clients' own (personalised) evaluation (``client_evaluation.py``)."""
+        result = personalised_metrics(server_round, replies)
+        if result is None:
+            return None
+        self.round_metrics.setdefault(server_round, {}).update(result)
+        return MetricRecord(result)
+
+    # -- helpers for subclasses -----------------------------------------------------------
+    def layers(self) -> dict[str, dict[str, np.ndarray]]:
+        return split_state(self.global_state)[0]
+
+    def _save_updates(self, server_round, prev_state, payloads, weights, partitions) -> None:
+        self.updates_dir.mkdir(parents=True, exist_ok=True)
+        arrays = {f"prev/{k}": v for k, v in prev_state.items()}
+        arrays.update({f"new/{k}": v for k, v in self.global_state.items()})
+        for i, p in enumerate(payloads):
+            arrays.update({f"client{i}/{k}": v for k, v in p.items()})
+        np.savez(
+            self.updates_dir / f"round-{server_round}.npz",
+            weights=weights,
+            partitions=np.asarray(partitions),
+            **arrays,
+        )

@@ -1,0 +1,43 @@
+"""FeDeRA: LoRA initialised from the SVD of W0 (``lora-init=federa-svd``, PEFT's
+``pissa``); the server averages the products BₙAₙ and re-factors them by truncated SVD
+(``strategies/federa/rule.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strategies.method import Method, adapter_layers, stacked
+
+
+class FeDeRA(Method):
+    def lora_init(self, config):
+        return config.lora_init
+
+    def aggregate(self, sent, payloads, weights):
+        from strategies.federa.rule import aggregate_federa
+
+        new, errors = {}, []
+        for layer in adapter_layers(sent):
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            new[kb], new[ka], info = aggregate_federa(
+                stacked(payloads, kb), stacked(payloads, ka), weights
+            )
+            errors.append(info["trunc_rel_error"])
+        return new, {"trunc_rel_error": float(np.mean(errors))}
+
+    def aggregate_private(self, dp, sent, payloads, num_sampled):
+        from strategies.common.product_mean import product_mean_mechanism
+
+        return product_mean_mechanism(dp, sent, payloads, num_sampled)
+
+
+FEDERA = FeDeRA(
+    name="federa",
+    summary="average the products B A, re-factor by truncated SVD",
+    adapter="lora",
+    shared=("A", "B"),
+    # clip the product updates B A - B_sent A_sent with the head; noised mean product
+    dp_mechanism="product-mean",
+)
+
+METHODS = (FEDERA,)

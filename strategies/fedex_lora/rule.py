@@ -1,0 +1,63 @@
+"""FedEx-LoRA (Singhal et al., 2024): average B and A, and fold the exact residual into W0.
+
+    residual = sum_n w_n B_n A_n - avg(B) avg(A)       (d_out x d_in)
+
+so that  W0 + s (residual + avg(B) avg(A)) = W0 + s sum_n w_n B_n A_n  exactly.
+
+The paper's version sends the residual dense (d_out * d_in numbers per layer).
+Our improvement sends it as exact factors of rank <= (N + 1) r:
+
+    residual = P Q,   P = [B_s, -avg(B)]  (d_out x (N+1) r),   Q = [A_s; avg(A)]  ((N+1) r x d_in)
+
+with B_s, A_s the sqrt(w)-weighted stacks of strategies.federa.rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from strategies.common.averaging import weighted_average
+from strategies.common.low_rank import stacked_lora_factors
+
+ResidualMode = Literal["dense", "factored"]
+RESIDUAL_MODES: tuple[str, ...] = ("dense", "factored")
+
+
+@dataclass(frozen=True)
+class Residual:
+    """The FedEx residual of one layer: ``dense`` (d_out x d_in) or factors ``P @ Q``."""
+
+    dense: np.ndarray | None = None
+    P: np.ndarray | None = None
+    Q: np.ndarray | None = None
+
+    def to_dense(self) -> np.ndarray:
+        return self.dense if self.dense is not None else self.P @ self.Q
+
+    @property
+    def num_params(self) -> int:
+        if self.dense is not None:
+            return int(self.dense.size)
+        return int(self.P.size + self.Q.size)
+
+
+def aggregate_fedex_lora(
+    client_Bs: Sequence[np.ndarray],
+    client_As: Sequence[np.ndarray],
+    weights: Sequence[float] | np.ndarray | None,
+    residual_mode: str = "dense",
+) -> tuple[np.ndarray, np.ndarray, Residual]:
+    """(avg B, avg A, residual) with avg(B) avg(A) + residual = sum_n w_n B_n A_n."""
+    if residual_mode not in RESIDUAL_MODES:
+        raise ValueError(f"residual_mode {residual_mode!r} unknown; choose one of {RESIDUAL_MODES}")
+    B_s, A_s, w = stacked_lora_factors(client_Bs, client_As, weights)
+    B_bar, A_bar = weighted_average(client_Bs, w, "B"), weighted_average(client_As, w, "A")
+    if residual_mode == "dense":
+        residual = Residual(dense=B_s @ A_s - B_bar @ A_bar)
+    else:
+        residual = Residual(P=np.concatenate([B_s, -B_bar], axis=1), Q=np.concatenate([A_s, A_bar]))
+    return B_bar, A_bar, residual

@@ -1,0 +1,30 @@
+"""FedSA-LoRA: A travels and is averaged (``strategies/fedsa_lora/rule.py``); each client keeps
+its own B between rounds (in its Flower context, and on disk under
+``$FLORG_NODE_STATE_DIR`` when the operator sets it), so the global model is evaluated
+with B = 0 and the clients evaluate their personalised models."""
+
+from __future__ import annotations
+
+from strategies.method import Method, adapter_layers, stacked
+
+
+class FedSALoRA(Method):
+    def aggregate(self, sent, payloads, weights):
+        from strategies.fedsa_lora.rule import aggregate_fedsa_lora
+
+        return {
+            f"{layer}.lora_A": aggregate_fedsa_lora(stacked(payloads, f"{layer}.lora_A"), weights)
+            for layer in adapter_layers(sent)
+        }, {}
+
+
+FEDSA_LORA = FedSALoRA(
+    name="fedsa-lora",
+    summary="average A, each client keeps its own B",
+    adapter="lora",
+    shared=("A",),
+    local=("B",),
+    dp_mechanism="mean",  # clip reply - sent over A and the head; noised mean (B stays)
+)
+
+METHODS = (FEDSA_LORA,)

@@ -1,0 +1,28 @@
+"""FFA-LoRA: A stays frozen at its seeded initialisation (the same on every node); only B
+travels and is averaged (``strategies/ffa_lora/rule.py``)."""
+
+from __future__ import annotations
+
+from strategies.method import Method, adapter_layers, stacked
+
+
+class FFALoRA(Method):
+    def aggregate(self, sent, payloads, weights):
+        from strategies.ffa_lora.rule import aggregate_ffa_lora
+
+        return {
+            f"{layer}.lora_B": aggregate_ffa_lora(stacked(payloads, f"{layer}.lora_B"), weights)
+            for layer in adapter_layers(sent)
+        }, {}
+
+
+FFA_LORA = FFALoRA(
+    name="ffa-lora",
+    summary="A frozen and seeded, average B",
+    adapter="lora",
+    shared=("B",),
+    frozen=("A",),
+    dp_mechanism="mean",  # clip reply - sent over B and the head; noised mean
+)
+
+METHODS = (FFA_LORA,)

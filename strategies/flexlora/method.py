@@ -1,0 +1,46 @@
+"""FlexLoRA (Bai et al., 2024): LoRA clients of different rank; the server averages the
+products BₙAₙ (as factors, never d_out x d_in) and hands each client the truncated SVD at
+its rank, singular values split symmetrically (``strategies/flexlora/rule.py``).  With equal
+ranks: FeDeRA's SVD re-factoring of the weighted product."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strategies.method import Method, adapter_layers, stacked
+
+
+class FlexLoRA(Method):
+    def aggregate(self, sent, payloads, weights):
+        """Each node is then sent the first r_n singular directions, its own truncated SVD
+        (the common strategy's ``sent_state``: the top r_n rows of A and columns of B)."""
+        from flower_app.ranks import rank_of
+        from strategies.flexlora.rule import aggregate_flexlora
+
+        new, errors = {}, []
+        for layer in adapter_layers(sent):
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            new[kb], new[ka], info = aggregate_flexlora(
+                stacked(payloads, kb), stacked(payloads, ka), weights, rank=rank_of(sent)
+            )
+            errors.append(info["trunc_rel_error"])
+        return new, {"trunc_rel_error": float(np.mean(errors))}
+
+    def aggregate_private(self, dp, sent, payloads, num_sampled):
+        """With one common rank (dp=central refuses client-ranks) the rule is linear in the
+        products: the product-mean mechanism."""
+        from strategies.common.product_mean import product_mean_mechanism
+
+        return product_mean_mechanism(dp, sent, payloads, num_sampled)
+
+
+FLEXLORA = FlexLoRA(
+    name="flexlora",
+    summary="average the products B A over ranks, truncated SVD at each client's rank",
+    adapter="lora",
+    shared=("A", "B"),
+    heterogeneous_ranks=True,
+    dp_mechanism="product-mean",
+)
+
+METHODS = (FLEXLORA,)

@@ -1,0 +1,57 @@
+"""FLoRG (paper §3): clients train one matrix A per layer (``W = W0 + s L AᵀA R``, L and R
+fixed and identical on every node) and send it; the server averages the Gram matrices
+AₙᵀAₙ, decomposes the average and aligns the factor with the previous A by orthogonal
+Procrustes (Algorithm 1; ``strategies/florg/rule.py``, batched in ``strategies/florg/rule_torch.py``).
+
+``florg-no-procrustes`` is the paper's ablation: the same step without the alignment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strategies.method import Method
+
+
+@dataclass(frozen=True)
+class FLoRG(Method):
+    procrustes: bool = True
+
+    def strategy_class(self) -> type:
+        """The strategy ``build_strategy`` calls (florg-signed: its per-sign-block step)."""
+        from strategies.florg.strategy import FLoRGStrategy
+
+        return FLoRGStrategy
+
+    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
+        return self.strategy_class()(
+            initial_state,
+            method=self,
+            procrustes=self.procrustes,
+            fingerprint=fingerprint,
+            server_device=config.server_device,
+            rank_mismatch=config.rank_mismatch,
+            **self.strategy_settings(config, run_dir=run_dir),
+        )
+
+
+FLORG = FLoRG(
+    name="florg",
+    summary="Gram aggregation of A, eigendecomposition, Procrustes alignment (the paper)",
+    adapter="florg",
+    shared=("A",),
+    heterogeneous_ranks=True,
+    # clip A - A_prev with the head; noised Gram mean; eigh, Procrustes (strategy.py)
+    dp_mechanism="gram",
+)
+FLORG_NO_PROCRUSTES = FLoRG(
+    name="florg-no-procrustes",
+    summary="FLoRG without the Procrustes alignment (the paper's ablation)",
+    adapter="florg",
+    shared=("A",),
+    heterogeneous_ranks=True,
+    dp_mechanism="gram",
+    procrustes=False,
+)
+
+METHODS = (FLORG, FLORG_NO_PROCRUSTES)

@@ -1,0 +1,67 @@
+"""florg-signed's server step for one layer: two FLoRG steps, one per sign block of A.
+
+The adapter is ``W = W0 + s L AᵀDA R`` with D = diag(+1 for the first p = ⌈r/2⌉ rows of A,
+-1 for the other r - p). Writing A = [A₊; A₋] (p x k and (r-p) x k),
+
+    AᵀDA = A₊ᵀA₊ - A₋ᵀA₋,
+
+so the core is a difference of two Gram matrices and can be any symmetric k x k matrix of
+rank <= r (FLoRG's AᵀA only the positive semi-definite ones). The clients' mean core
+
+    Σ wₙ AₙᵀDAₙ = Σ wₙ A₊ₙᵀA₊ₙ - Σ wₙ A₋ₙᵀA₋ₙ = Q₊ - Q₋
+
+is linear in the two Gram averages, so the server aggregates each block exactly as FLoRG
+aggregates A (eq. Gram_agg, Gram_decompose, Theorem 1; ``strategies.florg.rule``): Q₊ from the
+A₊ₙ, anchored by Procrustes to the previous A₊, and Q₋ likewise. The new core equals
+Q₊ - Q₋ exactly whenever each block's stacked rank fits its rows (r'₊ <= p, r'₋ <= r - p),
+with the same caveat as FLoRG's r' > r otherwise (``rank-mismatch``). The traffic is
+FLoRG's: one r x k matrix per layer each way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from strategies.florg.rule import aggregate_florg
+
+
+def positive_rows(r: int) -> int:
+    """p = ⌈r/2⌉: how many rows of A carry the sign +1 (the rest carry -1)."""
+    return (r + 1) // 2
+
+
+def row_signs(r: int) -> tuple[float, ...]:
+    """The diagonal of D: +1 for the first ⌈r/2⌉ rows, -1 for the rest."""
+    p = positive_rows(r)
+    return tuple([1.0] * p + [-1.0] * (r - p))
+
+
+def sign_blocks(r: int) -> list[slice]:
+    """The row slices of A aggregated separately: [+ block, - block] (one block if r = 1)."""
+    p = positive_rows(r)
+    return [slice(0, p)] + ([slice(p, r)] if r > p else [])
+
+
+def aggregate_florg_signed(
+    client_As: Sequence[np.ndarray],
+    weights: Sequence[float] | np.ndarray | None,
+    prev_A: np.ndarray,
+    procrustes: bool = True,
+    rtol: float | None = None,
+    rank_mismatch: str = "procrustes",
+) -> tuple[np.ndarray, list[dict[str, float | int]]]:
+    """The numpy reference: each sign block through ``aggregate_florg``, stacked back.
+
+    Returns the new A (r x k, float64) and each block's diagnostics (+ block first)."""
+    prev = np.asarray(prev_A, dtype=np.float64)
+    blocks, infos = [], []
+    for rows in sign_blocks(prev.shape[0]):
+        new, info = aggregate_florg(
+            [np.asarray(a)[rows] for a in client_As], weights, prev[rows],
+            procrustes=procrustes, rtol=rtol, rank_mismatch=rank_mismatch,
+        )  # fmt: skip
+        blocks.append(new)
+        infos.append(info)
+    return np.concatenate(blocks), infos

@@ -1,0 +1,290 @@
+"""What a federated method is: its client side and its server side, in one object.
+
+A method declares
+
+- **client side**: which adapter its clients train (``adapter``: ``florg`` is the paper's
+  ``W = W0 + s L AᵀA R``, ``lora`` is PEFT's ``W = W0 + s B A``), which of its parts
+  travel every round (``shared``), which stay on the client between rounds (``local``:
+  personal parts, so the global model alone is evaluated with them at their zero
+  initialisation and the clients evaluate by default), which are frozen at their seeded
+  initialisation (``frozen``), the LoRA initialisation it needs, and hooks for anything
+  else a client or the server's evaluator must do with a received message (FedEx-LoRA's
+  residual fold);
+- **server side**: its Flower strategy (``build_strategy``: the aggregation rule of
+  ``strategies/<method>.py`` wrapped by ``strategies/common/``);
+- **communication**: derived from the shared parts (the paper counts parameters), plus
+  whatever else the method sends down (FedEx-LoRA's residual);
+- **central differential privacy** (``dp=central``, docs/privacy.md): the mechanism its
+  strategy implements (``dp_mechanism``: 'mean', 'product-mean' or 'gram', see
+  ``strategies.common.central_dp``), or a ValueError saying why it has none (FedEx-LoRA).
+
+The settings a method needs checked beyond each value's own check (``check_settings``,
+run by ``flower_app.config.resolve_config``, before anything is built) raise a ValueError
+naming the key; dp=central's checks are there.
+
+One module per method in this folder creates its ``Method`` and the registry
+(``strategies/registry.py``) names it in one line. Method modules import
+nothing heavy at module level (torch, PEFT, Flower are imported inside the hooks), so
+reading the registry costs nothing: the run-config validation uses it.
+
+Settings and methods depend one way: flower_app/config.py reads this registry (the values
+the ``method`` setting may take), and nothing in this folder imports flower_app.config,
+not even for annotations. A method is handed the run's ``RunConfig`` (``config``) and
+reads the settings it needs from it by name: the strategy is built from it
+(``build_strategy``; the arguments every method shares: ``strategy_settings``), and so are
+the settings a method derives (``evaluates_on_clients``, ``lora_init``). A new strategy
+option of one method is a ``RunConfig`` setting plus its use in that method's module
+(docs/adding-a-strategy-option.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from strategies.common.strategy import AdapterStrategy
+
+# A run's settings, flower_app.config.RunConfig, and the model carrying a method's adapter,
+# flower_app.adapted.AdaptedModel (built from them): methods read their attributes by name
+# and import neither module (the dependency runs config -> methods only).
+RunSettings = Any
+AdaptedModel = Any
+
+ADAPTERS = ("florg", "lora")
+
+# subtract-init writes s L A1^T A1 R into W0 with the node's own A1 (r_n rows): nodes of
+# different rank would hold different W0, and Q = sum w_n A_n^T A_n would not be the
+# update of any one model.
+SUBTRACT_INIT_NEEDS_ONE_RANK = (
+    "subtract-init=true subtracts each node's own initial Gram s L A1^T A1 R from W0, so "
+    "nodes of different rank would not share W0: with client-ranks or a node-config rank, "
+    "set subtract-init=false"
+)
+# The parts each adapter can share, with their shape per layer of W0 (d_out x d_in).
+PART_SHAPES = {
+    "florg": {"A": lambda d_out, d_in, r: (r, min(d_in, d_out))},
+    "lora": {"A": lambda d_out, d_in, r: (r, d_in), "B": lambda d_out, d_in, r: (d_out, r)},
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One federated method; subclass it to override a hook (see the module docstring)."""
+
+    name: str
+    summary: str
+    adapter: str
+    shared: tuple[str, ...]
+    local: tuple[str, ...] = ()
+    frozen: tuple[str, ...] = ()
+    # -- flags the common strategy and the settings' checks read ----------------------
+    # Whether its clients may train at different ranks (``client-ranks``, a node's
+    # ``rank``); its rule then aggregates them.
+    heterogeneous_ranks: bool = False
+    # Its central-DP mechanism ('mean', 'product-mean', 'gram'; docs/privacy.md), which
+    # ``aggregate_private`` implements; None: dp=central is refused, with ``dp_refusal``.
+    dp_mechanism: str | None = None
+    dp_refusal: str = ""
+    # Whether it writes into the frozen base weights W0 during the run (FedEx-LoRA's
+    # residual fold): refused with a half-precision or quantised W0.
+    writes_base_weights: bool = False
+
+    def __post_init__(self) -> None:
+        if self.adapter not in ADAPTERS:
+            raise ValueError(f"method {self.name!r}: adapter must be one of {ADAPTERS}")
+        parts = set(PART_SHAPES[self.adapter])
+        declared = set(self.shared) | set(self.local) | set(self.frozen)
+        if not declared <= parts or not self.shared:
+            raise ValueError(
+                f"method {self.name!r}: parts of a {self.adapter} adapter are {sorted(parts)}; "
+                f"shared={self.shared} local={self.local} frozen={self.frozen}"
+            )
+        if set(self.shared) & (set(self.local) | set(self.frozen)):
+            raise ValueError(f"method {self.name!r}: a shared part cannot be local or frozen")
+
+    # -- client side --------------------------------------------------------------------
+    @property
+    def personal(self) -> bool:
+        """Whether clients keep parts of their own (then they evaluate by default)."""
+        return bool(self.local)
+
+    def evaluates_on_clients(self, config: RunSettings) -> bool:
+        """Whether clients evaluate every round (``client-eval``: 'on', 'off', or 'auto':
+        when the method has personal parts, FedSA-LoRA's B)."""
+        return config.client_eval == "on" or (config.client_eval == "auto" and self.personal)
+
+    def lora_init(self, config: RunSettings) -> str:
+        """The LoRA initialisation its clients use (``flower_app/adapters/lora.py``)."""
+        return "default"
+
+    def florg_signs(self, rank: int) -> tuple[float, ...] | None:
+        """A FLoRG adapter's row signs D in ``s L AᵀDA R`` (None: the paper's D = I)."""
+        return None
+
+    def prepare_model(self, adapted: AdaptedModel) -> None:
+        """Called once after the adapter is injected (FedEx-LoRA keeps W0)."""
+
+    def receive_on_client(self, msg: Any, context: Any, adapted: AdaptedModel) -> dict[str, float]:
+        """Called on the client after the global arrays are loaded, before training or
+        evaluating; returns metrics to add to the reply."""
+        return {}
+
+    def receive_on_server(self, adapted: AdaptedModel, strategy: AdapterStrategy) -> None:
+        """Called by the server's evaluator after it loads the global arrays."""
+
+    # -- settings -----------------------------------------------------------------------
+    def check_settings(self, config: RunSettings) -> None:
+        """The checks of the run's settings that depend on the method, each ValueError
+        naming its key (``resolve_config`` raises it as a ConfigError): with ``dp=central``,
+        a method with a mechanism (``dp_mechanism``), C > 0, z > 0, 0 < delta < 1, uniform
+        weights (``strategies.common.central_dp.check_dp_settings``), no saved client updates, and the
+        accountant's package installed; with ``client-ranks``, a method whose clients may
+        train at different ranks, no dp=central and, for a FLoRG adapter, no subtract-init."""
+        if config.client_ranks.strip():
+            if not self.heterogeneous_ranks:
+                raise ValueError(
+                    f"client-ranks: method {self.name!r} aggregates one common rank; "
+                    "per-client ranks need florg, florg-no-procrustes, hetlora or flexlora"
+                )
+            if config.dp == "central":
+                raise ValueError("client-ranks: dp=central needs one common rank")
+            if config.subtract_init and self.adapter == "florg":
+                raise ValueError(SUBTRACT_INIT_NEEDS_ONE_RANK)
+        if config.dp != "central":
+            return
+        from importlib.util import find_spec
+
+        from strategies.common.central_dp import check_dp_settings
+
+        self.check_dp_supported()
+        check_dp_settings(
+            clipping_norm=config.dp_clipping_norm,
+            noise_multiplier=config.dp_noise_multiplier,
+            delta=config.dp_delta,
+            aggregation_weights=config.aggregation_weights,
+        )
+        if config.save_client_updates:
+            raise ValueError(
+                "save-client-updates: refused under dp=central (the files would hold every "
+                "client's update before clipping and noise; docs/privacy.md)"
+            )
+        if find_spec("dp_accounting") is None:
+            raise ValueError('dp: dp=central needs dp-accounting: pip install "flwr[dp]"')
+
+    def check_dp_supported(self) -> str:
+        """The mechanism's name, or ValueError saying why the method has none."""
+        if self.dp_mechanism is None:
+            raise ValueError(
+                self.dp_refusal
+                or f"dp: dp=central is not supported for method {self.name!r}: it declares no "
+                "differential-privacy mechanism (docs/privacy.md)"
+            )
+        return self.dp_mechanism
+
+    def central_dp(self, config: RunSettings) -> Any:
+        """The strategy's ``dp`` (a ``strategies.common.central_dp.CentralDP``, noise from OS entropy),
+        or None with ``dp=off``."""
+        if config.dp != "central":
+            return None
+        from strategies.common.central_dp import CentralDP
+
+        return CentralDP(
+            self.check_dp_supported(),
+            config.dp_clipping_norm,
+            config.dp_noise_multiplier,
+            config.dp_delta,
+        )
+
+    # -- server side --------------------------------------------------------------------
+    def build_strategy(
+        self,
+        config: RunSettings,
+        initial_state: Mapping[str, np.ndarray],
+        *,
+        fingerprint: int | None = None,
+        run_dir: Path | None = None,
+    ) -> AdapterStrategy:
+        """The method's Flower strategy for a run with the settings ``config``, starting
+        from ``initial_state``: the common strategy running this method's ``aggregate`` and
+        ``aggregate_private`` (a method with a strategy of its own overrides this and adds
+        its own options, each read from ``config``). ``fingerprint``: the L/R fingerprint of
+        the server's model (FLoRG checks the clients' against it); ``run_dir``: the run
+        folder (``save-client-updates`` writes there)."""
+        from strategies.common.strategy import AdapterStrategy
+
+        return AdapterStrategy(
+            initial_state, method=self, **self.strategy_settings(config, run_dir=run_dir)
+        )
+
+    def aggregate(
+        self,
+        sent: Mapping[str, np.ndarray],
+        payloads: list[dict[str, np.ndarray]],
+        weights: np.ndarray,
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """The method's server rule: the new adapter arrays (the head is FedAvg'd by the
+        strategy) and the round's diagnostics, from the global state ``sent`` (float64) and
+        the checked replies ``payloads`` with their normalised ``weights``."""
+        raise NotImplementedError(f"method {self.name!r} has no server rule")
+
+    def aggregate_private(
+        self,
+        dp: Any,
+        sent: Mapping[str, np.ndarray],
+        payloads: list[dict[str, np.ndarray]],
+        num_sampled: int,
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """One round under dp=central (``dp``: a ``strategies.common.central_dp.CentralDP``):
+        the whole new state and the round's metrics. By default the mean mechanism, right
+        for every method whose rule averages the shared arrays."""
+        from strategies.common.central_dp import mean_mechanism
+
+        return mean_mechanism(dp, sent, payloads, num_sampled)
+
+    def strategy_settings(
+        self, config: RunSettings, *, run_dir: Path | None = None
+    ) -> dict[str, Any]:
+        """The ``AdapterStrategy`` arguments every method takes from the settings:
+        sampling, weighting, whether clients evaluate, where client updates are saved,
+        screening, central differential privacy."""
+        save = run_dir is not None and config.save_client_updates
+        return {
+            "fraction_train": config.fraction_train,
+            "min_train_nodes": config.min_train_nodes,
+            "min_available_nodes": config.min_available_nodes,
+            "weighting": config.aggregation_weights,
+            "clients_evaluate": self.evaluates_on_clients(config),
+            "updates_dir": Path(run_dir) / "updates" if save else None,
+            "screen_updates": config.screen_updates,
+            "screen_kappa": config.screen_kappa,
+            "dp": self.central_dp(config),
+        }
+
+    # -- communication (parameters per client, round and adapted layer) -----------------
+    def adapter_params(self, d_out: int, d_in: int, r: int) -> int:
+        """The shared adapter parameters of one layer: sent up, and received down."""
+        shapes = PART_SHAPES[self.adapter]
+        return sum(int(np.prod(shapes[part](d_out, d_in, r))) for part in self.shared)
+
+    def extra_down_params(
+        self, d_out: int, d_in: int, r: int, num_clients: int, residual_mode: str
+    ) -> int:
+        """Whatever else one layer sends down per client and round (0 for most methods)."""
+        return 0
+
+
+def adapter_layers(state: Mapping[str, np.ndarray]) -> list[str]:
+    """The adapted layers of a state, in its order (``flower_app.records.split_state``)."""
+    from flower_app.records import split_state
+
+    return list(split_state(state)[0])
+
+
+def stacked(payloads: list[dict[str, np.ndarray]], key: str) -> list[np.ndarray]:
+    """Every client's array ``key``, in float64, in the order of ``payloads``."""
+    return [np.asarray(p[key], np.float64) for p in payloads]
