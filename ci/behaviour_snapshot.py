@@ -7,7 +7,8 @@
 --ephemeral-superlink``: a private SuperLink, Ray, 3 SuperNodes) on the tiny random BERT and
 the synthetic sentiment task, and keeps each run's ``metrics.jsonl`` and
 ``adapter.safetensors`` in ``OUT/<case>/``. Central DP's noise, drawn from OS entropy by the
-app, is seeded in these runs only (``ci/seeded_noise/sitecustomize.py``). The assets are built once into ``--assets``
+app, is seeded in these runs only (``ci/seeded_noise/sitecustomize.py``). The assets are built
+once into ``--assets``
 (default ``OUT/assets``) and should be shared between the two snapshots compared, so that
 both read the very same files: build them at one commit, pass the folder to the other.
 

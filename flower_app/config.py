@@ -555,8 +555,9 @@ def resolve_config(
 def _check_half_precision_writes(config: RunConfig) -> None:
     """``precision`` bf16 / fp16 holds W0 in a half dtype, and two settings write into W0:
     ``subtract-init`` (W0 - s L A1^T A1 R, so that the start is a zero update) and
-    a method that writes into W0 (FedEx-LoRA's residual fold). A write into a half-precision W0 rounds every entry to 8
-    (bf16) or 11 (fp16) significant bits, an error of up to 2^-9 |W0| per entry, the size of
+    a method that writes into W0 (``Method.writes_base_weights``: FedEx-LoRA's residual
+    fold). A write into a half-precision W0 rounds every entry to 8 (bf16) or 11 (fp16)
+    significant bits, an error of up to 2^-9 |W0| per entry, the size of
     what is written: the start would not be zero and the residual would be lost."""
     p = config.precision
     if p == "fp32":

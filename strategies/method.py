@@ -142,8 +142,8 @@ class Method:
         """The checks of the run's settings that depend on the method, each ValueError
         naming its key (``resolve_config`` raises it as a ConfigError): with ``dp=central``,
         a method with a mechanism (``dp_mechanism``), C > 0, z > 0, 0 < delta < 1, uniform
-        weights (``strategies.common.central_dp.check_dp_settings``), no saved client updates, and the
-        accountant's package installed; with ``client-ranks``, a method whose clients may
+        weights (``strategies.common.central_dp.check_dp_settings``), no saved client updates, and
+        the accountant's package installed; with ``client-ranks``, a method whose clients may
         train at different ranks, no dp=central and, for a FLoRG adapter, no subtract-init."""
         if config.client_ranks.strip():
             if not self.heterogeneous_ranks:
@@ -187,8 +187,8 @@ class Method:
         return self.dp_mechanism
 
     def central_dp(self, config: RunSettings) -> Any:
-        """The strategy's ``dp`` (a ``strategies.common.central_dp.CentralDP``, noise from OS entropy),
-        or None with ``dp=off``."""
+        """The strategy's ``dp`` (a ``strategies.common.central_dp.CentralDP``, noise from OS
+        entropy), or None with ``dp=off``."""
         if config.dp != "central":
             return None
         from strategies.common.central_dp import CentralDP

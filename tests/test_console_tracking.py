@@ -17,8 +17,8 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.server import console
 from flower_app.config import ConfigError, resolve_config
+from flower_app.server import console
 from flower_app.server.checkpoint import Checkpoint, check_resumable
 from flower_app.server.recorder import RunRecorder
 from flower_app.server.tracking import TENSORBOARD_DIR, scalars

@@ -1,5 +1,6 @@
-"""Central DP mechanisms (strategies/common/central_dp.py, strategies/florg/dp_torch.py; docs/privacy.md):
-noise calibration, clipping, post-processing, accounting against the libraries, settings."""
+"""Central DP mechanisms (strategies/common/central_dp.py, strategies/florg/dp.py and
+dp_torch.py; docs/privacy.md): noise calibration, clipping, post-processing, accounting
+against the libraries, settings."""
 
 from __future__ import annotations
 
@@ -165,7 +166,9 @@ def test_gram_clipping_bounds_one_clients_influence():
     for anchor in (None, prev):  # clip A itself (Delta = C^2) or the update (centred)
         others = [gram_dp.clip_florg(rng.standard_normal((r, k)), C, anchor) for _ in range(m - 1)]
         huge = gram_dp.clip_florg(1e6 * rng.standard_normal((r, k)), C, anchor)
-        with_it = gram_dp.noised_gram_sum([*others, huge], C, 0.0, rng, prev_A=anchor, num_sampled=m)
+        with_it = gram_dp.noised_gram_sum(
+            [*others, huge], C, 0.0, rng, prev_A=anchor, num_sampled=m
+        )
         without = gram_dp.noised_gram_sum(others, C, 0.0, rng, prev_A=anchor, num_sampled=m)
         moved = np.linalg.norm(with_it - without)
         delta = gram_dp.florg_sensitivity(C, anchor)

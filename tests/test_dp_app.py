@@ -1,7 +1,7 @@
 """Central differential privacy wired into the app (issue 29; docs/privacy.md): the settings
 and their refusals, each method's mechanism as its strategy runs it (z = 0 equals the
-mechanism of strategies/common/central_dp.py on the clipped inputs; z > 0 differs, with noise that no
-setting reproduces), the accountant in the metrics and the checkpoint. Hand-built Flower
+mechanism of strategies/common/central_dp.py on the clipped inputs; z > 0 differs, with noise that
+no setting reproduces), the accountant in the metrics and the checkpoint. Hand-built Flower
 messages, no simulation (the runs: tests/test_app_e2e.py)."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def f32(state):
 
 
 def expected_private(method, sent, clients, m, strategy):
-    """The mechanism of strategies/common/central_dp.py with z = 0 on the clipped replies, m sampled."""
+    """The method's mechanism with z = 0 on the clipped replies, m sampled."""
     clients = [f32(c) for c in clients]
     head = [HEAD]
     mechanism = MECHANISMS[method]
@@ -186,8 +186,8 @@ def test_a_method_without_a_declared_mechanism_is_refused():
 
 @pytest.mark.parametrize("method", DP_METHODS)
 def test_the_strategys_private_round_is_the_mechanism_on_the_clipped_replies(method):
-    """z = 0: the strategy's release equals strategies/common/central_dp.py's mechanism on the clipped
-    replies (clipping active: C below most update norms), divided by the m clients sampled
+    """z = 0: the strategy's release equals strategies/common/central_dp.py's mechanism on the
+    clipped replies (clipping active: C below most update norms), divided by the m clients sampled
     (4, one of them silent); z > 0: it differs, and two runs of the same settings differ."""
     rng = np.random.default_rng(1)
     sent = initial_state(method, rng)

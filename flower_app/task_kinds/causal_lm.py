@@ -10,8 +10,8 @@ classification task, the label as a word, e.g. ``snli-gen``; any other: instruct
 ``text_fields`` = (instruction[, input]) and ``label_field`` = the output, as Alpaca and
 FlowerTune's data are), the prompt laid out by ``prompt-template`` (``plain`` or ``chat``).
 
-Evaluation (``flower_app.task_kinds.sft_eval``): ``response-loss`` (= ``loss``, per response token) and
-``perplexity`` every evaluated round; where the examples have short gold answers (SQuAD,
+Evaluation (``flower_app.task_kinds.sft_eval``): ``response-loss`` (= ``loss``, per response token)
+and ``perplexity`` every evaluated round; where the examples have short gold answers (SQuAD,
 labels), greedy generation of up to ``max-new-tokens`` tokens scored by ``gen-exact-match``
 and ``gen-f1`` (percent, SQuAD's normalisation, best over the gold answers). ``score`` is
 ``gen-f1`` / 100 when there is generation, else -``response-loss``.

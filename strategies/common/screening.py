@@ -11,8 +11,8 @@ the attack.  Claimed example counts above kappa times the median claim are clipp
 Every round also reports ``update-norm-median`` and ``update-norm-max``: over the checked
 replies, ||u_n|| with u_n = x_n - x_start over ALL the arrays a client sends (adapter and
 head jointly), the unit that ``dp=central`` clips to C for the mean methods and FLoRG
-(strategies/common/central_dp.py; docs/privacy.md, "Choosing C"): a non-private run's median is where a
-user starts choosing C.
+(strategies/common/central_dp.py; docs/privacy.md, "Choosing C"): a non-private run's median is
+where a user starts choosing C.
 """
 
 from __future__ import annotations

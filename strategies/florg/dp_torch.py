@@ -12,7 +12,8 @@ on the device, per group of layers with equal (r, k):
     S      = U V^T of A_prev A~^T, A_new = S A~   (``florg_torch._polar``)
 
 The k x k eigendecomposition cannot be replaced by the thin N r x N r path of
-strategies/florg/rule_torch.py: the noise E is full rank (``strategies.florg.dp.florg_private_step``).
+strategies/florg/rule_torch.py: the noise E is full rank
+(``strategies.florg.dp.florg_private_step``).
 On CUDA, torch's batched eigh dispatches to cuSOLVER.  Staging memory: B k^2 float64 per
 group, chunked below ``MAX_GRAM_BYTES``.
 """

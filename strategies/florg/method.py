@@ -1,7 +1,8 @@
 """FLoRG (paper §3): clients train one matrix A per layer (``W = W0 + s L AᵀA R``, L and R
 fixed and identical on every node) and send it; the server averages the Gram matrices
 AₙᵀAₙ, decomposes the average and aligns the factor with the previous A by orthogonal
-Procrustes (Algorithm 1; ``strategies/florg/rule.py``, batched in ``strategies/florg/rule_torch.py``).
+Procrustes (Algorithm 1; ``strategies/florg/rule.py``, batched in
+``strategies/florg/rule_torch.py``).
 
 ``florg-no-procrustes`` is the paper's ablation: the same step without the alignment.
 """
