@@ -2,7 +2,7 @@
 
 Everything method-specific comes from the method registry (strategies/). State a
 node keeps between rounds lives in its Flower ``Context`` (per run): a method's personal
-parts (FedSA-LoRA's own B) and whatever its hook keeps (FedEx-LoRA's folded residuals). A
+parts (``Method.local``) and whatever its hook keeps (``receive_on_client``). A
 resumed run (flower_app/server/checkpoint.py) is a new Flower run with fresh contexts:
 FedEx-LoRA's server then re-sends every residual; personal parts are read back from the
 node's disk when the node operator sets ``$FLORG_NODE_STATE_DIR``
@@ -84,7 +84,7 @@ def train(msg: Message, context: Context) -> Message:
         "rank": rank,  # the server checks it against the arrays' shapes
         "lr-fingerprint": adapted.fingerprint(),
     }
-    metrics |= adapted.method.receive_on_client(msg, context, adapted)  # FedEx-LoRA's fold
+    metrics |= adapted.method.receive_on_client(msg, context, adapted)  # the method's hook
     reply = train_round(
         config,
         adapted,
@@ -114,7 +114,7 @@ def personalised_evaluate(msg: Message, context: Context) -> Message:
     last three rounds, which tuning reads (``val-*``). The server averages these over
     nodes with equal weight (``personalized-test-score``: the mean node's model)."""
     config, pid, num_partitions, adapted, _ = _prepare(msg, context, training=False)
-    adapted.method.receive_on_client(msg, context, adapted)  # FedEx-LoRA's fold
+    adapted.method.receive_on_client(msg, context, adapted)  # the method's hook
     device = pick_device(config.device)
     metrics = evaluate_task(config, adapted.model, device, pid, num_partitions)
     if adapted.method.personal:

@@ -97,20 +97,31 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def is_testing_only(key: str) -> bool:
+    """A key for the tests only (fault injection): its help starts with 'testing:'."""
+    return SCHEMA[key].help.startswith("testing:")
+
+
 def generated_doc() -> str:
-    """docs/settings.md: the preamble, then ``| key | default | help | affects |`` rows."""
-    lines = [
-        DOC_PREAMBLE.rstrip("\n"),
-        "",
-        "## All settings (schema order)",
-        "",
-        "| key | default | help | affects |",
-        "|---|---|---|---|",
-    ]
-    for key, spec in SCHEMA.items():
-        default = tomli_w.dumps({"v": spec.default}).strip().removeprefix("v = ")
-        affects = ", ".join(sorted(spec.affects)) or "–"
-        lines.append(f"| `{key}` | `{_cell(default)}` | {_cell(spec.help)} | {affects} |")
+    """docs/settings.md: the preamble, then ``| key | default | help | affects |`` rows: the
+    run settings in schema order (grouped by concern in flower_app/config.py), then the
+    testing-only keys in a section of their own."""
+    lines = [DOC_PREAMBLE.rstrip("\n")]
+    sections = (
+        ("## Run settings (schema order)", [k for k in SCHEMA if not is_testing_only(k)]),
+        (
+            "## Testing only\n\nFault injection for the tests and the poisoning benchmark "
+            "([faults.md](faults.md)); never set in a real run.",
+            [k for k in SCHEMA if is_testing_only(k)],
+        ),
+    )
+    for title, keys in sections:
+        lines += ["", title, "", "| key | default | help | affects |", "|---|---|---|---|"]
+        for key in keys:
+            spec = SCHEMA[key]
+            default = tomli_w.dumps({"v": spec.default}).strip().removeprefix("v = ")
+            affects = ", ".join(sorted(spec.affects)) or "–"
+            lines.append(f"| `{key}` | `{_cell(default)}` | {_cell(spec.help)} | {affects} |")
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,7 @@ travel (down and up, every round), stay on the client or stay frozen:
     florg adapters   '<layer>.A' + head
     lora adapters    '<layer>.lora_A' and/or '<layer>.lora_B' + head (the method's shared parts)
 
-A method's hooks may keep tensors on the model (``held_tensors``: FedEx-LoRA's pristine
+A method's hooks may keep tensors on the model (``held_tensors``: e.g. a pristine
 W0); the disk cache stores them with the model.
 """
 
@@ -100,7 +100,7 @@ class AdaptedModel:
 
     # -- what stays on the client -------------------------------------------------------
     def local_state(self) -> dict[str, np.ndarray]:
-        """The method's personal parts (FedSA-LoRA's B; empty for most methods)."""
+        """The method's personal parts (``Method.local``; empty for most methods)."""
         if not self.method.local:
             return {}
         return get_lora_state(self.model, self.method.local, include_head=False)

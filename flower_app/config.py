@@ -103,6 +103,7 @@ class RunConfig:
     ``SCHEMA``, ``DEFAULTS``, pyproject's ``[tool.flwr.app.config]`` (generated:
     ``python -m florg_tools.settings --write``) and the cache keys derive from these."""
 
+    # -- what runs: the method, the model and the task --
     preset: str = setting(
         "",
         "must be '': a preset is the file conf/NAME.toml, --run-config conf/NAME.toml",
@@ -123,6 +124,19 @@ class RunConfig:
     task: str = setting(
         "snli", "task name (GLUE, registered local task) or 'local'", affects=(DATA,)
     )
+    task_kind: str = setting(
+        "",
+        "task kind (flower_app/task_kinds/: classification, extractive-qa, causal-lm); "
+        "'' = the task's own (local data: classification)",
+        affects=(DATA,),
+    )
+    seed: int = setting(
+        0,
+        "run seed (L, R, A init, partitioning, shuffling)",
+        check=non_negative,
+        affects=(MODEL, DATA),
+    )
+    # -- local data (task 'local') --
     data_path: str = setting("", "local data file/folder for task 'local'", affects=(DATA,))
     text_fields: str = setting("", "comma-separated text columns for task 'local'", affects=(DATA,))
     label_field: str = setting("label", "label column for task 'local'", affects=(DATA,))
@@ -132,51 +146,7 @@ class RunConfig:
         check=non_negative,
         affects=(DATA,),
     )
-    task_kind: str = setting(
-        "",
-        "task kind (flower_app/task_kinds/: classification, extractive-qa, causal-lm); "
-        "'' = the task's own (local data: classification)",
-        affects=(DATA,),
-    )
-    target_modules: str = setting(
-        "query,value", "comma-separated module names to adapt", affects=(MODEL,)
-    )
-    head_modules: str = setting(
-        "", "comma-separated task-head modules ('' = auto)", affects=(MODEL,)
-    )
-    train_head: bool = setting(True, "train and FedAvg the task head", affects=(MODEL,))
-    rank: int = setting(4, "adapter rank r", check=positive, affects=(MODEL,))
-    alpha: float = setting(
-        16.0, "scaling numerator: s = alpha / r", check=positive, affects=(MODEL,)
-    )
-    # issue 30: clients of different rank (flower_app/rank_settings.py)
-    client_ranks: str = setting(
-        "",
-        "per-client adapter ranks, a comma list cycled over partition ids ('' = every "
-        "client uses rank; a SuperNode's node-config rank=R wins); s = alpha / rank for all",
-        check=rank_list,
-        affects=(),
-    )
-    seed: int = setting(
-        0,
-        "run seed (L, R, A init, partitioning, shuffling)",
-        check=non_negative,
-        affects=(MODEL, DATA),
-    )
-    num_server_rounds: int = setting(5, "federated rounds", check=positive, affects=())
-    fraction_train: float = setting(
-        1.0, "fraction of nodes sampled per round", check=fraction, affects=()
-    )
-    min_train_nodes: int = setting(2, "minimum nodes sampled per round", check=positive, affects=())
-    min_available_nodes: int = setting(
-        2, "nodes to wait for before a round", check=positive, affects=()
-    )
-    client_eval: str = setting(
-        "auto",
-        "clients evaluate each round",
-        check=one_of("auto", "on", "off"),
-        affects=(),
-    )
+    # -- the data each client gets, and the evaluation splits --
     partitioner: str = setting(
         "iid", "how data is split", check=one_of("dirichlet", "iid"), affects=(DATA,)
     )
@@ -195,18 +165,105 @@ class RunConfig:
         check=non_negative,
         affects=(DATA,),
     )
-    test_every: int = setting(
-        5,
-        "test rounds: 0, every N-th and the last 3 (0 = last 3 only)",
-        check=non_negative,
+    max_seq_length: int = setting(
+        128, "tokeniser max length", check=positive, affects=(TOKENISATION,)
+    )
+    prompt_template: str = setting(
+        "plain",
+        "causal-lm: the prompt's layout, 'plain' text or the tokenizer's 'chat' template",
+        check=one_of("plain", "chat"),
+        affects=(TOKENISATION,),
+    )
+    max_new_tokens: int = setting(
+        32,
+        "causal-lm: greedy generation's length limit when scoring gen-exact-match / gen-f1",
+        check=positive,
         affects=(),
     )
-    eval_every: int = setting(
-        1,
-        "validation rounds: 0, every N-th and the last 3 (0 = last 3 only)",
+    doc_stride: int = setting(
+        64,
+        "extractive QA: token overlap of context windows",
         check=non_negative,
+        affects=(TOKENISATION,),
+    )
+    # -- the adapter (flower_app/adapters/); clients' ranks (flower_app/rank_settings.py) --
+    target_modules: str = setting(
+        "query,value", "comma-separated module names to adapt", affects=(MODEL,)
+    )
+    head_modules: str = setting(
+        "", "comma-separated task-head modules ('' = auto)", affects=(MODEL,)
+    )
+    train_head: bool = setting(True, "train and FedAvg the task head", affects=(MODEL,))
+    rank: int = setting(4, "adapter rank r", check=positive, affects=(MODEL,))
+    alpha: float = setting(
+        16.0, "scaling numerator: s = alpha / r", check=positive, affects=(MODEL,)
+    )
+    client_ranks: str = setting(
+        "",
+        "per-client adapter ranks, a comma list cycled over partition ids ('' = every "
+        "client uses rank; a SuperNode's node-config rank=R wins); s = alpha / rank for all",
+        check=rank_list,
         affects=(),
     )
+    a_init_std: float = setting(
+        0.02,
+        "FLoRG: std of the initial A (A = 0 is excluded)",
+        check=positive,
+        affects=(MODEL,),
+    )
+    projection_init: str = setting(
+        "semi-orthogonal",
+        "FLoRG: initialisation of L and R",
+        check=one_of("semi-orthogonal", "kaiming", "svd"),
+        affects=(MODEL,),
+    )
+    subtract_init: bool = setting(False, "FLoRG: subtract s L A1^T A1 R from W0", affects=(MODEL,))
+    projection_sharing: str = setting(
+        "shape",
+        "FLoRG: one L, R per layer shape (from seed + shape) or per module (seed + name)",
+        check=one_of("shape", "module"),
+        affects=(MODEL,),
+    )
+    lora_init: str = setting(
+        "default",
+        "LoRA baselines' init",
+        check=one_of("default", "federa-svd"),
+        affects=(MODEL,),
+    )
+    # -- the federation: rounds, sampling, weighting and the methods' server options --
+    num_server_rounds: int = setting(5, "federated rounds", check=positive, affects=())
+    fraction_train: float = setting(
+        1.0, "fraction of nodes sampled per round", check=fraction, affects=()
+    )
+    min_train_nodes: int = setting(2, "minimum nodes sampled per round", check=positive, affects=())
+    min_available_nodes: int = setting(
+        2, "nodes to wait for before a round", check=positive, affects=()
+    )
+    aggregation_weights: str = setting(
+        "uniform",
+        "client weights",
+        check=one_of("uniform", "num-examples"),
+        affects=(),
+    )
+    server_device: str = setting(
+        "auto",
+        "FLoRG server step device",
+        check=one_of("auto", "cpu", "cuda"),
+        affects=(),
+    )
+    rank_mismatch: str = setting(
+        "procrustes",
+        "FLoRG when r' > r: Procrustes over all r' rows, or top-r eigenpairs then Procrustes",
+        check=one_of("procrustes", "truncate"),
+        affects=(),
+    )
+    fedex_residual: str = setting(
+        "dense",
+        "FedEx residual transport",
+        check=one_of("dense", "factored"),
+        affects=(MODEL,),
+    )
+    # -- local training on each client --
     local_epochs: int = setting(1, "local epochs per round", check=positive, affects=())
     local_steps: int = setting(
         0,
@@ -215,7 +272,6 @@ class RunConfig:
         affects=(),
     )
     batch_size: int = setting(16, "local batch size", check=positive, affects=())
-    eval_batch_size: int = setting(64, "evaluation batch size", check=positive, affects=())
     learning_rate: float = setting(
         1e-3, "AdamW learning rate of the adapter", check=positive, affects=()
     )
@@ -240,84 +296,13 @@ class RunConfig:
         affects=(),
     )
     weight_decay: float = setting(0.0, "AdamW weight decay", check=non_negative, affects=())
-    max_seq_length: int = setting(
-        128, "tokeniser max length", check=positive, affects=(TOKENISATION,)
-    )
-    prompt_template: str = setting(
-        "plain",
-        "causal-lm: the prompt's layout, 'plain' text or the tokenizer's 'chat' template",
-        check=one_of("plain", "chat"),
-        affects=(TOKENISATION,),
-    )
-    max_new_tokens: int = setting(
-        32,
-        "causal-lm: greedy generation's length limit when scoring gen-exact-match / gen-f1",
-        check=positive,
-        affects=(),
-    )
-    doc_stride: int = setting(
-        64,
-        "extractive QA: token overlap of context windows",
-        check=non_negative,
-        affects=(TOKENISATION,),
-    )
-    aggregation_weights: str = setting(
-        "uniform",
-        "client weights",
-        check=one_of("uniform", "num-examples"),
-        affects=(),
-    )
-    a_init_std: float = setting(
-        0.02,
-        "FLoRG: std of the initial A (A = 0 is excluded)",
-        check=positive,
-        affects=(MODEL,),
-    )
-    projection_init: str = setting(
-        "semi-orthogonal",
-        "FLoRG: initialisation of L and R",
-        check=one_of("semi-orthogonal", "kaiming", "svd"),
-        affects=(MODEL,),
-    )
-    subtract_init: bool = setting(False, "FLoRG: subtract s L A1^T A1 R from W0", affects=(MODEL,))
-    # FLoRG, issue 12 / 11: L/R sharing, the server step's device and rank-mismatch policy
-    projection_sharing: str = setting(
-        "shape",
-        "FLoRG: one L, R per layer shape (from seed + shape) or per module (seed + name)",
-        check=one_of("shape", "module"),
-        affects=(MODEL,),
-    )
-    server_device: str = setting(
-        "auto",
-        "FLoRG server step device",
-        check=one_of("auto", "cpu", "cuda"),
-        affects=(),
-    )
-    rank_mismatch: str = setting(
-        "procrustes",
-        "FLoRG when r' > r: Procrustes over all r' rows, or top-r eigenpairs then Procrustes",
-        check=one_of("procrustes", "truncate"),
-        affects=(),
-    )
-    lora_init: str = setting(
-        "default",
-        "LoRA baselines' init",
-        check=one_of("default", "federa-svd"),
-        affects=(MODEL,),
-    )
-    fedex_residual: str = setting(
-        "dense",
-        "FedEx residual transport",
-        check=one_of("dense", "factored"),
-        affects=(MODEL,),
-    )
     device: str = setting(
         "auto",
         "torch device for training",
         check=one_of("auto", "cpu", "cuda"),
         affects=(),
     )
-    # -- issue 28: memory and speed settings for LLMs (flower_app/precision.py) --
+    # -- memory and speed for large models (flower_app/precision.py) --
     precision: str = setting(
         "fp32",
         "dtype of the frozen base weights and of the forward pass (autocast); the trained "
@@ -337,27 +322,27 @@ class RunConfig:
         check=one_of(*QUANTIZATIONS),
         affects=(MODEL,),
     )
-    progress_bar: bool = setting(False, "show a progress bar during local training", affects=())
-    output_dir: str = setting("outputs", "folder for run outputs", affects=())
-    save_client_updates: bool = setting(
-        False, "also save every round's client updates (.npz)", affects=()
-    )
-    fault_partition: int = setting(
-        -1, "testing: this partition id misbehaves (-1 = none)", affects=()
-    )
-    fault_kind: str = setting(
-        "raise",
-        "testing: how it misbehaves (scale: adapter x fault-scale; claim: fault-scale examples)",
-        check=one_of("raise", "nan", "shape", "scale", "claim"),
+    # -- evaluation: when the server and the clients score --
+    client_eval: str = setting(
+        "auto",
+        "clients evaluate each round",
+        check=one_of("auto", "on", "off"),
         affects=(),
     )
-    run_name: str = setting(
-        "",
-        "run folder name ('' = timestamp-method-task)",
-        check=folder_name_or_empty,
+    eval_every: int = setting(
+        1,
+        "validation rounds: 0, every N-th and the last 3 (0 = last 3 only)",
+        check=non_negative,
         affects=(),
     )
-    # -- issue 15: screening, fault injection, resume (docs/faults.md) --
+    test_every: int = setting(
+        5,
+        "test rounds: 0, every N-th and the last 3 (0 = last 3 only)",
+        check=non_negative,
+        affects=(),
+    )
+    eval_batch_size: int = setting(64, "evaluation batch size", check=positive, affects=())
+    # -- robustness: update screening (docs/faults.md) --
     screen_updates: bool = setting(
         True, "reject outlier updates, clip claimed num-examples", affects=()
     )
@@ -367,17 +352,7 @@ class RunConfig:
         check=at_least_one,
         affects=(),
     )
-    fault_scale: float = setting(
-        10.0,
-        "testing: factor of 'scale', count of 'claim'",
-        check=positive,
-        affects=(),
-    )
-    fault_server_round: int = setting(
-        0, "testing: ServerApp dies after round N", check=non_negative, affects=()
-    )
-    resume: str = setting("", "run folder to continue from its last checkpointed round", affects=())
-    # -- issue 29: central differential privacy (docs/privacy.md) --
+    # -- privacy: central differential privacy (docs/privacy.md) --
     dp: str = setting(
         "off",
         "differential privacy: 'central' = the server clips each client's update and noises "
@@ -403,7 +378,19 @@ class RunConfig:
         check=open_unit_interval,
         affects=(),
     )
-    # -- issue 14: console and metric tracking (flower_app/server/console.py, tracking.py) --
+    # -- the run folder, resuming, the console and tracking --
+    output_dir: str = setting("outputs", "folder for run outputs", affects=())
+    run_name: str = setting(
+        "",
+        "run folder name ('' = timestamp-method-task)",
+        check=folder_name_or_empty,
+        affects=(),
+    )
+    resume: str = setting("", "run folder to continue from its last checkpointed round", affects=())
+    save_client_updates: bool = setting(
+        False, "also save every round's client updates (.npz)", affects=()
+    )
+    progress_bar: bool = setting(False, "show a progress bar during local training", affects=())
     log_level: str = setting(
         "info",
         "debug: Flower's full records too",
@@ -412,6 +399,25 @@ class RunConfig:
     )
     tensorboard: str = setting(
         "auto", "<run>/tensorboard/ events", check=one_of("auto", "on", "off"), affects=()
+    )
+    # -- testing only, never in a real run: fault injection (flower_app/client/faults.py) --
+    fault_partition: int = setting(
+        -1, "testing: this partition id misbehaves (-1 = none)", affects=()
+    )
+    fault_kind: str = setting(
+        "raise",
+        "testing: how it misbehaves (scale: adapter x fault-scale; claim: fault-scale examples)",
+        check=one_of("raise", "nan", "shape", "scale", "claim"),
+        affects=(),
+    )
+    fault_scale: float = setting(
+        10.0,
+        "testing: factor of 'scale', count of 'claim'",
+        check=positive,
+        affects=(),
+    )
+    fault_server_round: int = setting(
+        0, "testing: ServerApp dies after round N", check=non_negative, affects=()
     )
 
     @property
@@ -554,11 +560,11 @@ def resolve_config(
 
 def _check_half_precision_writes(config: RunConfig) -> None:
     """``precision`` bf16 / fp16 holds W0 in a half dtype, and two settings write into W0:
-    ``subtract-init`` (W0 - s L A1^T A1 R, so that the start is a zero update) and
-    a method that writes into W0 (``Method.writes_base_weights``: FedEx-LoRA's residual
-    fold). A write into a half-precision W0 rounds every entry to 8 (bf16) or 11 (fp16)
-    significant bits, an error of up to 2^-9 |W0| per entry, the size of
-    what is written: the start would not be zero and the residual would be lost."""
+    ``subtract-init`` (W0 - s L A1^T A1 R, so that the start is a zero update) and a method
+    that writes into W0 during the run (``Method.writes_base_weights``). A write into a
+    half-precision W0 rounds every entry to 8 (bf16) or 11 (fp16) significant bits, an error
+    of up to 2^-9 |W0| per entry, the size of what is written: the start would not be zero
+    and what the method adds would be lost."""
     p = config.precision
     if p == "fp32":
         return
@@ -580,7 +586,7 @@ def _check_quantization_settings(config: RunConfig) -> None:
     """The machine-independent refusals of ``quantization`` (this machine's CUDA and
     bitsandbytes are checked where the model is loaded, by
     ``flower_app.precision.check_quantization_supported``): it needs a GPU, and a 4-bit /
-    8-bit W0 cannot be written to, which ``subtract-init`` and FedEx-LoRA's fold do."""
+    8-bit W0 cannot be written to, which ``subtract-init`` and a method that writes W0 do."""
     q = config.quantization
     if q == "none":
         return

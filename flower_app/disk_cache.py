@@ -370,11 +370,11 @@ class _SkeletonProjections:
 
 def _model_tensors(adapted: Any) -> dict[str, Any]:
     """Every tensor that defines an AdaptedModel: the model's parameters and buffers (L and
-    R are non-persistent buffers, so not in ``state_dict``) and FedEx-LoRA's pristine W0."""
+    R are non-persistent buffers, so not in ``state_dict``) and a method's held tensors."""
     model = adapted.model
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
-    for group, held in adapted.held_tensors.items():  # a method's own (FedEx-LoRA's W0)
+    for group, held in adapted.held_tensors.items():  # a method's own (``held_tensors``)
         tensors.update({f"{group}/{name}": value for name, value in held.items()})
     return tensors
 
@@ -438,7 +438,7 @@ def disk_cached_model(*, groups: tuple[str, ...]) -> Callable[[F], F]:
     """Cache ``func(config, num_labels, *args) -> AdaptedModel`` (a freshly built one),
     keyed on the settings of ``groups``, the base model's files and the arguments.
 
-    An entry is a folder: ``tensors.safetensors`` (every parameter and buffer, FedEx's
+    An entry is a folder: ``tensors.safetensors`` (every parameter and buffer, a method's held
     pristine W0) and ``meta.json``; nothing is unpickled. A hit builds the model's skeleton
     with the same code (FLoRG's L and R not computed) and copies the stored tensors in."""
 

@@ -1,4 +1,4 @@
-"""Which adapter rank each client trains at (issue 30: clients of different capacity).
+"""Which adapter rank each client trains at (clients of different capacity).
 
 A node's rank r_n, highest precedence first:
 
@@ -6,7 +6,7 @@ A node's rank r_n, highest precedence first:
    what it can afford);
 2. the run setting ``client-ranks``: a comma list of ranks cycled over partition ids
    (partition p trains at ``client-ranks[p mod len]``; simulation);
-3. the run's ``rank`` (``client-ranks`` empty: every client, as before issue 30).
+3. the run's ``rank`` (``client-ranks`` empty: every client).
 
 The run's largest rank r_max = max(``rank``, every rank in ``client-ranks``) is the rank
 of the server's global state and of its evaluation model (``server_model_config``), and

@@ -1,13 +1,13 @@
-"""Adapter state at a client's rank (issue 30: clients of different rank).
+"""Adapter state at a client's rank: the rank a state carries, and the state cut to a rank.
 
 A shared state is ``{key: array}`` (flower_app/records.py); its adapter matrices
 carry the rank r in one axis: FLoRG's ``<layer>.A`` and LoRA's ``<layer>.lora_A`` in
 their rows (r x k, r x d_in), LoRA's ``<layer>.lora_B`` in its columns (d_out x r).  The
 head has no rank.  A client of rank r_n keeps the top r_n rows of every A and the first
-r_n columns of every B of a state of a larger rank (``truncate_to_rank``): for HetLoRA
-(Cho et al. 2024) that is the distribution rule itself, for FlexLoRA the truncated SVD at
-r_n (its factors are ordered by singular value), for FLoRG's seeded initial A the factor
-a rank-r_n node would have drawn (the same generator, row-major).
+r_n columns of every B of a state of a larger rank (``truncate_to_rank``): for a rule that
+pads to the largest rank that is the distribution rule itself, for a truncated SVD the
+SVD at r_n (its factors are ordered by singular value), for FLoRG's seeded initial A the
+factor a rank-r_n node would have drawn (the same generator, row-major).
 """
 
 from __future__ import annotations

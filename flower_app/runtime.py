@@ -11,6 +11,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from flower_app.adapted import AdaptedModel
+from flower_app.adapters.targets import AdapterSettingError
 from flower_app.config import DEFAULTS, MODEL, ConfigError, RunConfig
 from flower_app.disk_cache import disk_cached_model
 from flower_app.modeling import pick_device
@@ -63,9 +64,5 @@ def cached_adapted_model(
         adapted = AdaptedModel(model, config)
         keep_trainable_float32(adapted.model)
         return adapted
-    except ValueError as err:
-        message = str(err)
-        key = "rank" if "exceeds k" in message or "r must" in message else "target-modules"
-        if "head_modules" in message:
-            key = "head-modules"
-        raise ConfigError(f"{key}: {message}") from err
+    except AdapterSettingError as err:  # the adapter names the setting at fault
+        raise ConfigError(f"{err.key}: {err}") from err

@@ -67,7 +67,7 @@ def task_spec(config: RunConfig) -> TaskSpec:
     if config.num_labels > 0:
         overrides["num_labels"] = config.num_labels
     label_field = config.label_field if config.data_path else None
-    # "a,b": two columns (was passed whole, as one column named "a,b", before issue 28).
+    # "a,b": two columns (never one column named "a,b").
     fields = tuple(f.strip() for f in config.text_fields.split(",") if f.strip())
     if config.task_kind:
         overrides["kind"] = config.task_kind

@@ -65,8 +65,8 @@ class GlobalEvaluator:
 
     def load(self, arrays: ArrayRecord) -> None:
         self.adapted.load_shared_state(from_array_record(arrays))
-        self.adapted.load_local_state(None)  # FedSA-LoRA: the global model has B = 0
-        self.adapted.method.receive_on_server(self.adapted, self.strategy)  # FedEx's fold
+        self.adapted.load_local_state(None)  # personal parts: the global model holds them at zero
+        self.adapted.method.receive_on_server(self.adapted, self.strategy)  # the method's hook
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         self.load(arrays)

@@ -5,20 +5,17 @@ task head of H parameters (trained and FedAvg-ed by every method), each particip
 client sends up and receives down per round the method's shared parts
 (``Method.adapter_params``):
 
-    florg, florg-no-procrustes   A                r k              (up and down)
-    fedit, federa                B, A             r (d_out + d_in) (up and down)
-    ffa-lora                     B                r d_out          (A is frozen and seeded)
-    fedsa-lora                   A                r d_in           (B stays on the client)
-    hetlora, flexlora            B, A             r (d_out + d_in) (up and down)
-    fedex-lora                   B, A             r (d_out + d_in) up;
-                                 + residual down: d_out d_in (dense, the paper's version)
-                                                  or (N + 1) r (d_out + d_in) (factored)
+    FLoRG adapter, A shared      r k              (up and down)
+    LoRA adapter, B and A        r (d_out + d_in) (up and down)
+    LoRA adapter, B only         r d_out          (A frozen and seeded)
+    LoRA adapter, A only         r d_in           (B kept on the client)
 
-plus H each way (``Method.extra_down_params`` adds FedEx-LoRA's residual).  N is the
-number of clients aggregated in the round.  Bytes are parameters times
+plus H each way, plus whatever else a method sends down (``Method.extra_down_params``,
+which may depend on N, the number of clients aggregated in the round, and on the
+``fedex-residual`` transport setting passed as ``residual_mode``).  Bytes are parameters times
 ``bytes_per_param`` (4: arrays travel as float32).
 
-Clients of different rank (issue 30; ``client_communication``): a client of rank r_n sends
+Clients of different rank (``client_communication``): a client of rank r_n sends
 up the formula at r_n and receives down the formula at the rank it was sent, r_n once the
 server knows its rank, the run's largest rank r_max before (its first round).  The
 strategy counts the same from the arrays that travelled (``up-params-r<r>``,
@@ -31,7 +28,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from strategies.fedex_lora.rule import RESIDUAL_MODES
 from strategies.registry import get_method
 
 
@@ -67,8 +63,6 @@ def round_communication(
 ) -> RoundCommunication:
     """Per-client, per-round communication; ``layer_shapes`` maps names to (d_out, d_in)."""
     spec = get_method(method)
-    if residual_mode not in RESIDUAL_MODES:
-        raise ValueError(f"residual_mode {residual_mode!r} unknown; choose one of {RESIDUAL_MODES}")
     if r < 1 or num_clients < 1 or head_params < 0:
         raise ValueError(
             f"need r >= 1, num_clients >= 1, head_params >= 0; "

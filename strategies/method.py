@@ -1,6 +1,10 @@
-"""What a federated method is: its client side and its server side, in one object.
+"""What a federated method is: its client side, its server side and its flags, in one object.
 
-A method declares
+Each method is one folder, ``strategies/<name>/``, registered by one line of
+``strategies/registry.py``: ``method.py`` creates its ``Method`` (``METHODS = (...)``),
+``rule.py`` holds its server rule as a float64 numpy reference, and, where the common
+strategy does not suffice, ``strategy.py`` its own Flower strategy and further modules its
+batched or private paths. A method declares
 
 - **client side**: which adapter its clients train (``adapter``: ``florg`` is the paper's
   ``W = W0 + s L AᵀA R``, ``lora`` is PEFT's ``W = W0 + s B A``), which of its parts
@@ -8,24 +12,23 @@ A method declares
   personal parts, so the global model alone is evaluated with them at their zero
   initialisation and the clients evaluate by default), which are frozen at their seeded
   initialisation (``frozen``), the LoRA initialisation it needs, and hooks for anything
-  else a client or the server's evaluator must do with a received message (FedEx-LoRA's
-  residual fold);
-- **server side**: its Flower strategy (``build_strategy``: the aggregation rule of
-  ``strategies/<method>.py`` wrapped by ``strategies/common/``);
+  else a client or the server's evaluator must do with a received message;
+- **server side**: its rule (``aggregate``), run by the common strategy
+  (``strategies/common/strategy.py``), or its own strategy (``build_strategy``);
+- **flags** the common strategy and the settings' checks read, never a method's name:
+  ``heterogeneous_ranks``, ``dp_mechanism`` (with ``dp_refusal`` when None) and
+  ``writes_base_weights``;
+- **central differential privacy** (``dp=central``, docs/privacy.md): its mechanism
+  (``aggregate_private``; by default the mean mechanism of
+  ``strategies.common.central_dp``);
 - **communication**: derived from the shared parts (the paper counts parameters), plus
-  whatever else the method sends down (FedEx-LoRA's residual);
-- **central differential privacy** (``dp=central``, docs/privacy.md): the mechanism its
-  strategy implements (``dp_mechanism``: 'mean', 'product-mean' or 'gram', see
-  ``strategies.common.central_dp``), or a ValueError saying why it has none (FedEx-LoRA).
+  whatever else the method sends down (``extra_down_params``).
 
 The settings a method needs checked beyond each value's own check (``check_settings``,
 run by ``flower_app.config.resolve_config``, before anything is built) raise a ValueError
-naming the key; dp=central's checks are there.
-
-One module per method in this folder creates its ``Method`` and the registry
-(``strategies/registry.py``) names it in one line. Method modules import
-nothing heavy at module level (torch, PEFT, Flower are imported inside the hooks), so
-reading the registry costs nothing: the run-config validation uses it.
+naming the key; dp=central's checks are there. Method modules import nothing heavy at
+module level (torch, PEFT, Flower are imported inside the hooks), so reading the registry
+costs nothing: the run-config validation uses it.
 
 Settings and methods depend one way: flower_app/config.py reads this registry (the values
 the ``method`` setting may take), and nothing in this folder imports flower_app.config,
@@ -90,7 +93,7 @@ class Method:
     # ``aggregate_private`` implements; None: dp=central is refused, with ``dp_refusal``.
     dp_mechanism: str | None = None
     dp_refusal: str = ""
-    # Whether it writes into the frozen base weights W0 during the run (FedEx-LoRA's
+    # Whether it writes into the frozen base weights W0 during the run (e.g. a
     # residual fold): refused with a half-precision or quantised W0.
     writes_base_weights: bool = False
 
@@ -115,7 +118,7 @@ class Method:
 
     def evaluates_on_clients(self, config: RunSettings) -> bool:
         """Whether clients evaluate every round (``client-eval``: 'on', 'off', or 'auto':
-        when the method has personal parts, FedSA-LoRA's B)."""
+        when the method has personal parts)."""
         return config.client_eval == "on" or (config.client_eval == "auto" and self.personal)
 
     def lora_init(self, config: RunSettings) -> str:
@@ -127,7 +130,7 @@ class Method:
         return None
 
     def prepare_model(self, adapted: AdaptedModel) -> None:
-        """Called once after the adapter is injected (FedEx-LoRA keeps W0)."""
+        """Called once after the adapter is injected (e.g. to keep a copy of W0)."""
 
     def receive_on_client(self, msg: Any, context: Any, adapted: AdaptedModel) -> dict[str, float]:
         """Called on the client after the global arrays are loaded, before training or
@@ -149,7 +152,8 @@ class Method:
             if not self.heterogeneous_ranks:
                 raise ValueError(
                     f"client-ranks: method {self.name!r} aggregates one common rank; "
-                    "per-client ranks need florg, florg-no-procrustes, hetlora or flexlora"
+                    "per-client ranks need a method that aggregates them (heterogeneous_ranks; "
+                    "docs/architecture.md lists them)"
                 )
             if config.dp == "central":
                 raise ValueError("client-ranks: dp=central needs one common rank")

@@ -1,6 +1,6 @@
 """FLoRGLinear: a frozen nn.Linear plus the Gram update s * L A^T A R (paper, section 3.1).
 
-With ``signs`` (the method ``florg-signed``) the update is s * L A^T D A R, D = diag(signs)
+With ``signs`` (a method's ``Method.florg_signs``) the update is s * L A^T D A R, D = diag(signs)
 a fixed r x r matrix of +-1: the core A^T D A is then any symmetric matrix of rank <= r
 rather than only a positive semi-definite one, and LAt below becomes L A^T D.
 

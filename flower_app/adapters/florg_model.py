@@ -13,7 +13,7 @@ Export: L A^T A R = (L A^T)(A R), so a FLoRG layer *is* a rank-r LoRA with
 lora_B = L A^T (d_out x r), lora_A = A R (r x d_in) and the same scaling alpha/r.
 With ``subtract_init`` the frozen weight was W0 - s L A1^T A1 R, which exports
 exactly as the rank-2r LoRA  B = [L A^T, -L A1^T],  A = [A R; A1 R].
-With ``signs`` (florg-signed, D = diag(signs)) every L A^T above is L A^T D.
+With ``signs`` (a method's ``Method.florg_signs``, D = diag(signs)) every L A^T above is L A^T D.
 """
 
 from __future__ import annotations
@@ -43,7 +43,12 @@ from flower_app.adapters.projections import (
     seeded_rng,
 )
 from flower_app.adapters.state import load_arrays, module_parameters, to_numpy
-from flower_app.adapters.targets import check_rank_and_alpha, find_head_modules, find_target_linears
+from flower_app.adapters.targets import (
+    AdapterSettingError,
+    check_rank_and_alpha,
+    find_head_modules,
+    find_target_linears,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +67,7 @@ class FLoRGConfig:
     subtract_init: bool = False
     head_modules: tuple[str, ...] | None = None
     train_head: bool = True
-    # florg-signed: the sign of each row of A in the core A^T D A (None: all +1, the paper)
+    # a method's row signs of A in the core A^T D A (None: all +1, the paper)
     signs: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -96,8 +101,8 @@ def inject_florg(model: nn.Module, config: FLoRGConfig) -> dict[str, FLoRGLinear
     for name, linear in targets.items():
         d_out, d_in = linear.out_features, linear.in_features
         if config.r > min(d_in, d_out):
-            raise ValueError(
-                f"{name}: rank r={config.r} exceeds k=min(d_in, d_out)={min(d_in, d_out)}"
+            raise AdapterSettingError(
+                "rank", f"{name}: rank r={config.r} exceeds k=min(d_in, d_out)={min(d_in, d_out)}"
             )
     model.requires_grad_(False)
     layers: dict[str, FLoRGLinear] = {}

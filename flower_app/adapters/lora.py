@@ -27,7 +27,12 @@ from torch import nn
 
 from flower_app.adapters.projections import seeded_rng
 from flower_app.adapters.state import load_arrays, to_numpy
-from flower_app.adapters.targets import check_rank_and_alpha, find_head_modules, find_target_linears
+from flower_app.adapters.targets import (
+    AdapterSettingError,
+    check_rank_and_alpha,
+    find_head_modules,
+    find_target_linears,
+)
 
 LORA_INITS: tuple[str, ...] = ("default", "federa-svd")
 
@@ -64,7 +69,9 @@ def inject_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
     for name, linear in targets.items():
         k = min(linear.weight.shape)
         if config.r > k:
-            raise ValueError(f"{name}: rank r={config.r} exceeds k=min(d_in, d_out)={k}")
+            raise AdapterSettingError(
+                "rank", f"{name}: rank r={config.r} exceeds k=min(d_in, d_out)={k}"
+            )
     peft_config = LoraConfig(
         r=config.r,
         lora_alpha=config.alpha,

@@ -11,12 +11,22 @@ from torch import nn
 HEAD_CANDIDATES: tuple[str, ...] = ("classifier", "score", "qa_outputs")
 
 
+class AdapterSettingError(ValueError):
+    """A bad adapter setting, with the run-config ``key`` it comes from (``rank``,
+    ``alpha``, ``target-modules``, ``head-modules``), so that the caller names the key
+    without reading the message."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
 def check_rank_and_alpha(r: int, alpha: float) -> None:
     """The settings every adapter shares: a positive integer rank and alpha > 0 (s = alpha / r)."""
     if int(r) != r or r < 1:
-        raise ValueError(f"r must be a positive integer, got {r!r}")
+        raise AdapterSettingError("rank", f"r must be a positive integer, got {r!r}")
     if not alpha > 0:
-        raise ValueError(f"alpha must be > 0, got {alpha!r}")
+        raise AdapterSettingError("alpha", f"alpha must be > 0, got {alpha!r}")
 
 
 def _matches(name: str, targets: str | Sequence[str]) -> bool:
@@ -31,7 +41,9 @@ def find_target_linears(
 ) -> dict[str, nn.Linear]:
     """All nn.Linear modules whose qualified name matches ``targets`` (outside ``exclude``)."""
     if not targets:
-        raise ValueError("target_modules is empty: name at least one module (e.g. 'query')")
+        raise AdapterSettingError(
+            "target-modules", "target_modules is empty: name at least one module (e.g. 'query')"
+        )
     found: dict[str, nn.Linear] = {}
     matched_other: list[str] = []
     for name, module in model.named_modules():
@@ -47,9 +59,10 @@ def find_target_linears(
             {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
         )
         extra = f"; matched non-Linear modules: {matched_other}" if matched_other else ""
-        raise ValueError(
+        raise AdapterSettingError(
+            "target-modules",
             f"target_modules {targets!r} match no nn.Linear in {type(model).__name__}; "
-            f"its Linear module names end in {leaves}{extra}"
+            f"its Linear module names end in {leaves}{extra}",
         )
     return found
 
@@ -62,7 +75,9 @@ def find_head_modules(model: nn.Module, head_modules: Sequence[str] | None) -> l
         return [n for n in heads if not any(n.startswith(h + ".") for h in heads)]
     missing = [h for h in head_modules if h not in names]
     if missing:
-        raise ValueError(f"head_modules {missing} not found in {type(model).__name__}")
+        raise AdapterSettingError(
+            "head-modules", f"head_modules {missing} not found in {type(model).__name__}"
+        )
     return list(head_modules)
 
 

@@ -1,6 +1,6 @@
 """A node's own state on its disk, so that personal parts survive a resumed run.
 
-A method's personal parts (FedSA-LoRA's own B) live in the node's Flower ``Context``, which
+A method's personal parts (``Method.local``) live in the node's Flower ``Context``, which
 a resumed run (a new Flower run) starts empty. When the node operator sets
 ``$FLORG_NODE_STATE_DIR``, the ClientApp also writes them after each training round to
 ``<dir>/<run lineage>/partition-<id>/round-<t>.safetensors`` (atomically; the newest

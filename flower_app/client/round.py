@@ -7,11 +7,11 @@ it is, and the centralised benchmarks (benchmarks/centralised/training.py) train
 
 1. **receive**: load the global arrays and the client's own parts into the adapted model
    (``receive``; the ClientApp first fetches the own parts from its Flower context or the
-   node's disk, and runs the method's ``receive_on_client`` hook, FedEx-LoRA's fold);
+   node's disk, and runs the method's ``receive_on_client`` hook);
 2. **seed**: the partition's loader is shuffled with, and torch's global generator
    (dropout) is seeded with, ``round_seed`` = run seed + 1000 x round + partition id, so a
    round trains the same wherever and whenever it runs (a resumed run equals the
-   uninterrupted one; issue 15);
+   uninterrupted one);
 3. **train** with the run's settings (``train_steps``: ``flower_app.training.train_local``
    with ``learning-rate`` and the head's rate, both times the round's ``lr-schedule``
    factor (flower_app/lr_schedule.py), ``weight-decay``, ``local-epochs`` /
@@ -58,7 +58,7 @@ def receive(
     shared: Mapping[str, np.ndarray],
     local: Mapping[str, np.ndarray] | None = None,
 ) -> None:
-    """Load the global arrays and the client's own parts (FedSA-LoRA's B; ``None``: their
+    """Load the global arrays and the client's own parts (``Method.local``; ``None``: their
     zero initialisation) into ``adapted``."""
     adapted.load_shared_state(shared)
     adapted.load_local_state(local)

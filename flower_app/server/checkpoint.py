@@ -5,9 +5,9 @@ After every round (and after the round-0 evaluation) the ServerApp writes
 
 * ``arrays.safetensors``: the global arrays as the clients receive them (float32);
 * ``strategy.safetensors``: the strategy's own arrays (``AdapterStrategy.state_arrays``:
-  the float64 global state; FedEx-LoRA's every-round residuals and cumulative residual);
+  the float64 global state and whatever else the method's strategy keeps);
 * ``state.json``: the round, the resolved settings, the strategy's JSON state (the
-  node -> partition map, FedEx's residual mode), the state of Python's ``random`` (Flower
+  node -> partition map, the strategy's own options), the state of Python's ``random`` (Flower
   samples the nodes of a round with it), the metrics rows so far with their running totals
   and elapsed seconds, and the run's lineage id (kept across resumes; clients use it to
   find their own persisted state, see client_app).
@@ -52,7 +52,7 @@ RESUMABLE_KEYS = frozenset(
         "fault-server-round",
         "test-every",
         "eval-every",
-        "log-level",  # issue 14: what the console and run folder show, not what is computed
+        "log-level",  # what the console and run folder show, not what is computed
         "tensorboard",
     }
 )

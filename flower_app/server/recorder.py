@@ -59,7 +59,7 @@ class RunRecorder:
     the summary (``final-<name>``); the console line is the kind's ``console``.
 
     The reported scores are the global model's (``test-score``; ``score`` on validation),
-    except for a method with personal parts evaluated on its clients (FedSA-LoRA): its
+    except for a method with personal parts evaluated on its clients: its
     global model has B = 0 and is no method output, so its reported scores are its
     clients' personalised models on the same splits, averaged over clients
     (``personalized-test-score``, ``personalized-val-score``). The summary names the keys

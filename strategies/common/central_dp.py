@@ -37,7 +37,7 @@ sent + clipped updates + noise = sent + ``noised_mean``.  The tests hold ``clip_
 ``clip_inputs_inplace`` and the std to ``compute_stdv``.  Why the helpers are not called:
 
 - ``clip_inputs_inplace`` divides C by the norm in Python floats: an all-zero update (a
-  client that did not move, FFA-LoRA's frozen parts, a zero-step round) raises
+  client that did not move, a frozen part, a zero-step round) raises
   ZeroDivisionError; and it scales in the array's own dtype, so a float32 reply clipped to
   C = 0.1 comes out with norm 0.1000000036 > C (measured), a (tiny) breach of the bound
   the sensitivity rests on.  Here the update is clipped in float64.
@@ -186,7 +186,7 @@ def noised_mean(
     dividing by m is post-processing when m is public.  ``num_sampled`` is that public m
     (the configured number of sampled clients, as Flower's ``num_sampled_clients``); None
     uses the number of updates, which is the same whenever every sampled client replied.
-    The updates are read one at a time (a generator keeps one client's dense FeDeRA product
+    The updates are read one at a time (a generator keeps one client's dense product
     update in memory, not all of them).
     Each input must already be clipped (checked: ||u_n|| <= C up to rounding).  Noise is
     drawn array by array in the first update's key order.  Returns float64 arrays in the

@@ -18,7 +18,7 @@ from strategies.common.validation import as_float64_matrix
 
 
 def product_update(B: Any, A: Any, B_sent: Any, A_sent: Any) -> np.ndarray:
-    """FeDeRA's clipped unit for one layer: B_n A_n - B_sent A_sent (d_out x d_in, dense).
+    """The clipped unit for one layer: B_n A_n - B_sent A_sent (d_out x d_in, dense).
 
     Clip the dict of every layer's product update and the head update jointly with
     ``clip_update``, release with ``noised_mean``, add B_sent A_sent back, then

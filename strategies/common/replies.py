@@ -37,7 +37,7 @@ class Reply:
     arrays: dict[str, np.ndarray]
     num_examples: float
     train_loss: float
-    rank: int = 0  # the adapter rank it trained at (issue 30; 0: not checked)
+    rank: int = 0  # the adapter rank it trained at (0: not checked)
 
 
 def metric_number(metrics: Any, key: str, *, required: bool = True) -> float | None:

@@ -3,7 +3,7 @@
 ``state_arrays`` / ``state_json`` carry everything a strategy needs to continue a run
 (flower_app/server/checkpoint.py writes them each round); ``restore`` reads them back; ``start``
 with ``first_round`` > 1 continues the loop there. A method whose strategy keeps more
-(FLoRG's per-rank factors, FedEx-LoRA's residuals) extends these in its own folder.
+(per-rank factors, residuals) extends these in its own folder.
 """
 
 from __future__ import annotations

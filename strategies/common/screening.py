@@ -70,7 +70,7 @@ def screen(
 ) -> tuple[list[Reply], list[float], dict]:
     """Outlier screening of ``replies`` to a round that started from ``global_state``
     (module doc); ``starts``: per reply the state that client started from, where
-    clients of different rank were sent different states (issue 30).  With ``enabled``
+    clients of different rank were sent different states.  With ``enabled``
     false nothing is rejected or clipped, but the largest ratio, ``screen-ratio-max``, is
     still measured.  Returns the kept replies, their (clipped) example counts and the
     metrics."""

@@ -52,8 +52,8 @@ round then records ``dp-epsilon``, and the ledger goes into the checkpoint (``st
 
 The strategy never names a method: it reads the method's rule, mechanism and flags
 (``heterogeneous_ranks``, ``dp_mechanism``) from the ``Method`` it is built with. A method
-whose round needs more (FLoRG's batched step and per-rank factors, FedEx-LoRA's residual
-messages) subclasses it in its own folder.
+whose round needs more (FLoRG's batched step and per-rank factors, a residual sent with each
+message) subclasses it in its own folder.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
         return messages
 
     def extend_train_message(self, server_round: int, message: Message) -> Message:
-        """Hook for methods that send more than the global arrays (FedEx-LoRA)."""
+        """Hook for methods that send more than the global arrays."""
         return message
 
     def configure_evaluate(

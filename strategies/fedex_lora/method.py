@@ -55,6 +55,14 @@ class FedExLoRA(Method):
         )
 
     def extra_down_params(self, d_out, d_in, r, num_clients, residual_mode):
+        """The residual sent down: d_out d_in (dense, the paper's version) or
+        (N + 1) r (d_out + d_in) (its exact factors)."""
+        from strategies.fedex_lora.rule import RESIDUAL_MODES
+
+        if residual_mode not in RESIDUAL_MODES:
+            raise ValueError(
+                f"residual_mode {residual_mode!r} unknown; choose one of {RESIDUAL_MODES}"
+            )
         if residual_mode == "dense":
             return d_out * d_in
         return (num_clients + 1) * r * (d_out + d_in)

@@ -115,7 +115,7 @@ def clip_florg(A: Any, clipping_norm: float, prev_A: Any = None) -> Any:
     sensitivities of ``florg_sensitivity`` for either.
 
     Which unit: the Gram aggregation sums A_n^T A_n, a function of A itself, so clipping A
-    (issue 29's proposal, Delta = C^2, independent of the state) is the direct choice.  It
+    (the first proposal, Delta = C^2, independent of the state) is the direct choice.  It
     is a poor one in practice: A carries the whole learned adapter (A_prev, public, plus
     this round's change), so either C >= ||A_prev||_F every round, and the noise z C^2 / m
     is relative to the whole model rather than to the round's change, or clipping shrinks

@@ -7,7 +7,7 @@ layers of ||A_new - Σ wₙ Aₙ||_F / ||A_new - A_prev||_F). With N r > r (ever
 federation) the paper's Procrustes over all r' = N r rows can land close to the plain
 mean, which would make FLoRG FedAvg on A in effect; this key measures it in every run.
 
-Clients of different rank (issue 30): once a reply's A has r_n rows other than the global
+Clients of different rank: once a reply's A has r_n rows other than the global
 state's r_max, every later round runs ``strategies.florg.ranks_torch`` for every layer:
 Q = Σ wₙ AₙᵀAₙ through the thin stack of all Σ rₙ rows, one decomposition per layer, and
 for each rank r_t in use (r_max, every client rank seen) the factor of rank r_t aligned by
@@ -73,7 +73,7 @@ class FLoRGStrategy(AdapterStrategy):
         self.fingerprint = fingerprint
         self.rank_mismatch = check_rank_mismatch(rank_mismatch)
         self.server_device = resolve_server_device(server_device)  # 'cuda' without a GPU fails
-        # rank r_t < r_max -> {'<layer>.A': the factor of rank r_t} (issue 30; empty while
+        # rank r_t < r_max -> {'<layer>.A': the factor of rank r_t} (empty while
         # every client has r_max, the homogeneous run)
         self.factors_by_rank: dict[int, dict[str, np.ndarray]] = {}
 
