@@ -254,6 +254,29 @@ def _stream_process(proc: subprocess.Popen[str], sink: IO[str] | None, lines: li
                 sink.flush()
 
 
+def validate_run_config(
+    app_dir: Path | str,
+    run_config: Mapping[str, Any] | None,
+    validate: Callable[[dict[str, Any]], None] | None = None,
+    *,
+    check_keys: bool = True,
+) -> dict[str, Any]:
+    """The effective run config of ``run_config``'s overrides on the app's defaults, after
+    the checks ``run_flower_app`` makes before it submits anything: unknown keys
+    (``check_keys``), each value's TOML type, then ``validate`` on the whole."""
+    app_dir = Path(app_dir).expanduser().resolve()
+    overrides = flatten_run_config(run_config or {})
+    if check_keys:
+        effective = check_run_config_keys(app_dir, overrides)
+    else:
+        effective = {**app_run_config(app_dir), **overrides}
+    for key, value in overrides.items():
+        check_run_config_value(key, value)
+    if validate is not None:
+        validate(dict(effective))
+    return dict(effective)
+
+
 def run_flower_app(
     app_dir: Path | str,
     connection: str | None,
@@ -289,14 +312,7 @@ def run_flower_app(
     overrides = flatten_run_config(run_config or {})
 
     # 1. Validate before launching.
-    if check_keys:
-        effective = check_run_config_keys(app_dir, overrides)
-    else:
-        effective = {**app_run_config(app_dir), **overrides}
-    for key, value in overrides.items():
-        check_run_config_value(key, value)
-    if validate is not None:
-        validate(dict(effective))
+    validate_run_config(app_dir, overrides, validate, check_keys=check_keys)
 
     # 2. Resolve the connection early for a clear error message.
     if not (flwr_home / CONFIG_FILE_NAME).exists():

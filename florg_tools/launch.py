@@ -45,6 +45,7 @@ from florg_tools.flwr_cli import (
     connection_names,
     resolve_flwr_home,
     run_flower_app,
+    validate_run_config,
 )
 from florg_tools.flwr_home import (
     CONFIG_FILE_NAME,
@@ -135,7 +136,7 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="MODULE:FUNCTION",
         help="callable receiving the effective run config; raise to refuse the launch "
-        "(default: flower_app.config:resolve_config)",
+        "(default: flower_app.launch_checks:check_run)",
     )
     parser.add_argument(
         "--ephemeral-superlink",
@@ -190,9 +191,12 @@ def _main(argv: list[str] | None) -> int:
     sink = None if args.quiet else sys.stdout
     try:
         run_config = collect_run_config(args)
-        default_validator = "flower_app.config:resolve_config" if is_this_app(args.app) else None
+        # this app's: the settings and the names they refer to (task, model, data, modules)
+        default_validator = "flower_app.launch_checks:check_run" if is_this_app(args.app) else None
         spec = args.validate_with or default_validator
         validate = _load_validator(spec) if spec else None
+        # refused before anything starts (no SuperLink, no run folder)
+        validate_run_config(args.app, run_config, validate)
         if args.ephemeral_superlink:
             with tempfile.TemporaryDirectory(prefix="flwr-home-") as tmp:
                 name, conn = _ephemeral_connection(flwr_home, args.connection)

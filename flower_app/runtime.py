@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from flower_app.adapted import AdaptedModel
 from flower_app.adapters.targets import AdapterSettingError
-from flower_app.config import DEFAULTS, MODEL, ConfigError, RunConfig
+from flower_app.config import MODEL, ConfigError, RunConfig
 from flower_app.disk_cache import disk_cached_model
 from flower_app.modeling import pick_device
 from flower_app.precision import (
@@ -37,8 +37,7 @@ def cached_adapted_model(
     flower_app/task_kinds/) and the run's adapter (on the kind's ``default_target_modules``
     when ``target-modules`` is left at its default); bad adapter settings raise ConfigError."""
     task_kind = get_kind(kind)
-    if task_kind.default_target_modules and config.target_modules == DEFAULTS["target-modules"]:
-        config = replace(config, target_modules=task_kind.default_target_modules)
+    config = replace(config, target_modules=task_kind.target_modules(config))
     tokenizer = cached_tokenizer(config.model)
     device = pick_device(config.device)
     # The precision settings (flower_app/precision.py): refused before loading where this

@@ -16,6 +16,7 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
 from flower_app.config import ConfigError, RunConfig, resolve_config
+from flower_app.launch_checks import check_names
 from flower_app.modeling import pick_device, resolve_model_source
 from flower_app.rank_settings import server_model_config
 from flower_app.records import from_array_record, to_array_record
@@ -129,6 +130,7 @@ def save_final(config: RunConfig, evaluator: GlobalEvaluator, arrays: ArrayRecor
 def main(grid: Grid, context: Context) -> None:
     config = resolve_config(context.run_config)  # unknown keys / bad values fail here
     install_console(config.log_level)  # Flower's per-round record dumps at DEBUG
+    check_names(config)  # a task, model, data or module that does not exist: no run folder
     run_dir = make_run_dir(config)  # inside the operator's output root (flower_app/paths.py)
     checkpoint = None
     if config.resume:

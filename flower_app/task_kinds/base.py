@@ -108,6 +108,15 @@ class TaskKind(ABC):
         of them is what ``training_loss`` gets). Bad settings raise ConfigError."""
 
     # ----------------------------------------------------------------- model and training
+    def target_modules(self, config: RunConfig) -> str:
+        """The modules the run's adapter targets: ``target-modules``, or this kind's own
+        (``default_target_modules``) while the setting holds its default."""
+        from flower_app.config import DEFAULTS
+
+        if self.default_target_modules and config.target_modules == DEFAULTS["target-modules"]:
+            return self.default_target_modules
+        return config.target_modules
+
     @abstractmethod
     def load_model(
         self,
