@@ -64,11 +64,13 @@ def generated_table() -> str:
 DOC_PREAMBLE = """\
 # Settings
 
-<!-- Generated from flower_app/config.py (RunConfig) by `python -m florg_tools.settings
---write`; edit the schema (or this preamble, florg_tools/settings.py) there, not here. -->
+<!-- Generated from RunConfig (flower_app/config.py, flower_app/settings/) by
+`python -m florg_tools.settings --write`; edit the schema (or this preamble,
+florg_tools/settings.py) there, not here. -->
 
-Every run setting is one field of `RunConfig` in `flower_app/config.py`: its default, the
-check of its values, its help and the cached artefacts it affects. This page and the
+Every run setting is one field of `RunConfig` (`flower_app/config.py`), declared in the group
+of its concern in `flower_app/settings/`: its default, the check of its values, its help and
+the cached artefacts it affects. This page and the
 `[tool.flwr.app.config]` table of `pyproject.toml` are generated from it by
 `python -m florg_tools.settings --write`; `python -m florg_tools.settings --check` (and
 `tests/test_settings_doc.py`, `tests/test_config.py`) fail when either is out of date.

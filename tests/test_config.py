@@ -25,11 +25,11 @@ from flower_app.config import (
     RunConfig,
     keys_affecting,
     resolve_config,
-    setting,
     settings_for,
     to_attr,
 )
 from flower_app.runtime import cached_adapted_model
+from flower_app.settings import setting
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = sorted(p.stem for p in CONF_DIR.glob("*.toml"))

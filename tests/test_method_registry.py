@@ -148,7 +148,7 @@ def test_each_method_builds_its_strategy_from_the_run_settings(tmp_path):
 
 
 # A new strategy option of one method (docs/adding-a-strategy-option.md): FLoRG's L/R
-# fingerprint check made optional. One setting in flower_app/config.py ...
+# fingerprint check made optional. One setting in its group (flower_app/settings/) ...
 NEW_SETTING = """    florg_check_fingerprint: bool = setting(
         True, "FLoRG: reject a client whose L/R fingerprint differs", affects=()
     )
@@ -181,7 +181,7 @@ def test_a_new_strategy_option_is_one_setting_plus_its_use_in_the_method_module(
     app = tmp_path / "app"
     for part in ("flower_app", "strategies"):
         shutil.copytree(ROOT / part, app / part, ignore=shutil.ignore_patterns("__pycache__"))
-    config_py = app / "flower_app" / "config.py"
+    config_py = app / "flower_app" / "settings" / "model_and_data.py"
     text = config_py.read_text()
     anchor = "    lora_init: str = setting(\n"
     assert text.count(anchor) == 1
@@ -195,7 +195,7 @@ def test_a_new_strategy_option_is_one_setting_plus_its_use_in_the_method_module(
         for path in app.rglob("*.py")
         if path.read_text() != (ROOT / path.relative_to(app)).read_text()
     )
-    assert changed == ["flower_app/config.py", "strategies/florg/method.py"]
+    assert changed == ["flower_app/settings/model_and_data.py", "strategies/florg/method.py"]
     out = subprocess.run(
         [sys.executable, "-c", CHECK_NEW_OPTION], cwd=app, capture_output=True, text=True
     )

@@ -1,0 +1,196 @@
+"""Settings: the federation's rounds, local training, precision, evaluation, screening and
+privacy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flower_app.config_checks import (
+    PRECISIONS,
+    QUANTIZATIONS,
+    at_least_one,
+    fraction,
+    non_negative,
+    one_of,
+    open_unit_interval,
+    positive,
+)
+from flower_app.settings import MODEL, setting
+
+
+@dataclass(frozen=True)
+class FederationSettings:
+    """Settings: the federation: rounds, sampling, weighting and the methods' server options."""
+
+    num_server_rounds: int = setting(5, "federated rounds", check=positive, affects=())
+    fraction_train: float = setting(
+        1.0, "fraction of nodes sampled per round", check=fraction, affects=()
+    )
+    min_train_nodes: int = setting(2, "minimum nodes sampled per round", check=positive, affects=())
+    min_available_nodes: int = setting(
+        2, "nodes to wait for before a round", check=positive, affects=()
+    )
+    aggregation_weights: str = setting(
+        "uniform",
+        "client weights",
+        check=one_of("uniform", "num-examples"),
+        affects=(),
+    )
+    server_device: str = setting(
+        "auto",
+        "FLoRG server step device",
+        check=one_of("auto", "cpu", "cuda"),
+        affects=(),
+    )
+    rank_mismatch: str = setting(
+        "procrustes",
+        "FLoRG when r' > r: Procrustes over all r' rows, or top-r eigenpairs then Procrustes",
+        check=one_of("procrustes", "truncate"),
+        affects=(),
+    )
+    fedex_residual: str = setting(
+        "dense",
+        "FedEx residual transport",
+        check=one_of("dense", "factored"),
+        affects=(MODEL,),
+    )
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """Settings: local training on each client."""
+
+    local_epochs: int = setting(1, "local epochs per round", check=positive, affects=())
+    local_steps: int = setting(
+        0,
+        "local steps per round (0 = use local-epochs)",
+        check=non_negative,
+        affects=(),
+    )
+    batch_size: int = setting(16, "local batch size", check=positive, affects=())
+    learning_rate: float = setting(
+        1e-3, "AdamW learning rate of the adapter", check=positive, affects=()
+    )
+    head_learning_rate: float = setting(
+        0.0,
+        "AdamW learning rate of the task head and any other trained non-adapter "
+        "parameter (0 = learning-rate)",
+        check=non_negative,
+        affects=(),
+    )
+    lr_schedule: str = setting(
+        "constant",
+        "per-round learning rate: 'constant', or 'cosine' from learning-rate in round 1 "
+        "to min-learning-rate in the last (FlowerTune's; the head's rate scales alike)",
+        check=one_of("constant", "cosine"),
+        affects=(),
+    )
+    min_learning_rate: float = setting(
+        0.0,
+        "lr-schedule=cosine: the rate of the last round (<= learning-rate)",
+        check=non_negative,
+        affects=(),
+    )
+    weight_decay: float = setting(0.0, "AdamW weight decay", check=non_negative, affects=())
+    device: str = setting(
+        "auto",
+        "torch device for training",
+        check=one_of("auto", "cpu", "cuda"),
+        affects=(),
+    )
+
+
+@dataclass(frozen=True)
+class PrecisionSettings:
+    """Settings: memory and speed for large models (flower_app/precision.py)."""
+
+    precision: str = setting(
+        "fp32",
+        "dtype of the frozen base weights and of the forward pass (autocast); the trained "
+        "adapter and head stay float32, fp16 steps use a GradScaler",
+        check=one_of(*PRECISIONS),
+        affects=(MODEL,),
+    )
+    gradient_checkpointing: bool = setting(
+        False,
+        "recompute activations in the backward pass (non-reentrant) to save memory",
+        affects=(MODEL,),
+    )
+    quantization: str = setting(
+        "none",
+        "load the frozen base through bitsandbytes (4bit: NF4, double quant, compute dtype "
+        "of precision; 8bit: LLM.int8); needs CUDA and bitsandbytes",
+        check=one_of(*QUANTIZATIONS),
+        affects=(MODEL,),
+    )
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    """Settings: evaluation: when the server and the clients score."""
+
+    client_eval: str = setting(
+        "auto",
+        "clients evaluate each round",
+        check=one_of("auto", "on", "off"),
+        affects=(),
+    )
+    eval_every: int = setting(
+        1,
+        "validation rounds: 0, every N-th and the last 3 (0 = last 3 only)",
+        check=non_negative,
+        affects=(),
+    )
+    test_every: int = setting(
+        5,
+        "test rounds: 0, every N-th and the last 3 (0 = last 3 only)",
+        check=non_negative,
+        affects=(),
+    )
+    eval_batch_size: int = setting(64, "evaluation batch size", check=positive, affects=())
+
+
+@dataclass(frozen=True)
+class ScreeningSettings:
+    """Settings: robustness: update screening (docs/faults.md)."""
+
+    screen_updates: bool = setting(
+        True, "reject outlier updates, clip claimed num-examples", affects=()
+    )
+    screen_kappa: float = setting(
+        10.0,
+        "screening: outlier above kappa x the median",
+        check=at_least_one,
+        affects=(),
+    )
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    """Settings: privacy: central differential privacy (docs/privacy.md)."""
+
+    dp: str = setting(
+        "off",
+        "differential privacy: 'central' = the server clips each client's update and noises "
+        "the aggregate, user-level (epsilon, delta) in metrics.jsonl's dp-epsilon",
+        check=one_of("off", "central"),
+        affects=(),
+    )
+    dp_clipping_norm: float = setting(
+        1.0,
+        "dp=central: L2 bound C on each client's update per round (adapter and head jointly)",
+        check=positive,
+        affects=(),
+    )
+    dp_noise_multiplier: float = setting(
+        1.0,
+        "dp=central: noise multiplier z (Gaussian noise std z x the sensitivity, on the sum)",
+        check=positive,
+        affects=(),
+    )
+    dp_delta: float = setting(
+        1e-5,
+        "dp=central: the delta epsilon is reported at; set it well below 1 / the number of clients",
+        check=open_unit_interval,
+        affects=(),
+    )

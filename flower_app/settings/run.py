@@ -1,0 +1,65 @@
+"""Settings: the run folder, resuming and the console; the testing-only fault injection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flower_app.config_checks import (
+    folder_name_or_empty,
+    non_negative,
+    one_of,
+    positive,
+)
+from flower_app.settings import setting
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """Settings: the run folder, resuming, the console and tracking."""
+
+    output_dir: str = setting("outputs", "folder for run outputs", affects=())
+    run_name: str = setting(
+        "",
+        "run folder name ('' = timestamp-method-task)",
+        check=folder_name_or_empty,
+        affects=(),
+    )
+    resume: str = setting("", "run folder to continue from its last checkpointed round", affects=())
+    save_client_updates: bool = setting(
+        False, "also save every round's client updates (.npz)", affects=()
+    )
+    progress_bar: bool = setting(False, "show a progress bar during local training", affects=())
+    log_level: str = setting(
+        "info",
+        "debug: Flower's full records too",
+        check=one_of("info", "debug"),
+        affects=(),
+    )
+    tensorboard: str = setting(
+        "auto", "<run>/tensorboard/ events", check=one_of("auto", "on", "off"), affects=()
+    )
+
+
+@dataclass(frozen=True)
+class TestingSettings:
+    """Settings for the tests only, never in a real run: fault injection
+    (flower_app/client/faults.py)."""
+
+    fault_partition: int = setting(
+        -1, "testing: this partition id misbehaves (-1 = none)", affects=()
+    )
+    fault_kind: str = setting(
+        "raise",
+        "testing: how it misbehaves (scale: adapter x fault-scale; claim: fault-scale examples)",
+        check=one_of("raise", "nan", "shape", "scale", "claim"),
+        affects=(),
+    )
+    fault_scale: float = setting(
+        10.0,
+        "testing: factor of 'scale', count of 'claim'",
+        check=positive,
+        affects=(),
+    )
+    fault_server_round: int = setting(
+        0, "testing: ServerApp dies after round N", check=non_negative, affects=()
+    )
