@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flower_app import disk_cache, task_data
+from flower_app import cache_keys, disk_cache, task_data
 from flower_app.config import DATA, MODEL, SCHEMA, TOKENISATION, resolve_config, to_attr
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, tokenized_split
@@ -168,11 +168,11 @@ def test_a_cache_key_covers_the_builder_code_it_imports(tmp_path, monkeypatch):
     (pkg / "sub" / "helper.py").write_text("from . import deep\n")
     (pkg / "sub" / "deep.py").write_text("import torch\nX = 1\n")
     (pkg / "unrelated.py").write_text("Y = 1\n")
-    monkeypatch.setattr(disk_cache, "_ROOT", tmp_path)
+    monkeypatch.setattr(cache_keys, "_ROOT", tmp_path)
 
     def code_hash() -> str:
-        disk_cache._code_hash.cache_clear()
-        return disk_cache._code_hash("flower_app.builder")
+        cache_keys._code_hash.cache_clear()
+        return cache_keys._code_hash("flower_app.builder")
 
     first = code_hash()
     (pkg / "unrelated.py").write_text("Y = 2\n")
@@ -192,11 +192,11 @@ def test_a_cache_key_covers_the_builder_code_it_imports(tmp_path, monkeypatch):
     fourth = code_hash()
     (pkg / "sub" / "plugin.py").write_text("P = 2\n")
     assert code_hash() != fourth
-    disk_cache._code_hash.cache_clear()
+    cache_keys._code_hash.cache_clear()
 
 
 def test_the_real_builders_code_hashes_cover_their_modules():
-    files = disk_cache._code_files
+    files = cache_keys._code_files
     model = {str(p.relative_to(ROOT)) for p in files("flower_app.runtime").values()}
     data = {str(p.relative_to(ROOT)) for p in files("flower_app.task_data").values()}
     assert {
@@ -215,7 +215,7 @@ def _racing_parse(monkeypatch, path: Path, failures: int, message: str) -> list[
     """Make ``ast.parse`` of ``path`` fail ``failures`` times with ``message``, as the
     CPython 3.11 race does, then parse for real (other files, pytest's own included, parse
     as ever); returns the count of parses of ``path`` (one element)."""
-    real_parse = disk_cache.ast.parse
+    real_parse = cache_keys.ast.parse
     calls = [0]
 
     def parse(source, filename="<unknown>", *args, **kwargs):
@@ -225,7 +225,7 @@ def _racing_parse(monkeypatch, path: Path, failures: int, message: str) -> list[
                 raise SystemError(message)
         return real_parse(source, filename, *args, **kwargs)
 
-    monkeypatch.setattr(disk_cache.ast, "parse", parse)
+    monkeypatch.setattr(cache_keys.ast, "parse", parse)
     return calls
 
 
@@ -234,20 +234,20 @@ RACE = "AST constructor recursion depth mismatch (before=45, after=379)"
 
 def test_a_parse_failed_by_another_threads_ast_race_is_parsed_again(monkeypatch):
     path = ROOT / "flower_app" / "runtime.py"
-    expected = disk_cache._imports("flower_app.runtime", path)
-    calls = _racing_parse(monkeypatch, path, disk_cache._PARSE_TRIES - 1, RACE)
-    assert disk_cache._imports("flower_app.runtime", path) == expected
-    assert calls[0] == disk_cache._PARSE_TRIES
+    expected = cache_keys._imports("flower_app.runtime", path)
+    calls = _racing_parse(monkeypatch, path, cache_keys._PARSE_TRIES - 1, RACE)
+    assert cache_keys._imports("flower_app.runtime", path) == expected
+    assert calls[0] == cache_keys._PARSE_TRIES
 
 
 def test_a_persistent_race_or_another_system_error_is_raised(monkeypatch):
     path = ROOT / "flower_app" / "runtime.py"
-    _racing_parse(monkeypatch, path, disk_cache._PARSE_TRIES, RACE)
+    _racing_parse(monkeypatch, path, cache_keys._PARSE_TRIES, RACE)
     with pytest.raises(SystemError, match="recursion depth mismatch"):
-        disk_cache._imports("flower_app.runtime", path)
+        cache_keys._imports("flower_app.runtime", path)
     calls = _racing_parse(monkeypatch, path, 1, "some other interpreter error")
     with pytest.raises(SystemError, match="some other"):
-        disk_cache._imports("flower_app.runtime", path)
+        cache_keys._imports("flower_app.runtime", path)
     assert calls[0] == 1
 
 
