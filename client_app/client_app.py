@@ -4,7 +4,7 @@ Everything method-specific comes from the method registry (strategies/). State a
 node keeps between rounds lives in its Flower ``Context`` (per run): a method's personal
 parts (``Method.local``) and whatever its hook keeps (``receive_on_client``). A
 resumed run (flower_app/server/checkpoint.py) is a new Flower run with fresh contexts:
-FedEx-LoRA's server then re-sends every residual; personal parts are read back from the
+a method's strategy re-sends what the node must fold again; personal parts are read back from the
 node's disk when the node operator sets ``$FLORG_NODE_STATE_DIR``
 (flower_app/client/node_state.py), else they restart from zero.
 
@@ -103,7 +103,7 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def personalised_evaluate(msg: Message, context: Context) -> Message:
-    """Evaluate the global arrays plus this node's own state (FedSA-LoRA's B) on its share
+    """Evaluate the global arrays plus this node's own state (``Method.local``) on its share
     of the validation split (partitioned like the training data): the task's metrics
     (accuracy, or exact-match and f1), loss, score and num-examples.
 

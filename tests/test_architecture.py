@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import re
 import subprocess
 import sys
 import tomllib
@@ -284,3 +285,46 @@ def test_a_clientapp_process_loads_no_server_module_and_the_reverse():
         )  # fmt: skip
         loaded = ast.literal_eval(out.stdout)  # a printed list of module names
         assert loaded and not [m for m in loaded if other_side(m)], (app, loaded)
+
+
+def test_no_runtime_module_is_longer_than_400_lines():
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for package in RUNTIME_PACKAGES
+        for path in _modules(package)
+        if (n := len(path.read_text().splitlines())) > 400
+    ]
+    assert not long, long
+
+
+# Method names that are also the names of users' settings and values, kept as they are so
+# that commands and published run configs keep working: the FedEx residual's transport and
+# FeDeRA's LoRA initialisation.
+SETTING_NAMES = ("fedex-residual", "fedex_residual", "federa-svd", "FedEx residual transport")
+
+
+def test_a_method_is_named_only_in_its_own_folder_and_the_registry():
+    """Everything else reads a method's flags and hooks from its ``Method``."""
+    from strategies.registry import METHOD_FOLDERS
+
+    offenders = []
+    for folder in METHOD_FOLDERS:
+        # the folder's name, its method's name and its short name (fedex, fedsa, ...); not
+        # "florg" alone, the project's own name
+        words = {folder, folder.replace("_", "-"), folder.split("_")[0]} - {"florg"}
+        if not words:  # the florg folder: its method is the project's name
+            continue
+        alternatives = "|".join(rf"\b{re.escape(w)}\b" for w in sorted(words))
+        pattern = re.compile(alternatives, re.IGNORECASE)
+        for package in RUNTIME_PACKAGES:
+            for path in _modules(package):
+                relative = path.relative_to(ROOT).as_posix()
+                if relative.startswith(f"strategies/{folder}/") or relative == (
+                    "strategies/registry.py"
+                ):
+                    continue
+                text = path.read_text()
+                for name in SETTING_NAMES:
+                    text = text.replace(name, "")
+                offenders += [f"{relative}: {m.group(0)}" for m in pattern.finditer(text)]
+    assert not offenders, offenders

@@ -6,8 +6,8 @@ update s * B A, s = alpha / r (PEFT's ``LoraConfig``/``get_peft_model``).
 Initialisations:
 - ``default``: B = 0 and A ~ U(-1/sqrt(d_in), 1/sqrt(d_in)) (PEFT's kaiming-uniform
   bound) drawn from (seed, module name), so every node holds the same A without
-  any broadcast; FFA-LoRA freezes exactly this A.
-- ``federa-svd``: FeDeRA's idea (Yan et al., 2024): start from the principal
+  any broadcast; a method that freezes A (``Method.frozen``) freezes exactly this A.
+- ``federa-svd``: the SVD initialisation of Yan et al. (2024): start from the principal
   singular triplets of W0, B = U_r sqrt(S_r / s), A = sqrt(S_r / s) V_r^T, and freeze
   the residual W0 - s B A so the model's output is unchanged at the start.  This is
   PEFT's ``init_lora_weights="pissa"``; the SVD is deterministic given W0.

@@ -46,8 +46,8 @@ sent + clipped updates + noise = sent + ``noised_mean``.  The tests hold ``clip_
   reproduced in tests, and it is rounded to the array's dtype.  FLoRG's noise is also not
   iid over the released matrix (it is symmetric), which no Flower helper draws.
 - the wrapper itself cannot wrap this app's strategies: it clips whole ArrayRecords and
-  noises the output of the inner strategy's ``aggregate_train``, which for FeDeRA and FLoRG
-  is a non-linear function of the replies (noise after an SVD or a Procrustes step is not
+  noises the output of the inner strategy's ``aggregate_train``, which for the SVD and Gram
+  rules is a non-linear function of the replies (noise after an SVD or a Procrustes step is not
   the Gaussian mechanism on a bounded-sensitivity statistic), and its accounted mode
   accepts only ``FedAvg.aggregate_train`` itself.
 - layering: ``strategies/*.py`` are the framework-free numpy rules (no flwr import), and the

@@ -321,7 +321,7 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
 
     # -- central differential privacy (docs/privacy.md) -----------------------------------
     # Why not Flower's DifferentialPrivacyServerSideFixedClipping: it wraps a strategy's
-    # aggregate_train and noises its OUTPUT, which for FeDeRA and FLoRG is a non-linear
+    # aggregate_train and noises its OUTPUT, which for the SVD and Gram rules is a non-linear
     # function of the replies (an SVD, an eigendecomposition and Procrustes), so the noise
     # would not be the Gaussian mechanism on a statistic of bounded sensitivity; it would
     # also clip before this strategy's reply checks, and its accounted mode accepts only

@@ -1,4 +1,4 @@
-"""FedEx-LoRA: FedIT's averages of A and B, plus the exact residual
+"""FedEx-LoRA: the separate averages of A and B, plus the exact residual
 ``Σ wₙBₙAₙ − B̄Ā`` that every client folds into its frozen W0 (``strategies/fedex_lora/rule.py``).
 
 The server keeps each round's residual and sends a node, with its next training message,
@@ -22,7 +22,7 @@ from strategies.method import Method
 # residual) with residual = sum_n w_n B_n A_n - avg(B) avg(A), folded into W0 so that the
 # model equals the exact mean of the products. The residual is quadratic in each client's
 # factors: its sensitivity is that of the product update B_n A_n - B A = dB A + B dA + dB dA,
-# a second Gaussian release on a dense d_out x d_in matrix. Unlike FeDeRA and FLoRG, which
+# a second Gaussian release on a dense d_out x d_in matrix. Unlike the SVD and Gram rules, which
 # truncate to rank r after the noise, FedEx keeps the residual exactly, so full-rank noise
 # of Frobenius norm ~ sigma sqrt(d_out d_in) would enter W0 every round and never leave.
 FEDEX_REFUSAL = (
@@ -35,8 +35,8 @@ FEDEX_REFUSAL = (
     "entries, norm ~ z C sqrt(d_out d_in) / m per layer, about 1000 x the signal bound "
     "C / m at d = 1024, z = 1) would accumulate in W0 as a random walk. A correct variant exists "
     "(clip (dB, dA, B_n A_n - B A) jointly, noise all three, residual by post-processing) "
-    "but it is dense-noise DP fine-tuning of W0, not FedEx's exact aggregation; use fedit, "
-    "federa or florg with dp=central"
+    "but it is dense-noise DP fine-tuning of W0, not FedEx's exact aggregation; use a method "
+    "with a mechanism (florg among them) with dp=central"
 )
 CUMULATIVE = "fedex-cumulative-residual"  # the client's context: float64 dense residuals
 FOLDED_ROUND = "fedex-residual-round"  # the client's context: last round folded

@@ -9,7 +9,7 @@ Our improvement sends it as exact factors of rank <= (N + 1) r:
 
     residual = P Q,   P = [B_s, -avg(B)]  (d_out x (N+1) r),   Q = [A_s; avg(A)]  ((N+1) r x d_in)
 
-with B_s, A_s the sqrt(w)-weighted stacks of strategies.federa.rule.
+with B_s, A_s the sqrt(w)-weighted stacks of strategies.common.low_rank.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """FlexLoRA (Bai et al., 2024): LoRA clients of different rank; the server averages the
 products BₙAₙ (as factors, never d_out x d_in) and hands each client the truncated SVD at
 its rank, singular values split symmetrically (``strategies/flexlora/rule.py``).  With equal
-ranks: FeDeRA's SVD re-factoring of the weighted product."""
+ranks: the SVD re-factoring of the weighted product."""
 
 from __future__ import annotations
 

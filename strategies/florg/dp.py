@@ -1,4 +1,4 @@
-"""The Gram mechanism of central DP (FLoRG, its no-Procrustes ablation, florg-signed),
+"""The Gram mechanism of central DP (FLoRG, its no-Procrustes ablation and its sign-block variant),
 numpy reference: clip each client's update A_n - A_prev (with its head update) jointly,
 release the noised mean Gram matrix (Analyze-Gauss noise, symmetric), decompose it, keep
 the top r, align by Procrustes (docs/privacy.md section 4).  The batched torch path the
@@ -325,7 +325,7 @@ def private_florg_layers(
     (with ``prev_A=prev_As`` when ``centred``; verified here).  One Delta for all layers
     (``florg_sensitivity`` over the whole ``prev_As`` when centred, C^2 otherwise), noise
     drawn by ``layer_noise``, Q^_l by ``noised_mean_gram``, then
-    ``florg_private_step`` per layer.  florg-signed: pass each sign block of each layer as
+    ``florg_private_step`` per layer.  A sign-block variant: pass each sign block of each layer as
     its own entry (its blocks partition A's rows, so the joint bound is the same).
     Returns (layer -> new A, layer -> info, with ``noise_std``, the std on Q^'s entries).
     """

@@ -19,7 +19,7 @@ class FLoRG(Method):
     procrustes: bool = True
 
     def strategy_class(self) -> type:
-        """The strategy ``build_strategy`` calls (florg-signed: its per-sign-block step)."""
+        """The strategy ``build_strategy`` calls (a variant may return its own)."""
         from strategies.florg.strategy import FLoRGStrategy
 
         return FLoRGStrategy

@@ -1,6 +1,7 @@
 """HetLoRA (Cho et al., 2024): LoRA clients of different rank; the server averages the
 factors zero-padded to the largest rank and each client keeps the top r_n rows of A and
-columns of B (``strategies/hetlora/rule.py``).  With equal ranks: FedIT."""
+columns of B (``strategies/hetlora/rule.py``).  With equal ranks: the separate
+weighted means of A and B."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ HETLORA = HetLoRA(
     adapter="lora",
     shared=("A", "B"),
     heterogeneous_ranks=True,
-    # dp=central needs one common rank (refused with client-ranks); then HetLoRA is FedIT
+    # dp=central needs one common rank (refused with client-ranks); then HetLoRA averages A and B
     # and the mean mechanism its private round
     dp_mechanism="mean",
 )
