@@ -40,6 +40,23 @@ def test_common_split_scores_are_a_plain_mean_over_clients_own_shares_are_weight
     assert strategy.round_metrics[3]["personalized-test-score"] == pytest.approx(0.7)
 
 
+def test_the_mean_over_clients_does_not_depend_on_the_order_replies_arrive_in():
+    """Bit for bit: the rows are summed in partition order, as the training aggregate."""
+    # values whose float sum depends on the order: (1e16 + 1) - 1e16 != (1e16 - 1e16) + 1
+    losses = [1e16, 1.0, -1e16, 0.1, 0.2, 0.3, 0.7]
+    metrics = [
+        {"partition-id": float(p), "num-examples": float(10 + p), "val-loss": loss,
+         "accuracy": loss}
+        for p, loss in enumerate(losses)
+    ]  # fmt: skip
+    results = set()
+    for order in (range(7), reversed(range(7)), (3, 0, 6, 1, 5, 2, 4)):
+        strategy = strategy_for("fedsa-lora", PREV, fingerprint=7)
+        result = strategy.aggregate_evaluate(1, [evaluation_reply(**metrics[i]) for i in order])
+        results.add((result["personalized-val-loss"], result["personalized-accuracy"]))
+    assert len(results) == 1
+
+
 def _record(recorder: RunRecorder, t: int, personal: float | None) -> None:
     evaluation = {"accuracy": 0.5, "loss": 0.7, "score": 0.5}
     evaluation |= {"test-score": 0.5 + t / 100, "test-accuracy": 0.5 + t / 100, "test-loss": 0.7}

@@ -21,7 +21,7 @@ COMMON_SPLIT_PREFIXES = ("test-", "val-")  # metrics on a split every client sco
 def personalised_metrics(server_round: int, replies: Iterable[Message]) -> dict[str, float] | None:
     """The round's ``personalized-*`` metrics and ``personalized-clients``; None when no
     client evaluated (a failed evaluation is logged and left out)."""
-    rows = []
+    rows = []  # (partition id, node id) -> (examples, metrics), in partition order below
     for msg in replies:
         if msg.has_error():
             log.warning(
@@ -33,8 +33,10 @@ def personalised_metrics(server_round: int, replies: Iterable[Message]) -> dict[
             continue
         m = msg.content["metrics"]
         if float(m.get("num-examples", 0)) > 0:
+            order = (float(m.get("partition-id", -1)), msg.metadata.src_node_id)
             rows.append(
                 (
+                    order,
                     float(m["num-examples"]),
                     {
                         k: float(v)
@@ -45,6 +47,9 @@ def personalised_metrics(server_round: int, replies: Iterable[Message]) -> dict[
             )
     if not rows:
         return None
+    # partition order, as the training aggregate: the sums do not depend on the order the
+    # replies arrive in (which would change their last bit from run to run)
+    rows = [(examples, metrics) for _, examples, metrics in sorted(rows, key=lambda r: r[0])]
     n = np.array([r[0] for r in rows])
     keys = sorted(set.intersection(*(set(r[1]) for r in rows)))
     result: dict[str, float] = {}
