@@ -1,0 +1,240 @@
+"""The verdict as a curve over rounds: a tuned, seeded grid's held-out test scores at chosen
+rounds, the paired differences FLoRG − each baseline, and whether the runs converged.
+
+    python -m florg_tools.experiments.long_budget RESULTS [--rounds 20 40 80 160]
+        [--baselines fedit federa] [--last 40] [--plot FILE] [--json FILE]
+
+RESULTS is a grid's results folder: ``runs/<run id>/`` (config.json, metrics.jsonl,
+summary.json) and ``tuning.json`` (the learning rate chosen per method), such as the
+worktree's ``results/evidence-long-snli`` or the published ``evidence/long-snli``. Only a
+method's runs at its chosen learning rate count, one per seed; a method or round without
+runs is left out and said so.
+
+It prints, as markdown:
+
+- **the curve**: at each of ``--rounds``, every method's mean test score with its 95% t
+  interval over seeds, and FLoRG − each baseline paired by seed (mean, interval, wins /
+  losses, verdict);
+- **convergence**: per method, the slope of the validation score over the last ``--last``
+  rounds (least squares per seed, then the mean and 95% t interval over seeds, per 100
+  rounds); an interval above 0 says the method is still rising, so its verdict is not final.
+
+``--plot`` draws test score against round, every method's mean with its interval band;
+``--json`` writes the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from florg_tools.experiments.runs import finished_run
+from florg_tools.experiments.stats import Interval, mean_interval, paired_difference, verdict
+
+REFERENCE = "florg"
+
+
+@dataclass(frozen=True)
+class Run:
+    method: str
+    seed: int
+    rows: list[dict[str, Any]]
+
+    def series(self, key: str) -> dict[int, float]:
+        """round -> the value of ``key`` where the row has one."""
+        return {
+            int(r["round"]): float(r[key])
+            for r in self.rows
+            if isinstance(r.get(key), int | float) and not math.isnan(float(r[key]))
+        }
+
+
+def chosen_runs(results: Path) -> dict[str, dict[int, Run]]:
+    """method -> seed -> its finished run at the method's chosen learning rate
+    (``tuning.json``'s choices, keyed like ``method=florg,task=snli``)."""
+    tuning = json.loads((results / "tuning.json").read_text())
+    key = tuning.get("key", "learning-rate")
+    chosen = {
+        dict(p.split("=", 1) for p in combo.split(","))["method"]: value
+        for combo, value in tuning["choices"].items()
+    }
+    runs: dict[str, dict[int, Run]] = {}
+    for folder in sorted((results / "runs").iterdir()):
+        found = finished_run(folder)
+        if found is None:
+            continue
+        _, config = found
+        method = config["method"]
+        if method not in chosen or config.get(key) != chosen[method]:
+            continue
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        runs.setdefault(method, {})[int(config["seed"])] = Run(method, int(config["seed"]), rows)
+    return runs
+
+
+def scores_at(runs: dict[int, Run], round_: int, key: str = "test-score") -> dict[int, float]:
+    """seed -> ``key`` at ``round_`` (seeds without it left out)."""
+    out = {}
+    for seed, run in runs.items():
+        series = run.series(key)
+        if round_ in series:
+            out[seed] = series[round_]
+    return out
+
+
+def curve(
+    runs: dict[str, dict[int, Run]], rounds: Sequence[int], baselines: Sequence[str]
+) -> list[dict[str, Any]]:
+    """One entry per round: each method's mean test score and FLoRG − each baseline."""
+    table = []
+    for round_ in rounds:
+        entry: dict[str, Any] = {"round": round_, "scores": {}, "differences": {}}
+        for method, by_seed in runs.items():
+            scores = scores_at(by_seed, round_)
+            if scores:
+                entry["scores"][method] = mean_interval(list(scores.values()))
+        reference = scores_at(runs.get(REFERENCE, {}), round_)
+        for baseline in baselines:
+            other = scores_at(runs.get(baseline, {}), round_)
+            seeds = sorted(set(reference) & set(other))
+            if seeds:
+                entry["differences"][baseline] = paired_difference(
+                    [reference[s] for s in seeds], [other[s] for s in seeds]
+                )
+        table.append(entry)
+    return table
+
+
+def slope(points: dict[int, float]) -> float:
+    """Least-squares slope of value against round."""
+    xs, ys = list(points), list(points.values())
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        raise ValueError("a slope needs two rounds or more")
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+
+
+def convergence(runs: dict[str, dict[int, Run]], last: int) -> dict[str, Interval]:
+    """method -> the validation score's slope per 100 rounds over each run's last ``last``
+    rounds, mean and 95% t interval over seeds."""
+    out = {}
+    for method, by_seed in runs.items():
+        slopes = []
+        for run in by_seed.values():
+            series = run.series("score")
+            if not series:
+                continue
+            end = max(series)
+            window = {t: v for t, v in series.items() if t > end - last}
+            if len(window) >= 2:
+                slopes.append(100 * slope(window))
+        if slopes:
+            out[method] = mean_interval(slopes)
+    return out
+
+
+def still_rising(interval: Interval) -> bool:
+    return not math.isnan(interval.low) and interval.low > 0
+
+
+def markdown(
+    table: list[dict[str, Any]], converged: dict[str, Interval], last: int, methods: list[str]
+) -> str:
+    baselines = sorted({b for e in table for b in e["differences"]})
+    head = ["round", *methods, *(f"{REFERENCE} − {b}" for b in baselines)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for entry in table:
+        cells = [str(entry["round"])]
+        cells += [str(entry["scores"][m]) if m in entry["scores"] else "–" for m in methods]
+        for b in baselines:
+            paired = entry["differences"].get(b)
+            cells.append(
+                f"{paired.difference} ({paired.wins}/{paired.losses}, {verdict(paired.difference)})"
+                if paired
+                else "–"
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Validation score's slope per 100 rounds over the last {last} rounds:", ""]
+    lines += ["| method | slope | still rising |", "|---|---|---|"]
+    for method in methods:
+        if method in converged:
+            rising = "yes" if still_rising(converged[method]) else "no"
+            lines.append(f"| {method} | {converged[method]} | {rising} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: dict[str, dict[int, Run]], path: Path) -> None:
+    """Test score against round: every method's mean with its 95% interval band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method, by_seed in sorted(runs.items()):
+        rounds = sorted({t for run in by_seed.values() for t in run.series("test-score")})
+        intervals = [mean_interval(list(scores_at(by_seed, t).values())) for t in rounds]
+        means = [i.mean for i in intervals]
+        ax.plot(rounds, means, label=f"{method} (n = {len(by_seed)})")
+        if all(not math.isnan(i.low) for i in intervals):
+            ax.fill_between(rounds, [i.low for i in intervals], [i.high for i in intervals],
+                            alpha=0.2)  # fmt: skip
+    ax.set_xlabel("round")
+    ax.set_ylabel("held-out test score")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--rounds", type=int, nargs="+", default=[20, 40, 80, 160])
+    parser.add_argument("--baselines", nargs="+", default=["fedit", "federa"])
+    parser.add_argument("--last", type=int, default=40)
+    parser.add_argument("--plot", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    runs = chosen_runs(args.results)
+    if not runs:
+        parser.error(f"{args.results}: no finished run at a chosen learning rate")
+    methods = sorted(runs, key=lambda m: (m != REFERENCE, m))
+    seeds = {m: sorted(by_seed) for m, by_seed in runs.items()}
+    print(f"finished runs at the chosen learning rates, seeds per method: {seeds}\n")
+    table = curve(runs, args.rounds, args.baselines)
+    converged = convergence(runs, args.last)
+    print(markdown(table, converged, args.last, methods), end="")
+    if args.plot:
+        plot(runs, args.plot)
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "seeds": seeds,
+                    "curve": [
+                        {
+                            "round": e["round"],
+                            "scores": {m: asdict(i) for m, i in e["scores"].items()},
+                            "differences": {b: asdict(p) for b, p in e["differences"].items()},
+                        }
+                        for e in table
+                    ],
+                    "convergence": {m: asdict(i) for m, i in converged.items()},
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""The long-budget verdict as a curve (florg_tools/experiments/long_budget.py), on a
+synthetic grid folder whose numbers are known: the chosen runs, the curve's intervals and
+paired differences, the convergence slopes, the markdown and the plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from florg_tools.experiments import long_budget
+from florg_tools.experiments.stats import mean_interval, paired_difference
+
+ROUNDS = 40
+
+
+def write_run(root: Path, method: str, lr: float, seed: int, score) -> None:
+    """A finished run whose test and validation score at round t is ``score(t)``."""
+    folder = root / "runs" / f"learning-rate={lr},method={method},seed={seed},task=snli"
+    folder.mkdir(parents=True)
+    config = {"method": method, "learning-rate": lr, "seed": seed, "task": "snli"}
+    (folder / "config.json").write_text(json.dumps(config))
+    rows = [
+        {"round": t, "score": score(t) if t % 5 == 0 else None,
+         "test-score": score(t) if t % 10 == 0 else None}
+        for t in range(ROUNDS + 1)
+    ]  # fmt: skip
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "summary.json").write_text(json.dumps({"status": "finished"}))
+
+
+@pytest.fixture
+def grid(tmp_path: Path) -> Path:
+    choices = {"method=florg,task=snli": 0.002, "method=fedit,task=snli": 0.001}
+    (tmp_path / "tuning.json").write_text(json.dumps({"key": "learning-rate", "choices": choices}))
+    for seed in range(3):
+        # FLoRG: starts 0.1 behind and catches up linearly, flat over the last 20 rounds
+        write_run(tmp_path, "florg", 0.002, seed, lambda t, s=seed: 0.5 + 0.01 * s
+                  + (0.1 * min(t, 20) / 20) - 0.1)  # fmt: skip
+        # FedIT: flat at 0.5 + 0.01 s, and still rising by 0.001 a round
+        write_run(tmp_path, "fedit", 0.001, seed, lambda t, s=seed: 0.5 + 0.01 * s + 0.001 * t)
+        # a run at a learning rate not chosen: left out
+        write_run(tmp_path, "fedit", 0.004, seed, lambda t: 0.0)
+    return tmp_path
+
+
+def test_the_curve_pairs_seeds_at_each_round(grid):
+    runs = long_budget.chosen_runs(grid)
+    assert sorted(runs) == ["fedit", "florg"] and sorted(runs["fedit"]) == [0, 1, 2]
+    table = long_budget.curve(runs, [10, 40], ["fedit", "federa"])
+    at10, at40 = table
+    florg10 = [0.5 + 0.01 * s - 0.05 for s in range(3)]
+    fedit10 = [0.5 + 0.01 * s + 0.01 for s in range(3)]
+    assert at10["scores"]["florg"].mean == pytest.approx(mean_interval(florg10).mean)
+    assert at10["scores"]["florg"].high == pytest.approx(mean_interval(florg10).high)
+    paired = paired_difference(florg10, fedit10)
+    assert at10["differences"]["fedit"].difference.mean == pytest.approx(paired.difference.mean)
+    assert at10["differences"]["fedit"].losses == paired.losses == 3
+    assert "federa" not in at10["differences"]  # no runs of it
+    assert at40["differences"]["fedit"].difference.mean == pytest.approx(-0.04)
+    assert at40["differences"]["fedit"].losses == 3
+
+
+def test_convergence_flags_a_method_still_rising(grid):
+    converged = long_budget.convergence(long_budget.chosen_runs(grid), last=20)
+    assert converged["fedit"].mean == pytest.approx(0.1)  # 0.001 a round = 0.1 per 100
+    assert long_budget.still_rising(converged["fedit"])  # the same slope on every seed
+    assert not long_budget.still_rising(converged["florg"])
+    assert converged["florg"].mean == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_command_prints_the_table_and_writes_plot_and_json(grid, tmp_path, capsys):
+    plot, out = tmp_path / "curve.png", tmp_path / "curve.json"
+    assert long_budget.main([str(grid), "--rounds", "20", "40", "--last", "20",
+                             "--plot", str(plot), "--json", str(out)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "| round | florg | fedit | florg − fedit |" in text
+    assert "| 40 |" in text and "does not hold" in text
+    assert plot.stat().st_size > 0
+    data = json.loads(out.read_text())
+    assert data["seeds"] == {"florg": [0, 1, 2], "fedit": [0, 1, 2]}
+    assert [e["round"] for e in data["curve"]] == [20, 40]
