@@ -218,8 +218,9 @@ def resolve_config(
 
 
 def _check_targets(config: RunConfig) -> None:
-    if not config.targets:
-        raise ConfigError("target-modules: name at least one module")
+    """'' leaves the modules to the task kind; a value given must name one."""
+    if config.target_modules.strip() and not config.targets:
+        raise ConfigError("target-modules: name at least one module, or '' for the task's own")
 
 
 def _check_lr_schedule(config: RunConfig) -> None:

@@ -119,7 +119,10 @@ class AdapterSettings:
     (flower_app/rank_settings.py)."""
 
     target_modules: str = setting(
-        "query,value", "comma-separated module names to adapt", affects=(MODEL,)
+        "",
+        "comma-separated module names to adapt ('' = the task kind's own: query,value; "
+        "q_proj,v_proj for causal-lm); a value given always wins",
+        affects=(MODEL,),
     )
     head_modules: str = setting(
         "", "comma-separated task-head modules ('' = auto)", affects=(MODEL,)

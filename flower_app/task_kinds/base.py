@@ -71,9 +71,9 @@ class TaskKind(ABC):
     name: ClassVar[str]
     score_metric: ClassVar[str]
     metric_names: ClassVar[tuple[str, ...]]
-    # The adapters' targets when ``target-modules`` is left at its default (None: that
-    # default, BERT-style ``query,value``; a decoder kind names ``q_proj,v_proj``).
-    default_target_modules: ClassVar[str | None] = None
+    # The adapters' targets when ``target-modules`` is '' (its default): BERT-style
+    # ``query,value``; a decoder kind names ``q_proj,v_proj``.
+    default_target_modules: ClassVar[str] = "query,value"
     # Whether the task's label column holds classes, so that always guessing the majority
     # class is a chance level (the evidence report's); answers and responses are not.
     has_classes: ClassVar[bool] = False
@@ -109,13 +109,9 @@ class TaskKind(ABC):
 
     # ----------------------------------------------------------------- model and training
     def target_modules(self, config: RunConfig) -> str:
-        """The modules the run's adapter targets: ``target-modules``, or this kind's own
-        (``default_target_modules``) while the setting holds its default."""
-        from flower_app.config import DEFAULTS
-
-        if self.default_target_modules and config.target_modules == DEFAULTS["target-modules"]:
-            return self.default_target_modules
-        return config.target_modules
+        """The modules the run's adapter targets: ``target-modules`` when it names any (a
+        value given always wins), else this kind's own (``default_target_modules``)."""
+        return config.target_modules if config.targets else self.default_target_modules
 
     @abstractmethod
     def load_model(
