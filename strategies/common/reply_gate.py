@@ -41,6 +41,8 @@ class ReplyGate:
         self.screen_kappa = float(screen_kappa)
 
     def turn_off_screening_for_dp(self) -> None:
+        """Under dp=central whether a client is kept must not depend on the other clients
+        (the privacy analysis does not cover it); clipping bounds what one client moves."""
         if self.screen_updates:
             log.info("dp=central: the median-ratio screening is off (docs/privacy.md)")
         self.screen_updates = False

@@ -1,59 +1,37 @@
-"""AdapterStrategy: the Flower Message-API strategy shared by FLoRG and the five baselines.
+"""AdapterStrategy: the Flower Message-API strategy every method runs (or extends).
 
 It samples nodes like FedAvg, then in ``aggregate_train``
   1. drops error replies (a client that died) and logs them,
-  2. rejects, with a logged reason, every malformed reply (``check_reply``: other
-     records, missing or extra keys, a dtype other than float32/float64, a 0-d or
-     3-d or otherwise mis-shaped array, an array whose serialised size exceeds its
-     expected size, NaN/Inf, a ``num-examples`` / ``partition-id`` / ``train-loss``
-     that is not a finite number of the right kind; strategies/common/replies.py), so
-     it is never aggregated,
-  3. screens the rest (``screen-updates``, on by default; docs/faults.md,
-     strategies/common/screening.py): an update whose distance from the global state
-     it started from exceeds kappa times the round's median distance is rejected, and
-     a claimed ``num-examples`` above kappa times the median claim is clipped to it,
+  2. checks every reply (the reply gate, ``reply_gate.py``: a malformed reply, or one at a
+     rank the run cannot aggregate, is rejected with a logged reason, never aggregated),
+  3. screens the rest (``screen-updates``; docs/faults.md): an outlying update is
+     rejected, an outlying ``num-examples`` claim clipped,
   4. weights the rest uniformly (the paper) or by ``num-examples``, in partition order
      (so the result does not depend on the order replies arrive in),
-  5. calls the method's rule (``aggregate_adapter``) and FedAvgs the task head,
-  6. returns the new global arrays with metrics: server aggregation seconds,
-     parameters and bytes actually sent and received this round, train loss, counts of
-     failed / rejected / screened / clipped replies and the rule's diagnostics.
-The rule of step 5 is the method's (``Method.aggregate``).
+  5. runs the method's rule (``Method.aggregate``) and FedAvgs the task head,
+  6. returns the new global arrays with the round's metrics: aggregation seconds,
+     parameters and bytes actually sent and received (``ledger.py``), train loss, counts
+     of failed / rejected / screened / clipped replies and the rule's diagnostics.
 
-Its parts, each in its own module: the reply gate (validation and screening,
-``reply_gate.py``), the rank router (``rank_router.py``), the communication ledger
-(``ledger.py``), the node -> partition ledger (``participation.py``), central DP
-(``central_dp.py``, the method's mechanism) and the run state for checkpoints and resume
-(``run_state.py``).
-
-Clients of different rank (docs/architecture.md): the global state has the run's
-largest rank r_max; a reply declares its client's rank r_n (``rank`` metric), checked
-against the arrays' shapes (every layer's A has r_n rows) and rejected when r_n exceeds k
-or r_max or when the method aggregates one rank only (``heterogeneous_ranks`` false). The
-strategy remembers each node's rank from its replies and from then on sends it the state
-of its own rank (``sent_state``: by default the top r_n rows of A / columns of B of the
-global state; FLoRG its own factor); a node whose rank it does not know yet gets the
-r_max state and keeps the top r_n rows. Screening measures each client from the state it
-was sent. With every rank equal to r_max nothing of this changes a message or a number.
-
-``state_arrays`` / ``state_json`` and ``restore`` carry everything needed to continue a
-run from a checkpoint. The arrays travel as Flower ArrayRecords (flower_app/records.py).
+Its other parts, each in its own module: the rank router (``rank_router.py``: each node's
+rank, learnt from its replies, and the state of its rank it is sent; with every rank equal
+to r_max nothing changes), the node -> partition ledger (``participation.py``), the
+clients' own evaluation (``client_evaluation.py``) and the run state for checkpoints and
+resume (``run_state.py``).
 
 Central differential privacy (``dp=central``, docs/privacy.md): with ``dp`` (a
-``strategies.common.central_dp.CentralDP``) steps 4 and 5 are replaced by the method's
-mechanism (``Method.aggregate_private``): each kept client's contribution (adapter and head
-jointly) is clipped to C and the sum gets Gaussian noise, divided by m = the number of
-clients sampled in the round (a client that failed or was rejected counts as one that did
-not move), then post-processed by the method's rule. The median-ratio screening is off
-under dp=central: whether a client is kept would depend on the other clients, which the
-privacy analysis does not cover, and clipping already bounds what one client moves. Every
-round then records ``dp-epsilon``, and the ledger goes into the checkpoint (``state_json``
-/ ``restore``).
+``central_dp.CentralDP``) steps 4 and 5 become the method's mechanism
+(``Method.aggregate_private``): each kept client's contribution (adapter and head jointly)
+is clipped to C and the sum gets Gaussian noise, divided by m = the number of clients
+sampled in the round (a client that failed or was rejected counts as one that did not
+move), then post-processed by the method's rule. Screening is off under dp=central
+(``ReplyGate.turn_off_screening_for_dp`` says why). Every round records ``dp-epsilon``; the
+ledger goes into the checkpoint.
 
-The strategy never names a method: it reads the method's rule, mechanism and flags
-(``heterogeneous_ranks``, ``dp_mechanism``) from the ``Method`` it is built with. A method
-whose round needs more (FLoRG's batched step and per-rank factors, a residual sent with each
-message) subclasses it in its own folder.
+The strategy never names a method: it reads the rule, the mechanism and the flags from the
+method it is built with (``MethodRules``). A method whose round needs more (FLoRG's
+batched step and per-rank factors, a residual sent with each message) subclasses it in its
+own folder.
 """
 
 from __future__ import annotations
@@ -62,7 +40,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -83,8 +61,31 @@ from strategies.common.run_state import CheckpointedRounds
 from strategies.common.screening import DEFAULT_KAPPA
 from strategies.common.validation import normalize_weights
 
-if TYPE_CHECKING:  # the method builds this strategy (Method.build_strategy)
-    from strategies.method import Method
+
+class MethodRules(Protocol):
+    """What the strategy reads from the method that builds it (``strategies.method.Method``
+    is one; the strategy never imports it, so the dependency runs method -> strategy)."""
+
+    name: str
+    heterogeneous_ranks: bool
+
+    def check_dp_supported(self) -> str: ...
+
+    def aggregate(
+        self,
+        sent: Mapping[str, np.ndarray],
+        payloads: list[dict[str, np.ndarray]],
+        weights: np.ndarray,
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]: ...
+
+    def aggregate_private(
+        self,
+        dp: CentralDP,
+        sent: Mapping[str, np.ndarray],
+        payloads: list[dict[str, np.ndarray]],
+        num_sampled: int,
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]: ...
+
 
 log = logging.getLogger("flwr.florg")  # propagates to Flower's console handler
 
@@ -96,7 +97,7 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
         self,
         initial_state: Mapping[str, np.ndarray],
         *,
-        method: Method,
+        method: MethodRules,
         fraction_train: float = 1.0,
         min_train_nodes: int = 2,
         min_available_nodes: int = 2,
