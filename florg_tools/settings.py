@@ -107,7 +107,8 @@ def is_testing_only(key: str) -> bool:
 def generated_doc() -> str:
     """docs/settings.md: the preamble, then ``| key | default | help | affects |`` rows: the
     run settings in schema order (grouped by concern in flower_app/config.py), then the
-    testing-only keys in a section of their own."""
+    testing-only keys in a section of their own, then the values of ``method``
+    (``method_table``)."""
     lines = [DOC_PREAMBLE.rstrip("\n")]
     sections = (
         ("## Run settings (schema order)", [k for k in SCHEMA if not is_testing_only(k)]),
@@ -124,7 +125,42 @@ def generated_doc() -> str:
             default = tomli_w.dumps({"v": spec.default}).strip().removeprefix("v = ")
             affects = ", ".join(sorted(spec.affects)) or "–"
             lines.append(f"| `{key}` | `{_cell(default)}` | {_cell(spec.help)} | {affects} |")
+    lines += ["", *method_table()]
     return "\n".join(lines) + "\n"
+
+
+def method_table() -> list[str]:
+    """The values of ``method``, one row per registered method (strategies/registry.py):
+    its adapter, what travels, whether clients may differ in rank, its central-DP
+    mechanism."""
+    from strategies.registry import get_method, method_names
+
+    lines = [
+        "## Methods (the values of `method`)",
+        "",
+        "Generated from the method registry (`strategies/registry.py`, one folder each under "
+        "`strategies/`); [usage.md](usage.md#methods) cites each method's paper.",
+        "",
+        "| method | what it does | adapter | travels (besides the head) | client ranks may "
+        "differ | `dp=central` mechanism |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in method_names():
+        m = get_method(name)
+        travels = "shared: " + ", ".join(m.shared)
+        if set(m.trained_parts(1)) != set(m.shared) or set(m.trained_parts(2)) != set(m.shared):
+            ups = " / ".join(",".join(m.trained_parts(t)) for t in (1, 2))
+            travels += f"; up in rounds 1 / 2: {ups}"
+        if m.local:
+            travels += "; kept by each client: " + ", ".join(m.local)
+        if m.frozen:
+            travels += "; frozen: " + ", ".join(m.frozen)
+        mechanism = m.dp_mechanism or "refused"
+        hetero = "yes" if m.heterogeneous_ranks else "no"
+        lines.append(
+            f"| `{name}` | {_cell(m.summary)} | {m.adapter} | {travels} | {hetero} | {mechanism} |"
+        )
+    return lines
 
 
 def _span(text: str) -> tuple[int, int]:

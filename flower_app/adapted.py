@@ -27,7 +27,13 @@ from flower_app.adapters.florg_model import (
     inject_florg,
     set_florg_state,
 )
-from flower_app.adapters.lora import LoRAConfig, get_lora_state, inject_lora, set_lora_state
+from flower_app.adapters.lora import (
+    LoRAConfig,
+    get_lora_state,
+    inject_lora,
+    lora_layers,
+    set_lora_state,
+)
 from flower_app.config import RunConfig
 from strategies.registry import Method, get_method
 
@@ -93,6 +99,21 @@ class AdaptedModel:
             set_florg_state(self.model, dict(arrays))
         else:
             set_lora_state(self.model, arrays, self.method.shared, self.config.train_head)
+
+    def train_parts_of_round(self, server_round: int) -> None:
+        """Train in ``server_round`` exactly the parts the method trains then
+        (``Method.trained_parts``) and its personal parts; freeze the other LoRA factors
+        (a FLoRG adapter trains its one A)."""
+        if self.is_florg:
+            return
+        trained = set(self.method.trained_parts(server_round)) | set(self.method.local)
+        for layer in lora_layers(self.model).values():
+            layer.lora_A["default"].weight.requires_grad_("A" in trained)
+            layer.lora_B["default"].weight.requires_grad_("B" in trained)
+
+    def uplink_state(self, server_round: int) -> dict[str, np.ndarray]:
+        """What this client sends up in ``server_round`` (``Method.uplink``)."""
+        return dict(self.method.uplink(self.shared_state(), server_round))
 
     def fingerprint(self) -> int:
         """FLoRG: 48-bit integer of the L/R fingerprint (fits a float64 metric); else 0."""

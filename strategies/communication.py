@@ -15,6 +15,11 @@ which may depend on N, the number of clients aggregated in the round, and on the
 ``fedex-residual`` transport setting passed as ``residual_mode``).  Bytes are parameters times
 ``bytes_per_param`` (4: arrays travel as float32).
 
+A method that trains some shared parts only in some rounds (``Method.trained_parts``: one
+that alternates B and A, or one whose server re-factorises A after training B) sends up
+those parts only (``Method.up_adapter_params``, which takes the round), and receives every
+shared part down.
+
 Clients of different rank (``client_communication``): a client of rank r_n sends
 up the formula at r_n and receives down the formula at the rank it was sent, r_n once the
 server knows its rank, the run's largest rank r_max before (its first round).  The
@@ -60,20 +65,23 @@ def round_communication(
     num_clients: int = 1,
     residual_mode: str = "dense",
     bytes_per_param: int = 4,
+    server_round: int = 1,
 ) -> RoundCommunication:
-    """Per-client, per-round communication; ``layer_shapes`` maps names to (d_out, d_in)."""
+    """Per-client communication in round ``server_round``; ``layer_shapes`` maps names to
+    (d_out, d_in)."""
     spec = get_method(method)
     if r < 1 or num_clients < 1 or head_params < 0:
         raise ValueError(
             f"need r >= 1, num_clients >= 1, head_params >= 0; "
             f"got r={r}, num_clients={num_clients}, head_params={head_params}"
         )
-    adapter = sum(spec.adapter_params(o, i, r) for o, i in layer_shapes.values())
+    down = sum(spec.adapter_params(o, i, r) for o, i in layer_shapes.values())
+    up = sum(spec.up_adapter_params(o, i, r, server_round) for o, i in layer_shapes.values())
     extra = sum(
         spec.extra_down_params(o, i, r, num_clients, residual_mode)
         for o, i in layer_shapes.values()
     )
-    return RoundCommunication(adapter + head_params, adapter + head_params + extra, bytes_per_param)
+    return RoundCommunication(up + head_params, down + head_params + extra, bytes_per_param)
 
 
 def client_communication(

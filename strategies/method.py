@@ -68,6 +68,8 @@ SUBTRACT_INIT_NEEDS_ONE_RANK = (
     "nodes of different rank would not share W0: with client-ranks or a node-config rank, "
     "set subtract-init=false"
 )
+# The state key suffix of each adapter part ('<layer>.<suffix>', flower_app/records.py).
+PART_KEYS = {"florg": {"A": "A"}, "lora": {"A": "lora_A", "B": "lora_B"}}
 # The parts each adapter can share, with their shape per layer of W0 (d_out x d_in).
 PART_SHAPES = {
     "florg": {"A": lambda d_out, d_in, r: (r, min(d_in, d_out))},
@@ -111,6 +113,24 @@ class Method:
             raise ValueError(f"method {self.name!r}: a shared part cannot be local or frozen")
 
     # -- client side --------------------------------------------------------------------
+    def trained_parts(self, server_round: int) -> tuple[str, ...]:
+        """The shared parts its clients train and send up in round ``server_round`` (all of
+        ``shared`` for most methods; an alternating method trains one part a round, and a
+        method whose server re-factorises a part sends it down without training it). The
+        other shared parts still travel down: a client may have missed the last round."""
+        return self.shared
+
+    def uplink(
+        self, state: Mapping[str, np.ndarray], server_round: int
+    ) -> Mapping[str, np.ndarray]:
+        """What of a state (a client's or the global one) travels up in ``server_round``: the
+        head and the ``trained_parts``; ``state`` itself when every shared part trains."""
+        parts = self.trained_parts(server_round)
+        if set(parts) == set(self.shared):
+            return state
+        left_out = tuple(f".{PART_KEYS[self.adapter][p]}" for p in self.shared if p not in parts)
+        return {k: v for k, v in state.items() if not k.endswith(left_out)}
+
     @property
     def personal(self) -> bool:
         """Whether clients keep parts of their own (then they evaluate by default)."""
@@ -248,7 +268,10 @@ class Method:
         for every method whose rule averages the shared arrays."""
         from strategies.common.central_dp import mean_mechanism
 
-        return mean_mechanism(dp, sent, payloads, num_sampled)
+        # the parts the clients trained this round (``trained_parts``); the others stay
+        uplink = {k: v for k, v in sent.items() if k in payloads[0]}
+        new_state, info = mean_mechanism(dp, uplink, payloads, num_sampled)
+        return {**sent, **new_state}, info
 
     def strategy_settings(
         self, config: RunSettings, *, run_dir: Path | None = None
@@ -271,15 +294,25 @@ class Method:
 
     # -- communication (parameters per client, round and adapted layer) -----------------
     def adapter_params(self, d_out: int, d_in: int, r: int) -> int:
-        """The shared adapter parameters of one layer: sent up, and received down."""
-        shapes = PART_SHAPES[self.adapter]
-        return sum(int(np.prod(shapes[part](d_out, d_in, r))) for part in self.shared)
+        """The shared adapter parameters of one layer: received down every round."""
+        return part_params(self.adapter, self.shared, d_out, d_in, r)
+
+    def up_adapter_params(self, d_out: int, d_in: int, r: int, server_round: int = 1) -> int:
+        """The adapter parameters of one layer a client sends up in ``server_round``: its
+        trained parts (``trained_parts``)."""
+        return part_params(self.adapter, self.trained_parts(server_round), d_out, d_in, r)
 
     def extra_down_params(
         self, d_out: int, d_in: int, r: int, num_clients: int, residual_mode: str
     ) -> int:
         """Whatever else one layer sends down per client and round (0 for most methods)."""
         return 0
+
+
+def part_params(adapter: str, parts: tuple[str, ...], d_out: int, d_in: int, r: int) -> int:
+    """The parameters of ``parts`` of one layer of an ``adapter`` (``PART_SHAPES``)."""
+    shapes = PART_SHAPES[adapter]
+    return sum(int(np.prod(shapes[part](d_out, d_in, r))) for part in parts)
 
 
 def adapter_layers(state: Mapping[str, np.ndarray]) -> list[str]:

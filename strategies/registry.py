@@ -87,6 +87,8 @@ METHOD_FOLDERS = (
     "fedex_lora",
     "hetlora",
     "flexlora",
+    "rolora",
+    "fedsvd",
 )
 for _folder in METHOD_FOLDERS:
     for _method in import_module(f"strategies.{_folder}.method").METHODS:

@@ -102,13 +102,15 @@ def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def expected_params(method: str, model_dir: Path, n: int) -> tuple[int, int]:
-    """(up, down) per round for n clients from the core's accounting."""
+def expected_params(method: str, model_dir: Path, n: int, server_round: int = 1) -> tuple[int, int]:
+    """(up, down) in ``server_round`` for n clients from the core's accounting."""
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
     shapes, head = adapter_layout(model, ("query", "value"), None)
-    c = round_communication(method, shapes, RANK, head, num_clients=n, residual_mode="dense")
+    c = round_communication(
+        method, shapes, RANK, head, num_clients=n, residual_mode="dense", server_round=server_round
+    )
     return n * c.up_params, n * c.down_params
 
 
@@ -122,13 +124,14 @@ def test_every_method_runs_end_to_end(assets, clean_run, method):
         assert isinstance(r["accuracy"], float) and 0.0 <= r["accuracy"] <= 1.0
         assert np.isfinite(r["loss"])
     up, down = expected_params(method, assets[0], NUM_NODES)
+    second_up = expected_params(method, assets[0], NUM_NODES, server_round=2)[0]
     first_down = (
         expected_params("fedit", assets[0], NUM_NODES)[1] if method == "fedex-lora" else down
     )
-    assert history[1]["up-params"] == up and history[2]["up-params"] == up
+    assert history[1]["up-params"] == up and history[2]["up-params"] == second_up
     # FedEx's residual of round t travels with round t+1's message.
     assert history[1]["down-params"] == first_down and history[2]["down-params"] == down
-    assert history[2]["cum-up-params"] == 2 * up
+    assert history[2]["cum-up-params"] == up + second_up
     assert history[2]["clients"] == NUM_NODES
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final-accuracy"] == history[-1]["accuracy"]
@@ -349,7 +352,9 @@ def test_launcher_refuses_bad_config_before_launching(tmp_path, capsys):
 # B on the nodes' disks, FedEx-LoRA's residuals re-sent to every client after a restart.
 # FLoRG's end-to-end resumption runs in tests/test_deploy_faults.py (ServerApp killed,
 # SuperLink restarted; final adapter equal to the clean run's), so it is not repeated here.
-@pytest.mark.parametrize("method", ["fedsa-lora", "fedex-lora"])
+# RoLoRA and FedSVD: parts that change by round (B in odd rounds and A in even ones; A
+# re-factorised by the server after each round), which the resumed run must continue.
+@pytest.mark.parametrize("method", ["fedsa-lora", "fedex-lora", "rolora", "fedsvd"])
 def test_a_server_that_dies_after_round_1_resumes_to_the_clean_result(
     superlink, assets, clean_run, method
 ):

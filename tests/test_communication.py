@@ -56,8 +56,17 @@ def test_counts_match_the_tensors_each_method_sends(layout, tiny_bert_config):
         "hetlora": both,  # at rank r; a client of rank r_n: its r_n (tests/test_client_ranks.py)
         "flexlora": both,
     }
+    # up in rounds 1 and 2, down: B then A, both down (RoLoRA); B up, both down (FedSVD)
+    by_round = {"rolora": ((only_b, only_a), both), "fedsvd": ((only_b, only_b), both)}
+    assert set(expected) | set(by_round) == set(METHODS)
     for method in METHODS:
         c = round_communication(method, shapes, r, head, num_clients=4)
+        if method in by_round:
+            (up1, up2), down = by_round[method]
+            second = round_communication(method, shapes, r, head, num_clients=4, server_round=2)
+            assert (c.up_params, second.up_params) == (up1, up2), method
+            assert c.down_params == second.down_params == down, method
+            continue
         assert c.up_params == expected[method], method
         assert c.up_bytes == 4 * c.up_params
         if method != "fedex-lora":

@@ -21,6 +21,7 @@ from strategies.common.central_dp import CentralDP, clip_update
 from strategies.common.dp_accounting import epsilon_for
 from strategies.common.product_mean import product_update, refactor_noised_product
 from strategies.fedex_lora.method import FEDEX_REFUSAL
+from strategies.fedsvd.rule import refactorise
 from strategies.florg.dp import clip_florg_with_head, private_florg_layers
 from strategies.florg_signed.rule import sign_blocks
 from strategies.registry import get_method, method_names
@@ -38,6 +39,8 @@ MECHANISMS = {
     "florg": "gram",
     "florg-no-procrustes": "gram",
     "florg-signed": "gram",
+    "rolora": "mean",  # over the round's trained factor and the head
+    "fedsvd": "mean",  # over B and the head, then the re-factorisation (post-processing)
 }
 
 TaskIdentity.run_id = 1
@@ -62,6 +65,11 @@ def initial_state(method: str, rng: np.random.Generator) -> dict[str, np.ndarray
     parts = get_method(method).shared
     lora = {f"l1.lora_{p}": 0.3 * rng.standard_normal(shapes[p]) for p in parts}
     return {**lora, **head}
+
+
+def uplink(method: str, state: dict[str, np.ndarray], server_round: int = 1) -> dict:
+    """What a client of ``method`` sends up in ``server_round`` (``Method.uplink``)."""
+    return dict(get_method(method).uplink(state, server_round))
 
 
 def reply(state: dict[str, np.ndarray], pid: int, **metrics) -> Message:
@@ -93,8 +101,12 @@ def expected_private(method, sent, clients, m, strategy):
     head = [HEAD]
     mechanism = MECHANISMS[method]
     if mechanism == "mean":
-        updates = [clip_update({k: c[k] - sent[k] for k in sent}, C) for c in clients]
-        return {k: sent[k] + sum(u[k] for u in updates) / m for k in sent}
+        up = get_method(method).uplink(sent, 1)  # round 1's trained parts and the head
+        updates = [clip_update({k: c[k] - sent[k] for k in up}, C) for c in clients]
+        new = {**sent, **{k: sent[k] + sum(u[k] for u in updates) / m for k in up}}
+        if method == "fedsvd":
+            new["l1.lora_B"], new["l1.lora_A"] = refactorise(new["l1.lora_B"], sent["l1.lora_A"])
+        return new
     if mechanism == "product-mean":
         kb, ka = "l1.lora_B", "l1.lora_A"
         units = [
@@ -196,7 +208,9 @@ def test_the_strategys_private_round_is_the_mechanism_on_the_clipped_replies(met
     assert noiseless.dp.mechanism == MECHANISMS[method] and not noiseless.gate.screen_updates
     noiseless.dp = CentralDP(MECHANISMS[method], C, 0.0, DELTA, np.random.default_rng(5))
     noiseless.communication.sampled[1] = 4  # as configure_train records it: 4 sampled, 3 replied
-    arrays, metrics = noiseless.aggregate_train(1, [reply(c, i) for i, c in enumerate(clients)])
+    arrays, metrics = noiseless.aggregate_train(
+        1, [reply(uplink(method, c), i) for i, c in enumerate(clients)]
+    )
     got = from_array_record(arrays)
     want = expected_private(method, sent, clients, 4, noiseless)
     assert got.keys() == want.keys()
@@ -210,11 +224,13 @@ def test_the_strategys_private_round_is_the_mechanism_on_the_clipped_replies(met
     outs = []
     for s in noised:
         s.communication.sampled[1] = 4
-        arrays, metrics = s.aggregate_train(1, [reply(c, i) for i, c in enumerate(clients)])
+        arrays, metrics = s.aggregate_train(
+            1, [reply(uplink(method, c), i) for i, c in enumerate(clients)]
+        )
         outs.append(s.global_state)
         assert metrics["dp-epsilon"] == pytest.approx(epsilon_for(Z, 1.0, 1, DELTA), rel=1e-12)
         assert metrics["dp-noise-std"] > 0
-    for key in want:
+    for key in uplink(method, want):  # the parts released this round
         assert np.linalg.norm(outs[0][key] - want[key]) > 1e-6, key
         assert np.linalg.norm(outs[0][key] - outs[1][key]) > 1e-6, key  # OS entropy
 

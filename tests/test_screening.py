@@ -12,7 +12,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from flower_app.records import from_array_record, to_array_record
 from strategies.florg.rule import aggregate_florg
-from strategies.registry import method_names
+from strategies.registry import get_method, method_names
 from tests.strategy_helpers import strategy_for
 
 METHODS = method_names()
@@ -74,13 +74,15 @@ def test_a_scaled_adapter_is_screened_out_for_every_method(method, factor, caplo
     clients[3] = scaled(clients[3], factor)
     strategy = strategy_for(method, prev)
     with caplog.at_level(logging.WARNING, logger="flwr.florg"):
-        arrays, metrics = strategy.aggregate_train(1, [reply(c, i) for i, c in enumerate(clients)])
+        arrays, metrics = strategy.aggregate_train(
+            1, [reply(get_method(method).uplink(c, 1), i) for i, c in enumerate(clients)]
+        )
     assert metrics["screened"] == 1 and metrics["clients"] == N - 1
     assert "screened out update from partition 3" in caplog.text
     # the same as aggregating the four honest clients alone
     reference = strategy_for(method, prev, screen_updates=False)
     expected, _ = reference.aggregate_train(
-        1, [reply(c, i) for i, c in enumerate(clients) if i != 3]
+        1, [reply(get_method(method).uplink(c, 1), i) for i, c in enumerate(clients) if i != 3]
     )
     for key, value in from_array_record(expected).items():
         np.testing.assert_allclose(from_array_record(arrays)[key], value, rtol=1e-6, atol=1e-9)

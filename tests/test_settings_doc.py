@@ -7,6 +7,7 @@ from pathlib import Path
 
 from florg_tools import settings as settings_tool
 from flower_app.config import SCHEMA
+from strategies.registry import method_names
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "settings.md"
@@ -18,8 +19,14 @@ def test_the_settings_page_is_the_generated_one():
 
 
 def test_the_page_has_one_row_per_key_with_default_help_and_groups():
-    rows = [line for line in settings_tool.generated_doc().splitlines() if line.startswith("| `")]
+    settings, methods = settings_tool.generated_doc().split("## Methods")
+    rows = [line for line in settings.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == list(SCHEMA)
+    # then one row per registered method, from its declaration
+    method_rows = [line for line in methods.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in method_rows] == list(method_names())
+    rolora = next(row for row in method_rows if row.startswith("| `rolora` |"))
+    assert "up in rounds 1 / 2: B / A" in rolora and rolora.endswith("| no | mean |")
     rank = next(row for row in rows if row.startswith("| `rank` |"))
     assert rank == f"| `rank` | `4` | {SCHEMA['rank'].help} | model |"
     rounds = next(row for row in rows if row.startswith("| `num-server-rounds` |"))

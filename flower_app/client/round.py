@@ -12,11 +12,12 @@ it is, and the centralised benchmarks (benchmarks/centralised/training.py) train
    (dropout) is seeded with, ``round_seed`` = run seed + 1000 x round + partition id, so a
    round trains the same wherever and whenever it runs (a resumed run equals the
    uninterrupted one);
-3. **train** with the run's settings (``train_steps``: ``flower_app.training.train_local``
-   with ``learning-rate`` and the head's rate, both times the round's ``lr-schedule``
-   factor (flower_app/lr_schedule.py), ``weight-decay``, ``local-epochs`` /
-   ``local-steps``, ``device``, ``progress-bar``);
-4. **reply**: the shared arrays and the training metrics (``RoundReply``; its
+3. **train** the parts the method trains in this round (``Method.trained_parts``) with the
+   run's settings (``train_steps``: ``flower_app.training.train_local`` with
+   ``learning-rate`` and the head's rate, both times the round's ``lr-schedule`` factor
+   (flower_app/lr_schedule.py), ``weight-decay``, ``local-epochs`` / ``local-steps``,
+   ``device``, ``progress-bar``);
+4. **reply**: the shared arrays it trained and the training metrics (``RoundReply``; its
    ``content`` is the reply's Flower RecordDict) and the own parts the client keeps.
 
 Fault injection (the testing settings ``fault-*``) is no part of a round: it is a Flower
@@ -136,6 +137,7 @@ def train_round(
     loader = make_loader(dataset, config.batch_size, shuffle=True, seed=seed)
     # Dropout draws from torch's global generator: seeded per (run seed, round, partition).
     torch.manual_seed(seed)
+    adapted.train_parts_of_round(server_round)  # Method.trained_parts: may change by round
     t0 = time.perf_counter()
     result = train_steps(
         config,
@@ -145,7 +147,9 @@ def train_round(
         lr_factor=round_lr_factor(config, server_round),
     )
     adapted.model.to("cpu")
-    reply = RoundReply(adapted.shared_state(), adapted.local_state(), dict(metrics or {}), result)
+    reply = RoundReply(
+        adapted.uplink_state(server_round), adapted.local_state(), dict(metrics or {}), result
+    )
     reply.metrics.update(
         {
             "num-examples": result.num_examples,

@@ -71,6 +71,10 @@ class MethodRules(Protocol):
 
     def check_dp_supported(self) -> str: ...
 
+    def uplink(
+        self, state: Mapping[str, np.ndarray], server_round: int
+    ) -> Mapping[str, np.ndarray]: ...
+
     def aggregate(
         self,
         sent: Mapping[str, np.ndarray],
@@ -192,11 +196,20 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
         return self.router.route(server_round, message, self.sent_state)
 
     # -- receiving ----------------------------------------------------------------------
-    def check_reply(self, message: Message) -> Reply:
-        """The checked reply, or ReplyRejected with the reason (``ReplyGate.check``)."""
+    def uplink_state(self, server_round: int | None) -> Mapping[str, np.ndarray]:
+        """What the clients send back in ``server_round``: the global state's head and the
+        adapter parts the method trains that round (``Method.trained_parts``; every part
+        for most methods, then the global state itself)."""
+        if server_round is None:
+            return self.global_state
+        return self.method.uplink(self.global_state, server_round)
+
+    def check_reply(self, message: Message, server_round: int | None = None) -> Reply:
+        """The checked reply to round ``server_round``, or ReplyRejected with the reason
+        (``ReplyGate.check``)."""
         return self.gate.check(
             message,
-            self.global_state,
+            self.uplink_state(server_round),
             self.router,
             method_name=self.method.name,
             heterogeneous=self.method.heterogeneous_ranks,
@@ -225,7 +238,7 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
                 continue
             up_params += declared_params(msg.content)
             try:
-                reply = self.check_reply(msg)
+                reply = self.check_reply(msg, server_round)
                 checked.append(reply)
                 self.router.learn(reply)
             except ReplyRejected as err:
@@ -267,7 +280,8 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
             if mixed
             else None
         )
-        kept, sizes, screening = self.gate.screen(server_round, checked, self.global_state, starts)
+        uplink = self.uplink_state(server_round)
+        kept, sizes, screening = self.gate.screen(server_round, checked, uplink, starts)
         metrics: dict[str, float] = {
             "clients": len(kept),
             "failures": failures,
@@ -342,7 +356,7 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
             log.warning("round %d: no valid client update; dp=central releases noise only",
                         server_round)  # fmt: skip
         new_state, info = self.aggregate_private(
-            server_round, payloads or [dict(self.global_state)], m
+            server_round, payloads or [dict(self.uplink_state(server_round))], m
         )
         info = {**info, "dp-sampled": m, **self.dp.release()}
         return new_state, info

@@ -77,10 +77,10 @@ class FLoRGStrategy(AdapterStrategy):
         # every client has r_max, the homogeneous run)
         self.factors_by_rank: dict[int, dict[str, np.ndarray]] = {}
 
-    def check_reply(self, message) -> Reply:
+    def check_reply(self, message, server_round: int | None = None) -> Reply:
         """Also reject a client whose fixed L, R differ from the server's (other seed/model),
         or that does not say which it used (no ``lr-fingerprint``)."""
-        reply = super().check_reply(message)
+        reply = super().check_reply(message, server_round)
         if self.fingerprint is not None:
             theirs = metric_number(message.content["metrics"], "lr-fingerprint", required=False)
             if theirs is None:

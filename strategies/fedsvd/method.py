@@ -1,0 +1,43 @@
+"""FedSVD: clients train only B against the global A, which they receive but do not train;
+the server averages B and re-factorises B A by SVD into a new orthonormal A and the matching
+B after every round (``strategies/fedsvd/rule.py``). Up: B; down: A and B."""
+
+from __future__ import annotations
+
+from strategies.method import Method, adapter_layers, stacked
+
+
+class FedSVD(Method):
+    def trained_parts(self, server_round):
+        return ("B",)
+
+    def aggregate(self, sent, payloads, weights):
+        from strategies.fedsvd.rule import aggregate_fedsvd
+
+        new = {}
+        for layer in adapter_layers(sent):
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            new[kb], new[ka] = aggregate_fedsvd(stacked(payloads, kb), sent[ka], weights)
+        return new, {}
+
+    def aggregate_private(self, dp, sent, payloads, num_sampled):
+        """The mean mechanism on B and the head, then the re-factorisation, which reads only
+        the released mean and the public A (post-processing: no further privacy cost)."""
+        from strategies.fedsvd.rule import refactorise
+
+        released, info = super().aggregate_private(dp, sent, payloads, num_sampled)
+        for layer in adapter_layers(sent):
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            released[kb], released[ka] = refactorise(released[kb], sent[ka])
+        return released, info
+
+
+FEDSVD = FedSVD(
+    name="fedsvd",
+    summary="train and average B against a shared A, re-factorise B A by SVD each round",
+    adapter="lora",
+    shared=("A", "B"),
+    dp_mechanism="mean",  # clip reply - sent over B and the head; noised mean; then the SVD
+)
+
+METHODS = (FEDSVD,)

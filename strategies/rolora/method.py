@@ -1,0 +1,42 @@
+"""RoLoRA: clients train B in odd rounds and A in even rounds; only the trained factor travels
+up and is averaged, exactly (``strategies/rolora/rule.py``). Both factors travel down, so a
+client that missed a round starts from the global model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strategies.method import Method, adapter_layers, stacked
+
+
+class RoLoRA(Method):
+    def trained_parts(self, server_round):
+        from strategies.rolora.rule import rolora_part
+
+        return (rolora_part(server_round),)
+
+    def aggregate(self, sent, payloads, weights):
+        from strategies.rolora.rule import aggregate_rolora
+
+        new = {}
+        for layer in adapter_layers(sent):
+            for key in (f"{layer}.lora_B", f"{layer}.lora_A"):
+                moved = key in payloads[0]  # the round's trained factor
+                new[key] = (
+                    aggregate_rolora(stacked(payloads, key), weights)
+                    if moved
+                    else np.asarray(sent[key], np.float64)
+                )
+        return new, {}
+
+
+ROLORA = RoLoRA(
+    name="rolora",
+    summary="alternate rounds: train and average B, then A",
+    adapter="lora",
+    shared=("A", "B"),
+    # clip reply - sent over the round's trained factor and the head; noised mean
+    dp_mechanism="mean",
+)
+
+METHODS = (ROLORA,)
