@@ -89,8 +89,10 @@ def test_florg_flowertune_projection_prints_every_method(mistral, capsys):
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     """A Flower home whose default connection simulates N SuperNodes (set by the test);
-    the Hub out of reach whatever this machine's network (HF_HUB_OFFLINE)."""
+    the Hub out of reach whatever this machine's network and caches (HF_HUB_OFFLINE, no
+    cached copy), so no launch here gets past the checks to start a SuperLink."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("flower_app.hub.cached", lambda repo_id, repo_type: False)
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "home"
 
