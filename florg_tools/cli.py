@@ -10,6 +10,8 @@
                            (= python -m florg_tools.assets)
     florg flwr-home ...    write $FLWR_HOME/config.toml connections
                            (= python -m florg_tools.flwr_home)
+    florg flowertune ...   FlowerTune LLM leaderboard: projected communication per track
+                           (= python -m florg_tools.flowertune)
 
 Each subcommand hands the rest of the command line to that module's ``main``, so
 ``florg X --help`` shows X's own options.
@@ -40,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "assets": ("florg_tools.assets", "fetch or check the offline models and datasets"),
     "flwr-home": ("florg_tools.flwr_home", "write simulation connections into $FLWR_HOME"),
+    "flowertune": (
+        "florg_tools.flowertune",
+        "FlowerTune LLM leaderboard: every method's projected communication per track",
+    ),
 }
 
 

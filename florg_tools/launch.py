@@ -13,7 +13,9 @@ Command line::
         [--flwr-home DIR] [--timeout S] [--validate-with MODULE:FUNCTION]
         [--ephemeral-superlink] [--resume RUN_DIR] [--quiet]
 
-Overrides are layered file < ``--preset`` < ``--set`` (``florg_tools.run_config``).
+Overrides are layered file < ``--preset`` < ``--set`` (``florg_tools.run_config``). A run
+in a FlowerTune LLM leaderboard track (``flowertune-track``) is checked against the
+track's rules and its communication projected first (``florg_tools.flowertune``).
 ``--resume RUN_DIR`` submits the settings of ``RUN_DIR/config.json`` with
 ``resume=RUN_DIR`` (the ServerApp continues from the last checkpointed round; ``--set`` may
 still change e.g. ``num-server-rounds``).
@@ -40,6 +42,7 @@ from typing import Any
 
 import tomli_w  # a dependency of flwr
 
+from florg_tools.flowertune import leaderboard_gate
 from florg_tools.flwr_cli import (
     LaunchError,
     connection_names,
@@ -195,6 +198,8 @@ def _main(argv: list[str] | None) -> int:
         default_validator = "flower_app.launch_checks:check_run" if is_this_app(args.app) else None
         spec = args.validate_with or default_validator
         validate = _load_validator(spec) if spec else None
+        if is_this_app(args.app):  # a FlowerTune track's rules and projection, printed
+            leaderboard_gate(run_config, flwr_home, args.connection)
         # refused before anything starts (no SuperLink, no run folder)
         validate_run_config(args.app, run_config, validate)
         if args.ephemeral_superlink:

@@ -135,6 +135,26 @@ class AdaptedModel:
         set_lora_state(self.model, arrays, self.method.local, include_head=False)
 
     # -- export -------------------------------------------------------------------------
+    def save_peft(self, out_dir: Path, base_model: str) -> Path:
+        """The model as a PEFT LoRA checkpoint for ``PeftModel.from_pretrained`` on the
+        unchanged base ``base_model``: FLoRG's equivalent LoRA (``export_peft_lora``), a
+        LoRA method's own adapter (PEFT's ``save_pretrained``, its config naming the base
+        and, for a causal LM, ``task_type`` CAUSAL_LM as FLoRG's export does)."""
+        if self.is_florg:
+            return export_peft_lora(self.model, out_dir, base_model)
+        import json
+
+        from flower_app.adapters.florg_model import peft_task_type
+
+        out = Path(out_dir)
+        self.model.save_pretrained(out)
+        path = out / "adapter_config.json"
+        adapter_config = json.loads(path.read_text())
+        adapter_config["base_model_name_or_path"] = base_model
+        adapter_config["task_type"] = peft_task_type(self.model.get_base_model())
+        path.write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
+        return out
+
     def export_peft(self, out_dir: Path, base_model: str) -> bool:
         """FLoRG: write the model as a standard PEFT LoRA folder; False for LoRA methods
         (their adapter is PEFT's already, and the global arrays are saved as they are)."""

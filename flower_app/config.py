@@ -63,7 +63,7 @@ from flower_app.settings.rounds import (
     ScreeningSettings,
     TrainingSettings,
 )
-from flower_app.settings.run import OutputSettings, TestingSettings
+from flower_app.settings.run import LeaderboardSettings, OutputSettings, TestingSettings
 from strategies.registry import get_method
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # presets and grids (the tooling's)
@@ -74,6 +74,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # presets and grids 
 @dataclass(frozen=True)
 class RunConfig(
     TestingSettings,
+    LeaderboardSettings,
     OutputSettings,
     PrivacySettings,
     ScreeningSettings,

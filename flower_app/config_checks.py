@@ -76,7 +76,7 @@ empty.hint = (  # type: ignore[attr-defined]
 # The values of the settings ``precision`` and ``quantization`` (applied by
 # flower_app/precision.py; here so that resolving settings does not import torch).
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
-QUANTIZATIONS: tuple[str, ...] = ("none", "4bit", "8bit")
+QUANTIZATIONS: tuple[str, ...] = ("none", "4bit", "4bit-fp4", "8bit")
 
 
 def rank_list(x: str) -> bool:

@@ -8,6 +8,8 @@ names the key:
 
 - ``task`` (with ``data-path``, ``text-fields``, ``task-kind``): a known task whose data
   is fetched, or local data that exists;
+- a task whose data is on the Hugging Face Hub: cached here, or the Hub reachable
+  (``flower_app.hub``: one quick request, so a machine without the Hub fails at once);
 - ``model``: a local folder, a name registered by ``florg assets fetch``, or a Hub name
   (``name`` or ``org/name``; a path that does not exist is none of these);
 - ``target-modules``: when the model's config is on this machine
@@ -46,6 +48,12 @@ def check_names(config: RunConfig) -> None:
     except FileNotFoundError as err:  # local data, or a known task's data not fetched
         key = "data-path" if config.data_path else "task"
         raise ConfigError(f"{key}: {err}") from None
+    if spec.hub_path is not None:
+        from flower_app.hub import hub_problem
+
+        problem = hub_problem(spec.hub_path, "dataset")
+        if problem is not None:
+            raise ConfigError(f"task: {problem}; or give a local copy as data-path")
     source = check_model(config.model)
     if source is not None:
         check_module_names(config, source, spec.kind)

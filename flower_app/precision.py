@@ -12,8 +12,10 @@ The recipe is QLoRA's (Dettmers et al., 2023) and Flower's flowertune-llm exampl
 - ``gradient-checkpointing``: ``activation_checkpointing_enable`` (formerly
   ``gradient_checkpointing_enable``) with ``use_reentrant=False``, and the embedding output
   requiring grad (``enable_input_require_grads``) because the embedding is frozen.
-- ``quantization`` (none | 4bit | 8bit): the base is loaded through bitsandbytes, 4bit as
-  NF4 with double quantisation and the compute dtype of ``precision``. It needs CUDA and the
+- ``quantization`` (none | 4bit | 4bit-fp4 | 8bit): the base is loaded through bitsandbytes,
+  4bit as NF4 with double quantisation and the compute dtype of ``precision``; 4bit-fp4 as
+  ``BitsAndBytesConfig(load_in_4bit=True)`` alone (FP4, bitsandbytes' defaults: how the
+  FlowerTune LLM templates train and their evaluation loads the base). It needs CUDA and the
   ``bitsandbytes`` package; ``check_quantization_supported`` refuses it before any model is
   loaded, with a ConfigError naming the key and what is missing.
 
@@ -113,8 +115,9 @@ def check_precision_supported(precision: str, device: torch.device | str | None 
 
 def quantization_config(quantization: str, precision: str) -> Any:
     """The ``BitsAndBytesConfig`` for ``quantization`` (None for none): 4bit as QLoRA and
-    flowertune-llm load it -- NF4, double quantisation, compute in the dtype of
-    ``precision`` -- and 8bit as LLM.int8()."""
+    the older flowertune-llm example loads it -- NF4, double quantisation, compute in the
+    dtype of ``precision`` --, 4bit-fp4 as the FlowerTune LLM templates and their evaluation
+    do (``load_in_4bit=True`` alone) and 8bit as LLM.int8()."""
     if quantization == "none":
         return None
     from transformers import BitsAndBytesConfig
@@ -126,6 +129,8 @@ def quantization_config(quantization: str, precision: str) -> Any:
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=precision_dtype(precision),
         )
+    if quantization == "4bit-fp4":
+        return BitsAndBytesConfig(load_in_4bit=True)
     if quantization == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     raise ConfigError(

@@ -71,6 +71,7 @@ def task_spec(config: RunConfig) -> TaskSpec:
     fields = tuple(f.strip() for f in config.text_fields.split(",") if f.strip())
     if config.task_kind:
         overrides["kind"] = config.task_kind
+    overrides["prompt_format"] = config.prompt_format
     if config.task in TASKS and label_field == DEFAULTS["label-field"]:
         label_field = None  # a known task keeps its target column unless label-field names another
     try:

@@ -31,6 +31,7 @@ from flower_app.server.checkpoint import (
 )
 from flower_app.server.console import install_console
 from flower_app.server.recorder import INFO, RunRecorder, make_run_dir
+from flower_app.server.submission import write_submission
 from flower_app.task_data import load_task_data, load_test_data
 from flower_app.task_eval import evaluate_task
 from strategies.common.strategy import AdapterStrategy
@@ -178,6 +179,12 @@ def main(grid: Grid, context: Context) -> None:
         first_round=checkpoint.round + 1 if checkpoint else 1,
     )
     outputs = save_final(config, evaluator, result.arrays or start_arrays, run_dir)
+    submission = write_submission(
+        run_dir, config, evaluator.adapted, resolve_model_source(config.model), recorder.rows
+    )  # a FlowerTune leaderboard run's folder (flower_app/server/submission.py)
+    if submission is not None:
+        outputs["submission"] = submission.name
+        flwr_log(INFO, "[%s] FlowerTune submission: %s", config.method, submission)
     summary = recorder.write_summary(
         {
             "outputs": outputs,
@@ -190,7 +197,7 @@ def main(grid: Grid, context: Context) -> None:
         "[%s] final %s %.4f; summary: %s",
         config.method,
         data.score_metric,
-        _or_nan(summary[f"final-{data.score_metric}"]),
+        _or_nan(summary.get(f"final-{data.score_metric}")),  # none: instructions, no generation
         json.dumps({k: summary[k] for k in ("total-params", "wall-seconds")}),
     )
 

@@ -23,6 +23,7 @@ PARSERS = {
     "experiments": ("usage: python -m florg_tools.experiments", "run,report,list,evidence"),
     "assets": ("usage: python -m florg_tools.assets", "{fetch}"),
     "flwr-home": ("usage: python -m florg_tools.flwr_home", "{setup}"),
+    "flowertune": ("usage: python -m florg_tools.flowertune", "{projection}"),
 }
 
 

@@ -84,6 +84,7 @@ def test_cache_groups_cover_what_the_hand_written_lists_did():
         "model", "task", "data-path", "text-fields", "label-field", "num-labels", "seed",
         "partitioner", "dirichlet-alpha", "max-train-examples", "max-eval-examples",
         "max-test-examples", "max-seq-length", "doc-stride", "task-kind", "prompt-template",
+        "prompt-format",
     }  # fmt: skip
     config = resolve_config({}, {"rank": 8, "learning-rate": 0.1})
     assert settings_for(config, MODEL)["rank"] == 8
@@ -100,8 +101,11 @@ def test_every_preset_resolves(preset):
         assert config.as_dict()[key] == value, key
 
 
-def test_the_presets_are_the_six_toml_files():
-    assert PRESETS == ["cpu-default", "flowertune", "paper", "sft-cpu", "squad-cpu", "squad-paper"]
+def test_the_presets_are_the_toml_files():
+    assert PRESETS == [
+        "cpu-default", "flowertune-code", "flowertune-finance", "flowertune-general-nlp",
+        "flowertune-medical", "paper", "sft-cpu", "squad-cpu", "squad-paper",
+    ]  # fmt: skip
     assert not list(CONF_DIR.glob("*.yaml"))  # no second format to drift from
 
 

@@ -197,7 +197,7 @@ def _lora_export_factors(layer: FLoRGLinear) -> tuple[torch.Tensor, torch.Tensor
         return B, A, 2 * layer.r
 
 
-def _peft_task_type(model: nn.Module) -> str | None:
+def peft_task_type(model: nn.Module) -> str | None:
     """PEFT's ``task_type`` of ``model``: ``CAUSAL_LM`` for a transformers causal LM (what
     ``AutoPeftModelForCausalLM`` requires, and PEFT's generation wrapper), else ``None``."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -249,7 +249,7 @@ def export_peft_lora(
         bias="none",
         modules_to_save=list(model.florg_heads) or None,
         base_model_name_or_path=base_model_name_or_path,
-        task_type=_peft_task_type(model),
+        task_type=peft_task_type(model),
     )
     peft_model = get_peft_model(base, lora_config)
     peft_modules = dict(peft_model.base_model.model.named_modules())

@@ -13,8 +13,10 @@ Dirichlet partition skews over). Three sources:
   texts and the choices, response = the label's name; bucket = the label;
 - **instructions** (Alpaca / FlowerTune: ``instruction``, ``input``, ``output``; any other
   local data: ``text_fields`` = (instruction[, input]), ``label_field`` = the output
-  column): the Alpaca prompt; bucket = the instruction hashed into 10 buckets; no short
-  answers, so no generation scores.
+  column): the prompt of ``prompt_format`` (``alpaca``: the Alpaca sections;
+  ``flowertune``: the FlowerTune LLM templates' prompt, the text fields joined by a space
+  as the instruction); bucket = the instruction hashed into 10 buckets; no short answers,
+  so no generation scores.
 
 Features (``sft_features``): the prompt's tokens (``plain``: the prompt text, after the
 BOS token where the tokenizer starts texts with one; ``chat``: the tokenizer's chat
@@ -52,6 +54,22 @@ def alpaca_prompt(instruction: str, given: str) -> str:
     if given.strip():
         return f"### Instruction:\n{instruction}\n\n### Input:\n{given}\n\n### Response:\n"
     return f"### Instruction:\n{instruction}\n\n### Response:\n"
+
+
+# The FlowerTune LLM templates' prompt (examples/flowertune-llm-*/*/dataset.py in
+# flwrlabs/flower): a fixed preamble, the instruction, then the response after
+# "### Response:", the tag their completion-only collator starts the loss after.
+FLOWERTUNE_PREAMBLE = (
+    "Below is an instruction that describes a task. "
+    "Write a response that appropriately completes the request."
+)
+PROMPT_FORMATS = ("alpaca", "flowertune")
+
+
+def flowertune_prompt(instruction: str) -> str:
+    """The FlowerTune templates' prompt up to the response tag; the response follows it
+    after one space (``### Response: {output}``)."""
+    return f"{FLOWERTUNE_PREAMBLE}\n### Instruction:\n{instruction}\n### Response:"
 
 
 def _bucket(text: str) -> int:
@@ -97,9 +115,15 @@ def from_classification(
 
 
 def from_instructions(
-    ds: datasets.Dataset, text_fields: tuple[str, ...], output_field: str
+    ds: datasets.Dataset,
+    text_fields: tuple[str, ...],
+    output_field: str,
+    prompt_format: str = "alpaca",
 ) -> datasets.Dataset:
-    """Alpaca / FlowerTune rows (instruction[, input], output) as SFT examples."""
+    """Alpaca / FlowerTune rows (instruction[, input], output) as SFT examples, the prompt
+    laid out by ``prompt_format`` (module docstring)."""
+    if prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"prompt format must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
     missing = [c for c in (*text_fields, output_field) if c not in ds.column_names]
     if missing:
         raise ValueError(f"missing column(s) {missing}; available: {ds.column_names}")
@@ -109,11 +133,18 @@ def from_instructions(
     def convert(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         n = len(batch[instruction])
         inputs = [str(x or "") for x in batch[given]] if given else [""] * n
+        pairs = list(zip(batch[instruction], inputs, strict=True))
+        if prompt_format == "flowertune":
+            # as the templates do: instruction + " " + input where the track uses both
+            joined = [" ".join([str(i), x]) if given else str(i) for i, x in pairs]
+            prompts = [flowertune_prompt(text) for text in joined]
+            responses = [" " + str(o) for o in batch[output_field]]
+        else:
+            prompts = [alpaca_prompt(str(i), x) for i, x in pairs]
+            responses = [str(o) for o in batch[output_field]]
         return {
-            PROMPT: [
-                alpaca_prompt(str(i), x) for i, x in zip(batch[instruction], inputs, strict=True)
-            ],
-            RESPONSE: [str(o) for o in batch[output_field]],
+            PROMPT: prompts,
+            RESPONSE: responses,
             ANSWERS: [[] for _ in range(n)],
             BUCKET: [_bucket(str(i)) for i in batch[instruction]],
         }

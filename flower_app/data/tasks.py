@@ -51,6 +51,7 @@ class TaskSpec:
     test_split: str | None = None
     test_from: str | None = None  # "train" or "eval": carve the test split from it
     test_size: int = 2000
+    prompt_format: str = "alpaca"  # instruction data's prompt (flower_app/data/sft.py)
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.text_fields) <= 2:
@@ -88,6 +89,31 @@ def _squad(name: str, **source: str) -> TaskSpec:
         num_labels=None,
         kind="extractive-qa",
         **source,  # type: ignore[arg-type]
+    )
+
+
+# (Hub path, the text fields the FlowerTune template of its track joins into the
+# instruction; the prompt's layout is the setting prompt-format, 'flowertune' in the presets)
+FLOWERTUNE_DATA = (
+    ("flwrlabs/alpaca-gpt4", ("instruction",)),
+    ("flwrlabs/fingpt-sentiment-train", ("instruction", "input")),
+    ("flwrlabs/medical-meadow-medical-flashcards", ("input",)),
+    ("flwrlabs/code-alpaca-20k", ("instruction", "input")),
+)
+
+
+def _flowertune(hub_path: str, text_fields: tuple[str, ...]) -> TaskSpec:
+    """A FlowerTune data set: train only, and all of it trains (as in the leaderboard), so
+    the server's validation reads rows of the training split itself (``eval_split``
+    ``train``: an in-sample response loss; the leaderboard's scores are its own scripts')."""
+    return TaskSpec(
+        hub_path,
+        text_fields,
+        label_field="output",
+        num_labels=None,
+        eval_split="train",
+        hub_path=hub_path,
+        kind="causal-lm",
     )
 
 
@@ -152,6 +178,10 @@ TASKS: dict[str, TaskSpec] = {
             kind="causal-lm",
         ),
         _squad("rajpurkar/squad", hub_path="rajpurkar/squad"),
+        # The FlowerTune LLM leaderboard's four data sets (the Hub; flower_app/leaderboard.py):
+        # instruction, input, output. Which columns make the instruction is the run's
+        # text-fields (its presets, conf/flowertune-*.toml, set the templates' mapping).
+        *(_flowertune(path, fields) for path, fields in FLOWERTUNE_DATA),
     )
 }
 

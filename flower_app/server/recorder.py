@@ -1,5 +1,9 @@
 """The run folder: resolved config, one metrics row per round, console lines, summary.
 
+A run in a FlowerTune LLM leaderboard track (``flowertune-track``) also records in every
+row its cumulative communication in the leaderboard's MB (``comm-mb``, bytes / 1024²)
+against the budget (``comm-budget-mb``).
+
 Each row also goes to TensorBoard event files in ``<run>/tensorboard/`` when the optional
 ``tensorboard`` package is there (setting ``tensorboard``, flower_app/server/tracking.py).
 """
@@ -19,6 +23,7 @@ from flwr.common.logger import log as flwr_log
 
 from flower_app.config import RunConfig
 from flower_app.environment import describe_environment
+from flower_app.leaderboard import BUDGET_MB, megabytes
 from flower_app.paths import run_folder
 from flower_app.server.tracking import open_tracker
 from flower_app.task_kinds import TaskKind, get_kind
@@ -128,6 +133,10 @@ class RunRecorder:
             "cum-down-bytes": 4 * self.totals["down-params"],
             "elapsed-seconds": time.perf_counter() - self.t0,
         }
+        if self.config.flowertune_track:  # the leaderboard's budget, in its MB
+            total = self.totals["up-params"] + self.totals["down-params"]
+            row["comm-mb"] = megabytes(total)
+            row["comm-budget-mb"] = BUDGET_MB
         for key, value in evaluation.items():
             if key in self.kind.metric_names or key.startswith("test-") or key == "eval-seconds":
                 row[key] = value
@@ -165,6 +174,8 @@ class RunRecorder:
             parts.append(f"train loss {row['train-loss']:.4f}")
         total = row["cum-up-params"] + row["cum-down-params"]
         parts.append(f"comm {_human(total)} params ({_human(4 * total)}B)")
+        if "comm-mb" in row:
+            parts.append(f"{row['comm-mb']:,.1f} of {row['comm-budget-mb']:,.0f} MB budget")
         if "agg-seconds" in row:
             parts.append(f"agg {row['agg-seconds'] * 1e3:.1f} ms")
         if row.get("rejected") or row.get("failures") or row.get("screened"):

@@ -99,6 +99,14 @@ class DataSettings:
         check=one_of("plain", "chat"),
         affects=(TOKENISATION,),
     )
+    prompt_format: str = setting(
+        "alpaca",
+        "causal-lm instruction data: 'alpaca' (### Instruction / ### Input / ### Response "
+        "sections) or 'flowertune' (the FlowerTune LLM templates' prompt: their preamble, the "
+        "text-fields joined by a space as the instruction, '### Response:')",
+        check=one_of("alpaca", "flowertune"),
+        affects=(DATA,),
+    )
     max_new_tokens: int = setting(
         32,
         "causal-lm: greedy generation's length limit when scoring gen-exact-match / gen-f1",

@@ -119,7 +119,8 @@ class PrecisionSettings:
     quantization: str = setting(
         "none",
         "load the frozen base through bitsandbytes (4bit: NF4, double quant, compute dtype "
-        "of precision; 8bit: LLM.int8); needs CUDA and bitsandbytes",
+        "of precision; 4bit-fp4: bitsandbytes' default 4-bit, as the FlowerTune templates; "
+        "8bit: LLM.int8); needs CUDA and bitsandbytes",
         check=one_of(*QUANTIZATIONS),
         affects=(MODEL,),
     )

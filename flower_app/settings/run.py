@@ -1,4 +1,5 @@
-"""Settings: the run folder, resuming and the console; the testing-only fault injection."""
+"""Settings: the run folder, resuming and the console; the FlowerTune LLM leaderboard track a
+run is entered in; the testing-only fault injection."""
 
 from __future__ import annotations
 
@@ -37,6 +38,26 @@ class OutputSettings:
     )
     tensorboard: str = setting(
         "auto", "<run>/tensorboard/ events", check=one_of("auto", "on", "off"), affects=()
+    )
+
+
+@dataclass(frozen=True)
+class LeaderboardSettings:
+    """Settings: the FlowerTune LLM leaderboard track a run is entered in
+    (flower_app/leaderboard.py, docs/flowertune.md)."""
+
+    flowertune_track: str = setting(
+        "",
+        "FlowerTune LLM leaderboard track ('' = none): the run's communication is counted "
+        "against the 200,000 MB budget every round and its submission folder written at the end",
+        check=one_of("", "general-nlp", "finance", "medical", "code"),
+        affects=(),
+    )
+    leaderboard: bool = setting(
+        True,
+        "with flowertune-track: refuse to launch a run that breaks the track's rules (static "
+        "keys, SuperNodes, budget); false lifts the checks",
+        affects=(),
     )
 
 

@@ -8,7 +8,8 @@ default (``default_target_modules``). The examples and features are
 (``label_field`` ``answers``: the SQuAD schema, e.g. ``squad-gen``; ``label``: a labelled
 classification task, the label as a word, e.g. ``snli-gen``; any other: instructions,
 ``text_fields`` = (instruction[, input]) and ``label_field`` = the output, as Alpaca and
-FlowerTune's data are), the prompt laid out by ``prompt-template`` (``plain`` or ``chat``).
+FlowerTune's data are, their prompt's layout ``prompt-format``: ``alpaca`` or ``flowertune``),
+the prompt tokenised by ``prompt-template`` (``plain`` or ``chat``).
 
 Evaluation (``flower_app.task_kinds.sft_eval``): ``response-loss`` (= ``loss``, per response token)
 and ``perplexity`` every evaluated round; where the examples have short gold answers (SQuAD,
@@ -67,7 +68,7 @@ def _sft(spec: TaskSpec, ds: datasets.Dataset) -> datasets.Dataset:
         return sft.from_squad(ds, TITLE_BUCKET)
     if fmt == LABELS:
         return sft.from_classification(ds, spec.text_fields, spec.label_field)
-    return sft.from_instructions(ds, spec.text_fields, spec.label_field)
+    return sft.from_instructions(ds, spec.text_fields, spec.label_field, spec.prompt_format)
 
 
 def _instruction_splits(

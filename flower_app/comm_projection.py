@@ -1,0 +1,122 @@
+"""The communication a run will use, projected before it starts from its base model's config
+alone (the model is built on the meta device: no weights are read or allocated).
+
+Per round, each sampled client receives and sends its method's shared parts
+(``strategies.communication.round_communication``, every registered method read
+generically); the clients sampled per round are Flower's FedAvg's,
+max(⌊N · fraction-train⌋, min-train-nodes) of the N SuperNodes; the run is
+``num-server-rounds`` such rounds. A causal LM has no task head, so only the adapters
+travel. Bytes are parameters × 4 (arrays travel as float32); MB are the FlowerTune
+templates' (bytes / 1024², flower_app/leaderboard.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flower_app.config import ConfigError, RunConfig
+from flower_app.leaderboard import megabytes
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One method's projected communication for a run's settings."""
+
+    method: str
+    clients_per_round: int
+    up_params: int  # one client, round 1
+    down_params: int
+    rounds: int
+    run_up_params: int = 0  # one client, every round (a method's uplink may change by round)
+
+    @property
+    def round_params(self) -> int:
+        """Every sampled client's down and up, one round (round 1)."""
+        return self.clients_per_round * (self.up_params + self.down_params)
+
+    @property
+    def round_mb(self) -> float:
+        return megabytes(self.round_params)
+
+    @property
+    def total_mb(self) -> float:
+        up = self.run_up_params or self.up_params * self.rounds
+        return megabytes(self.clients_per_round * (up + self.down_params * self.rounds))
+
+
+def clients_per_round(config: RunConfig, num_supernodes: int) -> int:
+    """The nodes Flower's FedAvg samples each round out of ``num_supernodes``."""
+    if config.fraction_train == 0.0:
+        return 0
+    return max(int(num_supernodes * config.fraction_train), config.min_train_nodes)
+
+
+def adapted_layer_shapes(config: RunConfig, kind: str) -> dict[str, tuple[int, int]]:
+    """(d_out, d_in) of every module the run adapts (``target-modules``, or the task kind's
+    own), from the base model's config on the meta device. A model whose config cannot be
+    read (a Hub name this machine cannot reach) is a ConfigError naming ``model``."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from flower_app.adapters.targets import find_target_linears
+    from flower_app.hub import hub_problem
+    from flower_app.modeling import resolve_model_source
+    from flower_app.task_kinds import get_kind
+
+    source = resolve_model_source(config.model)
+    if source == config.model and not _is_local(source):
+        problem = hub_problem(source, "model")
+        if problem is not None:
+            raise ConfigError(f"model: cannot read its config to project communication: {problem}")
+    try:
+        model_config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"model: cannot read the config of {config.model!r}: {err}") from None
+    with torch.device("meta"):
+        model = AutoModel.from_config(model_config)
+    names = get_kind(kind).target_modules(config).split(",")
+    targets = tuple(t.strip() for t in names if t.strip())
+    linears = find_target_linears(model, targets)
+    return {name: (int(m.out_features), int(m.in_features)) for name, m in linears.items()}
+
+
+def _is_local(source: str) -> bool:
+    from pathlib import Path
+
+    return Path(source).expanduser().exists()
+
+
+def project(
+    config: RunConfig,
+    layer_shapes: dict[str, tuple[int, int]],
+    num_supernodes: int,
+    methods: tuple[str, ...] | None = None,
+) -> list[Projection]:
+    """Each of ``methods`` (default: every registered one) at the run's rank, sampling,
+    rounds and FedEx residual transport. A method the shapes do not admit is left out."""
+    from strategies.communication import round_communication
+    from strategies.registry import method_names
+
+    clients = clients_per_round(config, num_supernodes)
+    out: list[Projection] = []
+    for method in methods or tuple(method_names()):
+        rounds = config.num_server_rounds
+        try:
+            by_round = [
+                round_communication(
+                    method,
+                    layer_shapes,
+                    config.rank,
+                    0,
+                    max(clients, 1),
+                    residual_mode=config.fedex_residual,
+                    server_round=t,
+                )  # fmt: skip
+                for t in range(1, max(rounds, 1) + 1)  # a method's uplink may change by round
+            ]
+        except ValueError:
+            continue
+        first = by_round[0]
+        run_up = sum(c.up_params for c in by_round[:rounds])
+        out.append(Projection(method, clients, first.up_params, first.down_params, rounds, run_up))
+    return out
