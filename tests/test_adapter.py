@@ -300,7 +300,11 @@ def test_federa_svd_init_keeps_output_and_uses_principal_directions():
 def test_fedex_fold_sets_w0_plus_scaled_residual_and_restores_w0():
     """FedEx-LoRA's hook: W0 <- W0_pristine + s * cumulative residual; {} restores W0."""
     from flower_app.config import resolve_config
-    from strategies.fedex_lora.method import FEDEX_LORA, PRISTINE, fold_residual
+    from strategies.common.folds import fold_residual
+    from strategies.fedex_lora.method import FEDEX_LORA
+
+    PRISTINE = FEDEX_LORA.pristine_key
+    assert PRISTINE == "fedex-pristine-W0"  # the key its published runs' processes used
 
     class Holder:  # what the hook needs of an AdaptedModel
         def __init__(self, model):
@@ -314,7 +318,7 @@ def test_fedex_fold_sets_w0_plus_scaled_residual_and_restores_w0():
     residual = {n: rng.standard_normal((32, 32)) for n in names}
     x = tokens()
     before = adapted.model(x).logits
-    fold_residual(adapted, residual)
+    fold_residual(adapted, residual, PRISTINE)
     for name, layer in lora_layers(adapted.model).items():
         expected = adapted.held_tensors[PRISTINE][name].double() + layer.scaling[
             "default"
@@ -323,7 +327,7 @@ def test_fedex_fold_sets_w0_plus_scaled_residual_and_restores_w0():
             layer.get_base_layer().weight, expected.float(), rtol=0, atol=1e-6
         )
     assert (adapted.model(x).logits - before).abs().max() > 1e-3
-    fold_residual(adapted, {})
+    fold_residual(adapted, {}, PRISTINE)
     torch.testing.assert_close(adapted.model(x).logits, before, rtol=0, atol=0)
     assert resolve_config({"method": "fedex-lora"}).method == FEDEX_LORA.name
 

@@ -1,22 +1,14 @@
 """FedEx-LoRA: the separate averages of A and B, plus the exact residual
 ``Σ wₙBₙAₙ − B̄Ā`` that every client folds into its frozen W0 (``strategies/fedex_lora/rule.py``).
 
-The server keeps each round's residual and sends a node, with its next training message,
-every residual it has not folded yet (``strategies/fedex_lora/strategy.py``). The client
-adds them, in float64, to its cumulative residual (kept in its Flower context) and sets
-``W0 ← W0_pristine + s · cumulative``; the pristine W0 is kept so one process can serve
-clients with different folds. The server's evaluator folds the server's cumulative
-residual the same way. The residual travels dense (the paper's version) or as exact
-factors of rank ≤ (N + 1) r (``fedex-residual=factored``, ours).
+How a residual reaches every client and is folded into W0, and how the server's evaluator
+folds it: ``strategies/common/folds.py``. The residual travels dense (the paper's version) or
+as exact factors of rank ≤ (N + 1) r (``fedex-residual=factored``, ours).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import numpy as np
-
-from strategies.method import Method
+from strategies.common.folds import FoldsIntoW0
 
 # Why dp=central is refused rather than noised. The round's result is (avg B, avg A,
 # residual) with residual = sum_n w_n B_n A_n - avg(B) avg(A), folded into W0 so that the
@@ -38,12 +30,11 @@ FEDEX_REFUSAL = (
     "but it is dense-noise DP fine-tuning of W0, not FedEx's exact aggregation; use a method "
     "with a mechanism (florg among them) with dp=central"
 )
-CUMULATIVE = "fedex-cumulative-residual"  # the client's context: float64 dense residuals
-FOLDED_ROUND = "fedex-residual-round"  # the client's context: last round folded
-PRISTINE = "fedex-pristine-W0"  # AdaptedModel.held_tensors: W0 before any fold
 
 
-class FedExLoRA(Method):
+class FedExLoRA(FoldsIntoW0):
+    fold_prefix = "fedex"  # its context keys 'fedex-cumulative-residual', ... (folds.py)
+
     def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.fedex_lora.strategy import FedExLoRAStrategy
 
@@ -66,61 +57,6 @@ class FedExLoRA(Method):
         if residual_mode == "dense":
             return d_out * d_in
         return (num_clients + 1) * r * (d_out + d_in)
-
-    def prepare_model(self, adapted):
-        from flower_app.adapters.lora import lora_layers
-
-        adapted.held_tensors[PRISTINE] = {
-            name: layer.get_base_layer().weight.detach().clone()
-            for name, layer in lora_layers(adapted.model).items()
-        }
-
-    def receive_on_client(self, msg, context, adapted):
-        """Add the residuals of rounds not yet folded to this node's cumulative residual."""
-        from flwr.app import Array, ArrayRecord, MetricRecord
-
-        from flower_app.records import from_array_record
-        from strategies.fedex_lora.residual_messages import read_residuals
-
-        state = context.state
-        cumulative = from_array_record(state[CUMULATIVE]) if CUMULATIVE in state else {}
-        done = int(state[FOLDED_ROUND]["round"]) if FOLDED_ROUND in state.metric_records else 0
-        if "residuals" in msg.content.array_records:
-            for t, layers in sorted(read_residuals(msg.content["residuals"]).items()):
-                if t <= done:
-                    continue
-                for layer, dense in layers.items():
-                    cumulative[layer] = cumulative.get(layer, 0.0) + dense
-                done = t
-        # float64, so that folding rounds one by one equals folding them all at once (a
-        # resumed run)
-        state[CUMULATIVE] = ArrayRecord(
-            {k: Array(np.ascontiguousarray(v, np.float64)) for k, v in cumulative.items()}
-        )
-        state[FOLDED_ROUND] = MetricRecord({"round": done})
-        fold_residual(adapted, cumulative)
-        return {"residual-round": done}
-
-    def receive_on_server(self, adapted, strategy):
-        fold_residual(adapted, getattr(strategy, "cumulative", {}))
-
-
-def fold_residual(adapted, cumulative: Mapping[str, np.ndarray]) -> None:
-    """W0 ← W0_pristine + s · cumulative residual (dense, per layer); {} restores W0."""
-    import torch
-
-    from flower_app.adapters.lora import lora_layers
-
-    layers = lora_layers(adapted.model)
-    with torch.no_grad():
-        for name, w0 in adapted.held_tensors[PRISTINE].items():
-            weight = layers[name].get_base_layer().weight
-            if name in cumulative:
-                scale = layers[name].scaling["default"]
-                delta = torch.as_tensor(np.asarray(cumulative[name], np.float64)) * scale
-                weight.copy_((w0.double() + delta.to(w0.device)).to(w0.dtype))
-            else:
-                weight.copy_(w0)
 
 
 FEDEX_LORA = FedExLoRA(

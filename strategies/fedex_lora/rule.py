@@ -15,34 +15,16 @@ with B_s, A_s the sqrt(w)-weighted stacks of strategies.common.low_rank.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from strategies.common.averaging import weighted_average
+from strategies.common.folds import Residual
 from strategies.common.low_rank import stacked_lora_factors
 
 ResidualMode = Literal["dense", "factored"]
 RESIDUAL_MODES: tuple[str, ...] = ("dense", "factored")
-
-
-@dataclass(frozen=True)
-class Residual:
-    """The FedEx residual of one layer: ``dense`` (d_out x d_in) or factors ``P @ Q``."""
-
-    dense: np.ndarray | None = None
-    P: np.ndarray | None = None
-    Q: np.ndarray | None = None
-
-    def to_dense(self) -> np.ndarray:
-        return self.dense if self.dense is not None else self.P @ self.Q
-
-    @property
-    def num_params(self) -> int:
-        if self.dense is not None:
-            return int(self.dense.size)
-        return int(self.P.size + self.Q.size)
 
 
 def aggregate_fedex_lora(
