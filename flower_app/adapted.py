@@ -155,6 +155,19 @@ class AdaptedModel:
         path.write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
         return out
 
+    def save_merged(self, out_dir: Path) -> Path:
+        """The whole model, W0 with the method's folds and the adapter merged in
+        (W0 + s (cumulative fold + B A)), as a plain Hugging Face checkpoint: what a method
+        that writes into W0 (``Method.writes_base_weights``) exports, since a LoRA over the
+        unchanged base cannot hold its folds (their rank grows with rounds and clients).
+        The merge runs on a copy; this model keeps its adapter."""
+        import copy
+
+        merged = copy.deepcopy(self.model).merge_and_unload()
+        out = Path(out_dir)
+        merged.save_pretrained(out)
+        return out
+
     def export_peft(self, out_dir: Path, base_model: str) -> bool:
         """FLoRG: write the model as a standard PEFT LoRA folder; False for LoRA methods
         (their adapter is PEFT's already, and the global arrays are saved as they are)."""

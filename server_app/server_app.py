@@ -113,7 +113,8 @@ class GlobalEvaluator:
 
 
 def save_final(config: RunConfig, evaluator: GlobalEvaluator, arrays: ArrayRecord, run_dir) -> dict:
-    """The final global adapter (safetensors) and, for FLoRG, its PEFT LoRA export."""
+    """The final global adapter (safetensors) and, for FLoRG, its PEFT LoRA export; for a
+    method that folds updates into W0, the merged model (``AdaptedModel.save_merged``)."""
     from safetensors.numpy import save_file
 
     state = from_array_record(arrays)
@@ -124,6 +125,9 @@ def save_final(config: RunConfig, evaluator: GlobalEvaluator, arrays: ArrayRecor
     evaluator.load(arrays)
     if evaluator.adapted.export_peft(run_dir / "peft_lora", resolve_model_source(config.model)):
         outputs["peft-lora"] = "peft_lora"
+    if evaluator.adapted.method.writes_base_weights:  # its folds live in W0: the whole model
+        evaluator.adapted.save_merged(run_dir / "merged_model")
+        outputs["merged-model"] = "merged_model"
     return outputs
 
 

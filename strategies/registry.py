@@ -89,6 +89,7 @@ METHOD_FOLDERS = (
     "flexlora",
     "rolora",
     "fedsvd",
+    "flora",
 )
 for _folder in METHOD_FOLDERS:
     for _method in import_module(f"strategies.{_folder}.method").METHODS:

@@ -58,6 +58,11 @@ def test_counts_match_the_tensors_each_method_sends(layout, tiny_bert_config):
     }
     # up in rounds 1 and 2, down: B then A, both down (RoLoRA); B up, both down (FedSVD)
     by_round = {"rolora": ((only_b, only_a), both), "fedsvd": ((only_b, only_b), both)}
+    # FLoRA: B and A up; down the fresh B and A and the last round's stacked factors
+    stack = 4 * r * sum(d_out + d_in for d_out, d_in in shapes.values())
+    flora = round_communication("flora", shapes, r, head, num_clients=4)
+    assert (flora.up_params, flora.down_params) == (both, both + stack)
+    expected["flora"] = both
     assert set(expected) | set(by_round) == set(METHODS)
     for method in METHODS:
         c = round_communication(method, shapes, r, head, num_clients=4)
@@ -69,7 +74,7 @@ def test_counts_match_the_tensors_each_method_sends(layout, tiny_bert_config):
             continue
         assert c.up_params == expected[method], method
         assert c.up_bytes == 4 * c.up_params
-        if method != "fedex-lora":
+        if method not in ("fedex-lora", "flora"):
             assert c.down_params == c.up_params
 
 

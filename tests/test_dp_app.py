@@ -22,6 +22,7 @@ from strategies.common.dp_accounting import epsilon_for
 from strategies.common.product_mean import product_update, refactor_noised_product
 from strategies.fedex_lora.method import FEDEX_REFUSAL
 from strategies.fedsvd.rule import refactorise
+from strategies.flora.method import FLORA_REFUSAL
 from strategies.florg.dp import clip_florg_with_head, private_florg_layers
 from strategies.florg_signed.rule import sign_blocks
 from strategies.registry import get_method, method_names
@@ -150,7 +151,8 @@ def expected_private(method, sent, clients, m, strategy):
     return new
 
 
-DP_METHODS = [m for m in method_names() if m != "fedex-lora"]
+REFUSED = {"fedex-lora", "flora"}  # each refuses dp=central with its reason
+DP_METHODS = [m for m in method_names() if m not in REFUSED]
 
 
 # --------------------------------------------------------------------------- settings
@@ -179,6 +181,10 @@ def test_fedex_lora_is_refused_with_its_reason_and_the_others_declare_their_mech
         resolve_config({}, {"dp": "central", "method": "fedex-lora"})
     assert str(err.value) == FEDEX_REFUSAL and "quadratic" in str(err.value)
     resolve_config({}, {"method": "fedex-lora", "save-client-updates": True})  # dp=off: fine
+    with pytest.raises(ConfigError) as err:
+        resolve_config({}, {"dp": "central", "method": "flora"})
+    assert str(err.value) == FLORA_REFUSAL and "full-rank noise" in str(err.value)
+    assert {m for m in method_names() if get_method(m).dp_mechanism is None} == REFUSED
     for name in DP_METHODS:
         assert get_method(name).dp_mechanism == MECHANISMS[name], name
         config = resolve_config({}, {"dp": "central", "method": name})

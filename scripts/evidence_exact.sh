@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The exact-aggregation methods under protocol v2 (conf/grids/evidence-v2-exact.yaml, movie
+# sentiment, and evidence-v2-exact-snli.yaml), run at one fixed commit in a worktree of their
+# own, resumable across sittings; and their publication.
+#
+#   EXACT_COMMIT=<sha> bash scripts/evidence_exact.sh [ROOT]   # prepare ROOT/v2-exact, run
+#   PREPARE_ONLY=1 ... / PUBLISH_ONLY=1 bash scripts/evidence_exact.sh ROOT
+#
+# EXACT_COMMIT: the runtime every run of these grids runs at. It is fixed (written below)
+# when the first run is published; until then it must be given. Runs already published
+# under $PUBLISHED are copied into the worktree's results first, so the runner skips them.
+# Order: movie sentiment (each method's tuning, then its seeds), then SNLI. The long-budget
+# grid (scripts/evidence_long.sh) goes first when both are due: it shares the 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="${1:-../florg-evidence}"
+mkdir -p "$ROOT"
+ROOT=$(cd "$ROOT" && pwd)
+EXACT_COMMIT=${EXACT_COMMIT:?set EXACT_COMMIT to the commit the grids run at}
+GRIDS=(evidence-v2-exact evidence-v2-exact-snli)
+PUBLISHED=evidence/evidence-v2-exact  # runs/<grid>/<run>: config, metrics, summary; tuning
+. scripts/fixed_worktree.sh
+dir="$ROOT/v2-exact"
+
+if [ -n "${PUBLISH_ONLY:-}" ]; then
+  for grid in "${GRIDS[@]}"; do
+    out="$dir/results/$grid"
+    mkdir -p "$PUBLISHED/runs/$grid"
+    for run in "$out"/runs/*/; do
+      [ -d "$run" ] || continue
+      grep -qs '"status": *"finished"' "$run/summary.json" || continue  # unfinished or failed
+      dest="$PUBLISHED/runs/$grid/$(basename "$run")"
+      mkdir -p "$dest"
+      cp "$run"/config.json "$run"/metrics.jsonl "$run"/summary.json "$dest/"
+    done
+    [ ! -f "$out/tuning.json" ] || cp "$out/tuning.json" "$PUBLISHED/$grid-tuning.json"
+  done
+  echo "evidence_exact: $(find "$PUBLISHED/runs" -name summary.json | wc -l) finished runs"
+  exit 0
+fi
+
+fixed_worktree "$dir" "$EXACT_COMMIT"
+for grid in "${GRIDS[@]}"; do
+  cp "conf/grids/$grid.yaml" "$dir/conf/grids/"
+  mkdir -p "$dir/results/$grid/runs"
+  [ ! -d "$PUBLISHED/runs/$grid" ] || cp -rn "$PUBLISHED/runs/$grid/." "$dir/results/$grid/runs/"
+done
+[ -n "${PREPARE_ONLY:-}" ] && exit 0
+
+enter_worktree "$dir"
+python -m florg_tools.assets fetch
+for grid in "${GRIDS[@]}"; do
+  python -m florg_tools.experiments run "$grid" --no-report
+done

@@ -1,0 +1,58 @@
+"""FLoRA: clients train a fresh LoRA every round; the server stacks their factors into the
+exact update sum_n w_n B_n A_n (``strategies/flora/rule.py``), which every client and the
+server's evaluator fold into W0 (``strategies/common/folds.py``), and sends the next round's
+fresh LoRA. Up: B and A; down: the fresh B and A, plus the last round's stacked factors,
+N r (d_out + d_in) per layer, growing with the number of clients."""
+
+from __future__ import annotations
+
+from strategies.common.folds import FoldsIntoW0
+
+# Why dp=central is refused rather than noised. FLoRA's round releases the dense product
+# sum_n w_n B_n A_n and folds it into W0 whole, with no truncation afterwards. A Gaussian
+# mechanism on it needs the product update's sensitivity (the clipped unit would be each
+# client's B_n A_n, dense d_out x d_in), and its noise, std z C / m on each of the
+# d_out d_in entries, would enter W0 every round and never leave: full-rank noise of norm
+# about z C sqrt(d_out d_in) / m per layer against a signal bounded by C / m. The noised
+# product has no stacked factors either, so it would travel dense. That is DP fine-tuning
+# of W0, not FLoRA's exact stacking.
+FLORA_REFUSAL = (
+    "dp=central is not supported for flora: its round folds the dense product "
+    "sum_n w_n B_n A_n into W0 with no truncation, so a Gaussian mechanism would add "
+    "full-rank noise (std z C / m on each of d_out * d_in entries, norm ~ z C sqrt(d_out d_in) "
+    "/ m per layer against a signal bounded by C / m) to W0 every round, where it would "
+    "accumulate, and the noised product would travel dense instead of as stacked factors; "
+    "use a method with a mechanism (florg among them) with dp=central"
+)
+
+
+class FLoRA(FoldsIntoW0):
+    fold_prefix = "flora"  # its context keys 'flora-cumulative-residual', ... (folds.py)
+
+    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
+        from strategies.flora.strategy import FLoRAStrategy
+
+        return FLoRAStrategy(
+            initial_state,
+            method=self,
+            seed=config.seed,
+            **self.strategy_settings(config, run_dir=run_dir),
+        )
+
+    def extra_down_params(self, d_out, d_in, r, num_clients, residual_mode):
+        """The last round's stacked factors: N r (d_out + d_in), r_n summed over clients of
+        different rank."""
+        return num_clients * r * (d_out + d_in)
+
+
+FLORA = FLoRA(
+    name="flora",
+    summary="stack the clients' B and A into the exact update, fold it into W0, restart LoRA",
+    adapter="lora",
+    shared=("A", "B"),
+    heterogeneous_ranks=True,  # the stack takes any r_n
+    dp_refusal=FLORA_REFUSAL,
+    writes_base_weights=True,  # the fold
+)
+
+METHODS = (FLORA,)
