@@ -143,6 +143,23 @@ class ClientAccountant:
         return cls(None if ledger is None else DpAccountant.from_state_dict(ledger), z)
 
 
+def plan_round(
+    config: Any, accountant: ClientAccountant, num_examples: int, *, where: str
+) -> DpSgdPlan:
+    """This round's plan; ``DpBudgetExceeded`` when training it would take the client past
+    ``dp-max-epsilon`` (``where`` names the client and round in the message)."""
+    plan = accountant.plan(config, num_examples)
+    limit = config.dp_max_epsilon
+    if limit > 0:
+        after = accountant.epsilon_after(plan)
+        if after > limit:
+            raise DpBudgetExceeded(
+                f"dp-max-epsilon: {where} refuses to train: its epsilon would reach "
+                f"{after:.4g} > {limit:g} (now {accountant.epsilon():.4g}, delta {plan.delta:.3g})"
+            )
+    return plan
+
+
 def round_generators(
     seed: int | None, device: torch.device
 ) -> tuple[torch.Generator, torch.Generator]:
