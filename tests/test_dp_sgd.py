@@ -10,6 +10,8 @@ Opacus' own RDP accountant and the calibration to a target epsilon) and one clie
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -243,3 +245,67 @@ def test_an_empty_poisson_batch_takes_a_noise_only_step(tiny_bert_config):
     finally:
         private.close()
     assert np.isfinite(std)
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"gradient-checkpointing": True}, "gradient-checkpointing"),
+        ({"precision": "bf16"}, "precision"),
+        ({"dp-sgd-delta": 1.0}, "dp-sgd-delta"),
+        ({"dp-sgd-clipping-norm": 0.0}, "dp-sgd-clipping-norm"),
+        ({"dp-sgd-target-epsilon": 8.0, "dp-max-epsilon": 4.0}, "dp-max-epsilon"),
+    ],
+)
+def test_dp_example_refuses_bad_settings_naming_the_key(overrides, key):
+    from flower_app.config import ConfigError
+
+    with pytest.raises(ConfigError, match=key):
+        dp_config(**overrides)
+
+
+def test_every_registered_method_takes_dp_example_and_a_refusal_names_method_and_reason():
+    from dataclasses import replace
+
+    from strategies.registry import get_method, method_names
+
+    config = dp_config()
+    for name in method_names():
+        get_method(name).check_settings(config)  # no refusal today
+    refusing = replace(get_method("fedit"), name="toy", example_dp_refusal="its reason")
+    with pytest.raises(ValueError, match="dp=example refused for method 'toy': its reason"):
+        refusing.check_settings(config)
+
+
+def test_the_causal_lm_kind_is_refused_with_its_reason():
+    from flower_app.task_kinds import get_kind
+
+    assert "per-example" in get_kind("causal-lm").example_dp_refusal
+    assert get_kind("classification").example_dp_refusal == ""
+
+
+def test_off_leaves_the_round_untouched():
+    """dp=off builds no record and no accountant: the strategy's round 0 row is as before."""
+    from strategies.common.example_dp import example_dp_record
+
+    assert example_dp_record(resolve_config({})) is None
+    assert example_dp_record(dp_config()) is not None
+
+
+def test_the_server_record_keeps_the_largest_epsilon_and_bounds_a_lost_ledger():
+    from strategies.common.example_dp import ExampleDpRecord
+
+    record = ExampleDpRecord(target=2.0)
+    record._take(1, 0, 1.0)
+    record._take(1, 1, 2.5)
+    assert record.metrics() == {
+        "dp-sgd-epsilon-max": 2.5, "dp-sgd-over-target": 1, "dp-sgd-clients": 2,
+    }  # fmt: skip
+    record._take(2, 1, 0.5)  # partition 1's node lost its ledger: 2.5 + 0.5
+    assert record.epsilon(1) == 3.0
+    restored = ExampleDpRecord(2.0)
+    restored.load_state_json(json.loads(json.dumps(record.state_json())))
+    assert restored.metrics() == record.metrics()
