@@ -16,8 +16,9 @@ batched or private paths. A method declares
 - **server side**: its rule (``aggregate``), run by the common strategy
   (``strategies/common/strategy.py``), or its own strategy (``build_strategy``);
 - **flags** the common strategy and the settings' checks read, never a method's name:
-  ``heterogeneous_ranks``, ``dp_mechanism`` (with ``dp_refusal`` when None) and
-  ``writes_base_weights``;
+  ``heterogeneous_ranks``, ``dp_mechanism`` (with ``dp_refusal`` when None),
+  ``example_dp_refusal`` (why DP-SGD on the clients, ``dp=example``, cannot run it; '' when
+  it can) and ``writes_base_weights``;
 - **central differential privacy** (``dp=central``, docs/privacy.md): its mechanism
   (``aggregate_private``; by default the mean mechanism of
   ``strategies.common.central_dp``);
