@@ -19,6 +19,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log as flwr_log
 
+from flower_app.client.dp_state import load_accountant, save_accountant
 from flower_app.client.faults import inject_faults
 from flower_app.client.node_config import use_node_data
 from flower_app.client.node_state import (
@@ -85,6 +86,9 @@ def train(msg: Message, context: Context) -> Message:
         "lr-fingerprint": adapted.fingerprint(),
     }
     metrics |= adapted.method.receive_on_client(msg, context, adapted)  # the method's hook
+    # dp=example: the node's DP-SGD ledger (flower_app/client/dp_state.py); a client past
+    # dp-max-epsilon raises DpBudgetExceeded, which Flower returns as a failed reply
+    accountant = load_accountant(context, msg, pid) if config.dp == "example" else None
     reply = train_round(
         config,
         adapted,
@@ -92,7 +96,10 @@ def train(msg: Message, context: Context) -> Message:
         partition_id=pid,
         num_partitions=num_partitions,
         metrics=metrics,
+        accountant=accountant,
     )
+    if accountant is not None:
+        save_accountant(context, msg, pid, accountant)
     if reply.local:
         context.state[LOCAL_STATE] = to_array_record(reply.local)
         folder = node_state_dir(msg, pid)

@@ -292,6 +292,32 @@ def _check_quantization_settings(config: RunConfig) -> None:
         )
 
 
+def _check_example_dp(config: RunConfig) -> None:
+    """``dp=example`` (DP-SGD with Opacus, flower_app/dp_sgd.py): Opacus' hooks record each
+    module's input in the forward and compute per-example gradients in the backward, so a
+    checkpointed block (whose forward runs twice) would record it twice; its noise and
+    clipping run on float32 gradients, not a GradScaler's scaled ones, nor a quantised base's.
+    A limit below the target could never be reached by a client that trains every round."""
+    if config.dp != "example":
+        return
+    if config.gradient_checkpointing:
+        raise ConfigError(
+            "gradient-checkpointing: refused with dp=example (Opacus' per-example gradients "
+            "record each block's input once per forward; checkpointing runs it twice)"
+        )
+    if config.precision != "fp32" or config.quantization != "none":
+        key = "precision" if config.precision != "fp32" else "quantization"
+        raise ConfigError(
+            f"{key}: dp=example trains in float32 only (precision=fp32, quantization=none)"
+        )
+    target, limit = config.dp_sgd_target_epsilon, config.dp_max_epsilon
+    if target > 0 and limit > 0 and limit < target:
+        raise ConfigError(
+            f"dp-max-epsilon: {limit} is below dp-sgd-target-epsilon {target}; a client "
+            "calibrated to the target would refuse the run's last rounds"
+        )
+
+
 # The one validation pipeline of ``resolve_config``: the checks across settings, in order,
 # each raising a ConfigError that names its key; a method adds its own through
 # ``Method.check_settings``. (Each value's own check runs first, in ``coerce_setting``; the
@@ -301,5 +327,6 @@ CROSS_CHECKS = (
     _check_quantization_settings,
     _check_half_precision_writes,
     _check_lr_schedule,
+    _check_example_dp,
     _check_method_settings,
 )

@@ -42,6 +42,13 @@ def open_unit_interval(x: float) -> bool:
 open_unit_interval.hint = "strictly between 0 and 1"  # type: ignore[attr-defined]
 
 
+def zero_or_below_one(x: float) -> bool:
+    return 0 <= x < 1
+
+
+zero_or_below_one.hint = "0 (the default rule) or strictly between 0 and 1"  # type: ignore[attr-defined]
+
+
 # Grid run ids look like "method=florg,seed=0,task=snli" (florg_tools/experiments/grid.py).
 _FOLDER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+:@%~-]{0,254}")
 FOLDER_NAME_HINT = (

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from flower_app.dp_sgd import DpSgd, PrivateTraining, private_training
 from flower_app.precision import MixedPrecision
 
 
@@ -117,6 +118,7 @@ def train_local(
     description: str = "local training",
     loss_fn: LossFn = model_loss,
     mixed: MixedPrecision | None = None,
+    dp_sgd: DpSgd | None = None,
 ) -> TrainResult:
     """``epochs`` passes over ``loader`` (or exactly ``max_steps`` steps when > 0), with a
     fresh AdamW (``make_optimizer``: the adapter at ``lr``, the head at ``head_lr``).
@@ -124,10 +126,34 @@ def train_local(
     Each step minimises ``loss_fn(model, batch)``, the task kind's training loss; the
     default is the model's own (the batches carry its targets: ``labels``, or
     ``start_positions`` / ``end_positions`` for extractive QA). ``mixed``: the run's
-    ``precision`` (``train_step``)."""
+    ``precision`` (``train_step``). ``dp_sgd`` (``dp=example``, flower_app/dp_sgd.py): every
+    step a DP-SGD step of Opacus on a Poisson batch of ``loader``'s dataset (an epoch is 1/q
+    of them); an empty batch takes the noise-only step."""
     optimizer = make_optimizer(model, lr=lr, head_lr=head_lr, weight_decay=weight_decay)
-    total = max_steps if max_steps > 0 else epochs * len(loader)
     model.to(device).train()
+    with private_training(dp_sgd, model, optimizer, loader) as private:
+        if private is not None:
+            optimizer, loader = private.optimizer, private.loader
+        return _train_loop(
+            model, loader, optimizer, epochs, max_steps, device, progress, description,
+            loss_fn, mixed, private,
+        )  # fmt: skip
+
+
+def _train_loop(
+    model: nn.Module,
+    loader: DataLoader,
+    optimizer: torch.optim.Optimizer,
+    epochs: int,
+    max_steps: int,
+    device: torch.device,
+    progress: bool,
+    description: str,
+    loss_fn: LossFn,
+    mixed: MixedPrecision | None,
+    private: PrivateTraining | None,
+) -> TrainResult:
+    total = max_steps if max_steps > 0 else epochs * len(loader)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -136,6 +162,12 @@ def train_local(
     loss_sum, examples, steps = 0.0, 0, 0
     while steps < total:
         for batch in loader:
+            if private is not None and private.empty(batch):
+                private.noise_step()
+                steps += 1
+                if steps >= total:
+                    break
+                continue
             batch = _batch_to(batch, device)
             loss = train_step(model, optimizer, batch, step=steps, loss_fn=loss_fn, mixed=mixed)
             n = int(batch["input_ids"].shape[0])  # examples, or QA features (windows)

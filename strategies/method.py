@@ -16,8 +16,9 @@ batched or private paths. A method declares
 - **server side**: its rule (``aggregate``), run by the common strategy
   (``strategies/common/strategy.py``), or its own strategy (``build_strategy``);
 - **flags** the common strategy and the settings' checks read, never a method's name:
-  ``heterogeneous_ranks``, ``dp_mechanism`` (with ``dp_refusal`` when None) and
-  ``writes_base_weights``;
+  ``heterogeneous_ranks``, ``dp_mechanism`` (with ``dp_refusal`` when None),
+  ``example_dp_refusal`` (why DP-SGD on the clients, ``dp=example``, cannot run it; '' when
+  it can) and ``writes_base_weights``;
 - **central differential privacy** (``dp=central``, docs/privacy.md): its mechanism
   (``aggregate_private``; by default the mean mechanism of
   ``strategies.common.central_dp``);
@@ -95,6 +96,9 @@ class Method:
     # ``aggregate_private`` implements; None: dp=central is refused, with ``dp_refusal``.
     dp_mechanism: str | None = None
     dp_refusal: str = ""
+    # Why dp=example (DP-SGD on each client) cannot run it; '' (every method so far): it can,
+    # since DP-SGD protects whatever the client computes from its trained parameters.
+    example_dp_refusal: str = ""
     # Whether it writes into the frozen base weights W0 during the run (e.g. a
     # residual fold): refused with a half-precision or quantised W0.
     writes_base_weights: bool = False
@@ -179,6 +183,10 @@ class Method:
                 raise ValueError("client-ranks: dp=central needs one common rank")
             if config.subtract_init and self.adapter == "florg":
                 raise ValueError(SUBTRACT_INIT_NEEDS_ONE_RANK)
+        if config.dp == "example" and self.example_dp_refusal:
+            raise ValueError(
+                f"dp: dp=example refused for method {self.name!r}: {self.example_dp_refusal}"
+            )
         if config.dp != "central":
             return
         from importlib.util import find_spec
@@ -279,6 +287,8 @@ class Method:
         """The ``AdapterStrategy`` arguments every method takes from the settings:
         sampling, weighting, whether clients evaluate, where client updates are saved,
         screening, central differential privacy."""
+        from strategies.common.example_dp import example_dp_record
+
         save = run_dir is not None and config.save_client_updates
         return {
             "fraction_train": config.fraction_train,
@@ -290,6 +300,7 @@ class Method:
             "screen_updates": config.screen_updates,
             "screen_kappa": config.screen_kappa,
             "dp": self.central_dp(config),
+            "example_dp": example_dp_record(config),
         }
 
     # -- communication (parameters per client, round and adapted layer) -----------------

@@ -16,7 +16,8 @@ it is, and the centralised benchmarks (benchmarks/centralised/training.py) train
    run's settings (``train_steps``: ``flower_app.training.train_local`` with
    ``learning-rate`` and the head's rate, both times the round's ``lr-schedule`` factor
    (flower_app/lr_schedule.py), ``weight-decay``, ``local-epochs`` / ``local-steps``,
-   ``device``, ``progress-bar``);
+   ``device``, ``progress-bar``; with ``dp=example`` every step is a DP-SGD step on a
+   Poisson batch, flower_app/dp_sgd.py, and the client's accountant composes it);
 4. **reply**: the shared arrays it trained and the training metrics (``RoundReply``; its
    ``content`` is the reply's Flower RecordDict) and the own parts the client keeps.
 
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from flower_app.config import RunConfig
+from flower_app.dp_sgd import ClientAccountant, DpSgd, plan_round
 from flower_app.lr_schedule import round_lr_factor
 from flower_app.modeling import pick_device
 from flower_app.precision import MixedPrecision
@@ -73,6 +75,7 @@ def train_steps(
     max_steps: int | None = None,
     description: str = "local training",
     lr_factor: float = 1.0,
+    dp_sgd: DpSgd | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``loader`` with the run's settings: a fresh AdamW (the adapter at
     ``learning-rate``, the head at ``RunConfig.head_lr``, ``weight-decay``) for
@@ -95,6 +98,7 @@ def train_steps(
         description=description,
         loss_fn=load_task_data(config).kind.training_loss,
         mixed=MixedPrecision.for_run(config.precision, device),
+        dp_sgd=dp_sgd,
     )
 
 
@@ -128,13 +132,23 @@ def train_round(
     partition_id: int,
     num_partitions: int,
     metrics: Mapping[str, Any] | None = None,
+    accountant: ClientAccountant | None = None,
 ) -> RoundReply:
     """One client's training in round ``server_round``, after ``receive``: its partition
     of the training split shuffled and torch seeded with ``round_seed``, ``train_steps``,
-    and the reply (``metrics`` come first in the reply's metrics)."""
+    and the reply (``metrics`` come first in the reply's metrics).
+
+    ``accountant`` (``dp=example``, flower_app/dp_sgd.py): the client's privacy ledger; the
+    round trains with DP-SGD (refused with ``DpBudgetExceeded`` past ``dp-max-epsilon``),
+    is composed into it, and the reply adds ``dp-sgd-epsilon`` (after this round),
+    ``dp-sgd-noise-multiplier`` and ``dp-sgd-delta``; ``num-examples`` is then the
+    partition's size n (the count of Poisson-sampled examples would reveal the sampling)."""
     dataset = tokenized_split(config, "train", partition_id, num_partitions)
     seed = round_seed(config, server_round, partition_id)
     loader = make_loader(dataset, config.batch_size, shuffle=True, seed=seed)
+    dp_sgd = None
+    if accountant is not None:
+        dp_sgd = private_round(config, accountant, len(dataset), seed, server_round, partition_id)
     # Dropout draws from torch's global generator: seeded per (run seed, round, partition).
     torch.manual_seed(seed)
     adapted.train_parts_of_round(server_round)  # Method.trained_parts: may change by round
@@ -145,6 +159,7 @@ def train_round(
         loader,
         description=f"round {server_round} partition {partition_id}",
         lr_factor=round_lr_factor(config, server_round),
+        dp_sgd=dp_sgd,
     )
     adapted.model.to("cpu")
     reply = RoundReply(
@@ -158,4 +173,34 @@ def train_round(
             "train-seconds": time.perf_counter() - t0,
         }
     )
+    if accountant is not None and dp_sgd is not None:
+        accountant.record(dp_sgd.plan)
+        reply.metrics.update(
+            {
+                "num-examples": len(dataset),
+                "dp-sgd-epsilon": accountant.epsilon(),
+                "dp-sgd-noise-multiplier": dp_sgd.plan.noise_multiplier,
+                "dp-sgd-delta": dp_sgd.plan.delta,
+            }
+        )
     return reply
+
+
+def private_round(
+    config: RunConfig,
+    accountant: ClientAccountant,
+    num_examples: int,
+    seed: int,
+    server_round: int,
+    partition_id: int,
+) -> DpSgd:
+    """The round's DP-SGD: the task kind must allow it, the plan within ``dp-max-epsilon``,
+    the generators from OS entropy (or ``seed`` with ``dp-sgd-seeded-noise``)."""
+    kind = load_task_data(config).kind
+    if kind.example_dp_refusal:
+        raise ValueError(
+            f"dp: dp=example refused for task kind {kind.name!r}: {kind.example_dp_refusal}"
+        )
+    where = f"partition {partition_id} in round {server_round}"
+    plan = plan_round(config, accountant, num_examples, where=where)
+    return DpSgd(plan, seed if config.dp_sgd_seeded_noise else None)

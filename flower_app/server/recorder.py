@@ -187,6 +187,9 @@ class RunRecorder:
             parts.append(f"{row['clipped']} example claims clipped")
         if row.get("dp-epsilon") is not None:  # dp=central (docs/privacy.md)
             parts.append(f"dp epsilon {row['dp-epsilon']:.4g} (delta {self.config.dp_delta:g})")
+        if row.get("dp-sgd-epsilon-max") is not None:  # dp=example: the clients' largest
+            over = int(row.get("dp-sgd-over-target", 0))
+            parts.append(f"dp-sgd epsilon max {row['dp-sgd-epsilon-max']:.4g}, {over} over target")
         parts.append(f"{row['elapsed-seconds']:.0f}s")
         flwr_log(INFO, " | ".join(parts))
 
@@ -222,7 +225,11 @@ class RunRecorder:
         return summary
 
     def _privacy(self, last: dict[str, Any]) -> dict[str, Any]:
-        """dp=central: the run's (epsilon, delta) after its last round (docs/privacy.md)."""
+        """dp=central: the run's (epsilon, delta) after its last round; dp=example: the
+        clients' largest epsilon and how many are over the target (docs/privacy.md)."""
+        if self.config.dp == "example":
+            keys = ("dp-sgd-epsilon-max", "dp-sgd-over-target", "dp-sgd-clients")
+            return {key: last.get(key) for key in keys}
         if self.config.dp == "off":
             return {}
         return {"dp-epsilon": last.get("dp-epsilon"), "dp-delta": self.config.dp_delta}

@@ -14,6 +14,7 @@ from flower_app.config_checks import (
     one_of,
     open_unit_interval,
     positive,
+    zero_or_below_one,
 )
 from flower_app.settings import MODEL, setting
 
@@ -168,13 +169,16 @@ class ScreeningSettings:
 
 @dataclass(frozen=True)
 class PrivacySettings:
-    """Settings: privacy: central differential privacy (docs/privacy.md)."""
+    """Settings: privacy: central differential privacy and example-level DP-SGD
+    (docs/privacy.md)."""
 
     dp: str = setting(
         "off",
         "differential privacy: 'central' = the server clips each client's update and noises "
-        "the aggregate, user-level (epsilon, delta) in metrics.jsonl's dp-epsilon",
-        check=one_of("off", "central"),
+        "the aggregate, user-level (epsilon, delta) in metrics.jsonl's dp-epsilon; 'example' "
+        "= each client trains with DP-SGD (Opacus), example-level, its epsilon per client "
+        "(metrics.jsonl's dp-sgd-epsilon-max)",
+        check=one_of("off", "central", "example"),
         affects=(),
     )
     dp_clipping_norm: float = setting(
@@ -193,5 +197,45 @@ class PrivacySettings:
         1e-5,
         "dp=central: the delta epsilon is reported at; set it well below 1 / the number of clients",
         check=open_unit_interval,
+        affects=(),
+    )
+    dp_sgd_clipping_norm: float = setting(
+        1.0,
+        "dp=example: L2 bound C on each example's gradient of everything a client trains "
+        "(adapter and head jointly)",
+        check=positive,
+        affects=(),
+    )
+    dp_sgd_noise_multiplier: float = setting(
+        1.0,
+        "dp=example: noise multiplier z of every local step (noise std z C on the clipped "
+        "sum); unused where dp-sgd-target-epsilon is set",
+        check=positive,
+        affects=(),
+    )
+    dp_sgd_target_epsilon: float = setting(
+        0.0,
+        "dp=example: each client's z is calibrated to end the run at this epsilon if it trains "
+        "in every round (0: use dp-sgd-noise-multiplier)",
+        check=non_negative,
+        affects=(),
+    )
+    dp_sgd_delta: float = setting(
+        0.0,
+        "dp=example: each client's delta (0: 1 / (10 n), n the client's training examples)",
+        check=zero_or_below_one,
+        affects=(),
+    )
+    dp_max_epsilon: float = setting(
+        0.0,
+        "dp=example: a client whose epsilon would exceed this after a round refuses to train "
+        "in it, a failed reply (0: no limit)",
+        check=non_negative,
+        affects=(),
+    )
+    dp_sgd_seeded_noise: bool = setting(
+        False,
+        "dp=example, tests only: draw the Poisson sampling and the noise from the round's seed "
+        "(reproducible, NOT private; default: OS entropy)",
         affects=(),
     )

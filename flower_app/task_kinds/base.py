@@ -77,6 +77,9 @@ class TaskKind(ABC):
     # Whether the task's label column holds classes, so that always guessing the majority
     # class is a chance level (the evidence report's); answers and responses are not.
     has_classes: ClassVar[bool] = False
+    # Why dp=example (DP-SGD, flower_app/dp_sgd.py) cannot train this kind; '' where its
+    # training loss is the batch's mean of per-example losses, as Opacus' scaling assumes.
+    example_dp_refusal: ClassVar[str] = ""
 
     # ----------------------------------------------------------------- data
     def check_spec(self, spec: TaskSpec) -> None:

@@ -109,6 +109,11 @@ class CausalLM(TaskKind):
     score_metric = "gen-f1"
     metric_names = ("response-loss", "perplexity", "gen-exact-match", "gen-f1")
     default_target_modules = "q_proj,v_proj"
+    example_dp_refusal = (
+        "the causal-LM loss is the mean over all response tokens of the batch, so one "
+        "example's gradient is scaled by the other examples' lengths, and Opacus' per-example "
+        "gradients (the batch's mean loss times its size) are not each example's own"
+    )
 
     def check_spec(self, spec: TaskSpec) -> None:
         if source_format(spec) == SQUAD and len(spec.text_fields) != 2:

@@ -24,7 +24,7 @@ INFO = logging.INFO
 class CheckpointedRounds:
     """Mixed into the common strategy (before Flower's FedAvg): its state for checkpoints
     and the resumable round loop. Reads the strategy's ``global_state``, ``method``,
-    ``ledger`` (node -> partition), ``router`` (node ranks) and ``dp``."""
+    ``ledger`` (node -> partition), ``router`` (node ranks), ``dp`` and ``example_dp``."""
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Arrays needed to continue: the float64 global state (the previous state of the
@@ -43,6 +43,8 @@ class CheckpointedRounds:
             state["node-ranks"] = self.router.state_json()
         if self.dp is not None:
             state["dp"] = self.dp.state_dict()
+        if self.example_dp is not None:  # dp=example: the clients' epsilons (example_dp.py)
+            state["example-dp"] = self.example_dp.state_json()
         return state
 
     def restore(self, arrays: Mapping[str, np.ndarray], state: Mapping[str, Any]) -> None:
@@ -63,6 +65,10 @@ class CheckpointedRounds:
             raise ValueError("checkpoint and run differ in dp (off / central)")
         if self.dp is not None:
             self.dp.load_state_dict(state["dp"])
+        if (self.example_dp is None) != ("example-dp" not in state):
+            raise ValueError("checkpoint and run differ in dp (example or not)")
+        if self.example_dp is not None:
+            self.example_dp.load_state_json(state["example-dp"])
 
     def start(  # type: ignore[override]
         self,

@@ -25,8 +25,8 @@ Central differential privacy (``dp=central``, docs/privacy.md): with ``dp`` (a
 is clipped to C and the sum gets Gaussian noise, divided by m = the number of clients
 sampled in the round (a client that failed or was rejected counts as one that did not
 move), then post-processed by the method's rule. Screening is off under dp=central
-(``ReplyGate.turn_off_screening_for_dp`` says why). Every round records ``dp-epsilon``; the
-ledger goes into the checkpoint.
+(``ReplyGate.turn_off_screening_for_dp`` says why). Every round records ``dp-epsilon``, and
+the ledger goes into the checkpoint. ``dp=example``: the clients' epsilons, example_dp.py.
 
 The strategy never names a method: it reads the rule, the mechanism and the flags from the
 method it is built with (``MethodRules``). A method whose round needs more (FLoRG's
@@ -52,6 +52,7 @@ from flower_app.records import declared_params, split_state, to_array_record
 from strategies.common.averaging import weighted_average
 from strategies.common.central_dp import CentralDP
 from strategies.common.client_evaluation import personalised_metrics
+from strategies.common.example_dp import ExampleDpRecord
 from strategies.common.ledger import CommunicationLedger
 from strategies.common.participation import NodeLedger
 from strategies.common.rank_router import RankRouter
@@ -111,6 +112,7 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
         screen_updates: bool = True,
         screen_kappa: float = DEFAULT_KAPPA,
         dp: CentralDP | None = None,
+        example_dp: ExampleDpRecord | None = None,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -125,7 +127,7 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
         self.method = method
         self.weighting = weighting
         self.gate = ReplyGate(screen_updates=screen_updates, screen_kappa=screen_kappa)
-        self.dp = dp
+        self.dp, self.example_dp = dp, example_dp  # example_dp: dp=example's record
         if dp is not None:
             self._check_dp(dp, weighting, updates_dir)
             self.gate.turn_off_screening_for_dp()
@@ -134,8 +136,8 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
         }
         self.updates_dir = Path(updates_dir) if updates_dir else None
         self.round_metrics: dict[int, dict[str, float]] = {}
-        if dp is not None:
-            self.round_metrics[0] = {"dp-epsilon": 0.0}  # the initial state is public
+        if dp is not None or example_dp is not None:  # the initial state is public
+            self.round_metrics[0] = example_dp.metrics() if example_dp else {"dp-epsilon": 0.0}
         self.communication = CommunicationLedger()  # parameters sent and received
         self.ledger = NodeLedger()  # node id -> partition id; lost nodes per round
         self.router = RankRouter(self.global_state)  # each node's rank; r_max
@@ -250,13 +252,14 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
                     node,
                     err,
                 )
+        example_dp = self.example_dp.observe(server_round, replies) if self.example_dp else {}
         return self.aggregate_replies(
             server_round,
             checked,
             failures=failures,
             rejected=rejected,
             up_params=up_params,
-            node_metrics=nodes.metrics(),
+            node_metrics=nodes.metrics() | example_dp,
         )
 
     def aggregate_replies(

@@ -1,0 +1,311 @@
+"""Example-level DP-SGD (``dp=example``, flower_app/dp_sgd.py, docs/privacy.md section 9).
+
+The per-example gradients Opacus computes (its hooks; FLoRG's A through
+flower_app/adapters/florg_grad_sample.py) are held, for every trained parameter (adapter
+and head), to a loop that runs autograd on one example at a time, in float64, to 1e-6:
+FLoRG (its pass-factor cache on: the factors are formed outside the layer), florg-signed
+(D = diag(+-1)) and PEFT's LoRA, on the tiny BERT. Then the client's accountant (against
+Opacus' own RDP accountant and the calibration to a target epsilon) and one client round.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from flower_app.adapters.florg_layer import FLoRGLinear
+from flower_app.adapters.florg_model import FLoRGConfig, florg_layers, inject_florg
+from flower_app.adapters.lora import LoRAConfig, inject_lora, lora_layers
+from flower_app.config import resolve_config
+from flower_app.dp_sgd import (
+    ClientAccountant,
+    DpSgd,
+    DpSgdPlan,
+    client_delta,
+    round_generators,
+)
+
+N, T = 5, 7  # examples, tokens
+
+
+def tiny_bert(tiny_bert_config):
+    """The tiny BERT in float64, dropout off (so a training forward is deterministic)."""
+    from transformers import AutoModelForSequenceClassification
+
+    config = tiny_bert_config.__class__(
+        **{**tiny_bert_config.to_dict(), "hidden_dropout_prob": 0.0,
+           "attention_probs_dropout_prob": 0.0}
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return AutoModelForSequenceClassification.from_config(config).double()
+
+
+def batch(vocab: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    mask = torch.ones(N, T, dtype=torch.long)
+    mask[1, 5:] = 0  # padding: per-example gradients must ignore it as the loop does
+    mask[3, 3:] = 0
+    return {
+        "input_ids": torch.randint(0, vocab, (N, T), generator=g),
+        "attention_mask": mask,
+        "labels": torch.randint(0, 2, (N,), generator=g),
+    }
+
+
+def florg_model(tiny_bert_config, signs=None):
+    model = tiny_bert(tiny_bert_config)
+    inject_florg(model, FLoRGConfig(r=4, alpha=8.0, a_init_std=0.5, signs=signs))
+    return model
+
+
+def lora_model(tiny_bert_config):
+    model = inject_lora(tiny_bert(tiny_bert_config), LoRAConfig(r=4, alpha=8.0))
+    with torch.no_grad():  # B = 0 at LoRA's start gives A no gradient: move off it
+        for layer in lora_layers(model).values():
+            layer.lora_B["default"].weight.normal_(0.0, 0.3)
+    return model
+
+
+BUILDERS = {
+    "florg": florg_model,
+    "florg-signed": lambda c: florg_model(c, signs=(1.0, -1.0, 1.0, -1.0)),
+    "lora": lora_model,
+}
+
+
+def per_example_loop(model, data) -> dict[str, torch.Tensor]:
+    """name -> (N x shape): autograd on each example alone (its own loss, batch of one)."""
+    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    grads: dict[str, list[torch.Tensor]] = {n: [] for n in trained}
+    for i in range(N):
+        model.zero_grad(set_to_none=True)
+        model(**{k: v[i : i + 1] for k, v in data.items()}).loss.backward()
+        for n, p in trained.items():
+            grads[n].append(p.grad.detach().clone())
+    model.zero_grad(set_to_none=True)
+    return {n: torch.stack(g) for n, g in grads.items()}
+
+
+@pytest.mark.parametrize("variant", sorted(BUILDERS))
+def test_per_example_gradients_equal_a_per_example_autograd_loop(tiny_bert_config, variant):
+    from opacus import GradSampleModule
+
+    from flower_app.adapters.florg_grad_sample import register_florg_grad_sampler
+
+    register_florg_grad_sampler()
+    model = BUILDERS[variant](tiny_bert_config).train()
+    data = batch(tiny_bert_config.vocab_size)
+    expected = per_example_loop(model, data)
+    module = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=False)
+    try:
+        loss = model(**data).loss  # the batch's mean loss, as training takes it
+        if variant.startswith("florg"):  # the factors came from the model's pre-hook
+            assert all(layer.holds_pass_factors for layer in florg_layers(model).values())
+        loss.backward()
+        names = dict(model.named_parameters())
+        adapter = [n for n in expected if n.endswith(".A") or ".lora_" in n]
+        assert adapter and len(adapter) < len(expected)  # the head is trained and checked too
+        for name, loop in expected.items():
+            sample = names[name].grad_sample
+            assert sample.shape == loop.shape, name
+            scale = float(loop.abs().max())
+            assert scale > 1e-8, name  # a gradient that can be wrong
+            # to 1e-6 of the largest entry (float64: the two agree to about 1e-12)
+            torch.testing.assert_close(sample, loop, rtol=0.0, atol=1e-6 * scale, msg=name)
+    finally:
+        module._close()
+
+
+def test_the_florg_sampler_sees_a_wrong_gradient(tiny_bert_config):
+    """The comparison can fail: without its D, florg-signed's per-example gradients differ."""
+    from flower_app.adapters.florg_grad_sample import florg_grad_sample
+
+    layer = next(iter(florg_layers(florg_model(tiny_bert_config, (1.0, -1.0, 1.0, -1.0))).values()))
+    x = torch.randn(3, 4, layer.in_features, dtype=torch.float64)
+    g = torch.randn(3, 4, layer.out_features, dtype=torch.float64)
+    signed = florg_grad_sample(layer, [x], g)[layer.A]
+    layer.signs = None
+    assert not torch.allclose(signed, florg_grad_sample(layer, [x], g)[layer.A], atol=1e-3)
+
+
+def test_a_frozen_a_has_no_per_example_gradient(tiny_bert_config):
+    from flower_app.adapters.florg_grad_sample import florg_grad_sample
+
+    layer: FLoRGLinear = next(iter(florg_layers(florg_model(tiny_bert_config)).values()))
+    layer.A.requires_grad_(False)
+    x = torch.randn(2, 3, layer.in_features, dtype=torch.float64)
+    assert florg_grad_sample(layer, [x], torch.randn(2, 3, layer.out_features).double()) == {}
+
+
+# --------------------------------------------------------------------------- accountant
+
+
+def dp_config(**overrides):
+    values = {"dp": "example", "batch-size": 10, "local-steps": 5, "num-server-rounds": 4}
+    return resolve_config({}, {**values, **overrides})
+
+
+def test_the_client_epsilon_matches_opacus_rdp_accountant():
+    from opacus.accountants import RDPAccountant
+
+    accountant = ClientAccountant()
+    plan = accountant.plan(dp_config(**{"dp-sgd-noise-multiplier": 1.1}), 1000)
+    assert plan.sample_rate == 0.01 and plan.delta == 1e-4 and plan.steps == 5
+    theirs = RDPAccountant()
+    for _ in range(3):  # three rounds
+        accountant.record(plan)
+        theirs.history.append((plan.noise_multiplier, plan.sample_rate, plan.steps))
+    ours = accountant.epsilon()
+    assert ours > 0 and ours == pytest.approx(theirs.get_epsilon(plan.delta), rel=0.05)
+
+
+def test_a_target_epsilon_calibrates_z_for_every_round_of_the_run():
+    config = dp_config(**{"dp-sgd-target-epsilon": 3.0})
+    accountant = ClientAccountant()
+    plan = accountant.plan(config, 500)
+    for _ in range(config.num_server_rounds):
+        accountant.record(accountant.plan(config, 500))
+    assert accountant.noise_multiplier == plan.noise_multiplier  # fixed at the first round
+    assert 2.9 < accountant.epsilon() <= 3.0
+
+
+def test_the_accountant_state_round_trips_and_continues():
+    config = dp_config()
+    accountant = ClientAccountant()
+    accountant.record(accountant.plan(config, 200))
+    restored = ClientAccountant.from_state_dict(accountant.state_dict())
+    assert restored.epsilon() == accountant.epsilon() > 0
+    plan = restored.plan(config, 200)
+    assert restored.epsilon_after(plan) > restored.epsilon()
+    with pytest.raises(ValueError, match="ClientAccountant"):
+        ClientAccountant.from_state_dict({"ledger": None})
+
+
+def test_delta_defaults_below_one_over_n():
+    assert client_delta(dp_config(), 200) == 1 / 2000
+    assert client_delta(dp_config(**{"dp-sgd-delta": 1e-6}), 200) == 1e-6
+
+
+def test_seeded_generators_repeat_and_unseeded_ones_differ():
+    a = [g.initial_seed() for g in round_generators(7, torch.device("cpu"))]
+    assert a == [g.initial_seed() for g in round_generators(7, torch.device("cpu"))]
+    assert round_generators(None, torch.device("cpu"))[0].initial_seed() != a[0]
+
+
+# --------------------------------------------------------------------------- one step
+
+
+def test_a_dp_step_clips_each_example_and_noises_the_sum(tiny_bert_config):
+    """z = 0: the step's gradient is the sum of the per-example gradients, each clipped to C,
+    over the expected batch size; z > 0 adds noise of std z C / (q n)."""
+    from flower_app.training import make_optimizer
+
+    model = florg_model(tiny_bert_config).train()
+    data = batch(tiny_bert_config.vocab_size)
+    loop = per_example_loop(model, data)
+    norms = torch.cat([g.reshape(N, -1) for g in loop.values()], 1).norm(dim=1)
+    clip = float(norms.median())
+    factor = (clip / (norms + 1e-6)).clamp(max=1.0)
+    plan = DpSgdPlan(0.0, clip, 0.5, 1, 1e-5, 2 * N)  # expected batch q n = N
+    dataset = [dict(zip(data, values, strict=True)) for values in zip(*data.values(), strict=True)]
+    loader = torch.utils.data.DataLoader(dataset, batch_size=N)
+    optimizer = make_optimizer(model, lr=0.0, weight_decay=0.0)
+    private = DpSgd(plan, seed=0).attach(model, optimizer, loader)
+    try:
+        private.optimizer.zero_grad()
+        model(**data).loss.backward()
+        private.optimizer.step()
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                expected = torch.einsum("i,i...->...", factor, loop[name]) / N
+                torch.testing.assert_close(p.grad, expected, rtol=0, atol=1e-9, msg=name)
+    finally:
+        private.close()
+    assert not any(hasattr(p, "grad_sample") for p in model.parameters())
+
+
+def test_an_empty_poisson_batch_takes_a_noise_only_step(tiny_bert_config):
+    from flower_app.training import make_optimizer
+
+    model = florg_model(tiny_bert_config).train()
+    plan = DpSgdPlan(1.0, 1.0, 0.5, 1, 1e-5, 2)
+    optimizer = make_optimizer(model, lr=0.0, weight_decay=0.0)
+    loader = torch.utils.data.DataLoader([{"input_ids": torch.zeros(T, dtype=torch.long)}])
+    private = DpSgd(plan, seed=0).attach(model, optimizer, loader)
+    try:
+        assert private.empty([]) and private.empty({"input_ids": torch.zeros(0, T)})
+        private.noise_step()
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        assert all(g is not None for g in grads)
+        std = float(torch.cat([g.flatten() for g in grads]).std())
+        assert std == pytest.approx(1.0 * 1.0 / 1, rel=0.2)  # z C / (q n), q n = 1
+    finally:
+        private.close()
+    assert np.isfinite(std)
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"gradient-checkpointing": True}, "gradient-checkpointing"),
+        ({"precision": "bf16"}, "precision"),
+        ({"dp-sgd-delta": 1.0}, "dp-sgd-delta"),
+        ({"dp-sgd-clipping-norm": 0.0}, "dp-sgd-clipping-norm"),
+        ({"dp-sgd-target-epsilon": 8.0, "dp-max-epsilon": 4.0}, "dp-max-epsilon"),
+    ],
+)
+def test_dp_example_refuses_bad_settings_naming_the_key(overrides, key):
+    from flower_app.config import ConfigError
+
+    with pytest.raises(ConfigError, match=key):
+        dp_config(**overrides)
+
+
+def test_every_registered_method_takes_dp_example_and_a_refusal_names_method_and_reason():
+    from dataclasses import replace
+
+    from strategies.registry import get_method, method_names
+
+    config = dp_config()
+    for name in method_names():
+        get_method(name).check_settings(config)  # no refusal today
+    refusing = replace(get_method("fedit"), name="toy", example_dp_refusal="its reason")
+    with pytest.raises(ValueError, match="dp=example refused for method 'toy': its reason"):
+        refusing.check_settings(config)
+
+
+def test_the_causal_lm_kind_is_refused_with_its_reason():
+    from flower_app.task_kinds import get_kind
+
+    assert "per-example" in get_kind("causal-lm").example_dp_refusal
+    assert get_kind("classification").example_dp_refusal == ""
+
+
+def test_off_leaves_the_round_untouched():
+    """dp=off builds no record and no accountant: the strategy's round 0 row is as before."""
+    from strategies.common.example_dp import example_dp_record
+
+    assert example_dp_record(resolve_config({})) is None
+    assert example_dp_record(dp_config()) is not None
+
+
+def test_the_server_record_keeps_the_largest_epsilon_and_bounds_a_lost_ledger():
+    from strategies.common.example_dp import ExampleDpRecord
+
+    record = ExampleDpRecord(target=2.0)
+    record._take(1, 0, 1.0)
+    record._take(1, 1, 2.5)
+    assert record.metrics() == {
+        "dp-sgd-epsilon-max": 2.5, "dp-sgd-over-target": 1, "dp-sgd-clients": 2,
+    }  # fmt: skip
+    record._take(2, 1, 0.5)  # partition 1's node lost its ledger: 2.5 + 0.5
+    assert record.epsilon(1) == 3.0
+    restored = ExampleDpRecord(2.0)
+    restored.load_state_json(json.loads(json.dumps(record.state_json())))
+    assert restored.metrics() == record.metrics()

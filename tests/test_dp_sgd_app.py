@@ -1,0 +1,129 @@
+"""``dp=example`` (DP-SGD on every client, docs/privacy.md section 9) through the Flower
+simulation: the tiny BERT, 3 SuperNodes, 2 rounds, FLoRG and FedIT; then a client past
+``dp-max-epsilon`` refusing a round. One Ray cluster serves the module's runs
+(tests/ray_harness.py), the nodes keep their ledgers on disk (``$FLORG_NODE_STATE_DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from florg_tools.flwr_cli import run_flower_app
+from flower_app.client.dp_state import FILE
+from flower_app.client.node_state import NODE_STATE_ENV
+from flower_app.dp_sgd import ClientAccountant
+from tests.ray_harness import shared_ray_simulation_superlink
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+NUM_NODES = 3
+# The issue's command: --set dp=example (z and C given), two rounds, reproducible noise.
+DP = {
+    "dp": "example",
+    "dp-sgd-noise-multiplier": 1.0,
+    "dp-sgd-clipping-norm": 1.0,
+    "dp-sgd-seeded-noise": True,
+}
+
+
+@pytest.fixture(scope="module")
+def assets(tiny_bert_dir, sentiment_task_dir, tmp_path_factory):
+    return tiny_bert_dir, sentiment_task_dir, tmp_path_factory.mktemp("dp-sgd")
+
+
+@pytest.fixture(scope="module")
+def superlink(assets):
+    _, _, base = assets
+    env = {NODE_STATE_ENV: str(base / "node-state")}
+    with shared_ray_simulation_superlink(
+        base / "superlink", num_supernodes=NUM_NODES, extra_env=env
+    ) as sim:
+        yield sim
+
+
+def run(superlink, assets, name: str, **settings):
+    model, task, base = assets
+    home, connection = superlink
+    config = {
+        "model": str(model),
+        "task": "local",
+        "data-path": str(task),
+        "text-fields": "sentence",
+        "rank": 2,
+        "num-server-rounds": 2,
+        "min-available-nodes": NUM_NODES,
+        "batch-size": 8,
+        "local-steps": 2,
+        "learning-rate": 0.005,
+        "output-dir": str(base / "outputs"),
+        "run-name": name,
+        "progress-bar": False,
+        "max-test-examples": 0,
+        "max-eval-examples": 40,
+        **DP,
+        **settings,
+    }
+    outcome = run_flower_app(ROOT, connection, config, home, timeout=600, stream=None)
+    run_dir = base / "outputs" / name
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return outcome, rows, run_dir
+
+
+@pytest.fixture(scope="module")
+def made(superlink, assets) -> dict:
+    """The module's runs by name, each made once (the refusal test reuses FedIT's)."""
+    return {}
+
+
+def run_once(made: dict, superlink, assets, method: str):
+    name = f"dp-sgd-{method}"
+    if name not in made:
+        made[name] = run(superlink, assets, name, method=method)
+    return made[name]
+
+
+def node_ledgers(base: Path) -> list[ClientAccountant]:
+    return [
+        ClientAccountant.from_state_dict(json.loads(path.read_text()))
+        for path in sorted((base / "node-state").glob(f"*/partition-*/{FILE}"))
+    ]
+
+
+@pytest.mark.parametrize("method", ["florg", "fedit"])
+def test_two_rounds_with_dp_sgd_report_epsilon_in_every_row(superlink, assets, made, method):
+    outcome, rows, run_dir = run_once(made, superlink, assets, method)
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    epsilons = [r["dp-sgd-epsilon-max"] for r in rows]
+    assert epsilons[0] == 0 < epsilons[1] < epsilons[2]
+    for row in rows[1:]:
+        assert row["dp-sgd-clients"] == NUM_NODES and row["failures"] == 0
+        assert row["dp-sgd-over-target"] == 0  # no target set
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["dp-sgd-epsilon-max"] == epsilons[2]
+    assert f"dp-sgd epsilon max {epsilons[2]:.4g}" in outcome.log_text
+    # the largest ledger the nodes wrote is the row's: two rounds of two steps each
+    ledgers = [
+        ledger for ledger in node_ledgers(assets[2]) if ledger.ledger.steps == 4
+    ]  # this run's and the other method's, same data and settings
+    assert ledgers and max(ledger.epsilon() for ledger in ledgers) == pytest.approx(epsilons[2])
+
+
+def test_a_client_past_dp_max_epsilon_refuses_and_the_round_goes_on(superlink, assets, made):
+    """The limit between the first round's largest epsilon and the second's: round 1 trains
+    everywhere, in round 2 the client(s) that would pass it refuse (failed replies, logged
+    with the reason) and the others' updates are aggregated."""
+    _, clean, _ = run_once(made, superlink, assets, "fedit")
+    limit = (clean[1]["dp-sgd-epsilon-max"] + clean[2]["dp-sgd-epsilon-max"]) / 2
+    outcome, rows, _ = run(
+        superlink, assets, "dp-sgd-limit", method="fedit", **{"dp-max-epsilon": limit}
+    )
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
+    assert rows[1]["failures"] == 0 and rows[2]["failures"] >= 1
+    assert rows[2]["dp-sgd-epsilon-max"] <= limit
+    assert rows[2]["clients"] == NUM_NODES - rows[2]["failures"]
+    assert "refuses to train" in outcome.log_text
