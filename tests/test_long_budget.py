@@ -81,3 +81,20 @@ def test_the_command_prints_the_table_and_writes_plot_and_json(grid, tmp_path, c
     data = json.loads(out.read_text())
     assert data["seeds"] == {"florg": [0, 1, 2], "fedit": [0, 1, 2]}
     assert [e["round"] for e in data["curve"]] == [20, 40]
+
+
+def test_the_page_block_lists_tuning_runs_until_tuning_chooses_then_the_curve(grid, tmp_path):
+    """Before a choice: each finished run's test scores, no verdict; after: the curve."""
+    tuning = json.loads((grid / "tuning.json").read_text())
+    (grid / "tuning.json").write_text(json.dumps({**tuning, "choices": {}}))
+    before = long_budget.progress_markdown(grid, 21, (10, 20, 40), ("fedit",), 20)
+    assert before.startswith(f"{len(list((grid / 'runs').iterdir()))} of 21 runs finished.")
+    assert "no verdict" in before and "florg − fedit" not in before
+    assert "| florg | 0.002 | 0.450 | 0.500 | 0.500 |" in before  # seed 0: 0.4 + 0.1 min(t, 20)/20
+    figure = tmp_path / "before.png"
+    long_budget.progress_plot(grid, figure)
+    assert figure.stat().st_size > 1000
+
+    (grid / "tuning.json").write_text(json.dumps(tuning))
+    after = long_budget.progress_markdown(grid, 21, (10, 20, 40), ("fedit",), 20)
+    assert "florg − fedit" in after and "still rising" in after and "no verdict" not in after

@@ -44,6 +44,7 @@ class Run:
     method: str
     seed: int
     rows: list[dict[str, Any]]
+    learning_rate: float | None = None
 
     def series(self, key: str) -> dict[int, float]:
         """round -> the value of ``key`` where the row has one."""
@@ -187,6 +188,79 @@ def plot(runs: dict[str, dict[int, Run]], path: Path) -> None:
                             alpha=0.2)  # fmt: skip
     ax.set_xlabel("round")
     ax.set_ylabel("held-out test score")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --- the verdict page's block and figure (florg_tools/experiments/results_doc.py) -------
+
+
+def finished_runs(results: Path) -> list[Run]:
+    """Every finished run of the grid, chosen learning rate or not (the tuning runs too)."""
+    out = []
+    for folder in sorted((results / "runs").iterdir()):
+        found = finished_run(folder)
+        if found is not None:
+            _, config = found
+            text = (folder / "metrics.jsonl").read_text()
+            rows = [json.loads(line) for line in text.splitlines()]
+            out.append(
+                Run(config["method"], int(config["seed"]), rows, config.get("learning-rate"))
+            )
+    return out
+
+
+def progress_markdown(
+    results: Path, total_runs: int, rounds: Sequence[int], baselines: Sequence[str], last: int
+) -> str:
+    """The page's text: how far the grid is; the curve and the convergence check once tuning
+    has chosen; before that, each finished tuning run's test score at ``rounds`` (no
+    verdict: a learning rate not yet chosen is no method's score)."""
+    done = finished_runs(results)
+    lines = [f"{len(done)} of {total_runs} runs finished."]
+    runs = chosen_runs(results)
+    if runs:
+        methods = sorted(runs, key=lambda m: (m != REFERENCE, m))
+        table = curve(runs, rounds, baselines)
+        lines += ["", markdown(table, convergence(runs, last), last, methods).rstrip()]
+        return "\n".join(lines)
+    lines += [
+        "Tuning (seed 0) has chosen no learning rate yet, so there is no verdict. The finished "
+        "tuning runs' held-out test scores:",
+        "",
+        "| method | learning rate | " + " | ".join(f"round {t}" for t in rounds) + " |",
+        "|---|---|" + "---|" * len(rounds),
+    ]
+    for run in done:
+        series = run.series("test-score")
+        cells = [f"{series[t]:.3f}" if t in series else "–" for t in rounds]
+        lines.append(f"| {run.method} | {run.learning_rate} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def progress_plot(results: Path, path: Path) -> None:
+    """``plot`` of the chosen runs; before tuning has chosen, each finished tuning run's
+    test score against round."""
+    runs = chosen_runs(results)
+    if runs:
+        plot(runs, path)
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in finished_runs(results):
+        series = run.series("test-score")
+        label = f"{run.method}, lr {run.learning_rate} (tuning, seed {run.seed})"
+        ax.plot(list(series), list(series.values()), marker="o", label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("held-out test score")
+    ax.set_title("long-budget SNLI grid: tuning runs (no learning rate chosen yet)")
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

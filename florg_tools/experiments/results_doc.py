@@ -78,6 +78,9 @@ V1_REPORT = "evidence/evidence/README.md"
 HETERO_REPORT = "evidence/hetero/README.md"
 PRIVACY_RUNS = ("evidence/privacy/runs", "evidence/evidence-v2/runs/evidence-v2")
 PRIVACY_FIGURE = "evidence/privacy/privacy-utility.png"
+LONG = "evidence/long-snli"  # the long-budget SNLI grid's published runs and tuning.json
+LONG_FIGURE = "evidence/long-snli/curve.png"
+LONG_RUNS = 21  # conf/grids/evidence-long-snli.yaml: 3 methods x 5 seeds, 6 more tuning runs
 # The privacy grid's seeds (conf/grids/privacy.yaml); its ε = ∞ arm reuses evidence-v2's runs
 PRIVACY_SEEDS = (0, 1, 2)
 # Where each grid's published runs lie, per (summary, method label): the runs' own
@@ -104,6 +107,9 @@ NAMES = {
     "flexlora": "FlexLoRA",
     "florg-signed": "`florg-signed`",
     "florg-no-procrustes": "FLoRG without Procrustes",
+    "rolora": "RoLoRA",
+    "fedsvd": "FedSVD",
+    "flora": "FLoRA",
 }
 TASKS = {"movie-sentiment": "movie sentiment", "snli": "SNLI"}
 
@@ -582,6 +588,31 @@ def v1_part(marker: str) -> Callable[[Evidence], str]:
     return make
 
 
+def long_budget(ev: Evidence) -> str:
+    """docs/results.md: the long-budget SNLI grid (florg_tools/experiments/long_budget.py)
+    as far as it has run, beside protocol v2's round-40 verdict on 2,400 examples."""
+    from florg_tools.experiments import long_budget as lb
+
+    entries = ev.entries(V2, "snli")
+    v2 = {b: paired(entries[REFERENCE], entries[b]).text() for b in ("fedit", "federa")}
+    return "\n".join(
+        [
+            lb.progress_markdown(
+                ev.root / LONG, LONG_RUNS, (20, 40, 80, 160), ("fedit", "federa"), 40
+            ),  # fmt: skip
+            "",
+            f"Protocol v2 at round 40 on 2,400 examples (SNLI), for comparison: FLoRG − FedIT "
+            f"{v2['fedit']}, FLoRG − FeDeRA {v2['federa']}.",
+        ]
+    )
+
+
+def long_budget_figure(ev: Evidence, path: Path) -> None:
+    from florg_tools.experiments import long_budget as lb
+
+    lb.progress_plot(ev.root / LONG, path)
+
+
 # --- pages, blocks, figures --------------------------------------------------------------
 
 
@@ -615,6 +646,8 @@ BLOCKS = (
           privacy_table),
     Block(RESULTS, "PRIVACY-MECHANISM", tuple(f"{p}/*/metrics.jsonl" for p in PRIVACY_RUNS),
           privacy_mechanism),
+    Block(RESULTS, "LONG-BUDGET", (LONG + "/tuning.json", RUNS_OF + LONG + "/runs", V2),
+          long_budget),
     Block(RESULTS, "HETERO-TABLE", (HETERO, RUNS_OF + "evidence/hetero/runs"), hetero_table),
     Block(RESULTS, "HETERO-TRAFFIC", (HETERO_REPORT,), hetero_traffic),
     Block(RESULTS, "HETERO-DIAGNOSTICS", (HETERO_DIAGNOSTICS,), hetero_diagnostics),
@@ -625,6 +658,7 @@ BLOCKS = (
 # Figures the pages show, each written from the evidence: (path, writer)
 FIGURES: tuple[tuple[str, Callable[[Evidence, Path], None]], ...] = (
     (PRIVACY_FIGURE, privacy_figure),
+    (LONG_FIGURE, long_budget_figure),
 )
 
 
