@@ -5,6 +5,8 @@ module, e.g. ``python -m benchmarks.core.core_benchmark --quick``.
 FLoRG vs LoRA on decoders in fp32 / bf16 with gradient checkpointing (``decoder_benchmark``).
 ``overhead``: the Flower simulation and a SuperLink deployment against a plain loop of the
 same work (``simulation_overhead``, ``deployment_overhead``).
+``scale``: N SuperNodes and K clients per round through the simulation: round time, a
+client's training against everything else, aggregation, peak memory (``scale_benchmark``).
 ``centralised``: one process training on the whole training split -- the seeded
 centralised reference (``centralised_reference``), protocol v2's head learning rate
 (``head_learning_rate``) and how far the adapters move the weights (``adapter_growth``).

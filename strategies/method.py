@@ -230,6 +230,9 @@ class Method:
             config.dp_clipping_norm,
             config.dp_noise_multiplier,
             config.dp_delta,
+            # Poisson sampling at q = fraction-train is what amplification assumes; a fixed
+            # sample size is accounted at q = 1 (strategies/common/client_sampling.py)
+            sample_rate=config.fraction_train if config.client_sampling == "poisson" else 1.0,
         )
 
     # -- server side --------------------------------------------------------------------
@@ -269,11 +272,12 @@ class Method:
         dp: Any,
         sent: Mapping[str, np.ndarray],
         payloads: list[dict[str, np.ndarray]],
-        num_sampled: int,
+        num_sampled: float,
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """One round under dp=central (``dp``: a ``strategies.common.central_dp.CentralDP``):
-        the whole new state and the round's metrics. By default the mean mechanism, right
-        for every method whose rule averages the shared arrays."""
+        the whole new state and the round's metrics; ``num_sampled`` is the public divisor
+        m (the count sampled, an int, or q N under Poisson sampling, a float). By default
+        the mean mechanism, right for every method whose rule averages the shared arrays."""
         from strategies.common.central_dp import mean_mechanism
 
         # the parts the clients trained this round (``trained_parts``); the others stay
@@ -285,7 +289,8 @@ class Method:
         self, config: RunSettings, *, run_dir: Path | None = None
     ) -> dict[str, Any]:
         """The ``AdapterStrategy`` arguments every method takes from the settings:
-        sampling, weighting, whether clients evaluate, where client updates are saved,
+        sampling (fixed-size or Poisson, seeded from the run's ``seed`` without DP),
+        weighting, whether clients evaluate, where client updates are saved,
         screening, central differential privacy."""
         from strategies.common.example_dp import example_dp_record
 
@@ -301,6 +306,8 @@ class Method:
             "screen_kappa": config.screen_kappa,
             "dp": self.central_dp(config),
             "example_dp": example_dp_record(config),
+            "client_sampling": config.client_sampling,
+            "sampling_seed": config.seed,
         }
 
     # -- communication (parameters per client, round and adapted layer) -----------------

@@ -195,6 +195,35 @@ def test_each_dp_path_runs_with_central_dp_and_reports_epsilon(superlink, assets
     check_dp_run(run_dir, outcome.log_text, delta=1e-5)
 
 
+@pytest.mark.parametrize("method", ["florg", "fedit"])
+def test_poisson_client_sampling_with_central_dp_reports_q_the_count_and_epsilon(
+    superlink, assets, method
+):
+    """client-sampling=poisson at q = fraction-train = 2/3 over the 3 nodes: every row has
+    q, N, the count and the accountant's epsilon at q (amplified: below q = 1's), and the
+    divisor is q N whatever the count."""
+    q = 2 / 3
+    cheap = {"save-client-updates": False, "max-test-examples": 0, "client-eval": "off"}
+    poisson = {"client-sampling": "poisson", "fraction-train": q}
+    outcome, run_dir = run(
+        superlink, assets, f"dp-poisson-{method}", method=method, **DP, **cheap, **poisson
+    )
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
+    history = rows(run_dir)
+    assert [r["round"] for r in history] == [0, 1, 2] and history[0]["dp-epsilon"] == 0.0
+    for t in (1, 2):
+        row = history[t]
+        assert row["dp-epsilon"] == pytest.approx(epsilon_for(1.0, q, t, 1e-5), rel=1e-9)
+        assert row["dp-epsilon"] < epsilon_for(1.0, 1.0, t, 1e-5)
+        assert row["sample-rate"] == pytest.approx(q) and row["population"] == NUM_NODES
+        assert row["sampled"] == row["dp-sampled"] and 0 <= row["sampled"] <= NUM_NODES
+        assert row["clients"] <= row["sampled"]
+        assert row["dp-divisor"] == pytest.approx(q * NUM_NODES)
+        assert np.isfinite(row["loss"])
+    state = json.loads((run_dir / "checkpoint" / "round-000002" / "state.json").read_text())
+    assert state["strategy"]["dp"]["compositions"] == [[1.0, pytest.approx(q), 2]]
+
+
 def check_dp_run(run_dir: Path, log_text: str, delta: float) -> None:
     """Rows 0..2 with dp-epsilon: 0 before training, then the accountant's epsilon after t
     rounds of z = 1 at q = 1; every node sampled, noise added, the summary's epsilon."""

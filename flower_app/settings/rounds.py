@@ -25,7 +25,19 @@ class FederationSettings:
 
     num_server_rounds: int = setting(5, "federated rounds", check=positive, affects=())
     fraction_train: float = setting(
-        1.0, "fraction of nodes sampled per round", check=fraction, affects=()
+        1.0,
+        "fraction of nodes sampled per round (client-sampling=poisson: each node's probability q)",
+        check=fraction,
+        affects=(),
+    )
+    client_sampling: str = setting(
+        "fixed",
+        "'fixed': max(fraction-train x N, min-train-nodes) nodes without replacement (Flower's "
+        "FedAvg; dp=central accounts q = 1); 'poisson': each node independently with "
+        "probability q = fraction-train (dp=central: amplification at q, the noised sum "
+        "divided by q N)",
+        check=one_of("fixed", "poisson"),
+        affects=(),
     )
     min_train_nodes: int = setting(2, "minimum nodes sampled per round", check=positive, affects=())
     min_available_nodes: int = setting(

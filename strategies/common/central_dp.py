@@ -76,6 +76,7 @@ from strategies.common.dp_checks import (
     check_clipping_norm,
     check_delta,
     check_noise_multiplier,
+    check_sample_rate,
 )
 
 EPS64 = float(np.finfo(np.float64).eps)
@@ -156,13 +157,38 @@ def clip_update(update: Arrays, clipping_norm: float) -> Any:
     return _rebuild(update, [(key, a * scale) for key, a in items])
 
 
-def noise_std_mean(clipping_norm: float, noise_multiplier: float, num_clients: int) -> float:
-    """sigma = z C / m, the per-coordinate std of ``noised_mean`` (Flower's ``compute_stdv``)."""
+def public_divisor(num_sampled: float | None, n: int) -> float:
+    """m, the public number a noised sum of ``n`` clients' terms is divided by.
+
+    None: ``n``.  An int: the count of clients sampled with a fixed sample size (Flower's
+    ``num_sampled_clients``), at least the ``n`` updates (a sampled client that did not
+    reply counts as one that did not move).  A float: the expected count q N of Poisson
+    sampling (``client-sampling=poisson``, strategies/common/client_sampling.py), the
+    fixed-denominator estimator of DP-FedAvg (McMahan, Ramage, Talwar, Zhang, ICLR 2018):
+    the round's count is Binomial(N, q) and may exceed it, so only m > 0 is required.
+    Either way m is public and data-independent, so the division is post-processing."""
+    if num_sampled is None:
+        return float(n)
+    if isinstance(num_sampled, bool) or not isinstance(
+        num_sampled, (int, float, np.integer, np.floating)
+    ):
+        raise ValueError(f"num_sampled must be a number, got {num_sampled!r}")
+    if isinstance(num_sampled, (int, np.integer)):
+        if num_sampled < max(n, 1):
+            raise ValueError(f"num_sampled={num_sampled} is smaller than the {n} updates")
+        return float(num_sampled)
+    m = float(num_sampled)
+    if not (math.isfinite(m) and m > 0):
+        raise ValueError(f"the expected number of sampled clients must be > 0, got {m!r}")
+    return m
+
+
+def noise_std_mean(clipping_norm: float, noise_multiplier: float, num_clients: float) -> float:
+    """sigma = z C / m, the per-coordinate std of ``noised_mean`` (Flower's ``compute_stdv``);
+    m a count of clients (int, >= 1) or the expected count q N of Poisson sampling (float)."""
     c = check_clipping_norm(clipping_norm)
     z = check_noise_multiplier(noise_multiplier, allow_zero=True)
-    if num_clients < 1:
-        raise ValueError(f"the number of clients must be >= 1, got {num_clients}")
-    return z * c / num_clients
+    return z * c / public_divisor(num_clients, 0)
 
 
 def _check_clipped(norm: float, bound: float, what: str) -> None:
@@ -176,7 +202,7 @@ def noised_mean(
     noise_multiplier: float,
     rng: np.random.Generator,
     *,
-    num_sampled: int | None = None,
+    num_sampled: float | None = None,
 ) -> Any:
     """(sum_n u_n + N(0, (zC)^2 I)) / m, i.e. the uniform mean of the clipped updates plus
     iid Gaussian noise of std sigma = z C / m on every coordinate.
@@ -184,8 +210,9 @@ def noised_mean(
     Privacy: under add/remove-one the sum moves by one clipped update, ||u_n|| <= C, so the
     sum with N(0, (zC)^2) noise is the Gaussian mechanism with noise multiplier z;
     dividing by m is post-processing when m is public.  ``num_sampled`` is that public m
-    (the configured number of sampled clients, as Flower's ``num_sampled_clients``); None
-    uses the number of updates, which is the same whenever every sampled client replied.
+    (``public_divisor``: the number of sampled clients, as Flower's ``num_sampled_clients``,
+    or the expected count q N under Poisson sampling); None uses the number of updates,
+    which is the same whenever every sampled client replied.
     The updates are read one at a time (a generator keeps one client's dense product
     update in memory, not all of them).
     Each input must already be clipped (checked: ||u_n|| <= C up to rounding).  Noise is
@@ -218,9 +245,7 @@ def noised_mean(
         n += 1
     if first is None:
         raise ValueError("noised_mean: no client updates")
-    m = n if num_sampled is None else int(num_sampled)
-    if m < n:
-        raise ValueError(f"num_sampled={m} is smaller than the {n} updates")
+    m = public_divisor(num_sampled, n)
     sigma = noise_std_mean(c, z, m)
     out = [
         (key, s / m + rng.normal(0.0, sigma, s.shape)) for key, s in zip(keys, total, strict=True)
@@ -230,9 +255,12 @@ def noised_mean(
 
 # --------------------------------------------------------------------------- a run's DP
 
-# Flower samples a fixed number of nodes per round without replacement (FedAvg's
-# ``configure_train``), not Poisson: no amplification is claimed, q = 1 (as Flower's own
-# fixed-clipping wrapper accounts it).
+# With ``client-sampling=fixed`` Flower samples a fixed number of nodes per round without
+# replacement (FedAvg's ``configure_train``), not Poisson: no amplification is claimed,
+# q = 1 (as Flower's own fixed-clipping wrapper accounts it).  With ``client-sampling=poisson``
+# each node takes part with probability q = ``fraction-train`` independently
+# (strategies/common/client_sampling.py), and the accountant composes the Poisson-subsampled
+# Gaussian mechanism at that q.
 SAMPLE_RATE = 1.0
 
 
@@ -244,7 +272,9 @@ class CentralDP:
     ``rng``: OS entropy by default (``np.random.default_rng()`` without a seed), never the
     run's ``seed`` setting; tests pass their own.  z = 0 is accepted for tests only (the
     run settings refuse it): the mechanisms then add no noise and ``release`` reports
-    epsilon = inf without recording a round.
+    epsilon = inf without recording a round.  ``sample_rate``: q, the probability with
+    which each client takes part in a round under Poisson sampling; 1 (``SAMPLE_RATE``)
+    with a fixed sample size, which claims no amplification.
     """
 
     def __init__(
@@ -254,12 +284,14 @@ class CentralDP:
         noise_multiplier: float,
         delta: float,
         rng: np.random.Generator | None = None,
+        sample_rate: float = SAMPLE_RATE,
     ) -> None:
         if not mechanism:
             raise ValueError("CentralDP needs the name of the method's mechanism")
         self.mechanism = mechanism
         self.clipping_norm = check_clipping_norm(clipping_norm)
         self.noise_multiplier = check_noise_multiplier(noise_multiplier, allow_zero=True)
+        self.sample_rate = check_sample_rate(sample_rate)
         self.rng = np.random.default_rng() if rng is None else rng
         self.accountant = DpAccountant(delta)
         self.clipped = 0  # clients whose update was scaled down in the current round
@@ -275,13 +307,14 @@ class CentralDP:
         return clip_update(update, self.clipping_norm)
 
     def release(self) -> dict[str, float]:
-        """Record one released round (q = ``SAMPLE_RATE``); its metrics: ``dp-epsilon``, the
-        run's epsilon at delta after it, and ``dp-clipped``, how many clients were scaled
-        down (an unprotected count, like every metric: docs/privacy.md).  Resets the count."""
+        """Record one released round (at q = ``sample_rate``); its metrics: ``dp-epsilon``,
+        the run's epsilon at delta after it, and ``dp-clipped``, how many clients were
+        scaled down (an unprotected count, like every metric: docs/privacy.md).  Resets the
+        count."""
         clipped, self.clipped = self.clipped, 0
         if self.noise_multiplier == 0:
             return {"dp-epsilon": math.inf, "dp-clipped": clipped}
-        self.accountant.record(self.noise_multiplier, SAMPLE_RATE)
+        self.accountant.record(self.noise_multiplier, self.sample_rate)
         return {"dp-epsilon": self.accountant.epsilon(), "dp-clipped": clipped}
 
     def epsilon(self) -> float:
@@ -302,11 +335,12 @@ def mean_mechanism(
     dp: CentralDP,
     sent: Mapping[str, np.ndarray],
     payloads: Iterable[Mapping[str, Any]],
-    num_sampled: int,
+    num_sampled: float,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """The mean mechanism (docs/privacy.md section 2): the update reply - sent over every
     shared array, adapter and head jointly, clipped to C (``clip_update``), then
-    ``noised_mean``: the sum plus N(0, (zC)^2 I), divided by m; the new state is sent + that.
+    ``noised_mean``: the sum plus N(0, (zC)^2 I), divided by m (``public_divisor``: the
+    count sampled, or q N under Poisson sampling); the new state is sent + that.
     Returns the whole new state and the round's ``dp-noise-std``."""
     updates = ({k: np.asarray(p[k], np.float64) - v for k, v in sent.items()} for p in payloads)
     mean = noised_mean(

@@ -52,13 +52,14 @@ def product_mean_mechanism(
     dp: CentralDP,
     sent: Mapping[str, np.ndarray],
     payloads: list[dict[str, np.ndarray]],
-    num_sampled: int,
+    num_sampled: float,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """One private round (docs/privacy.md section 3): each client's product updates
     (``product_update`` per layer) and head update, clipped jointly to C by ``dp``;
     ``noised_mean`` of those plus B_sent A_sent is the noised mean product, re-factored to
-    rank r by ``refactor_noised_product``. One client's dense updates are in memory at a
-    time. Returns the whole new state and the round's metrics."""
+    rank r by ``refactor_noised_product``; m = ``num_sampled`` (the count sampled, or q N
+    under Poisson sampling: ``central_dp.public_divisor``). One client's dense updates are in
+    memory at a time. Returns the whole new state and the round's metrics."""
     layers, head_state = split_state(sent)
     head = list(head_state)
 

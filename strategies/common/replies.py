@@ -131,3 +131,24 @@ def check_reply(message: Message, global_state: Mapping[str, np.ndarray]) -> Rep
         num_examples=float(num_examples),
         train_loss=math.nan if train_loss is None else train_loss,
     )
+
+
+def train_time_metrics(replies: list[Message]) -> dict[str, float]:
+    """``client-train-seconds``, the mean over the round's replies of the ``train-seconds``
+    each reports (flower_app/client/round.py: its wall time in the local steps), with its
+    sum and max: training proper, beside the round's wall time (benchmarks/scale). Only
+    timed, never aggregated: a reply without a finite number there is left out."""
+    seconds = []
+    for msg in replies:
+        if msg.has_error() or "metrics" not in msg.content.metric_records:
+            continue
+        value = msg.content["metrics"].get("train-seconds")
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            seconds.append(float(value))
+    if not seconds:
+        return {}
+    return {
+        "client-train-seconds": float(np.mean(seconds)),
+        "client-train-seconds-sum": float(np.sum(seconds)),
+        "client-train-seconds-max": float(np.max(seconds)),
+    }

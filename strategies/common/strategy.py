@@ -14,19 +14,18 @@ It samples nodes like FedAvg, then in ``aggregate_train``
      of failed / rejected / screened / clipped replies and the rule's diagnostics.
 
 Its other parts, each in its own module: the rank router (``rank_router.py``: each node's
-rank, learnt from its replies, and the state of its rank it is sent; with every rank equal
-to r_max nothing changes), the node -> partition ledger (``participation.py``), the
-clients' own evaluation (``client_evaluation.py``) and the run state for checkpoints and
-resume (``run_state.py``).
+rank, learnt from its replies, and the state of its rank it is sent), the node -> partition
+ledger (``participation.py``), the clients' own evaluation (``client_evaluation.py``), the
+run state for checkpoints and resume (``run_state.py``), the sampling (``client_sampling.py``).
 
-Central differential privacy (``dp=central``, docs/privacy.md): with ``dp`` (a
-``central_dp.CentralDP``) steps 4 and 5 become the method's mechanism
-(``Method.aggregate_private``): each kept client's contribution (adapter and head jointly)
-is clipped to C and the sum gets Gaussian noise, divided by m = the number of clients
-sampled in the round (a client that failed or was rejected counts as one that did not
-move), then post-processed by the method's rule. Screening is off under dp=central
-(``ReplyGate.turn_off_screening_for_dp`` says why). Every round records ``dp-epsilon``, and
-the ledger goes into the checkpoint. ``dp=example``: the clients' epsilons, example_dp.py.
+Central differential privacy (``dp=central``, docs/privacy.md): with ``dp``, a ``CentralDP``,
+steps 4 and 5 become the method's mechanism (``Method.aggregate_private``): each kept
+client's contribution (adapter and head jointly) is clipped to C and the sum gets Gaussian
+noise, divided by m = the number of clients sampled in the round (a client that failed or
+was rejected counts as one that did not move; with Poisson sampling q N), then
+post-processed by the method's rule; no screening (``ReplyGate.turn_off_screening_for_dp``).
+Each row has ``dp-epsilon``; the ledger goes into the checkpoint. ``dp=example``: the
+clients' epsilons, example_dp.py.
 
 The strategy never names a method: it reads the rule, the mechanism and the flags from the
 method it is built with (``MethodRules``). A method whose round needs more (FLoRG's
@@ -52,13 +51,15 @@ from flower_app.records import declared_params, split_state, to_array_record
 from strategies.common.averaging import weighted_average
 from strategies.common.central_dp import CentralDP
 from strategies.common.client_evaluation import personalised_metrics
+from strategies.common.client_sampling import SampledRounds
 from strategies.common.example_dp import ExampleDpRecord
 from strategies.common.ledger import CommunicationLedger
 from strategies.common.participation import NodeLedger
 from strategies.common.rank_router import RankRouter
-from strategies.common.replies import Reply, ReplyRejected
+from strategies.common.replies import Reply, ReplyRejected, train_time_metrics
 from strategies.common.reply_gate import ReplyGate
 from strategies.common.run_state import CheckpointedRounds
+from strategies.common.saved_updates import save_round_updates
 from strategies.common.screening import DEFAULT_KAPPA
 from strategies.common.validation import normalize_weights
 
@@ -88,14 +89,14 @@ class MethodRules(Protocol):
         dp: CentralDP,
         sent: Mapping[str, np.ndarray],
         payloads: list[dict[str, np.ndarray]],
-        num_sampled: int,
+        num_sampled: float,
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]: ...
 
 
 log = logging.getLogger("flwr.florg")  # propagates to Flower's console handler
 
 
-class AdapterStrategy(CheckpointedRounds, FedAvg):
+class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
     """FedAvg's sampling plus validated, method-specific aggregation of adapter arrays."""
 
     def __init__(
@@ -113,6 +114,8 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
         screen_kappa: float = DEFAULT_KAPPA,
         dp: CentralDP | None = None,
         example_dp: ExampleDpRecord | None = None,
+        client_sampling: str = "fixed",
+        sampling_seed: int | None = None,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -128,6 +131,7 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
         self.weighting = weighting
         self.gate = ReplyGate(screen_updates=screen_updates, screen_kappa=screen_kappa)
         self.dp, self.example_dp = dp, example_dp  # example_dp: dp=example's record
+        self.use_sampling(client_sampling, fraction_train, sampling_seed, dp)
         if dp is not None:
             self._check_dp(dp, weighting, updates_dir)
             self.gate.turn_off_screening_for_dp()
@@ -259,7 +263,7 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
             failures=failures,
             rejected=rejected,
             up_params=up_params,
-            node_metrics=nodes.metrics() | example_dp,
+            node_metrics={**nodes.metrics(), **example_dp, **train_time_metrics(replies)},
         )
 
     def aggregate_replies(
@@ -296,6 +300,7 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
         }
         if mixed:
             metrics.update(self.communication.per_rank(checked))
+        metrics.update(self.sampling_metrics(server_round))
         if not kept and self.dp is None:
             log.warning(
                 "round %d: no valid client update; the global model is unchanged", server_round
@@ -328,7 +333,8 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
         self.round_metrics[server_round] = metrics
         if self.updates_dir is not None:
             partitions = [r.partition for r in kept]
-            self._save_updates(server_round, prev_state, payloads, weights, partitions)
+            save_round_updates(self.updates_dir, server_round, prev_state, new_state,
+                               payloads, weights, partitions)  # fmt: skip
         return to_array_record(new_state), MetricRecord(metrics)
 
     def aggregate_adapter(
@@ -354,21 +360,21 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
         (the sent state plus noise: as if one client had not moved), so that whether a round
         is released never depends on the clients' data."""
         assert self.dp is not None
-        m = self.communication.num_sampled(server_round, len(payloads))
+        m, sampled = self.private_divisor(server_round, len(payloads))  # q N: Poisson sampling
         if not payloads:
             log.warning("round %d: no valid client update; dp=central releases noise only",
                         server_round)  # fmt: skip
         new_state, info = self.aggregate_private(
             server_round, payloads or [dict(self.uplink_state(server_round))], m
         )
-        info = {**info, "dp-sampled": m, **self.dp.release()}
+        info = {**info, **sampled, **self.dp.release()}
         return new_state, info
 
     def aggregate_private(
-        self, server_round: int, payloads: list[dict[str, np.ndarray]], num_sampled: int
+        self, server_round: int, payloads: list[dict[str, np.ndarray]], num_sampled: float
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """The method's central-DP mechanism (``Method.aggregate_private``) over the kept
-        replies, m = ``num_sampled``; returns the whole new state."""
+        replies, m = ``num_sampled`` (or q N); returns the whole new state."""
         assert self.dp is not None
         return self.method.aggregate_private(self.dp, self.global_state, payloads, num_sampled)
 
@@ -385,16 +391,3 @@ class AdapterStrategy(CheckpointedRounds, FedAvg):
     # -- helpers for subclasses -----------------------------------------------------------
     def layers(self) -> dict[str, dict[str, np.ndarray]]:
         return split_state(self.global_state)[0]
-
-    def _save_updates(self, server_round, prev_state, payloads, weights, partitions) -> None:
-        self.updates_dir.mkdir(parents=True, exist_ok=True)
-        arrays = {f"prev/{k}": v for k, v in prev_state.items()}
-        arrays.update({f"new/{k}": v for k, v in self.global_state.items()})
-        for i, p in enumerate(payloads):
-            arrays.update({f"client{i}/{k}": v for k, v in p.items()})
-        np.savez(
-            self.updates_dir / f"round-{server_round}.npz",
-            weights=weights,
-            partitions=np.asarray(partitions),
-            **arrays,
-        )

@@ -20,6 +20,7 @@ from strategies.common.central_dp import (
     _rebuild,
     check_clipping_norm,
     check_noise_multiplier,
+    public_divisor,
 )
 from strategies.common.validation import as_float64_matrix
 from strategies.florg.rule import _canonical_signs, procrustes_rotation
@@ -147,7 +148,7 @@ def noised_gram_sum(
     *,
     prev_A: Any = None,
     sensitivity: float | None = None,
-    num_sampled: int | None = None,
+    num_sampled: float | None = None,
 ) -> np.ndarray:
     """(sum_n A_n^T A_n + E) / m for one layer: the Gram sum plus symmetric Gaussian noise E
     (``symmetric_noise`` with std z Delta), divided by m, i.e. the noised mean Gram matrix
@@ -173,9 +174,7 @@ def noised_gram_sum(
             raise ValueError(f"A[client {i}]: shape {a.shape} differs")
         norm = float(np.linalg.norm(a if prev is None else a - prev))
         _check_clipped(norm, c, f"A[client {i}]" + ("" if prev is None else " - prev_A"))
-    m = len(mats) if num_sampled is None else int(num_sampled)
-    if m < len(mats):
-        raise ValueError(f"num_sampled={m} is smaller than the {len(mats)} client matrices")
+    m = public_divisor(num_sampled, len(mats))
     delta = florg_sensitivity(c, prev) if sensitivity is None else float(sensitivity)
     noise = symmetric_noise(k, z * delta, rng)
     return noised_mean_gram(mats, noise, m, prev)
@@ -188,7 +187,7 @@ def _symmetric_product(X: np.ndarray) -> np.ndarray:
 
 
 def noised_mean_gram(
-    mats: Sequence[np.ndarray], noise: np.ndarray, m: int, prev: np.ndarray | None
+    mats: Sequence[np.ndarray], noise: np.ndarray, m: float, prev: np.ndarray | None
 ) -> np.ndarray:
     """The released Q^ from the clipped matrices and the noise E (std on the SUM):
     (sum_n A_n^T A_n + E) / m, or, with the update clipped (``prev`` = P),
@@ -264,8 +263,8 @@ def _florg_inputs(
     clipping_norm: float,
     noise_multiplier: float,
     centred: bool,
-    num_sampled: int | None,
-) -> tuple[dict[str, list[np.ndarray]], dict[str, np.ndarray], float, float, int, int]:
+    num_sampled: float | None,
+) -> tuple[dict[str, list[np.ndarray]], dict[str, np.ndarray], float, float, int, float]:
     """Checked inputs of ``private_florg_layers``: (mats, prevs, C, z, n, m), every client's
     joint clipping verified."""
     c = check_clipping_norm(clipping_norm)
@@ -293,9 +292,7 @@ def _florg_inputs(
         )
         what = f"client {i}: " + ("sum over layers of ||A - prev_A||" if centred else "||A||")
         _check_clipped(math.sqrt(sq), c, what)
-    m = n if num_sampled is None else int(num_sampled)
-    if m < n:
-        raise ValueError(f"num_sampled={m} is smaller than the {n} clients")
+    m = public_divisor(num_sampled, n)
     return mats, prevs, c, z, n, m
 
 
@@ -315,7 +312,7 @@ def private_florg_layers(
     rng: np.random.Generator,
     *,
     centred: bool = True,
-    num_sampled: int | None = None,
+    num_sampled: float | None = None,
     procrustes: bool = True,
 ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, float | int]]]:
     """The private FLoRG server step for every layer (numpy reference).

@@ -78,7 +78,7 @@ def private_florg_layers_torch(
     rng: np.random.Generator,
     *,
     centred: bool = True,
-    num_sampled: int | None = None,
+    num_sampled: float | None = None,
     procrustes: bool = True,
     device: str | torch.device = "auto",
     max_gram_bytes: int = MAX_GRAM_BYTES,
