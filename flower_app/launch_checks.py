@@ -12,6 +12,8 @@ names the key:
   (``flower_app.hub``: one quick request, so a machine without the Hub fails at once);
 - ``model``: a local folder, a name registered by ``florg assets fetch``, or a Hub name
   (``name`` or ``org/name``; a path that does not exist is none of these);
+- ``dp=example`` with a task kind DP-SGD cannot train (``TaskKind.example_dp_refusal``: the
+  clients would refuse every round);
 - ``target-modules``: when the model's config is on this machine
   (a local folder or a fetched model), every name matches a module of the model, built
   from its config on the meta device (no weights are read).
@@ -54,6 +56,14 @@ def check_names(config: RunConfig) -> None:
         problem = hub_problem(spec.hub_path, "dataset")
         if problem is not None:
             raise ConfigError(f"task: {problem}; or give a local copy as data-path")
+    if config.dp == "example":
+        from flower_app.task_kinds import get_kind
+
+        kind = get_kind(spec.kind)
+        if kind.example_dp_refusal:
+            raise ConfigError(
+                f"dp: dp=example refused for task kind {kind.name!r}: {kind.example_dp_refusal}"
+            )
     source = check_model(config.model)
     if source is not None:
         check_module_names(config, source, spec.kind)

@@ -52,3 +52,14 @@ def test_the_launcher_refuses_before_starting_anything(tmp_path, monkeypatch, ca
     assert err.startswith(f"error: invalid run config: {setting.split('=')[0]}: ")
     assert len(err.splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dp_sgd_on_a_task_kind_it_cannot_train_is_refused_before_launch():
+    """Causal LM's loss averages over every token of the batch, so DP-SGD's per-example
+    gradients would not be each example's own: refused here, not by every client."""
+    check_run({"dp": "example"})  # classification: fine
+    with pytest.raises(ConfigError) as err:
+        check_run({"task": "snli-gen", "dp": "example"})
+    message = str(err.value)
+    assert message.startswith("dp: dp=example refused for task kind 'causal-lm'")
+    assert "\n" not in message
