@@ -389,3 +389,15 @@ def test_refusals_name_their_setting_and_reason():
         resolve_config({}, {"method": METHOD, "fed-sb-init-examples": 0})
     config = resolve_config({}, {"method": METHOD, "dp": "central"})  # round 0 is private too
     assert get_method(METHOD).dp_mechanism == "mean" and config.dp == "central"
+
+
+def test_the_projected_run_counts_round_0_and_b_and_a_once():
+    from flower_app.comm_projection import project
+    from flower_app.leaderboard import megabytes
+
+    config = resolve_config({}, {"method": METHOD, "rank": 4, "num-server-rounds": 5})
+    shapes = {"q": (64, 32), "v": (64, 32)}
+    (sb,) = project(config, shapes, 3, (METHOD,))
+    grads, basis, core = 2 * 64 * 32, 2 * 4 * (64 + 32), 2 * 4 * 4
+    assert (sb.up_params, sb.down_params) == (core, core + basis)  # round 1
+    assert sb.total_mb == pytest.approx(megabytes(3 * (grads + 5 * core + 5 * core + basis)))
