@@ -28,7 +28,7 @@ from flower_app.client.node_state import (
     node_state_dir,
     save_local_state,
 )
-from flower_app.client.round import receive, train_round
+from flower_app.client.round import local_batches, receive, train_round
 from flower_app.config import resolve_config
 from flower_app.modeling import pick_device
 from flower_app.rank_settings import config_at_rank, node_rank
@@ -106,6 +106,24 @@ def train(msg: Message, context: Context) -> Message:
         if folder is not None:
             save_local_state(folder, server_round, reply.local)
     return Message(content=reply.content(), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """A method's question before the training rounds (``Method.answer_query``; only a
+    method whose strategy runs a round 0 asks one): its arrays and metrics, with the
+    node's partition id and rank."""
+    config = resolve_config(context.run_config)
+    pid, num_partitions = _partition(context)
+    config, num_partitions = use_node_data(config, context.node_config, num_partitions)
+    rank = node_rank(config, context.node_config, pid)
+    data = load_task_data(config)
+    adapted = cached_adapted_model(config_at_rank(config, rank), data.num_labels, data.spec.kind)
+    batches = local_batches(config, pid, num_partitions)  # round 0's seed
+    arrays, answer = adapted.method.answer_query(config, adapted, batches)
+    metrics = MetricRecord({"partition-id": pid, "rank": rank, **answer})
+    content = RecordDict({"arrays": to_array_record(arrays), "metrics": metrics})
+    return Message(content=content, reply_to=msg)
 
 
 @app.evaluate()

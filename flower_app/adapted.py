@@ -5,6 +5,7 @@ travel (down and up, every round), stay on the client or stay frozen:
 
     florg adapters   '<layer>.A' + head
     lora adapters    '<layer>.lora_A' and/or '<layer>.lora_B' + head (the method's shared parts)
+    lora-sb adapters '<layer>.R' + head (B and A fixed: a method's hook loads them)
 
 A method's hooks may keep tensors on the model (``held_tensors``: e.g. a pristine
 W0); the disk cache stores them with the model.
@@ -33,6 +34,13 @@ from flower_app.adapters.lora import (
     inject_lora,
     lora_layers,
     set_lora_state,
+)
+from flower_app.adapters.lora_sb import (
+    LoRASBConfig,
+    export_peft_lora_sb,
+    get_lora_sb_state,
+    inject_lora_sb,
+    set_lora_sb_state,
 )
 from flower_app.config import RunConfig
 from strategies.registry import Method, get_method
@@ -69,6 +77,17 @@ def lora_config(config: RunConfig, method: Method) -> LoRAConfig:
     )
 
 
+def lora_sb_config(config: RunConfig) -> LoRASBConfig:
+    """The LoRA-SB adapter of a run with the settings ``config`` (every field from them)."""
+    return LoRASBConfig(
+        r=config.rank,
+        alpha=config.alpha,
+        target_modules=config.targets,
+        head_modules=config.heads,
+        train_head=config.train_head,
+    )
+
+
 class AdaptedModel:
     """``model`` with the adapter of ``config.method`` injected (in place)."""
 
@@ -79,6 +98,9 @@ class AdaptedModel:
         if self.method.adapter == "florg":
             inject_florg(model, florg_config(config, self.method))
             self.model = model
+        elif self.method.adapter == "lora-sb":
+            inject_lora_sb(model, lora_sb_config(config))
+            self.model = model
         else:
             self.model = inject_lora(model, lora_config(config, self.method))
         self.method.prepare_model(self)
@@ -87,24 +109,32 @@ class AdaptedModel:
     def is_florg(self) -> bool:
         return self.method.adapter == "florg"
 
+    @property
+    def is_lora_sb(self) -> bool:
+        return self.method.adapter == "lora-sb"
+
     # -- what travels -------------------------------------------------------------------
     def shared_state(self) -> dict[str, np.ndarray]:
         """The tensors this method sends (client -> server) and receives (server -> client)."""
         if self.is_florg:
             return get_florg_state(self.model)
+        if self.is_lora_sb:
+            return get_lora_sb_state(self.model)
         return get_lora_state(self.model, self.method.shared, self.config.train_head)
 
     def load_shared_state(self, arrays: Mapping[str, np.ndarray]) -> None:
         if self.is_florg:
             set_florg_state(self.model, dict(arrays))
+        elif self.is_lora_sb:
+            set_lora_sb_state(self.model, arrays)
         else:
             set_lora_state(self.model, arrays, self.method.shared, self.config.train_head)
 
     def train_parts_of_round(self, server_round: int) -> None:
         """Train in ``server_round`` exactly the parts the method trains then
         (``Method.trained_parts``) and its personal parts; freeze the other LoRA factors
-        (a FLoRG adapter trains its one A)."""
-        if self.is_florg:
+        (a FLoRG adapter trains its one A, a LoRA-SB adapter its one R)."""
+        if self.is_florg or self.is_lora_sb:
             return
         trained = set(self.method.trained_parts(server_round)) | set(self.method.local)
         for layer in lora_layers(self.model).values():
@@ -142,6 +172,8 @@ class AdaptedModel:
         and, for a causal LM, ``task_type`` CAUSAL_LM as FLoRG's export does)."""
         if self.is_florg:
             return export_peft_lora(self.model, out_dir, base_model)
+        if self.is_lora_sb:
+            return export_peft_lora_sb(self.model, out_dir, base_model)
         import json
 
         from flower_app.adapters.florg_model import peft_task_type
@@ -169,9 +201,13 @@ class AdaptedModel:
         return out
 
     def export_peft(self, out_dir: Path, base_model: str) -> bool:
-        """FLoRG: write the model as a standard PEFT LoRA folder; False for LoRA methods
-        (their adapter is PEFT's already, and the global arrays are saved as they are)."""
-        if not self.is_florg:
-            return False
-        export_peft_lora(self.model, out_dir, base_model)
-        return True
+        """FLoRG and LoRA-SB: write the model as a standard PEFT LoRA folder; False for LoRA
+        methods (their adapter is PEFT's already, and the global arrays are saved as they
+        are)."""
+        if self.is_florg:
+            export_peft_lora(self.model, out_dir, base_model)
+            return True
+        if self.is_lora_sb:
+            export_peft_lora_sb(self.model, out_dir, base_model)
+            return True
+        return False

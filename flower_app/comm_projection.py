@@ -5,7 +5,8 @@ Per round, each sampled client receives and sends its method's shared parts
 (``strategies.communication.round_communication``, every registered method read
 generically); the clients sampled per round are Flower's FedAvg's,
 max(⌊N · fraction-train⌋, min-train-nodes) of the N SuperNodes; the run is
-``num-server-rounds`` such rounds. A causal LM has no task head, so only the adapters
+``num-server-rounds`` such rounds, after a round 0 where a method has one (its clients'
+gradients for an initialisation). A causal LM has no task head, so only the adapters
 travel. Bytes are parameters × 4 (arrays travel as float32); MB are the FlowerTune
 templates' (bytes / 1024², flower_app/leaderboard.py).
 """
@@ -28,6 +29,7 @@ class Projection:
     down_params: int
     rounds: int
     run_up_params: int = 0  # one client, every round (a method's uplink may change by round)
+    run_down_params: int = 0  # one client, every round and round 0 (a one-off download)
 
     @property
     def round_params(self) -> int:
@@ -41,7 +43,8 @@ class Projection:
     @property
     def total_mb(self) -> float:
         up = self.run_up_params or self.up_params * self.rounds
-        return megabytes(self.clients_per_round * (up + self.down_params * self.rounds))
+        down = self.run_down_params or self.down_params * self.rounds
+        return megabytes(self.clients_per_round * (up + down))
 
 
 def clients_per_round(config: RunConfig, num_supernodes: int) -> int:
@@ -112,11 +115,16 @@ def project(
                     residual_mode=config.fedex_residual,
                     server_round=t,
                 )  # fmt: skip
-                for t in range(1, max(rounds, 1) + 1)  # a method's uplink may change by round
-            ]
+                for t in range(max(rounds, 1) + 1)  # round 0 (a method's initialisation),
+            ]  # then each round: a method's uplink may change by round, a download be one-off
         except ValueError:
             continue
-        first = by_round[0]
-        run_up = sum(c.up_params for c in by_round[:rounds])
-        out.append(Projection(method, clients, first.up_params, first.down_params, rounds, run_up))
+        zeroth, first = by_round[0], by_round[1]
+        run_up = zeroth.up_params + sum(c.up_params for c in by_round[1 : rounds + 1])
+        run_down = zeroth.down_params + sum(c.down_params for c in by_round[1 : rounds + 1])
+        out.append(
+            Projection(
+                method, clients, first.up_params, first.down_params, rounds, run_up, run_down
+            )
+        )
     return out

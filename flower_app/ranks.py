@@ -2,7 +2,8 @@
 
 A shared state is ``{key: array}`` (flower_app/records.py); its adapter matrices
 carry the rank r in one axis: FLoRG's ``<layer>.A`` and LoRA's ``<layer>.lora_A`` in
-their rows (r x k, r x d_in), LoRA's ``<layer>.lora_B`` in its columns (d_out x r).  The
+their rows (r x k, r x d_in), LoRA's ``<layer>.lora_B`` in its columns (d_out x r),
+LoRA-SB's ``<layer>.R`` in both (r x r; its fixed B and A never travel as state).  The
 head has no rank.  A client of rank r_n keeps the top r_n rows of every A and the first
 r_n columns of every B of a state of a larger rank (``truncate_to_rank``): for a rule that
 pads to the largest rank that is the distribution rule itself, for a truncated SVD the
@@ -20,6 +21,7 @@ __all__ = ["adapter_k", "rank_of", "shapes_at_rank", "truncate_to_rank"]
 
 ROW_RANKED = (".A", ".lora_A")  # rank = rows
 COLUMN_RANKED = (".lora_B",)  # rank = columns
+SQUARE_RANKED = (".R",)  # rank = rows = columns
 
 
 def rank_of(state: Mapping[str, np.ndarray]) -> int:
@@ -31,6 +33,8 @@ def rank_of(state: Mapping[str, np.ndarray]) -> int:
             ranks.append(int(np.shape(value)[0]))
         elif key.endswith(COLUMN_RANKED):
             ranks.append(int(np.shape(value)[1]))
+        elif key.endswith(SQUARE_RANKED):
+            ranks.append(int(np.shape(value)[0]))
     return max(ranks)
 
 
@@ -39,6 +43,8 @@ def _at_rank(key: str, shape: tuple[int, ...], r: int) -> tuple[int, ...]:
         return (r, *shape[1:])
     if key.endswith(COLUMN_RANKED):
         return (shape[0], r, *shape[2:])
+    if key.endswith(SQUARE_RANKED):
+        return (r, r)
     return shape
 
 
@@ -60,6 +66,8 @@ def adapter_k(state: Mapping[str, np.ndarray]) -> int:
             ks.append(min(int(np.shape(value)[1]), d_out))
         elif key.endswith(".lora_B"):
             ks.append(int(np.shape(value)[0]))
+        elif key.endswith(SQUARE_RANKED):  # k is not in R (r x r): r is what it proves
+            ks.append(int(np.shape(value)[1]))
     return min(ks) if ks else 0
 
 
@@ -72,6 +80,8 @@ def truncate_to_rank(state: Mapping[str, np.ndarray], r: int) -> dict[str, np.nd
             out[key] = value[:r]
         elif key.endswith(COLUMN_RANKED) and value.shape[1] > r:
             out[key] = value[:, :r]
+        elif key.endswith(SQUARE_RANKED) and value.shape[0] > r:
+            out[key] = value[:r, :r]
         else:
             out[key] = value
     return out

@@ -1,7 +1,8 @@
 """What travels between ServerApp and ClientApps: named arrays as Flower ArrayRecords.
 
 A model's shared state is a flat ``{key: array}``; a key ending in one of
-``ADAPTER_SUFFIXES`` is an adapter matrix (FLoRG's ``A``, LoRA's ``lora_A`` / ``lora_B``),
+``ADAPTER_SUFFIXES`` is an adapter matrix (FLoRG's ``A``, LoRA's ``lora_A`` / ``lora_B``,
+LoRA-SB's ``R``),
 every other key belongs to the task head, which every method FedAvgs (``split_state``).
 The counts (``record_params``, ``declared_params``) are the parameters a round actually
 sends and receives, reported as the ``down-params`` / ``up-params`` metrics.
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-ADAPTER_SUFFIXES: tuple[str, ...] = (".A", ".lora_A", ".lora_B")
+ADAPTER_SUFFIXES: tuple[str, ...] = (".A", ".lora_A", ".lora_B", ".R")
 
 
 def to_array_record(state: Mapping[str, np.ndarray]) -> ArrayRecord:
@@ -53,7 +54,7 @@ def declared_params(message_content: Any) -> int:
 
 
 def split_state(state: Mapping[str, np.ndarray]) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
-    """({layer: {'A' | 'lora_A' | 'lora_B': array}}, {head key: array})."""
+    """({layer: {'A' | 'lora_A' | 'lora_B' | 'R': array}}, {head key: array})."""
     layers: dict[str, dict[str, np.ndarray]] = {}
     head: dict[str, np.ndarray] = {}
     for key, value in state.items():

@@ -51,9 +51,14 @@ def _batch_to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
 
 def is_adapter_parameter(name: str) -> bool:
     """Whether the parameter called ``name`` (``model.named_parameters()``) is an adapter
-    matrix: FLoRG's ``<layer>.A`` or PEFT's ``<layer>.lora_A.<adapter>.weight`` /
-    ``lora_B``; the rest of what trains is the task head."""
-    return name == "A" or name.endswith(".A") or ".lora_A." in name or ".lora_B." in name
+    matrix: FLoRG's ``<layer>.A``, PEFT's ``<layer>.lora_A.<adapter>.weight`` /
+    ``lora_B`` or LoRA-SB's ``<layer>.R``; the rest of what trains is the task head."""
+    return (
+        name in ("A", "R")
+        or name.endswith((".A", ".R"))
+        or ".lora_A." in name
+        or ".lora_B." in name
+    )
 
 
 def make_optimizer(

@@ -12,8 +12,15 @@ client sends up and receives down per round the method's shared parts
 
 plus H each way, plus whatever else a method sends down (``Method.extra_down_params``,
 which may depend on N, the number of clients aggregated in the round, and on the
-``fedex-residual`` transport setting passed as ``residual_mode``).  Bytes are parameters times
-``bytes_per_param`` (4: arrays travel as float32).
+``fedex-residual`` transport setting passed as ``residual_mode``; only in the rounds
+``Method.extra_down_in_round`` names).  Bytes are parameters times ``bytes_per_param`` (4:
+arrays travel as float32).
+
+    LoRA-SB adapter, R only      r^2              (up and down; B, A fixed, sent once)
+
+Round 0 (``server_round=0``) is the initial model's evaluation: nothing travels, except for
+a method that initialises its adapter from its clients first (``Method.init_round_params``:
+the clients' gradient estimates of every adapted W0, d_out d_in each, up).
 
 A method that trains some shared parts only in some rounds (``Method.trained_parts``: one
 that alternates B and A, or one whose server re-factorises A after training B) sends up
@@ -75,11 +82,16 @@ def round_communication(
             f"need r >= 1, num_clients >= 1, head_params >= 0; "
             f"got r={r}, num_clients={num_clients}, head_params={head_params}"
         )
+    if server_round == 0:  # before training: only a method with a round 0 sends anything
+        init = [spec.init_round_params(o, i, r) for o, i in layer_shapes.values()]
+        up0, down0 = sum(u for u, _ in init), sum(d for _, d in init)
+        return RoundCommunication(up0, down0, bytes_per_param)
     down = sum(spec.adapter_params(o, i, r) for o, i in layer_shapes.values())
     up = sum(spec.up_adapter_params(o, i, r, server_round) for o, i in layer_shapes.values())
     extra = sum(
         spec.extra_down_params(o, i, r, num_clients, residual_mode)
         for o, i in layer_shapes.values()
+        if spec.extra_down_in_round(server_round)
     )
     return RoundCommunication(up + head_params, down + head_params + extra, bytes_per_param)
 

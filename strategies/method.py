@@ -7,7 +7,8 @@ strategy does not suffice, ``strategy.py`` its own Flower strategy and further m
 batched or private paths. A method declares
 
 - **client side**: which adapter its clients train (``adapter``: ``florg`` is the paper's
-  ``W = W0 + s L AᵀA R``, ``lora`` is PEFT's ``W = W0 + s B A``), which of its parts
+  ``W = W0 + s L AᵀA R``, ``lora`` is PEFT's ``W = W0 + s B A``, ``lora-sb`` is
+  ``W = W0 + s B R A`` with B, A fixed and only the r x r R trained), which of its parts
   travel every round (``shared``), which stay on the client between rounds (``local``:
   personal parts, so the global model alone is evaluated with them at their zero
   initialisation and the clients evaluate by default), which are frozen at their seeded
@@ -23,7 +24,9 @@ batched or private paths. A method declares
   (``aggregate_private``; by default the mean mechanism of
   ``strategies.common.central_dp``);
 - **communication**: derived from the shared parts (the paper counts parameters), plus
-  whatever else the method sends down (``extra_down_params``).
+  whatever else the method sends down (``extra_down_params``, in the rounds
+  ``extra_down_in_round`` names) and a round 0 before training where it has one
+  (``init_round_params``; its clients answer a query message, ``answer_query``).
 
 The settings a method needs checked beyond each value's own check (``check_settings``,
 run by ``flower_app.config.resolve_config``, before anything is built) raise a ValueError
@@ -59,7 +62,7 @@ if TYPE_CHECKING:
 RunSettings = Any
 AdaptedModel = Any
 
-ADAPTERS = ("florg", "lora")
+ADAPTERS = ("florg", "lora", "lora-sb")
 
 # subtract-init writes s L A1^T A1 R into W0 with the node's own A1 (r_n rows): nodes of
 # different rank would hold different W0, and Q = sum w_n A_n^T A_n would not be the
@@ -70,11 +73,12 @@ SUBTRACT_INIT_NEEDS_ONE_RANK = (
     "set subtract-init=false"
 )
 # The state key suffix of each adapter part ('<layer>.<suffix>', flower_app/records.py).
-PART_KEYS = {"florg": {"A": "A"}, "lora": {"A": "lora_A", "B": "lora_B"}}
+PART_KEYS = {"florg": {"A": "A"}, "lora": {"A": "lora_A", "B": "lora_B"}, "lora-sb": {"R": "R"}}
 # The parts each adapter can share, with their shape per layer of W0 (d_out x d_in).
 PART_SHAPES = {
     "florg": {"A": lambda d_out, d_in, r: (r, min(d_in, d_out))},
     "lora": {"A": lambda d_out, d_in, r: (r, d_in), "B": lambda d_out, d_in, r: (d_out, r)},
+    "lora-sb": {"R": lambda d_out, d_in, r: (r, r)},
 }
 
 
@@ -163,6 +167,14 @@ class Method:
 
     def receive_on_server(self, adapted: AdaptedModel, strategy: AdapterStrategy) -> None:
         """Called by the server's evaluator after it loads the global arrays."""
+
+    def answer_query(
+        self, config: RunSettings, adapted: AdaptedModel, batches: Any
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """The client's reply (arrays, metrics) to a query message, which only a method whose
+        strategy runs a round 0 before training sends (``init_round_params``); ``batches``:
+        the client's data (``flower_app.client.round.LocalBatches``)."""
+        raise NotImplementedError(f"method {self.name!r} sends no query to its clients")
 
     # -- settings -----------------------------------------------------------------------
     def check_settings(self, config: RunSettings) -> None:
@@ -325,6 +337,17 @@ class Method:
     ) -> int:
         """Whatever else one layer sends down per client and round (0 for most methods)."""
         return 0
+
+    def extra_down_in_round(self, server_round: int) -> bool:
+        """Whether ``extra_down_params`` travels in ``server_round`` (every round for most
+        methods; a method that sends a node something once, with its first training
+        message, counts it in round 1, when every node of a full-participation run gets it)."""
+        return True
+
+    def init_round_params(self, d_out: int, d_in: int, r: int) -> tuple[int, int]:
+        """(up, down) parameters of one layer per client in round 0, before training: (0, 0)
+        for most methods, whose round 0 only evaluates the initial model."""
+        return 0, 0
 
 
 def part_params(adapter: str, parts: tuple[str, ...], d_out: int, d_in: int, r: int) -> int:

@@ -90,6 +90,7 @@ METHOD_FOLDERS = (
     "rolora",
     "fedsvd",
     "flora",
+    "fed_sb",
 )
 for _folder in METHOD_FOLDERS:
     for _method in import_module(f"strategies.{_folder}.method").METHODS:

@@ -124,17 +124,21 @@ def test_every_method_runs_end_to_end(assets, clean_run, method):
         assert isinstance(r["accuracy"], float) and 0.0 <= r["accuracy"] <= 1.0
         assert np.isfinite(r["loss"])
     up, down = expected_params(method, assets[0], NUM_NODES)
-    second_up = expected_params(method, assets[0], NUM_NODES, server_round=2)[0]
+    second_up, second_down = expected_params(method, assets[0], NUM_NODES, server_round=2)
     first_down = (
         expected_params("fedit", assets[0], NUM_NODES)[1]
         if get_method(method).writes_base_weights  # no fold to send before round 2
         else down
     )
+    # Round 0 sends nothing, except for a method that initialises from its clients first
+    # (Fed-SB: their gradients of every adapted W0 up).
+    zeroth_up, zeroth_down = expected_params(method, assets[0], NUM_NODES, server_round=0)
+    assert (history[0]["up-params"], history[0]["down-params"]) == (zeroth_up, zeroth_down)
     assert history[1]["up-params"] == up and history[2]["up-params"] == second_up
     # A fold into W0 (FedEx's residual, FLoRA's update) of round t travels with round t+1's
-    # message.
-    assert history[1]["down-params"] == first_down and history[2]["down-params"] == down
-    assert history[2]["cum-up-params"] == up + second_up
+    # message; Fed-SB's B and A with round 1's only.
+    assert history[1]["down-params"] == first_down and history[2]["down-params"] == second_down
+    assert history[2]["cum-up-params"] == zeroth_up + up + second_up
     assert history[2]["clients"] == NUM_NODES
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final-accuracy"] == history[-1]["accuracy"]
@@ -144,8 +148,9 @@ def test_every_method_runs_end_to_end(assets, clean_run, method):
 
     if get_method(method).writes_base_weights:  # its folds live in W0: the merged model
         assert (run_dir / "merged_model" / "config.json").exists()
-    if method.startswith("florg"):
+    if method.startswith("florg") or get_method(method).adapter == "lora-sb":
         assert (run_dir / "peft_lora" / "adapter_model.safetensors").exists()
+    if method.startswith("florg"):
         for key in ("rank", "gram_rel_error", "drift", "eigengap", "agg-seconds"):
             assert np.isfinite(history[2][key]), key
         check_florg_round(run_dir / "updates" / "round-2.npz", method)
@@ -388,8 +393,11 @@ def test_launcher_refuses_bad_config_before_launching(tmp_path, capsys):
 # SuperLink restarted; final adapter equal to the clean run's), so it is not repeated here.
 # RoLoRA and FedSVD: parts that change by round (B in odd rounds and A in even ones; A
 # re-factorised by the server after each round), which the resumed run must continue;
-# FLoRA: every round's update folded into W0 and a fresh LoRA drawn by round.
-@pytest.mark.parametrize("method", ["fedsa-lora", "fedex-lora", "rolora", "fedsvd", "flora"])
+# FLoRA: every round's update folded into W0 and a fresh LoRA drawn by round; Fed-SB: round
+# 0's B and A from the checkpoint (round 0 not run again), sent again to every node.
+@pytest.mark.parametrize(
+    "method", ["fedsa-lora", "fedex-lora", "rolora", "fedsvd", "flora", "fed-sb"]
+)
 def test_a_server_that_dies_after_round_1_resumes_to_the_clean_result(
     superlink, assets, clean_run, method
 ):

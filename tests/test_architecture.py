@@ -300,8 +300,11 @@ def test_no_runtime_module_is_longer_than_400_lines():
 
 # Method names that are also the names of users' settings and values, kept as they are so
 # that commands and published run configs keep working: the FedEx residual's transport and
-# FeDeRA's LoRA initialisation.
-SETTING_NAMES = ("fedex-residual", "fedex_residual", "federa-svd", "FedEx residual transport")
+# FeDeRA's LoRA initialisation, Fed-SB's round-0 settings.
+SETTING_NAMES = (
+    "fedex-residual", "fedex_residual", "federa-svd", "FedEx residual transport",
+    "fed-sb-init-examples", "fed_sb_init_examples", "fed-sb-init-lr", "fed_sb_init_lr",
+)  # fmt: skip
 
 
 def test_a_method_is_named_only_in_its_own_folder_and_the_registry():
@@ -311,8 +314,9 @@ def test_a_method_is_named_only_in_its_own_folder_and_the_registry():
     offenders = []
     for folder in METHOD_FOLDERS:
         # the folder's name, its method's name and its short name (fedex, fedsa, ...); not
-        # "florg" alone, the project's own name
-        words = {folder, folder.replace("_", "-"), folder.split("_")[0]} - {"florg"}
+        # "florg" alone, the project's own name, nor "fed" alone (fed_sb's first word), the
+        # first word of other methods' repositories cited in their folders (seanie12/fed-svd)
+        words = {folder, folder.replace("_", "-"), folder.split("_")[0]} - {"florg", "fed"}
         if not words:  # the florg folder: its method is the project's name
             continue
         alternatives = "|".join(rf"\b{re.escape(w)}\b" for w in sorted(words))

@@ -81,11 +81,13 @@ def reply(state, pid) -> Message:
     return Message(content=content, dst_node_id=1, message_type=MessageType.TRAIN)
 
 
-@pytest.mark.parametrize("method", ["florg", "fedex-lora", "fedit", "flora"])
+@pytest.mark.parametrize("method", ["florg", "fedex-lora", "fedit", "flora", "fed-sb"])
 def test_a_restored_strategy_continues_exactly(method):
     rng = np.random.default_rng(0)
     if method == "florg":
         initial = {"l.A": 0.1 * rng.standard_normal((2, 6)), "head.w": rng.standard_normal((2, 6))}
+    elif method == "fed-sb":  # R; round 0's B and A below
+        initial = {"l.R": 0.1 * rng.standard_normal((2, 2)), "head.w": rng.standard_normal((2, 6))}
     else:
         initial = {
             "l.lora_A": 0.1 * rng.standard_normal((2, 6)),
@@ -98,6 +100,8 @@ def test_a_restored_strategy_continues_exactly(method):
     ]
     kwargs = {"fedex_residual": "factored"} if method == "fedex-lora" else {}
     first = strategy_for(method, initial, **kwargs)
+    if method == "fed-sb":  # as round 0 leaves them
+        first.basis = {"l": (rng.standard_normal((5, 2)), rng.standard_normal((2, 6)))}
     for t in (1, 2):
         first.aggregate_train(t, [reply(c, i) for i, c in enumerate(rounds[t - 1])])
     arrays = json.loads(json.dumps(first.state_json()))
@@ -106,6 +110,11 @@ def test_a_restored_strategy_continues_exactly(method):
     folds = get_method(method).writes_base_weights  # FedEx's residuals, FLoRA's updates
     if folds:
         assert second.node_synced == {}  # a resumed run's clients are sent every fold
+    if method == "fed-sb":  # B and A come back; every node is sent them again
+        assert second.basis_state().keys() == first.basis_state().keys()
+        for key, value in first.basis_state().items():
+            np.testing.assert_array_equal(second.basis_state()[key], value)
+        assert second.node_synced == set()
     a, _ = first.aggregate_train(3, [reply(c, i) for i, c in enumerate(rounds[2])])
     b, _ = second.aggregate_train(3, [reply(c, i) for i, c in enumerate(rounds[2])])
     for key, value in from_array_record(a).items():

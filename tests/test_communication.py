@@ -9,6 +9,12 @@ from transformers import BertForSequenceClassification
 
 from flower_app.adapters.florg_model import get_florg_state, inject_florg
 from flower_app.adapters.lora import LoRAConfig, get_lora_state, inject_lora
+from flower_app.adapters.lora_sb import (
+    LoRASBConfig,
+    get_lora_sb_state,
+    inject_lora_sb,
+    lora_sb_layers,
+)
 from flower_app.adapters.targets import adapter_layout
 from strategies.communication import round_communication
 from strategies.fedex_lora.rule import aggregate_fedex_lora
@@ -63,6 +69,24 @@ def test_counts_match_the_tensors_each_method_sends(layout, tiny_bert_config):
     flora = round_communication("flora", shapes, r, head, num_clients=4)
     assert (flora.up_params, flora.down_params) == (both, both + stack)
     expected["flora"] = both
+    # Fed-SB: R (r x r) up and down every round; B and A (r (d_out + d_in)) down once, with
+    # a node's first training message (round 1); round 0: each client's gradient of every
+    # adapted W0 up, nothing down
+    sb = model(tiny_bert_config)
+    inject_lora_sb(sb, LoRASBConfig(r=r, target_modules=TARGETS))
+    only_r = n_params(get_lora_sb_state(sb))
+    basis = sum(int(m.B.numel() + m.A.numel()) for m in lora_sb_layers(sb).values())
+    grads = sum(int(m.base_layer.weight.numel()) for m in lora_sb_layers(sb).values())
+    assert only_r == head + r * r * len(shapes) and grads == sum(o * i for o, i in shapes.values())
+    first, second = (
+        round_communication("fed-sb", shapes, r, head, num_clients=4, server_round=t)
+        for t in (1, 2)
+    )
+    assert (first.up_params, first.down_params) == (only_r, only_r + basis)
+    assert (second.up_params, second.down_params) == (only_r, only_r)
+    zeroth = round_communication("fed-sb", shapes, r, head, num_clients=4, server_round=0)
+    assert (zeroth.up_params, zeroth.down_params) == (grads, 0)
+    expected["fed-sb"] = only_r
     assert set(expected) | set(by_round) == set(METHODS)
     for method in METHODS:
         c = round_communication(method, shapes, r, head, num_clients=4)
@@ -74,8 +98,11 @@ def test_counts_match_the_tensors_each_method_sends(layout, tiny_bert_config):
             continue
         assert c.up_params == expected[method], method
         assert c.up_bytes == 4 * c.up_params
-        if method not in ("fedex-lora", "flora"):
+        if method not in ("fedex-lora", "flora", "fed-sb"):
             assert c.down_params == c.up_params
+        if method != "fed-sb":  # round 0 only evaluates: nothing travels
+            zero = round_communication(method, shapes, r, head, num_clients=4, server_round=0)
+            assert zero.total_params == 0, method
 
 
 def test_fedex_residual_counted_dense_and_factored(layout):

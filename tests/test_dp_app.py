@@ -42,6 +42,7 @@ MECHANISMS = {
     "florg-signed": "gram",
     "rolora": "mean",  # over the round's trained factor and the head
     "fedsvd": "mean",  # over B and the head, then the re-factorisation (post-processing)
+    "fed-sb": "mean",  # over R and the head (round 0's gradients: tests/test_fed_sb.py)
 }
 
 TaskIdentity.run_id = 1
@@ -62,6 +63,8 @@ def initial_state(method: str, rng: np.random.Generator) -> dict[str, np.ndarray
             "l2.A": rng.standard_normal((r, 6)),
             **head,
         }
+    if get_method(method).adapter == "lora-sb":
+        return {"l1.R": 0.3 * rng.standard_normal((2, 2)), **head}
     shapes = {"A": (2, 8), "B": (6, 2)}
     parts = get_method(method).shared
     lora = {f"l1.lora_{p}": 0.3 * rng.standard_normal(shapes[p]) for p in parts}

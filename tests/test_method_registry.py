@@ -103,11 +103,12 @@ print(info["toy-step"], private_info["toy-dp"], mixed.method.heterogeneous_ranks
 def test_every_method_is_registered_with_a_consistent_declaration():
     assert method_names() == (
         "florg", "florg-no-procrustes", "florg-signed", "fedit", "federa", "ffa-lora",
-        "fedsa-lora", "fedex-lora", "hetlora", "flexlora", "rolora", "fedsvd", "flora",
+        "fedsa-lora", "fedex-lora", "hetlora", "flexlora", "rolora", "fedsvd", "flora", "fed-sb",
     )  # fmt: skip
     assert get_method("fedsa-lora").personal and not get_method("fedit").personal
     assert get_method("ffa-lora").frozen == ("A",)
     assert get_method("florg").adapter == get_method("florg-no-procrustes").adapter == "florg"
+    assert get_method("fed-sb").adapter == "lora-sb" and get_method("fed-sb").shared == ("R",)
 
 
 def test_unknown_methods_and_bad_declarations_are_refused():

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from florg_tools.synthetic import make_generative_qa_task, make_tiny_causal_lm
-from flower_app.client.round import train_round
+from flower_app.client.round import local_batches, train_round
 from flower_app.config import ConfigError, resolve_config
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data
@@ -56,9 +56,31 @@ def _checkpointing(model: torch.nn.Module) -> bool:
     return bool(getattr(base, name, False))
 
 
+def _initialise_lora_sb(config, adapted) -> None:
+    """A LoRA-SB adapter's B and A and initial R from this client's round-0 gradients (the
+    gradient taken under the run's precision), as the server would from its one client."""
+    from flower_app.adapters.lora_sb import set_lora_sb_basis
+    from strategies.fed_sb.gradient import gradient_key
+    from strategies.fed_sb.rule import initial_factors
+
+    grads, _ = adapted.method.answer_query(config, adapted, local_batches(config, 0, 1))
+    basis, state = {}, dict(adapted.shared_state())
+    for key in [k for k in state if k.endswith(".R")]:
+        layer = key[: -len(".R")]
+        grad = grads[gradient_key(layer)]
+        assert np.isfinite(grad).all() and np.abs(grad).sum() > 0, layer
+        basis[f"{layer}.B"], state[key], basis[f"{layer}.A"] = initial_factors(
+            grad, config.learning_rate, config.rank
+        )
+    set_lora_sb_basis(adapted.model, basis)
+    adapted.load_shared_state(state)
+
+
 def _round_and_eval(config) -> tuple[Any, dict[str, np.ndarray], dict[str, np.ndarray], dict]:
     data = load_task_data(config)
     adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)
+    if adapted.method.adapter == "lora-sb":  # its round 0 first, on this one client
+        _initialise_lora_sb(config, adapted)
     before = {k: v.copy() for k, v in adapted.shared_state().items()}
     reply = train_round(config, adapted, server_round=1, partition_id=0, num_partitions=1)
     metrics = evaluate_task(config, adapted.model, torch.device("cpu"))

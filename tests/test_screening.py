@@ -44,7 +44,17 @@ def lora_state(method: str, rng) -> dict[str, np.ndarray]:
     return state
 
 
+def lora_sb_state(rng) -> dict[str, np.ndarray]:
+    return {
+        "enc.q.R": 0.02 * rng.standard_normal((R, R)),
+        "enc.v.R": 0.02 * rng.standard_normal((R, R)),
+        "classifier.weight": 0.02 * rng.standard_normal((3, K)),
+    }
+
+
 def state_for(method: str, rng) -> dict[str, np.ndarray]:
+    if get_method(method).adapter == "lora-sb":
+        return lora_sb_state(rng)
     return florg_state(rng) if method.startswith("florg") else lora_state(method, rng)
 
 
@@ -61,7 +71,8 @@ def reply(state, pid, n=100) -> Message:
 
 def scaled(state, factor):
     return {
-        k: v * factor if k.endswith((".A", ".lora_A", ".lora_B")) else v for k, v in state.items()
+        k: v * factor if k.endswith((".A", ".lora_A", ".lora_B", ".R")) else v
+        for k, v in state.items()
     }
 
 

@@ -56,6 +56,36 @@ def round_seed(config: RunConfig, server_round: int, partition_id: int) -> int:
     return config.seed + 1000 * server_round + partition_id
 
 
+@dataclass(frozen=True)
+class LocalBatches:
+    """A client's training data as a method's query before training reads it
+    (``Method.answer_query``): its partition's loader shuffled with the round's seed
+    (``seed``, also for torch's generator), the task kind's training loss, the run's
+    precision and device."""
+
+    loader: Any
+    loss_fn: Any
+    mixed: MixedPrecision
+    device: torch.device
+    seed: int
+
+
+def local_batches(
+    config: RunConfig, partition_id: int, num_partitions: int, server_round: int = 0
+) -> LocalBatches:
+    """The ``LocalBatches`` of a partition in ``server_round`` (0: before training)."""
+    dataset = tokenized_split(config, "train", partition_id, num_partitions)
+    seed = round_seed(config, server_round, partition_id)
+    device = pick_device(config.device)
+    return LocalBatches(
+        make_loader(dataset, config.batch_size, shuffle=True, seed=seed),
+        load_task_data(config).kind.training_loss,
+        MixedPrecision.for_run(config.precision, device),
+        device,
+        seed,
+    )
+
+
 def receive(
     adapted: AdaptedModel,
     shared: Mapping[str, np.ndarray],

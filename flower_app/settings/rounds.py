@@ -67,6 +67,20 @@ class FederationSettings:
         check=one_of("dense", "factored"),
         affects=(MODEL,),
     )
+    fed_sb_init_examples: int = setting(
+        64,
+        "LoRA-SB's round 0: each client's training examples whose summed gradient of every "
+        "adapted W0 sets the fixed B and A",
+        check=positive,
+        affects=(),
+    )
+    fed_sb_init_lr: float = setting(
+        0.0,
+        "LoRA-SB's round 0: lr of the sign step -lr sign(G) that B R A starts as the rank-r "
+        "truncation of (0 = learning-rate)",
+        check=non_negative,
+        affects=(),
+    )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,77 @@
+"""Fed-SB's round 0 on a client: the gradient of the loss with respect to every adapted W0,
+summed over the client's first ``fed-sb-init-examples`` training examples.
+
+As the authors' ``estimate_and_process_grads_torch`` (fed_sb/utils/gradient_utils.py): the
+model in training mode, batches of ``batch-size`` cut so that exactly the first N examples
+count, each batch's loss divided by the batch's size before its backward pass, and the
+gradients summed over the batches. The sign processing and the SVD are the server's
+(``rule.py``), after it averages the clients' sums. The examples are the first N of the
+client's partition in the order round 0 shuffles it (seeded with the run's seed plus the
+partition id, the seed of a training round at round 0), and dropout draws from that seed,
+so the estimate is reproducible. The model is the initial one (R = 0: the update adds
+nothing), its task head the seeded head the server starts from.
+
+Only the base weights of the adapted layers take gradients while it runs; what trained
+before (R, the head) is frozen meanwhile and restored after.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def gradient_key(layer: str) -> str:
+    """The reply's key of ``layer``'s gradient (d_out x d_in)."""
+    return f"{layer}.grad"
+
+
+def estimate_gradients(
+    adapted: Any, batches: Any, num_examples: int
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """({'<layer>.grad': the summed gradient of W0}, {'num-examples': N used}) over the
+    first ``num_examples`` examples of ``batches`` (``flower_app.client.round.LocalBatches``:
+    the loader, the task's loss, the precision, the device and the seed)."""
+    import torch
+
+    from flower_app.adapters.lora_sb import lora_sb_layers
+
+    model = adapted.model
+    trained = [p for p in model.parameters() if p.requires_grad]
+    weights = {name: layer.base_layer.weight for name, layer in lora_sb_layers(model).items()}
+    sums = {name: torch.zeros(w.shape, dtype=torch.float64) for name, w in weights.items()}
+    used = 0
+    torch.manual_seed(batches.seed)  # dropout, as in a training round
+    model.to(batches.device).train()
+    try:
+        for p in trained:
+            p.requires_grad_(False)
+        for w in weights.values():
+            w.requires_grad_(True)
+        for batch in batches.loader:
+            n = min(int(batch["input_ids"].shape[0]), num_examples - used)
+            if n <= 0:
+                break
+            batch = {k: v[:n].to(batches.device) for k, v in batch.items()}
+            with batches.mixed.autocast():
+                loss = batches.loss_fn(model, batch)
+            if not torch.isfinite(loss):
+                raise FloatingPointError("non-finite loss in the gradient estimate of round 0")
+            (loss / n).backward()  # the authors' normalisation: the batch's loss / its size
+            for name, w in weights.items():
+                sums[name] += w.grad.detach().to("cpu", torch.float64)
+                w.grad = None
+            used += n
+    finally:
+        for w in weights.values():
+            w.requires_grad_(False)
+            w.grad = None
+        for p in trained:
+            p.requires_grad_(True)
+        model.eval()
+        model.to("cpu")
+    if used == 0:
+        raise ValueError("fed-sb-init-examples: this client's partition has no training example")
+    arrays = {gradient_key(name): s.numpy() for name, s in sums.items()}
+    return arrays, {"num-examples": used}

@@ -1,0 +1,114 @@
+"""Fed-SB (Singhal et al. 2025, arXiv 2502.15436): LoRA-SB on every client, W0 + s B R A with
+B and A fixed and identical on every node, only the r x r R trained; the server averages R
+and the head (exact: ``rule.py``, eq. 1). Up and down: r² per layer and round, whatever
+the number of clients.
+
+B and A come from a federated round 0 (``strategy.py``): the clients send the gradient of
+every adapted W0 over their first ``fed-sb-init-examples`` examples (``gradient.py``), the
+server averages them, takes -lr sign(.) and its rank-r truncated SVD, and sends B and A once
+to each node, with its first training message; the node keeps them in its Flower context.
+"""
+
+from __future__ import annotations
+
+from strategies.fed_sb.keys import BASIS, BASIS_CONTEXT, BASIS_HELD
+from strategies.method import Method, adapter_layers, stacked
+
+# dp=example: DP-SGD protects the local training rounds; round 0's gradient estimate is a
+# plain sum of the client's examples' gradients (no per-example clipping, no noise), sent
+# to the server, so a client's epsilon would not cover what its data released.
+EXAMPLE_DP_REFUSAL = (
+    "round 0 sends each client's summed gradient of every adapted W0 over its first "
+    "fed-sb-init-examples examples, without DP-SGD's per-example clipping and noise, so the "
+    "client's epsilon would not cover it; use dp=central (round 0 then goes through the "
+    "Gaussian mechanism, docs/privacy.md) or dp=off"
+)
+
+
+class FedSB(Method):
+    def aggregate(self, sent, payloads, weights):
+        from strategies.fed_sb.rule import aggregate_fed_sb
+
+        new = {}
+        for layer in adapter_layers(sent):
+            key = f"{layer}.R"
+            new[key] = aggregate_fed_sb(stacked(payloads, key), weights)
+        return new, {}
+
+    def check_settings(self, config) -> None:
+        """The common checks, and: round 0 needs the gradient of every adapted W0, which a
+        quantised base (bitsandbytes' packed format) does not give."""
+        super().check_settings(config)
+        if config.quantization != "none":
+            raise ValueError(
+                f"quantization: method {self.name!r} computes the gradient of every adapted W0 "
+                f"in round 0, which quantization={config.quantization!r} stores in "
+                "bitsandbytes' packed format (no gradient); use quantization=none"
+            )
+
+    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
+        from strategies.fed_sb.strategy import FedSBStrategy
+
+        return FedSBStrategy(
+            initial_state,
+            method=self,
+            init_examples=config.fed_sb_init_examples,
+            init_lr=config.fed_sb_init_lr or config.learning_rate,
+            **self.strategy_settings(config, run_dir=run_dir),
+        )
+
+    # -- client side ----------------------------------------------------------------------
+    def answer_query(self, config, adapted, batches):
+        """Round 0: the summed gradient of every adapted W0 (``gradient.py``)."""
+        from strategies.fed_sb.gradient import estimate_gradients
+
+        return estimate_gradients(adapted, batches, config.fed_sb_init_examples)
+
+    def receive_on_client(self, msg, context, adapted):
+        """Keep B and A when the message carries them (in the node's context) and load the
+        ones held into the model; a node that holds none cannot train."""
+        from flower_app.adapters.lora_sb import set_lora_sb_basis
+        from flower_app.records import from_array_record
+
+        if BASIS in msg.content.array_records:
+            context.state[BASIS_CONTEXT] = msg.content[BASIS]
+        if BASIS_CONTEXT not in context.state.array_records:
+            raise ValueError(
+                "this node holds no B and A: the server sends them with the first message "
+                "after round 0"
+            )
+        set_lora_sb_basis(adapted.model, from_array_record(context.state[BASIS_CONTEXT]))
+        return {BASIS_HELD: 1}
+
+    def receive_on_server(self, adapted, strategy):
+        """The server's B and A (round 0's, or the checkpoint's) into its model."""
+        from flower_app.adapters.lora_sb import set_lora_sb_basis
+
+        basis = getattr(strategy, "basis_state", dict)()
+        if basis:
+            set_lora_sb_basis(adapted.model, basis)
+
+    # -- communication ----------------------------------------------------------------------
+    def extra_down_params(self, d_out, d_in, r, num_clients, residual_mode):
+        """B and A, r (d_out + d_in), once per node: with its first training message."""
+        return r * (d_out + d_in)
+
+    def extra_down_in_round(self, server_round):
+        return server_round == 1  # every node's first message in a full-participation run
+
+    def init_round_params(self, d_out, d_in, r):
+        """Round 0: each client sends its gradient of W0, d_out d_in; nothing comes down
+        (the query carries only its config)."""
+        return d_out * d_in, 0
+
+
+FED_SB = FedSB(
+    name="fed-sb",
+    summary="LoRA-SB: fixed B, A from round 0's gradients; train and average the r x r R",
+    adapter="lora-sb",
+    shared=("R",),
+    dp_mechanism="mean",  # clip reply - sent over R and the head; noised mean; round 0 too
+    example_dp_refusal=EXAMPLE_DP_REFUSAL,
+)
+
+METHODS = (FED_SB,)

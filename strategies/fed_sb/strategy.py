@@ -1,0 +1,233 @@
+"""FedSBStrategy: the common strategy (R and the head averaged every round) plus round 0, the
+federated initialisation of the fixed B and A, and their delivery to every node.
+
+Round 0 (``initialise``, run by ``start`` before Flower's loop, only in a fresh run): the
+server sends a QUERY message to the nodes a training round would sample; each answers with
+the summed gradient of every adapted W0 over its first ``fed-sb-init-examples`` examples
+(``gradient.py``). The server checks the replies (every layer's gradient, finite, of the
+shape most replies agree on), averages them with the run's weights, and per layer takes
+P = -lr sign(mean) and its rank-r truncated SVD (``rule.initial_factors``): B = U_r,
+A = V_rᵀ are kept here, R = S_r becomes the global R, so the model starts at
+W0 + s B S_r A as in the authors' code. Under dp=central round 0 is one more Gaussian
+mechanism: each client's gradients (all layers jointly) are clipped to C, the sum gets
+N(0, (zC)²) noise per entry and is divided by m, the accountant records it; the sign and
+the SVD are post-processing. Its row 0 counts what travelled (``up-params``: the
+gradients; ``down-params``: the queries, which carry no arrays).
+
+B and A travel once per node: with a node's first training (or evaluation) message, until
+its reply's ``basis-held`` metric says it holds them (``node_synced``); they count in that
+round's ``down-params``. They are checkpointed; a resumed run (a new Flower run: fresh node
+contexts) never redoes round 0 and sends them again to every node.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Iterable
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+from flower_app.records import declared_params, from_array_record, record_params, to_array_record
+from strategies.common.central_dp import noise_std_mean, noised_mean
+from strategies.common.strategy import AdapterStrategy
+from strategies.common.validation import normalize_weights
+from strategies.fed_sb.gradient import gradient_key
+from strategies.fed_sb.keys import BASIS, BASIS_HELD
+from strategies.fed_sb.rule import initial_factors
+
+log = logging.getLogger("flwr.florg")
+PREFIX = "fed-sb"  # the checkpoint's keys: 'fed-sb/B/<layer>', 'fed-sb/A/<layer>'
+
+
+class FedSBStrategy(AdapterStrategy):
+    def __init__(self, *args, init_examples: int, init_lr: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if init_examples < 1 or not init_lr > 0:
+            raise ValueError(
+                f"fed-sb-init-examples must be >= 1 and the init lr > 0; got {init_examples}, "
+                f"{init_lr}"
+            )
+        self.init_examples, self.init_lr = int(init_examples), float(init_lr)
+        self.basis: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # layer -> (B, A), float64
+        self.node_synced: set[int] = set()  # nodes whose reply said they hold B and A
+
+    def basis_state(self) -> dict[str, np.ndarray]:
+        """{'<layer>.B': B, '<layer>.A': A} (empty before round 0)."""
+        out: dict[str, np.ndarray] = {}
+        for layer, (B, A) in self.basis.items():
+            out[f"{layer}.B"], out[f"{layer}.A"] = B, A
+        return out
+
+    # -- round 0 ----------------------------------------------------------------------------
+    def start(self, grid, initial_arrays, num_rounds=3, timeout=3600, *args, **kwargs):
+        """Round 0 where no B and A are held yet (a fresh run; a resumed one restored them),
+        then the rounds from the initial R; a run whose rounds all fail ends there."""
+        initialised = None
+        if not self.basis:
+            self.initialise(grid, timeout)
+            initial_arrays = initialised = to_array_record(self.global_state)
+        result = super().start(grid, initial_arrays, num_rounds, timeout, *args, **kwargs)
+        if initialised is not None and not result.arrays:
+            result.arrays = initialised
+        return result
+
+    def initialise(self, grid, timeout: float) -> None:
+        """Round 0 (module docstring): query, check, average, factorise."""
+        t0 = time.perf_counter()
+        sample_size = max(
+            int(len(list(grid.get_node_ids())) * self.fraction_train), self.min_train_nodes
+        )
+        node_ids, _ = sample_nodes(grid, self.min_available_nodes, sample_size)
+        config = ConfigRecord({"server-round": 0, "fed-sb-init-examples": self.init_examples})
+        messages = [
+            Message(
+                content=RecordDict({"config": config}),
+                message_type=MessageType.QUERY,
+                dst_node_id=node,
+            )
+            for node in node_ids
+        ]
+        replies = list(grid.send_and_receive(messages=messages, timeout=timeout))
+        grads, sizes, counts = self.check_gradients(replies)
+        metrics: dict[str, float] = {
+            **counts,
+            "clients": len(grads),
+            "up-params": sum(declared_params(m.content) for m in replies if not m.has_error()),
+            "down-params": sum(record_params(m.content) for m in messages),
+            "examples": float(sum(sizes)),
+        }
+        if not grads:
+            raise RuntimeError("round 0: no client sent a valid gradient estimate; B and A unset")
+        if self.dp is None:
+            weights = normalize_weights(None if self.weighting == "uniform" else sizes, len(grads))
+            mean = {k: sum(w * g[k] for w, g in zip(weights, grads, strict=True)) for k in grads[0]}
+        else:  # the Gaussian mechanism on the clipped sum (central_dp.py), m = nodes queried
+            m = max(len(messages), len(grads))
+            mean = noised_mean(
+                (self.dp.clip(g) for g in grads),
+                self.dp.clipping_norm,
+                self.dp.noise_multiplier,
+                self.dp.rng,
+                num_sampled=m,
+            )
+            std = noise_std_mean(self.dp.clipping_norm, self.dp.noise_multiplier, m)
+            metrics.update({"dp-noise-std": std, "dp-sampled": m, **self.dp.release()})
+        r = self.largest_rank
+        for layer in self.layers():
+            B, R, A = initial_factors(mean[gradient_key(layer)], self.init_lr, r)
+            self.basis[layer] = (B, A)
+            self.global_state[f"{layer}.R"] = R
+        metrics["init-seconds"] = time.perf_counter() - t0
+        self.round_metrics[0] = {**self.round_metrics.get(0, {}), **metrics}
+        log.info("round 0: B and A of %d layers from %d clients", len(self.basis), len(grads))
+
+    def check_gradients(
+        self, replies: list[Message]
+    ) -> tuple[list[dict[str, np.ndarray]], list[float], dict[str, float]]:
+        """The valid replies' gradients (float64) and example counts, in partition order, and
+        the counts of failed and rejected replies. Valid: every adapted layer's gradient,
+        finite, of the shape most replies give it, at least r on each side; a positive
+        example count."""
+        keys = {gradient_key(layer) for layer in self.layers()}
+        shapes: dict[str, Counter] = {k: Counter() for k in keys}
+        candidates = []
+        failures = rejected = 0
+        for msg in replies:
+            if msg.has_error():
+                failures += 1
+                log.warning("round 0: node %s failed: %s", msg.metadata.src_node_id,
+                            msg.error.reason)  # fmt: skip
+                continue
+            try:
+                arrays = from_array_record(msg.content["arrays"])
+                metrics = msg.content["metrics"]
+                n = float(metrics["num-examples"])
+                part = int(metrics.get("partition-id", 0))
+            except (KeyError, TypeError, ValueError) as err:
+                rejected += 1
+                log.warning("round 0: rejected reply of node %s: %s", msg.metadata.src_node_id,
+                            err)  # fmt: skip
+                continue
+            candidates.append((part, msg.metadata.src_node_id, arrays, n))
+            for k in keys & set(arrays):
+                shapes[k][np.shape(arrays[k])] += 1
+        common = {k: c.most_common(1)[0][0] for k, c in shapes.items() if c}
+        r = self.largest_rank
+        kept = []
+        for part, node, arrays, n in sorted(candidates, key=lambda c: (c[0], c[1])):
+            reason = None
+            if set(arrays) != keys or set(common) != keys:
+                reason = "its arrays are not one gradient per adapted layer"
+            elif not (math.isfinite(n) and n > 0):
+                reason = f"num-examples {n}"
+            else:
+                for k, g in arrays.items():
+                    if g.shape != common[k] or g.ndim != 2 or min(g.shape) < r:
+                        reason = f"{k}: shape {g.shape}, most replies {common[k]}, rank {r}"
+                    elif not np.all(np.isfinite(g)):
+                        reason = f"{k}: NaN or Inf"
+                    if reason:
+                        break
+            if reason:
+                rejected += 1
+                log.warning("round 0: rejected gradient of partition %s (node %s): %s",
+                            part, node, reason)  # fmt: skip
+                continue
+            kept.append(({k: np.asarray(v, np.float64) for k, v in arrays.items()}, n))
+        counts = {"failures": failures, "rejected": rejected}
+        return [g for g, _ in kept], [n for _, n in kept], counts
+
+    # -- B and A, once per node ---------------------------------------------------------------
+    def with_basis(self, message: Message) -> Message:
+        """``message`` plus B and A where its node does not hold them yet."""
+        node = message.metadata.dst_node_id
+        if node in self.node_synced or not self.basis:
+            return message
+        content = RecordDict(dict(message.content.items()))
+        content[BASIS] = to_array_record(self.basis_state())
+        return Message(
+            content=content, message_type=message.metadata.message_type, dst_node_id=node
+        )
+
+    def extend_train_message(self, server_round: int, message: Message) -> Message:
+        return self.with_basis(message)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid
+    ) -> Iterable[Message]:
+        return [self.with_basis(m) for m in super().configure_evaluate(server_round, arrays,
+                                                                        config, grid)]  # fmt: skip
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        for msg in replies:
+            held = not msg.has_error() and "metrics" in msg.content.metric_records
+            if held and msg.content["metrics"].get(BASIS_HELD) == 1:
+                self.node_synced.add(msg.metadata.src_node_id)
+        return super().aggregate_train(server_round, replies)
+
+    # -- checkpoint and resume: B and A ----------------------------------------------------------
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        arrays = super().state_arrays()
+        for layer, (B, A) in self.basis.items():
+            arrays[f"{PREFIX}/B/{layer}"], arrays[f"{PREFIX}/A/{layer}"] = B, A
+        return arrays
+
+    def restore(self, arrays, state) -> None:
+        """Resume: B and A from the checkpoint (round 0 is not run again); every node of the
+        new Flower run is sent them again (``node_synced`` starts empty)."""
+        super().restore(arrays, state)
+        parts: dict[str, dict[str, np.ndarray]] = {}
+        for key, value in arrays.items():
+            if key.startswith(f"{PREFIX}/"):
+                _, part, layer = key.split("/", 2)
+                parts.setdefault(layer, {})[part] = np.asarray(value, np.float64)
+        if set(parts) != set(self.layers()) or any(set(p) != {"A", "B"} for p in parts.values()):
+            raise ValueError("checkpoint holds no B and A for every layer (round 0's)")
+        self.basis = {layer: (p["B"], p["A"]) for layer, p in parts.items()}
+        self.node_synced = set()
