@@ -88,7 +88,7 @@ def test_the_page_block_lists_tuning_runs_until_tuning_chooses_then_the_curve(gr
     tuning = json.loads((grid / "tuning.json").read_text())
     (grid / "tuning.json").write_text(json.dumps({**tuning, "choices": {}}))
     before = long_budget.progress_markdown(grid, 21, (10, 20, 40), ("fedit",), 20)
-    assert before.startswith(f"{len(list((grid / 'runs').iterdir()))} of 21 runs finished.")
+    assert before.startswith(f"{len(list((grid / 'runs').iterdir()))} runs finished, of 21")
     assert "no verdict" in before and "florg − fedit" not in before
     assert "| florg | 0.002 | 0.450 | 0.500 | 0.500 |" in before  # seed 0: 0.4 + 0.1 min(t, 20)/20
     figure = tmp_path / "before.png"

@@ -220,7 +220,10 @@ def progress_markdown(
     has chosen; before that, each finished tuning run's test score at ``rounds`` (no
     verdict: a learning rate not yet chosen is no method's score)."""
     done = finished_runs(results)
-    lines = [f"{len(done)} of {total_runs} runs finished."]
+    lines = [
+        f"{len(done)} runs finished, of {total_runs} planned (tuning adds a run each time it "
+        "extends a rate past an end)."
+    ]
     runs = chosen_runs(results)
     if runs:
         methods = sorted(runs, key=lambda m: (m != REFERENCE, m))
