@@ -57,24 +57,16 @@ class Run:
 
 def chosen_runs(results: Path) -> dict[str, dict[int, Run]]:
     """method -> seed -> its finished run at the method's chosen learning rate
-    (``tuning.json``'s choices, keyed like ``method=florg,task=snli``)."""
+    (``tuning.json``'s learning-rate choices, keyed like ``method=florg,task=snli``)."""
     tuning = json.loads((results / "tuning.json").read_text())
-    key = tuning.get("key", "learning-rate")
     chosen = {
         dict(p.split("=", 1) for p in combo.split(","))["method"]: value
         for combo, value in tuning["choices"].items()
     }
     runs: dict[str, dict[int, Run]] = {}
-    for folder in sorted((results / "runs").iterdir()):
-        found = finished_run(folder)
-        if found is None:
-            continue
-        _, config = found
-        method = config["method"]
-        if method not in chosen or config.get(key) != chosen[method]:
-            continue
-        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-        runs.setdefault(method, {})[int(config["seed"])] = Run(method, int(config["seed"]), rows)
+    for run in finished_runs(results):
+        if run.method in chosen and run.learning_rate == chosen[run.method]:
+            runs.setdefault(run.method, {})[run.seed] = run
     return runs
 
 
@@ -186,6 +178,13 @@ def plot(runs: dict[str, dict[int, Run]], path: Path) -> None:
         if all(not math.isnan(i.low) for i in intervals):
             ax.fill_between(rounds, [i.low for i in intervals], [i.high for i in intervals],
                             alpha=0.2)  # fmt: skip
+    _save(fig, ax, path)
+
+
+def _save(fig, ax, path: Path) -> None:
+    """Label the score-against-round axes and write the figure."""
+    import matplotlib.pyplot as plt
+
     ax.set_xlabel("round")
     ax.set_ylabel("held-out test score")
     ax.legend()
@@ -261,14 +260,8 @@ def progress_plot(results: Path, path: Path) -> None:
         series = run.series("test-score")
         label = f"{run.method}, lr {run.learning_rate} (tuning, seed {run.seed})"
         ax.plot(list(series), list(series.values()), marker="o", label=label)
-    ax.set_xlabel("round")
-    ax.set_ylabel("held-out test score")
     ax.set_title("long-budget SNLI grid: tuning runs (no learning rate chosen yet)")
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, ax, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
