@@ -100,10 +100,28 @@ def _replace_into(tmp: Path, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# Bytes of each entry this process has measured. An entry never changes once renamed into
+# place (writes go to a temporary name first; its name is the hash of everything its
+# content depends on, so one rebuilt under it holds the same), so its size is measured
+# once: the eviction
+# scan after every store then costs one stat per entry instead of a walk of every entry's
+# files (with a thousand simulated clients' partitions cached, that walk was the largest
+# cost of a client's round outside training: py-spy over benchmarks.scale.scale_benchmark).
+_SIZES: dict[Path, int] = {}
+
+
 def _entry_size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _known_size(entry: Path) -> int:
+    """``_entry_size`` of ``entry``, measured once by this process."""
+    size = _SIZES.get(entry)
+    if size is None:
+        size = _SIZES[entry] = _entry_size(entry)
+    return size
 
 
 def _touch(path: Path) -> None:
@@ -124,7 +142,7 @@ def _evict(root: Path, keep: Path) -> None:
             for entry in folder.iterdir():
                 if not entry.name.startswith("."):  # skip writes in progress
                     with contextlib.suppress(OSError):
-                        entries.append((entry.stat().st_mtime, _entry_size(entry), entry))
+                        entries.append((entry.stat().st_mtime, _known_size(entry), entry))
     total = sum(size for _, size, _ in entries)
     for _, size, entry in sorted(entries, key=lambda e: e[0]):
         if total <= limit:
@@ -136,6 +154,7 @@ def _evict(root: Path, keep: Path) -> None:
         else:
             with contextlib.suppress(OSError):
                 entry.unlink()
+        _SIZES.pop(entry, None)
         total -= size
 
 

@@ -352,6 +352,34 @@ def test_tokenize_single_sentence(movie, tokenizer: Any) -> None:
     assert int(tensors["attention_mask"].sum(1).max()) == 16  # long reviews are truncated
 
 
+def test_tokenized_fingerprint_follows_what_the_encoding_reads(movie, tokenizer: Any) -> None:
+    """The fingerprint names datasets' cache files of the tokenised rows: equal inputs give
+    equal fingerprints; other rows, length, fields or pad token give another."""
+    from dataclasses import replace
+
+    spec = resolve_task("movie-sentiment")
+    rows = movie[1].select(range(10))
+    base = tokenize_dataset(rows, tokenizer, spec, max_length=16)._fingerprint
+    assert tokenize_dataset(rows, tokenizer, spec, max_length=16)._fingerprint == base
+    others = [
+        tokenize_dataset(movie[1].select(range(1, 11)), tokenizer, spec, max_length=16),
+        tokenize_dataset(rows, tokenizer, spec, max_length=17),
+        tokenize_dataset(
+            rows.add_column("copy", rows[spec.text_fields[0]]),
+            tokenizer,
+            replace(spec, text_fields=("copy",)),
+            16,
+        ),
+    ]
+    assert len({base, *(d._fingerprint for d in others)}) == 4
+    pad = tokenizer.pad_token
+    try:
+        tokenizer.pad_token = tokenizer.sep_token
+        assert tokenize_dataset(rows, tokenizer, spec, max_length=16)._fingerprint != base
+    finally:
+        tokenizer.pad_token = pad
+
+
 def test_smollm2_when_fetched(registry: dict[str, Any]) -> None:
     """Optional asset (``fetch --all``): float32 safetensors and a working tokenizer."""
     if "SmolLM2-135M" not in asset_registry.load_registry()["models"]:

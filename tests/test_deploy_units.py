@@ -107,6 +107,29 @@ def test_cache_evicts_least_recently_used_entries_beyond_its_limit(tiny, tmp_pat
     assert len(list((tmp_path / "models").iterdir())) == 1
 
 
+def test_eviction_walks_each_cache_entry_once(tiny, tmp_path, monkeypatch):
+    """An entry never changes once in place, so the scan after each store measures only
+    the entries it has not seen (a hit's touch needs no new measure), and forgets the
+    ones it deletes."""
+    monkeypatch.setenv(disk_cache.DIR_ENV_VAR, str(tmp_path))
+    monkeypatch.setattr(disk_cache, "_SIZES", {})
+    walked: list[str] = []
+    real = disk_cache._entry_size
+    monkeypatch.setattr(disk_cache, "_entry_size", lambda p: walked.append(p.name) or real(p))
+    split = tokenized_split.__wrapped__
+    config = _config(tiny)
+    for pid in range(3):
+        split(config, "train", pid, 3)
+    assert len(walked) == len(set(walked)) == 3  # three stores, three entries, each once
+    split(config, "train", 0, 3)  # a hit touches its entry: no walk
+    assert len(walked) == 3
+    one_entry = disk_cache._SIZES[tmp_path / "tokenized" / walked[0]]
+    monkeypatch.setenv(disk_cache.MAX_MB_ENV_VAR, str(1.5 * one_entry / 1e6))
+    split(config, "train", 1, 4)  # a fourth store; the three least recently used go
+    assert len(walked) == 4
+    assert list(disk_cache._SIZES) == [tmp_path / "tokenized" / walked[-1]]
+
+
 def test_node_data_path_replaces_the_run_data(tiny, tmp_path):
     config = _config(tiny)
     assert use_node_data(config, {"partition-id": 1}, 3) == (config, 3)
