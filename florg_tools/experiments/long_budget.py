@@ -45,6 +45,10 @@ class Run:
     seed: int
     rows: list[dict[str, Any]]
     learning_rate: float | None = None
+    task: str | None = None
+    # the row key of the held-out test score (summary.json's ``test-score-key``): FedSA-LoRA
+    # is scored on its clients' personalised models
+    test_key: str = "test-score"
 
     def series(self, key: str) -> dict[int, float]:
         """round -> the value of ``key`` where the row has one."""
@@ -199,16 +203,22 @@ def _save(fig, ax, path: Path) -> None:
 
 def finished_runs(results: Path) -> list[Run]:
     """Every finished run of the grid, chosen learning rate or not (the tuning runs too)."""
+    return runs_in(results / "runs")
+
+
+def runs_in(folder: Path) -> list[Run]:
+    """Every finished run directly under ``folder`` (one folder per run, as a grid's
+    ``runs/`` or a published ``runs/GRID/``), in name order."""
     out = []
-    for folder in sorted((results / "runs").iterdir()):
-        found = finished_run(folder)
+    for run in sorted(folder.iterdir()):
+        found = finished_run(run)
         if found is not None:
-            _, config = found
-            text = (folder / "metrics.jsonl").read_text()
-            rows = [json.loads(line) for line in text.splitlines()]
-            out.append(
-                Run(config["method"], int(config["seed"]), rows, config.get("learning-rate"))
-            )
+            summary, config = found
+            text = (run / "metrics.jsonl").read_text()
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            out.append(Run(config["method"], int(config["seed"]), rows,
+                           config.get("learning-rate"), config.get("task"),
+                           summary.get("test-score-key", "test-score")))  # fmt: skip
     return out
 
 

@@ -17,6 +17,9 @@ by the commands that ran the grids (``florg experiments evidence ... --publish``
 - each published run's own ``summary.json`` (``total-params`` over ``rounds``): the
   parameters a method sends per round, as exact counts;
 - a grid's ``*-tuning.json``: validation scores of the learning rates tried;
+- the chosen runs' ``metrics.jsonl`` (per round: the test score, the parameters sent):
+  the parameters each method sends to reach a target score, and the figures of test
+  score against them, through :mod:`florg_tools.experiments.comm_to_target`;
 - the privacy grid's runs (``summary.json``'s ``dp-epsilon`` and test score;
   ``metrics.jsonl`` for what the mechanism did), through
   :mod:`florg_tools.experiments.privacy`, which also draws the privacy figure;
@@ -81,6 +84,15 @@ PRIVACY_FIGURE = "evidence/privacy/privacy-utility.png"
 LONG = "evidence/long-snli"  # the long-budget SNLI grid's published runs and tuning.json
 LONG_FIGURE = "evidence/long-snli/curve.png"
 LONG_RUNS = 21  # conf/grids/evidence-long-snli.yaml: 3 methods x 5 seeds, 6 more tuning runs
+LONG_METHODS = ("florg", "fedit", "federa")  # the long-budget grid's methods
+# Protocol v2's exact-aggregation methods (conf/grids/evidence-v2-exact*.yaml), published
+# by `PUBLISH_ONLY=1 bash scripts/evidence_exact.sh` beside evidence-v2's runs
+EXACT = "evidence/evidence-v2-exact/summary.json"
+EXACT_METHODS = ("rolora", "fedsvd", "flora", "fed-sb")
+# Communication to a target: the targets (fractions of FedIT's final seed-mean test score)
+# and each task's figure
+COMM_FRACTIONS = (1.0, 0.9)
+COMM_FIGURE = "evidence/evidence-v2/plots/comm-to-target-{task}.png"
 # The privacy grid's seeds (conf/grids/privacy.yaml); its ε = ∞ arm reuses evidence-v2's runs
 PRIVACY_SEEDS = (0, 1, 2)
 # Where each grid's published runs lie, per (summary, method label): the runs' own
@@ -89,6 +101,8 @@ RUN_FOLDERS = {
     V1: ("evidence/evidence/runs/evidence", "evidence/evidence/runs/evidence-snli",
          "evidence/evidence/runs/evidence-fedsa"),
     V2: ("evidence/evidence-v2/runs/evidence-v2", "evidence/evidence-v2/runs/evidence-v2-snli"),
+    EXACT: ("evidence/evidence-v2-exact/runs/evidence-v2-exact",
+            "evidence/evidence-v2-exact/runs/evidence-v2-exact-snli"),
     HETERO: ("evidence/hetero/runs/hetero",),
     SFT: ("evidence/sft-cpu/runs/sft-cpu",),
 }  # fmt: skip
@@ -110,6 +124,7 @@ NAMES = {
     "rolora": "RoLoRA",
     "fedsvd": "FedSVD",
     "flora": "FLoRA",
+    "fed-sb": "Fed-SB",
 }
 TASKS = {"movie-sentiment": "movie sentiment", "snli": "SNLI"}
 
@@ -613,6 +628,55 @@ def long_budget_figure(ev: Evidence, path: Path) -> None:
     lb.progress_plot(ev.root / LONG, path)
 
 
+def _task_folders(task: str) -> tuple[str, str]:
+    """Protocol v2's and the exact methods' run folders of ``task`` (one per task, in
+    ``TASKS``' order)."""
+    index = list(TASKS).index(task)
+    return RUN_FOLDERS[V2][index], RUN_FOLDERS[EXACT][index]
+
+
+@cache
+def _comm_curves(ev: Evidence, task: str):  # -> (method -> Curve, methods not published)
+    """Protocol v2's chosen runs of ``task``, the exact methods' grid's beside them."""
+    from florg_tools.experiments import comm_to_target as ctt
+
+    v2, exact = _task_folders(task)
+    sources = (ctt.Source(V2, (v2,)), ctt.Source(EXACT, (exact,), EXACT_METHODS))
+    runs, missing = ctt.chosen_runs(ev.root, sources, task)
+    return ctt.curves(runs), missing
+
+
+def comm_to_target(task: str) -> Callable[[Evidence], str]:
+    """Protocol v2 on ``task``: the parameters each method sends to reach FedIT's final
+    score (florg_tools/experiments/comm_to_target.py)."""
+
+    def make(ev: Evidence) -> str:
+        from florg_tools.experiments import comm_to_target as ctt
+
+        return ctt.markdown(*_comm_curves(ev, task), COMM_FRACTIONS, method_name)
+
+    return make
+
+
+def comm_to_target_figure(task: str) -> Callable[[Evidence, Path], None]:
+    def draw(ev: Evidence, path: Path) -> None:
+        from florg_tools.experiments import comm_to_target as ctt
+
+        title = f"protocol v2, {task_name(task)}: test score against parameters sent"
+        ctt.plot(_comm_curves(ev, task)[0], path, COMM_FRACTIONS, title, method_name)
+
+    return draw
+
+
+def comm_to_target_long(ev: Evidence) -> str:
+    """The long-budget grid's chosen runs (its own reader, by tuning.json), as far as
+    they are published."""
+    from florg_tools.experiments import comm_to_target as ctt
+
+    found = ctt.from_long_budget(ev.root / LONG, LONG_METHODS)
+    return ctt.markdown(*found, COMM_FRACTIONS, method_name)
+
+
 # --- pages, blocks, figures --------------------------------------------------------------
 
 
@@ -634,12 +698,16 @@ class Block:
 RESULTS = "docs/results.md"
 V1_PAGE = "docs/results-v1.md"
 RUNS_OF = "the runs' summary.json under "
+METRICS_OF = "the runs' metrics.jsonl under "
 BLOCKS = (
     Block("README.md", "HEADLINE", (V1, V2, SFT, HETERO), headline),
     Block(RESULTS, "VERDICT-TABLE", (V1, V2), verdict_table),
     Block(RESULTS, "V2-MOVIE-SENTIMENT", (V2, RUNS_OF + RUN_FOLDERS[V2][0]),
           v2_methods_table("movie-sentiment")),
     Block(RESULTS, "V2-SNLI", (V2, RUNS_OF + RUN_FOLDERS[V2][1]), v2_methods_table("snli")),
+    *(Block(RESULTS, f"COMM-TO-TARGET-{task.upper()}",
+            (V2, EXACT, *(METRICS_OF + folder for folder in _task_folders(task))),
+            comm_to_target(task)) for task in TASKS),
     Block(RESULTS, "VARIANTS-MOVIE-SENTIMENT", (V2,), variants_table("movie-sentiment")),
     Block(RESULTS, "VARIANTS-SNLI", (V2,), variants_table("snli")),
     Block(RESULTS, "PRIVACY-TABLE", tuple(RUNS_OF + p for p in PRIVACY_RUNS) + (V2,),
@@ -648,6 +716,8 @@ BLOCKS = (
           privacy_mechanism),
     Block(RESULTS, "LONG-BUDGET", (LONG + "/tuning.json", RUNS_OF + LONG + "/runs", V2),
           long_budget),
+    Block(RESULTS, "COMM-TO-TARGET-LONG-SNLI",
+          (LONG + "/tuning.json", METRICS_OF + LONG + "/runs"), comm_to_target_long),
     Block(RESULTS, "HETERO-TABLE", (HETERO, RUNS_OF + "evidence/hetero/runs"), hetero_table),
     Block(RESULTS, "HETERO-TRAFFIC", (HETERO_REPORT,), hetero_traffic),
     Block(RESULTS, "HETERO-DIAGNOSTICS", (HETERO_DIAGNOSTICS,), hetero_diagnostics),
@@ -659,6 +729,7 @@ BLOCKS = (
 FIGURES: tuple[tuple[str, Callable[[Evidence, Path], None]], ...] = (
     (PRIVACY_FIGURE, privacy_figure),
     (LONG_FIGURE, long_budget_figure),
+    *((COMM_FIGURE.format(task=task), comm_to_target_figure(task)) for task in TASKS),
 )
 
 
