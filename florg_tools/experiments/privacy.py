@@ -59,14 +59,14 @@ __all__ = ["Level", "PrivateRun", "collect", "main", "plot", "report"]
 
 # metrics.jsonl keys that show what the mechanism did (docs/privacy.md): the clients'
 # update norms, how many were clipped, the sensitivity and the noise's standard deviation
-# on the mean, the sent parameters per client, and (FLoRG) Q-hat's negative eigenvalues
+# on the mean, the parameters all clients sent up, and (FLoRG) Q-hat's negative eigenvalues
 MECHANISM_KEYS = {
     "clients": "clients",
     "update-norm-median": "update norm (median client)",
     "dp-clipped": "clipped clients",
     "dp-sensitivity": "sensitivity",
     "dp-noise-std": "noise std",
-    "up-params": "sent params / client",
+    "up-params": "params sent up (all clients)",
     "negative_eigenvalues": "negative eigenvalues / layer",
 }
 
