@@ -213,3 +213,33 @@ def test_cuda_equals_the_reference(procrustes, rank_mismatch):
         ref, _ = aggregate_florg(as64[name], None, prev, procrustes, rank_mismatch=rank_mismatch)
         assert rel(new[name], ref) < TOL or np.all(ref == 0)
     assert_matches_reference(client_As, None, prev_As, procrustes, rank_mismatch, "cuda")
+
+
+@pytest.mark.parametrize("procrustes,rank_mismatch", ALL_MODES)
+def test_more_rows_than_columns_sum_the_gram_matrix_without_the_stack(
+    procrustes, rank_mismatch, monkeypatch
+):
+    """N r > k: Q is summed over blocks of at most k rows (strategies/florg/gram_sum.py),
+    never the (N r x k) stack, and the step still equals the reference."""
+    from strategies.florg import gram_sum, rule_torch
+
+    def no_stack(*args, **kwargs):
+        raise AssertionError("the (N r x k) stack was built")
+
+    monkeypatch.setattr(rule_torch, "stack_layers", no_stack)
+    rng = np.random.default_rng(4)
+    n, r = 40, 3
+    prev_As = {"k10": rng.standard_normal((r, 10)), "k7": rng.standard_normal((r, 7))}
+    client_As = {
+        name: [p + 0.3 * rng.standard_normal(p.shape) for _ in range(n)]
+        for name, p in prev_As.items()
+    }
+    weights = rng.random(n) + 0.1
+    assert_matches_reference(client_As, weights, prev_As, procrustes, rank_mismatch, "cpu")
+    w = weights / weights.sum()
+    Q = gram_sum.gram_sum(["k10"], client_As, np.sqrt(w), torch.device("cpu"))[0].numpy()
+    expected = sum(wi * a.T @ a for wi, a in zip(w, client_As["k10"], strict=True))
+    assert rel(Q, expected) < TOL and gram_sum.clients_per_block(r, 10) == 3
+    client_As["k7"][37] = np.full((r, 7), np.inf)  # in the 13th block of 3 clients
+    with pytest.raises(AggregationInputError, match=r"k7\[client 37\].*NaN/Inf"):
+        aggregate_florg_layers(client_As, weights, prev_As, device="cpu")

@@ -26,7 +26,9 @@ whose numerical rank is deficient (r' < Nr) take the eigenvector path, A~ = U_{r
 that eigenvalues below the tolerance are dropped exactly as the reference drops them; so do
 the 'truncate' policy (A~_r = U_r^T M, then an r x r Procrustes) and the ablation without
 Procrustes (the top-r rows of A~, sign-fixed like the reference).  When Nr > k the k x k
-Q is the smaller matrix and is decomposed instead, as in the reference.
+Q is the smaller matrix and is decomposed instead, as in the reference; it is then summed
+over blocks of clients without the stack (strategies/florg/gram_sum.py), so the working
+memory per layer is of the order min(Nr, k) x k.
 
 Gram error of the direct path: with Pi = S^T S (a rank-r projector) and P = I - Pi,
 A_new^T A_new - Q = -M^T P M, and ||M^T P M||_F^2 = tr(P G P G) = ||P G P||_F^2 (P^2 = P),
@@ -56,6 +58,7 @@ from strategies.florg.device import (
     stack_layers,
     times_stack,
 )
+from strategies.florg.gram_sum import gram_sum
 from strategies.florg.rule import check_rank_mismatch, default_rtol
 
 log = logging.getLogger(__name__)
@@ -199,6 +202,23 @@ def _from_factor(
     return new, err_sq
 
 
+def _gram_step(
+    Q: torch.Tensor, prev: torch.Tensor, rtol: torch.Tensor, procrustes: bool, rank_mismatch: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_group_step`` from Q itself (B x k x k), for N r > k (as the reference)."""
+    r, k = prev.shape[1], Q.shape[1]
+    lam, P = _descending_eigh(Q, vectors=True)
+    assert P is not None
+    rank = _numerical_rank(lam, rtol)
+    factor = (lam.sqrt()[:, :, None] * P.mT) * _index_mask(rank, k)[:, :, None]
+    if rank_mismatch == "truncate" or not procrustes:
+        use, factor = torch.clamp(rank, max=r), factor[:, :r]
+    else:
+        use = rank
+    new, err_sq = _from_factor(factor, use, lam, prev, procrustes)
+    return new, rank, lam, err_sq
+
+
 def _group_step(
     T: torch.Tensor,
     d: torch.Tensor,
@@ -207,7 +227,8 @@ def _group_step(
     procrustes: bool,
     rank_mismatch: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One batch of layers of equal (r, k), stacked as T = [A_1; ...; A_N; A_prev].
+    """One batch of layers of equal (r, k) with N r <= k, stacked as T = [A_1; ...; A_N;
+    A_prev] (N r > k: ``_gram_step``).
 
     Returns per layer: A_new, r', Q's spectrum (descending), ||A_new^T A_new - Q||_F^2.
     """
@@ -215,20 +236,6 @@ def _group_step(
     nr = rows - r
     A, prev = T[:, :nr], T[:, nr:]
     truncate = rank_mismatch == "truncate"
-    if nr > k:
-        # More stacked rows than columns: Q (k x k) is the smaller matrix (as the reference).
-        M = A * d[None, :, None]
-        lam, P = _descending_eigh(M.mT @ M, vectors=True)
-        assert P is not None
-        rank = _numerical_rank(lam, rtol)
-        factor = (lam.sqrt()[:, :, None] * P.mT) * _index_mask(rank, k)[:, :, None]
-        if truncate or not procrustes:
-            use, factor = torch.clamp(rank, max=r), factor[:, :r]
-        else:
-            use = rank
-        new, err_sq = _from_factor(factor, use, lam, prev, procrustes)
-        return new, rank, lam, err_sq
-
     GX = gram_and_cross(T, nr)
     G = GX[:, :nr] * (d[:, None] * d[None, :])  # M M^T, eq. (Gram_agg) in the small space
     need_vectors = truncate or not procrustes
@@ -332,15 +339,22 @@ def aggregate_layers_torch(
     with torch.no_grad(), STAGING.lock:
         for (r, k), names in groups.items():
             d = sqrt_w.repeat_interleave(r)  # sqrt(w_n) for each of client n's r rows
-            per_layer = (n_clients + 1) * r * k * 8
+            stacked = n_clients * r if n_clients * r <= k else 2 * k  # stack, or Q + a block
+            per_layer = (stacked + r) * k * 8
             chunk = max(1, int(max_stack_bytes) // per_layer)
             tol = default_rtol(k, n_clients * r) if rtol is None else float(rtol)
             for start in range(0, len(names), chunk):
                 part = names[start : start + chunk]
-                T = stack_layers(part, mats, prevs, dev)
                 rtol_b = torch.full((len(part),), tol, dtype=F64, device=dev)
-                new, rank, lam, err_sq = _group_step(T, d, r, rtol_b, procrustes, rank_mismatch)
-                infos.update(_infos(part, new, T[:, n_clients * r :], rank, lam, err_sq))
+                if n_clients * r > k:  # Q summed over blocks of clients, no (N r x k) stack
+                    Q = gram_sum(part, mats, np.sqrt(w), dev)
+                    prev = torch.from_numpy(np.stack([prevs[name] for name in part])).to(dev)
+                    new, rank, lam, err_sq = _gram_step(Q, prev, rtol_b, procrustes, rank_mismatch)
+                else:
+                    T = stack_layers(part, mats, prevs, dev)
+                    prev = T[:, n_clients * r :]
+                    new, rank, lam, err_sq = _group_step(T, d, r, rtol_b, procrustes, rank_mismatch)
+                infos.update(_infos(part, new, prev, rank, lam, err_sq))
                 new_np = new.cpu().numpy()
                 for i, name in enumerate(part):
                     new_As[name] = new_np[i]
