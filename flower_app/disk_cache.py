@@ -33,9 +33,9 @@ Keys are SHA-256 hashes of everything the result depends on, none of it listed b
 The cache lives in ``$FLORG_DERIVED_CACHE``, else ``<$FLORG_CACHE or
 ~/.cache/florg>/derived``; entries are written atomically (temporary name, then rename), so
 concurrent processes are safe. ``FLORG_DISK_CACHE=0`` turns it off. The folder is kept
-under ``$FLORG_DERIVED_CACHE_MAX_MB`` (default 4096): after each store the least recently
-used entries (a hit refreshes an entry's mtime) are deleted until it fits. Deleting the
-folder is always safe.
+under ``$FLORG_DERIVED_CACHE_MAX_MB`` (default 4096): after a store that may have taken it
+past the limit, the least recently used entries (a hit refreshes an entry's mtime) are
+deleted until it is at 90% of it (``_evict``). Deleting the folder is always safe.
 """
 
 from __future__ import annotations
@@ -43,8 +43,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -129,12 +131,38 @@ def _touch(path: Path) -> None:
         os.utime(path)
 
 
-def _evict(root: Path, keep: Path) -> None:
-    """Delete least recently used entries until the cache fits its size limit."""
+# After a scan that evicted, the cache is left at this fraction of its limit, so that the
+# stores that follow need no scan until they have filled the rest.
+_LOW_WATER = 0.9
+# A scan's total is trusted this long (other processes store into the same folder too).
+_SCAN_TTL_SECONDS = 60.0
+# root -> (the total bytes after this process's last scan plus what it stored since, when
+# that scan ran): see ``_evict``.
+_SCANNED: dict[Path, tuple[float, float]] = {}
+
+
+def _limit_bytes() -> float:
     try:
-        limit = float(os.environ.get(MAX_MB_ENV_VAR, DEFAULT_MAX_MB)) * 1e6
+        return float(os.environ.get(MAX_MB_ENV_VAR, DEFAULT_MAX_MB)) * 1e6
     except ValueError:
-        limit = DEFAULT_MAX_MB * 1e6
+        return DEFAULT_MAX_MB * 1e6
+
+
+def _evict(root: Path, keep: Path) -> None:
+    """After storing ``keep``: when the cache may exceed its size limit, delete least
+    recently used entries until it is at ``_LOW_WATER`` of the limit.
+
+    The scan (a stat of every entry) is skipped while this process's last scan, younger
+    than ``_SCAN_TTL_SECONDS``, plus the bytes it stored since stays within the limit: with
+    a thousand simulated clients storing their partitions, a scan per store was a cost of
+    every client's round."""
+    limit = _limit_bytes()
+    added = _known_size(keep) if keep.exists() else 0
+    total, at = _SCANNED.get(root, (math.inf, 0.0))
+    now = time.monotonic()
+    if total + added <= limit and now - at < _SCAN_TTL_SECONDS:
+        _SCANNED[root] = (total + added, at)
+        return
     entries = []
     for kind in ("models", "tokenized"):
         folder = root / kind
@@ -144,18 +172,20 @@ def _evict(root: Path, keep: Path) -> None:
                     with contextlib.suppress(OSError):
                         entries.append((entry.stat().st_mtime, _known_size(entry), entry))
     total = sum(size for _, size, _ in entries)
-    for _, size, entry in sorted(entries, key=lambda e: e[0]):
-        if total <= limit:
-            break
-        if entry == keep:
-            continue
-        if entry.is_dir():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                entry.unlink()
-        _SIZES.pop(entry, None)
-        total -= size
+    if total > limit:
+        for _, size, entry in sorted(entries, key=lambda e: e[0]):
+            if total <= _LOW_WATER * limit:
+                break
+            if entry == keep:
+                continue
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+            _SIZES.pop(entry, None)
+            total -= size
+    _SCANNED[root] = (total, now)
 
 
 def disk_cached_dataset(

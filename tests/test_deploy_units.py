@@ -5,8 +5,10 @@ connection writer and the demo certificates."""
 
 from __future__ import annotations
 
+import os
 import ssl
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,6 +130,36 @@ def test_eviction_walks_each_cache_entry_once(tiny, tmp_path, monkeypatch):
     split(config, "train", 1, 4)  # a fourth store; the three least recently used go
     assert len(walked) == 4
     assert list(disk_cache._SIZES) == [tmp_path / "tokenized" / walked[-1]]
+
+
+def test_eviction_scans_only_when_the_cache_may_be_past_its_limit(tmp_path, monkeypatch):
+    """A store within the limit by this process's last scan (plus what it stored since)
+    scans nothing; past the limit, or once the last scan is stale, the scan deletes the
+    least recently used entries down to 90% of the limit."""
+
+    monkeypatch.setattr(disk_cache, "_SIZES", {})
+    monkeypatch.setattr(disk_cache, "_SCANNED", {})
+    monkeypatch.setenv(disk_cache.MAX_MB_ENV_VAR, str(1000 / 1e6))  # 1,000 bytes
+    clock = [0.0]
+    monkeypatch.setattr(disk_cache.time, "monotonic", lambda: clock[0])
+    folder = tmp_path / "tokenized"
+    folder.mkdir()
+
+    def store(name: str, size: int, age: float) -> Path:
+        entry = folder / name
+        entry.write_bytes(b"x" * size)
+        os.utime(entry, (1e9 + age, 1e9 + age))  # mtime: least recently used first
+        return entry
+
+    disk_cache._evict(tmp_path, store("a", 100, 1))  # first store: a scan, 100 bytes
+    store("foreign", 900, 0)  # another process's store, unseen until the next scan
+    disk_cache._evict(tmp_path, store("b", 100, 2))  # 100 + 100 <= 1,000: no scan
+    assert sorted(p.name for p in folder.iterdir()) == ["a", "b", "foreign"]
+    clock[0] = disk_cache._SCAN_TTL_SECONDS + 1  # the last scan is stale: scan again
+    disk_cache._evict(tmp_path, store("c", 100, 3))  # 1,200 bytes: down to <= 900
+    assert sorted(p.name for p in folder.iterdir()) == ["a", "b", "c"]
+    disk_cache._evict(tmp_path, store("d", 800, 4))  # 300 + 800 > 1,000: a scan
+    assert sorted(p.name for p in folder.iterdir()) == ["c", "d"]  # 900 <= 900
 
 
 def test_node_data_path_replaces_the_run_data(tiny, tmp_path):
