@@ -23,28 +23,12 @@ PUBLISHED=evidence/evidence-v2-exact  # runs/<grid>/<run>: config, metrics, summ
 dir="$ROOT/v2-exact"
 
 if [ -n "${PUBLISH_ONLY:-}" ]; then
-  for grid in "${GRIDS[@]}"; do
-    out="$dir/results/$grid"
-    mkdir -p "$PUBLISHED/runs/$grid"
-    for run in "$out"/runs/*/; do
-      [ -d "$run" ] || continue
-      grep -qs '"status": *"finished"' "$run/summary.json" || continue  # unfinished or failed
-      dest="$PUBLISHED/runs/$grid/$(basename "$run")"
-      mkdir -p "$dest"
-      cp "$run"/config.json "$run"/metrics.jsonl "$run"/summary.json "$dest/"
-    done
-    [ ! -f "$out/tuning.json" ] || cp "$out/tuning.json" "$PUBLISHED/$grid-tuning.json"
-  done
-  echo "evidence_exact: $(find "$PUBLISHED/runs" -name summary.json | wc -l) finished runs"
+  publish_grids "$dir" "$PUBLISHED" "${GRIDS[@]}"
   exit 0
 fi
 
 fixed_worktree "$dir" "$EXACT_COMMIT"
-for grid in "${GRIDS[@]}"; do
-  cp "conf/grids/$grid.yaml" "$dir/conf/grids/"
-  mkdir -p "$dir/results/$grid/runs"
-  [ ! -d "$PUBLISHED/runs/$grid" ] || cp -rn "$PUBLISHED/runs/$grid/." "$dir/results/$grid/runs/"
-done
+copy_grids "$dir" "$PUBLISHED" "${GRIDS[@]}"
 [ -n "${PREPARE_ONLY:-}" ] && exit 0
 
 enter_worktree "$dir"

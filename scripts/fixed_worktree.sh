@@ -5,6 +5,8 @@
 #                               # own .venv (scripts/setup.sh, once); exits 2 when DIR is
 #                               # checked out at another commit (a grid's runs all run at one)
 #   enter_worktree DIR          # cd into DIR, its .venv active, Hub and runtime installs off
+#   copy_grids DIR PUBLISHED GRID...     # grid files and published runs into DIR
+#   publish_grids DIR PUBLISHED GRID...  # DIR's finished runs into PUBLISHED
 
 fixed_worktree() {
   local dir=$1 commit=$2
@@ -21,4 +23,38 @@ enter_worktree() {
   export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
   cd "$1"
   . .venv/bin/activate
+}
+
+# copy_grids DIR PUBLISHED GRID...: each grid file into DIR's conf/grids, and the runs
+# already published under PUBLISHED/runs/GRID into DIR's results, so the runner skips them
+# (runs are deterministic).
+copy_grids() {
+  local dir=$1 published=$2 grid
+  shift 2
+  for grid in "$@"; do
+    cp "conf/grids/$grid.yaml" "$dir/conf/grids/"
+    mkdir -p "$dir/results/$grid/runs"
+    [ ! -d "$published/runs/$grid" ] || cp -rn "$published/runs/$grid/." "$dir/results/$grid/runs/"
+  done
+}
+
+# publish_grids DIR PUBLISHED GRID...: every finished run of each grid in DIR's results
+# (config, metrics, summary) into PUBLISHED/runs/GRID, and its tuning.json as
+# PUBLISHED/GRID-tuning.json.
+publish_grids() {
+  local dir=$1 published=$2 grid run out dest
+  shift 2
+  for grid in "$@"; do
+    out="$dir/results/$grid"
+    mkdir -p "$published/runs/$grid"
+    for run in "$out"/runs/*/; do
+      [ -d "$run" ] || continue
+      grep -qs '"status": *"finished"' "$run/summary.json" || continue  # unfinished or failed
+      dest="$published/runs/$grid/$(basename "$run")"
+      mkdir -p "$dest"
+      cp "$run"/config.json "$run"/metrics.jsonl "$run"/summary.json "$dest/"
+    done
+    [ ! -f "$out/tuning.json" ] || cp "$out/tuning.json" "$published/$grid-tuning.json"
+  done
+  echo "publish_grids: $(find "$published/runs" -name summary.json | wc -l) finished runs in $published"
 }
