@@ -33,9 +33,8 @@ Keys are SHA-256 hashes of everything the result depends on, none of it listed b
 The cache lives in ``$FLORG_DERIVED_CACHE``, else ``<$FLORG_CACHE or
 ~/.cache/florg>/derived``; entries are written atomically (temporary name, then rename), so
 concurrent processes are safe. ``FLORG_DISK_CACHE=0`` turns it off. The folder is kept
-under ``$FLORG_DERIVED_CACHE_MAX_MB`` (default 4096): after a store that may have taken it
-past the limit, the least recently used entries (a hit refreshes an entry's mtime) are
-deleted until it is at 90% of it (``_evict``). Deleting the folder is always safe.
+under ``$FLORG_DERIVED_CACHE_MAX_MB`` (default 4096) by deleting the least recently used
+entries (flower_app/cache_eviction.py). Deleting the folder is always safe.
 """
 
 from __future__ import annotations
@@ -43,15 +42,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import math
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from flower_app.cache_eviction import MAX_MB_ENV_VAR, evict
 from flower_app.cache_keys import (
     _code_hash,
     _key,
@@ -74,8 +72,6 @@ __all__ = [
 
 DIR_ENV_VAR = "FLORG_DERIVED_CACHE"
 DISABLE_ENV_VAR = "FLORG_DISK_CACHE"
-MAX_MB_ENV_VAR = "FLORG_DERIVED_CACHE_MAX_MB"
-DEFAULT_MAX_MB = 4096.0
 STATS: dict[str, int] = {"hits": 0, "misses": 0, "stores": 0, "errors": 0}
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -102,90 +98,9 @@ def _replace_into(tmp: Path, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-# Bytes of each entry this process has measured. An entry never changes once renamed into
-# place (writes go to a temporary name first; its name is the hash of everything its
-# content depends on, so one rebuilt under it holds the same), so its size is measured
-# once: the eviction
-# scan after every store then costs one stat per entry instead of a walk of every entry's
-# files (with a thousand simulated clients' partitions cached, that walk was the largest
-# cost of a client's round outside training: py-spy over benchmarks.scale.scale_benchmark).
-_SIZES: dict[Path, int] = {}
-
-
-def _entry_size(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def _known_size(entry: Path) -> int:
-    """``_entry_size`` of ``entry``, measured once by this process."""
-    size = _SIZES.get(entry)
-    if size is None:
-        size = _SIZES[entry] = _entry_size(entry)
-    return size
-
-
 def _touch(path: Path) -> None:
     with contextlib.suppress(OSError):
         os.utime(path)
-
-
-# After a scan that evicted, the cache is left at this fraction of its limit, so that the
-# stores that follow need no scan until they have filled the rest.
-_LOW_WATER = 0.9
-# A scan's total is trusted this long (other processes store into the same folder too).
-_SCAN_TTL_SECONDS = 60.0
-# root -> (the total bytes after this process's last scan plus what it stored since, when
-# that scan ran): see ``_evict``.
-_SCANNED: dict[Path, tuple[float, float]] = {}
-
-
-def _limit_bytes() -> float:
-    try:
-        return float(os.environ.get(MAX_MB_ENV_VAR, DEFAULT_MAX_MB)) * 1e6
-    except ValueError:
-        return DEFAULT_MAX_MB * 1e6
-
-
-def _evict(root: Path, keep: Path) -> None:
-    """After storing ``keep``: when the cache may exceed its size limit, delete least
-    recently used entries until it is at ``_LOW_WATER`` of the limit.
-
-    The scan (a stat of every entry) is skipped while this process's last scan, younger
-    than ``_SCAN_TTL_SECONDS``, plus the bytes it stored since stays within the limit: with
-    a thousand simulated clients storing their partitions, a scan per store was a cost of
-    every client's round."""
-    limit = _limit_bytes()
-    added = _known_size(keep) if keep.exists() else 0
-    total, at = _SCANNED.get(root, (math.inf, 0.0))
-    now = time.monotonic()
-    if total + added <= limit and now - at < _SCAN_TTL_SECONDS:
-        _SCANNED[root] = (total + added, at)
-        return
-    entries = []
-    for kind in ("models", "tokenized"):
-        folder = root / kind
-        if folder.is_dir():
-            for entry in folder.iterdir():
-                if not entry.name.startswith("."):  # skip writes in progress
-                    with contextlib.suppress(OSError):
-                        entries.append((entry.stat().st_mtime, _known_size(entry), entry))
-    total = sum(size for _, size, _ in entries)
-    if total > limit:
-        for _, size, entry in sorted(entries, key=lambda e: e[0]):
-            if total <= _LOW_WATER * limit:
-                break
-            if entry == keep:
-                continue
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    entry.unlink()
-            _SIZES.pop(entry, None)
-            total -= size
-    _SCANNED[root] = (total, now)
 
 
 def disk_cached_dataset(
@@ -242,7 +157,7 @@ def _dataset_entry(root: Path, key: str, build: Callable[[], Any]) -> Any:
         ds.save_to_disk(str(tmp))
         _replace_into(tmp, final)
         STATS["stores"] += 1
-        _evict(root, final)
+        evict(root, final)
         if final.is_dir():
             return datasets.load_from_disk(str(final))  # memory-mapped, like a hit
     except OSError:
@@ -398,7 +313,7 @@ def _model_entry(root: Path, key: str, build: Callable[[], Any]) -> Any:
         final.parent.mkdir(parents=True, exist_ok=True)
         _store_model(adapted, final, {"key": key})
         STATS["stores"] += 1
-        _evict(root, final)
+        evict(root, final)
     except Exception:  # an exotic model or no space: just don't cache
         STATS["errors"] += 1
     return adapted

@@ -24,7 +24,7 @@ from florg_tools.deploy.certs import certificate_sans, generate_certificates, ge
 from florg_tools.deploy.commands import DeployConfigError
 from florg_tools.flwr_home import write_tls_connection
 from florg_tools.synthetic import make_sentiment_task
-from flower_app import disk_cache
+from flower_app import cache_eviction, disk_cache
 from flower_app.adapters.florg_model import florg_layers
 from flower_app.client.node_config import use_node_data
 from flower_app.config import ConfigError, resolve_config
@@ -102,7 +102,7 @@ def test_cache_evicts_least_recently_used_entries_beyond_its_limit(tiny, tmp_pat
     labels = load_task_data(_config(tiny)).num_labels
     build(_config(tiny), labels)
     (entry,) = (tmp_path / "models").iterdir()
-    size = disk_cache._entry_size(entry)  # an entry is a folder (safetensors + JSON)
+    size = cache_eviction._entry_size(entry)  # an entry is a folder (safetensors + JSON)
     monkeypatch.setenv(disk_cache.MAX_MB_ENV_VAR, str(1.5 * size / 1e6))
     build(_config(tiny, rank=3), labels)  # two entries exceed 1.5 entries: the older goes
     assert [p.name for p in (tmp_path / "models").iterdir()] != [entry.name]
@@ -114,10 +114,10 @@ def test_eviction_walks_each_cache_entry_once(tiny, tmp_path, monkeypatch):
     the entries it has not seen (a hit's touch needs no new measure), and forgets the
     ones it deletes."""
     monkeypatch.setenv(disk_cache.DIR_ENV_VAR, str(tmp_path))
-    monkeypatch.setattr(disk_cache, "_SIZES", {})
+    monkeypatch.setattr(cache_eviction, "_SIZES", {})
     walked: list[str] = []
-    real = disk_cache._entry_size
-    monkeypatch.setattr(disk_cache, "_entry_size", lambda p: walked.append(p.name) or real(p))
+    real = cache_eviction._entry_size
+    monkeypatch.setattr(cache_eviction, "_entry_size", lambda p: walked.append(p.name) or real(p))
     split = tokenized_split.__wrapped__
     config = _config(tiny)
     for pid in range(3):
@@ -125,11 +125,11 @@ def test_eviction_walks_each_cache_entry_once(tiny, tmp_path, monkeypatch):
     assert len(walked) == len(set(walked)) == 3  # three stores, three entries, each once
     split(config, "train", 0, 3)  # a hit touches its entry: no walk
     assert len(walked) == 3
-    one_entry = disk_cache._SIZES[tmp_path / "tokenized" / walked[0]]
+    one_entry = cache_eviction._SIZES[tmp_path / "tokenized" / walked[0]]
     monkeypatch.setenv(disk_cache.MAX_MB_ENV_VAR, str(1.5 * one_entry / 1e6))
     split(config, "train", 1, 4)  # a fourth store; the three least recently used go
     assert len(walked) == 4
-    assert list(disk_cache._SIZES) == [tmp_path / "tokenized" / walked[-1]]
+    assert list(cache_eviction._SIZES) == [tmp_path / "tokenized" / walked[-1]]
 
 
 def test_eviction_scans_only_when_the_cache_may_be_past_its_limit(tmp_path, monkeypatch):
@@ -137,11 +137,11 @@ def test_eviction_scans_only_when_the_cache_may_be_past_its_limit(tmp_path, monk
     scans nothing; past the limit, or once the last scan is stale, the scan deletes the
     least recently used entries down to 90% of the limit."""
 
-    monkeypatch.setattr(disk_cache, "_SIZES", {})
-    monkeypatch.setattr(disk_cache, "_SCANNED", {})
+    monkeypatch.setattr(cache_eviction, "_SIZES", {})
+    monkeypatch.setattr(cache_eviction, "_SCANNED", {})
     monkeypatch.setenv(disk_cache.MAX_MB_ENV_VAR, str(1000 / 1e6))  # 1,000 bytes
     clock = [0.0]
-    monkeypatch.setattr(disk_cache.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cache_eviction.time, "monotonic", lambda: clock[0])
     folder = tmp_path / "tokenized"
     folder.mkdir()
 
@@ -151,14 +151,14 @@ def test_eviction_scans_only_when_the_cache_may_be_past_its_limit(tmp_path, monk
         os.utime(entry, (1e9 + age, 1e9 + age))  # mtime: least recently used first
         return entry
 
-    disk_cache._evict(tmp_path, store("a", 100, 1))  # first store: a scan, 100 bytes
+    cache_eviction.evict(tmp_path, store("a", 100, 1))  # first store: a scan, 100 bytes
     store("foreign", 900, 0)  # another process's store, unseen until the next scan
-    disk_cache._evict(tmp_path, store("b", 100, 2))  # 100 + 100 <= 1,000: no scan
+    cache_eviction.evict(tmp_path, store("b", 100, 2))  # 100 + 100 <= 1,000: no scan
     assert sorted(p.name for p in folder.iterdir()) == ["a", "b", "foreign"]
-    clock[0] = disk_cache._SCAN_TTL_SECONDS + 1  # the last scan is stale: scan again
-    disk_cache._evict(tmp_path, store("c", 100, 3))  # 1,200 bytes: down to <= 900
+    clock[0] = cache_eviction._SCAN_TTL_SECONDS + 1  # the last scan is stale: scan again
+    cache_eviction.evict(tmp_path, store("c", 100, 3))  # 1,200 bytes: down to <= 900
     assert sorted(p.name for p in folder.iterdir()) == ["a", "b", "c"]
-    disk_cache._evict(tmp_path, store("d", 800, 4))  # 300 + 800 > 1,000: a scan
+    cache_eviction.evict(tmp_path, store("d", 800, 4))  # 300 + 800 > 1,000: a scan
     assert sorted(p.name for p in folder.iterdir()) == ["c", "d"]  # 900 <= 900
 
 
