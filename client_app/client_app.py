@@ -112,7 +112,10 @@ def train(msg: Message, context: Context) -> Message:
 def query(msg: Message, context: Context) -> Message:
     """A method's question before the training rounds (``Method.answer_query``; only a
     method whose strategy runs a round 0 asks one): its arrays and metrics, with the
-    node's partition id and rank."""
+    node's partition id and rank. Under dp=example the answer is a release the node's
+    DP-SGD ledger must compose: loaded here as ``train`` loads it, handed to the method,
+    and saved after, so the training rounds continue the same ledger (and a resumed run,
+    which never redoes round 0, reads it from the node's disk)."""
     config = resolve_config(context.run_config)
     pid, num_partitions = _partition(context)
     config, num_partitions = use_node_data(config, context.node_config, num_partitions)
@@ -120,7 +123,10 @@ def query(msg: Message, context: Context) -> Message:
     data = load_task_data(config)
     adapted = cached_adapted_model(config_at_rank(config, rank), data.num_labels, data.spec.kind)
     batches = local_batches(config, pid, num_partitions)  # round 0's seed
-    arrays, answer = adapted.method.answer_query(config, adapted, batches)
+    accountant = load_accountant(context, msg, pid) if config.dp == "example" else None
+    arrays, answer = adapted.method.answer_query(config, adapted, batches, accountant)
+    if accountant is not None:
+        save_accountant(context, msg, pid, accountant)
     metrics = MetricRecord({"partition-id": pid, "rank": rank, **answer})
     content = RecordDict({"arrays": to_array_record(arrays), "metrics": metrics})
     return Message(content=content, reply_to=msg)

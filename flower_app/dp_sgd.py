@@ -4,17 +4,21 @@ Every local step of a client is a DP-SGD step (Abadi et al., CCS 2016): a batch 
 Poisson sampling of the client's n examples at rate q = batch-size / n (Opacus'
 ``DPDataLoader``), the per-example gradient of everything the client trains (the adapter
 and the task head) computed by Opacus' hooks (``GradSampleModule``; FLoRG's A by
-flower_app/adapters/florg_grad_sample.py), each example's gradient clipped jointly over all
-those parameters to L2 norm C, and Gaussian noise N(0, (zC)^2 I) added to the clipped sum,
-divided by the expected batch size q n (Opacus' ``DPOptimizer``), then the AdamW update
-(post-processing). The unit is one example of one client.
+flower_app/adapters/florg_grad_sample.py, LoRA-SB's R by lora_sb_grad_sample.py), each
+example's gradient clipped jointly over all those parameters to L2 norm C, and Gaussian
+noise N(0, (zC)^2 I) added to the clipped sum, divided by the expected batch size q n
+(Opacus' ``DPOptimizer``), then the AdamW update (post-processing). The unit is one
+example of one client.
 
 Accounting: each step is the sampled Gaussian mechanism with multiplier z at rate q, so a
 client's epsilon after S steps over all the rounds it trained in is that of S such steps
 composed, computed with the RDP accountant the server uses for central DP
 (strategies/common/dp_accounting.py: Google's dp-accounting, PoissonSampledDpEvent,
 add/remove-one), so both modes report epsilon from one accountant. Opacus' own RDP
-accountant gives the same curve (tests/test_dp_sgd.py compares them). The ledger,
+accountant gives the same curve (tests/test_dp_sgd.py compares them). A method whose
+clients release something computed from their data before training (a round 0) composes
+it into the same ledger first (``ClientAccountant.record_release``, ``check_release``), and
+a target epsilon is then calibrated for what is left (``noise_multiplier_after``). The ledger,
 ``ClientAccountant``, lives in the node's state (the ClientApp keeps it in the Flower context
 and, where ``$FLORG_NODE_STATE_DIR`` is set, on the node's disk: flower_app/client/dp_state.py).
 
@@ -37,7 +41,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from strategies.common.dp_accounting import DpAccountant, noise_multiplier_for
+from strategies.common.dp_accounting import (
+    DpAccountant,
+    noise_multiplier_after,
+    noise_multiplier_for,
+)
 
 # the rule for dp-sgd-delta = 0: delta = 1 / (DELTA_DIVISOR n), below 1 / n as DP-SGD needs
 DELTA_DIVISOR = 10
@@ -107,11 +115,24 @@ class ClientAccountant:
         )
 
     def _noise_multiplier(self, config: Any, q: float, steps: int) -> float:
-        if config.dp_sgd_target_epsilon <= 0:
+        """z for every training round: ``dp-sgd-noise-multiplier``, or the smallest z whose
+        ``num-server-rounds`` rounds, composed after what the ledger already holds (a
+        method's round 0, ``record_release``), end at ``dp-sgd-target-epsilon``. An empty
+        ledger takes ``noise_multiplier_for`` as before, so runs without a round 0 calibrate
+        exactly as they did."""
+        target = config.dp_sgd_target_epsilon
+        if target <= 0:
             return float(config.dp_sgd_noise_multiplier)
         total = config.num_server_rounds * steps
         assert self.ledger is not None
-        return noise_multiplier_for(config.dp_sgd_target_epsilon, q, total, self.ledger.delta)
+        if not self.ledger.compositions:
+            return noise_multiplier_for(target, q, total, self.ledger.delta)
+        try:
+            return noise_multiplier_after(
+                target, self.ledger.compositions, q, total, self.ledger.delta
+            )
+        except ValueError as exc:  # the releases before training alone reach the target
+            raise ValueError(f"dp-sgd-target-epsilon: {exc}") from exc
 
     def epsilon(self) -> float:
         return 0.0 if self.ledger is None else self.ledger.epsilon()
@@ -127,6 +148,36 @@ class ClientAccountant:
         if self.ledger is None:
             self.ledger = DpAccountant(plan.delta)
         self.ledger.record(plan.noise_multiplier, plan.sample_rate, plan.steps)
+
+    def _release_ledger(self, config: Any, num_examples: int) -> DpAccountant:
+        """The ledger held, else a new one at the client's delta (``client_delta``: the one
+        the training rounds then use)."""
+        if self.ledger is not None:
+            return self.ledger
+        if int(num_examples) < 1:
+            raise ValueError("dp: dp=example needs at least one training example on the client")
+        return DpAccountant(client_delta(config, num_examples))
+
+    def epsilon_after_release(
+        self, config: Any, num_examples: int, noise_multiplier: float, sample_rate: float
+    ) -> float:
+        """The epsilon this client would have after one more Gaussian release (z, q)."""
+        held = self._release_ledger(config, num_examples)
+        ledger = DpAccountant(held.delta, held.compositions)
+        ledger.record(noise_multiplier, sample_rate, 1)
+        return ledger.epsilon()
+
+    def record_release(
+        self, config: Any, num_examples: int, noise_multiplier: float, sample_rate: float
+    ) -> None:
+        """Compose one Gaussian release outside training (a method's round 0): noise std
+        z C on a sum of per-example gradients each clipped to C, every example included
+        with probability q (Poisson; q = 1: all). Add/remove-one changes that sum by at most
+        C, so it is one step of the mechanism DP-SGD's steps are, (z, q), in the same
+        ledger; the noise multiplier of the training rounds stays unset (calibrated after
+        it, ``_noise_multiplier``)."""
+        self.ledger = self._release_ledger(config, num_examples)
+        self.ledger.record(noise_multiplier, sample_rate, 1)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON: {"noise-multiplier": z, "ledger": DpAccountant.state_dict() or None}."""
@@ -160,6 +211,37 @@ def plan_round(
     return plan
 
 
+def check_release(
+    config: Any,
+    accountant: ClientAccountant,
+    num_examples: int,
+    noise_multiplier: float,
+    sample_rate: float,
+    *,
+    where: str,
+    key: str,
+) -> float:
+    """The epsilon after a release outside training (``ClientAccountant.record_release``),
+    checked before anything is computed: ValueError naming ``key`` (the setting of the
+    release's noise multiplier) where it would reach ``dp-sgd-target-epsilon`` (no noise
+    multiplier could then keep the training rounds within the target), and
+    ``DpBudgetExceeded`` where it would take the client past ``dp-max-epsilon``."""
+    after = accountant.epsilon_after_release(config, num_examples, noise_multiplier, sample_rate)
+    target, limit = config.dp_sgd_target_epsilon, config.dp_max_epsilon
+    if target > 0 and after >= target:
+        raise ValueError(
+            f"{key}: {where} alone would take this client's epsilon to {after:.4g} >= "
+            f"dp-sgd-target-epsilon {target:g}, leaving nothing for training; raise {key} "
+            "or the target"
+        )
+    if limit > 0 and after > limit:
+        raise DpBudgetExceeded(
+            f"dp-max-epsilon: {where} refuses to release: its epsilon would reach "
+            f"{after:.4g} > {limit:g} (now {accountant.epsilon():.4g})"
+        )
+    return after
+
+
 def round_generators(
     seed: int | None, device: torch.device
 ) -> tuple[torch.Generator, torch.Generator]:
@@ -174,14 +256,17 @@ def round_generators(
 def check_trainable_modules(model: nn.Module) -> None:
     """Opacus refuses a trained module that holds buffers (BatchNorm's running statistics
     would leak the data unnoised). FLoRGLinear holds buffers fixed before any data is seen
-    (L, R, signs, the initial A): public, so allowed; any other is refused."""
+    (L, R, signs, the initial A), LoRASBLinear the B and A every node receives from the
+    server (post-processing of round 0's releases) and training never changes: public, so
+    allowed; any other is refused."""
     from flower_app.adapters.florg_layer import FLoRGLinear
+    from flower_app.adapters.lora_sb import LoRASBLinear
 
-    florg = {id(m) for m in model.modules() if isinstance(m, FLoRGLinear)}
+    fixed = {id(m) for m in model.modules() if isinstance(m, FLoRGLinear | LoRASBLinear)}
     bad = [
         name
         for name, module in model.named_modules()
-        if id(module) not in florg
+        if id(module) not in fixed
         and any(p.requires_grad for p in module.parameters(recurse=False))
         and any(True for _ in module.buffers())
     ]
@@ -237,8 +322,10 @@ class DpSgd:
         from opacus.optimizers import DPOptimizer
 
         from flower_app.adapters.florg_grad_sample import register_florg_grad_sampler
+        from flower_app.adapters.lora_sb_grad_sample import register_lora_sb_grad_sampler
 
         register_florg_grad_sampler()
+        register_lora_sb_grad_sampler()
         check_trainable_modules(model)
         device = next(p.device for p in model.parameters() if p.requires_grad)
         sampling, noise = round_generators(self.seed, device)

@@ -169,11 +169,13 @@ class Method:
         """Called by the server's evaluator after it loads the global arrays."""
 
     def answer_query(
-        self, config: RunSettings, adapted: AdaptedModel, batches: Any
+        self, config: RunSettings, adapted: AdaptedModel, batches: Any, accountant: Any = None
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """The client's reply (arrays, metrics) to a query message, which only a method whose
         strategy runs a round 0 before training sends (``init_round_params``); ``batches``:
-        the client's data (``flower_app.client.round.LocalBatches``)."""
+        the client's data (``flower_app.client.round.LocalBatches``); ``accountant``: under
+        ``dp=example`` the node's DP-SGD ledger (``flower_app.dp_sgd.ClientAccountant``),
+        into which the reply's release must be composed (the caller keeps it), else None."""
         raise NotImplementedError(f"method {self.name!r} sends no query to its clients")
 
     # -- settings -----------------------------------------------------------------------

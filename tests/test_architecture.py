@@ -304,6 +304,7 @@ def test_no_runtime_module_is_longer_than_400_lines():
 SETTING_NAMES = (
     "fedex-residual", "fedex_residual", "federa-svd", "FedEx residual transport",
     "fed-sb-init-examples", "fed_sb_init_examples", "fed-sb-init-lr", "fed_sb_init_lr",
+    "fed-sb-init-noise-multiplier", "fed_sb_init_noise_multiplier",
 )  # fmt: skip
 
 

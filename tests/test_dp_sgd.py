@@ -4,8 +4,9 @@ The per-example gradients Opacus computes (its hooks; FLoRG's A through
 flower_app/adapters/florg_grad_sample.py) are held, for every trained parameter (adapter
 and head), to a loop that runs autograd on one example at a time, in float64, to 1e-6:
 FLoRG (its pass-factor cache on: the factors are formed outside the layer), florg-signed
-(D = diag(+-1)) and PEFT's LoRA, on the tiny BERT. Then the client's accountant (against
-Opacus' own RDP accountant and the calibration to a target epsilon) and one client round.
+(D = diag(+-1)), PEFT's LoRA and LoRA-SB's R (Fed-SB), on the tiny BERT. Then the client's
+accountant (against Opacus' own RDP accountant, the calibration to a target epsilon, with
+and without a release already in the ledger) and one client round.
 """
 
 from __future__ import annotations
@@ -69,10 +70,25 @@ def lora_model(tiny_bert_config):
     return model
 
 
+def lora_sb_model(tiny_bert_config):
+    """LoRA-SB (Fed-SB's adapter): a random fixed B, A and R off its zero start."""
+    from flower_app.adapters.lora_sb import LoRASBConfig, inject_lora_sb
+
+    model = tiny_bert(tiny_bert_config)
+    layers = inject_lora_sb(model, LoRASBConfig(r=4, alpha=8.0))
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for layer in layers.values():
+            for tensor in (layer.B, layer.A, layer.R):
+                tensor.copy_(torch.randn(tensor.shape, generator=g, dtype=tensor.dtype))
+    return model
+
+
 BUILDERS = {
     "florg": florg_model,
     "florg-signed": lambda c: florg_model(c, signs=(1.0, -1.0, 1.0, -1.0)),
     "lora": lora_model,
+    "lora-sb": lora_sb_model,
 }
 
 
@@ -94,9 +110,13 @@ def test_per_example_gradients_equal_a_per_example_autograd_loop(tiny_bert_confi
     from opacus import GradSampleModule
 
     from flower_app.adapters.florg_grad_sample import register_florg_grad_sampler
+    from flower_app.adapters.lora_sb_grad_sample import register_lora_sb_grad_sampler
+    from flower_app.dp_sgd import check_trainable_modules
 
     register_florg_grad_sampler()
+    register_lora_sb_grad_sampler()
     model = BUILDERS[variant](tiny_bert_config).train()
+    check_trainable_modules(model)  # the fixed buffers of FLoRG's and LoRA-SB's layers
     data = batch(tiny_bert_config.vocab_size)
     expected = per_example_loop(model, data)
     module = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=False)
@@ -106,7 +126,7 @@ def test_per_example_gradients_equal_a_per_example_autograd_loop(tiny_bert_confi
             assert all(layer.holds_pass_factors for layer in florg_layers(model).values())
         loss.backward()
         names = dict(model.named_parameters())
-        adapter = [n for n in expected if n.endswith(".A") or ".lora_" in n]
+        adapter = [n for n in expected if n.endswith((".A", ".R")) or ".lora_" in n]
         assert adapter and len(adapter) < len(expected)  # the head is trained and checked too
         for name, loop in expected.items():
             sample = names[name].grad_sample
@@ -170,6 +190,47 @@ def test_a_target_epsilon_calibrates_z_for_every_round_of_the_run():
         accountant.record(accountant.plan(config, 500))
     assert accountant.noise_multiplier == plan.noise_multiplier  # fixed at the first round
     assert 2.9 < accountant.epsilon() <= 3.0
+
+
+def test_a_target_epsilon_is_calibrated_after_a_release_already_in_the_ledger():
+    """A release before training (a method's round 0: one Gaussian step (z0, 1.0)) is in the
+    ledger: z is calibrated so that it and all the training rounds end at the target (to
+    1e-3, never above), which the old calibration would overshoot; an empty ledger takes
+    ``noise_multiplier_for`` exactly as before (equality); a release that alone reaches the
+    target is refused naming dp-sgd-target-epsilon."""
+    from strategies.common.dp_accounting import (
+        DpAccountant,
+        epsilon_for,
+        noise_multiplier_after,
+        noise_multiplier_for,
+    )
+
+    config = dp_config(**{"dp-sgd-target-epsilon": 3.0})
+    n, q, steps = 500, 10 / 500, 5
+    fresh = ClientAccountant()
+    plan = fresh.plan(config, n)
+    delta = client_delta(config, n)
+    assert plan.noise_multiplier == noise_multiplier_for(3.0, q, 4 * steps, delta)  # as before
+    assert noise_multiplier_after(3.0, [], q, 4 * steps, delta) == plan.noise_multiplier
+
+    accountant = ClientAccountant()
+    accountant.record_release(config, n, 2.0, 1.0)
+    assert accountant.ledger.compositions == [(2.0, 1.0, 1)]
+    assert accountant.epsilon() == pytest.approx(epsilon_for(2.0, 1.0, 1, delta), rel=1e-12)
+    calibrated = accountant.plan(config, n)
+    assert calibrated.noise_multiplier > plan.noise_multiplier  # less room for training
+    for _ in range(config.num_server_rounds):
+        accountant.record(accountant.plan(config, n))
+    assert accountant.epsilon() <= 3.0 and accountant.epsilon() == pytest.approx(3.0, abs=1e-3)
+    independent = DpAccountant(delta, [(2.0, 1.0, 1), (calibrated.noise_multiplier, q, 20)])
+    assert independent.epsilon() == accountant.epsilon()
+    overshoot = DpAccountant(delta, [(2.0, 1.0, 1), (plan.noise_multiplier, q, 20)])
+    assert overshoot.epsilon() > 3.0 + 1e-2  # the empty-ledger z would end above the target
+
+    spent = ClientAccountant()
+    spent.record_release(config, n, 0.3, 1.0)  # alone far above 3
+    with pytest.raises(ValueError, match="dp-sgd-target-epsilon: the releases already"):
+        spent.plan(config, n)
 
 
 def test_the_accountant_state_round_trips_and_continues():
@@ -273,13 +334,9 @@ def test_every_registered_method_takes_dp_example_and_a_refusal_names_method_and
     from strategies.registry import get_method, method_names
 
     config = dp_config()
-    for name in method_names():
-        if name == "fed-sb":  # its round 0's gradients are outside DP-SGD (test_fed_sb.py)
-            with pytest.raises(ValueError, match="dp=example refused for method 'fed-sb'"):
-                get_method(name).check_settings(config)
-            continue
+    for name in method_names():  # Fed-SB too: its round 0 is private (test_fed_sb.py)
         get_method(name).check_settings(config)  # no refusal
-    assert [n for n in method_names() if get_method(n).example_dp_refusal] == ["fed-sb"]
+    assert [n for n in method_names() if get_method(n).example_dp_refusal] == []
     refusing = replace(get_method("fedit"), name="toy", example_dp_refusal="its reason")
     with pytest.raises(ValueError, match="dp=example refused for method 'toy': its reason"):
         refusing.check_settings(config)

@@ -1,5 +1,6 @@
 """``dp=example`` (DP-SGD on every client, docs/privacy.md section 9) through the Flower
-simulation: the tiny BERT, 3 SuperNodes, 2 rounds, FLoRG and FedIT; then a client past
+simulation: the tiny BERT, 3 SuperNodes, 2 rounds, FLoRG and FedIT; Fed-SB, whose round 0
+is a private release composed into each client's ledger; then a client past
 ``dp-max-epsilon`` refusing a round. One Ray cluster serves the module's runs
 (tests/ray_harness.py), the nodes keep their ledgers on disk (``$FLORG_NODE_STATE_DIR``).
 """
@@ -7,6 +8,7 @@ simulation: the tiny BERT, 3 SuperNodes, 2 rounds, FLoRG and FedIT; then a clien
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -111,6 +113,32 @@ def test_two_rounds_with_dp_sgd_report_epsilon_in_every_row(superlink, assets, m
         ledger for ledger in node_ledgers(assets[2]) if ledger.ledger.steps == 4
     ]  # this run's and the other method's, same data and settings
     assert ledgers and max(ledger.epsilon() for ledger in ledgers) == pytest.approx(epsilons[2])
+
+
+def test_fed_sb_composes_round_0_into_every_clients_epsilon(superlink, assets, made):
+    """Fed-SB under dp=example: round 0's private gradient estimates put each client's
+    epsilon above 0 in row 0 (and the log), every training row continues from there, and
+    each node's ledger on disk starts with round 0's release (z0, q0 = N / n, 1) before
+    its two training rounds (the query carries the run's lineage: the node-state folder)."""
+    outcome, rows, _ = run(
+        superlink, assets, "dp-sgd-fed-sb", method="fed-sb", **{"fed-sb-init-examples": 12}
+    )
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    epsilons = [r["dp-sgd-epsilon-max"] for r in rows]
+    assert all(math.isfinite(e) for e in epsilons) and 0 < epsilons[0] < epsilons[1] < epsilons[2]
+    assert rows[0]["dp-sgd-clients"] == NUM_NODES and rows[0]["failures"] == 0
+    for row in rows[1:]:
+        assert row["dp-sgd-clients"] == NUM_NODES and row["failures"] == 0
+    assert f"round 0: dp-sgd epsilon max {epsilons[0]:.4g}" in outcome.log_text
+    # this run's ledgers: 1 release + 2 rounds of 2 steps (the other methods' hold 4 steps);
+    # round 0's (z0 = 1.0, the default; q0 = 12 / n, not the training rounds' 8 / n) first
+    ledgers = [a.ledger.compositions for a in node_ledgers(assets[2]) if a.ledger.steps == 5]
+    assert len(ledgers) == NUM_NODES
+    for compositions in ledgers:
+        z0, q0, count = compositions[0]
+        assert (z0, count) == (1.0, 1) and 0 < q0 < 1
+        assert [c[2] for c in compositions[1:]] == [4] and compositions[1][1] < q0
 
 
 def test_a_client_past_dp_max_epsilon_refuses_and_the_round_goes_on(superlink, assets, made):

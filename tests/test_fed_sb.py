@@ -1,11 +1,16 @@
 """Fed-SB (Singhal et al. 2025, arXiv 2502.15436): the mean of R against the exact dense update,
 the initialisation against a transcription of the authors' math, the LoRA-SB layer against
 the dense W0 + s B R A, its PEFT export, round 0 on the strategy (weights, checks, the
-communication row, central DP), B and A sent once per node and checkpointed, the client's
-hooks and the refusals. The runs through the simulation: tests/test_app_e2e.py and
-tests/test_causal_lm.py (parametrised over every method)."""
+communication row, central DP, the clients' epsilons under dp=example), B and A sent once
+per node and checkpointed, the client's hooks, round 0's private estimate under dp=example
+against an independent per-example loop and its accounting, and the refusals. The runs
+through the simulation: tests/test_app_e2e.py, tests/test_causal_lm.py (parametrised over
+every method) and tests/test_dp_sgd_app.py (dp=example)."""
 
 from __future__ import annotations
+
+import copy
+import math
 
 import numpy as np
 import pytest
@@ -28,13 +33,19 @@ from flower_app.adapters.lora_sb import (
 )
 from flower_app.client.round import local_batches
 from flower_app.config import ConfigError, resolve_config
+from flower_app.dp_sgd import ClientAccountant, DpBudgetExceeded
 from flower_app.records import from_array_record, to_array_record
 from flower_app.runtime import cached_adapted_model
 from strategies.common.central_dp import CentralDP, clip_update
 from strategies.common.dp_accounting import epsilon_for
+from strategies.common.example_dp import ExampleDpRecord
 from strategies.fed_sb.gradient import gradient_key
 from strategies.fed_sb.keys import BASIS, BASIS_CONTEXT, BASIS_HELD
-from strategies.fed_sb.method import EXAMPLE_DP_REFUSAL
+from strategies.fed_sb.private_gradient import (
+    clip_factor,
+    init_sample_rate,
+    private_gradient_sum,
+)
 from strategies.fed_sb.rule import aggregate_fed_sb, initial_factors
 from strategies.registry import get_method
 from tests.strategy_helpers import strategy_for
@@ -373,16 +384,211 @@ def test_a_client_keeps_b_and_a_in_its_context_and_refuses_to_train_without(clie
         np.testing.assert_allclose(layer.A.numpy(), basis[f"{name}.A"], rtol=1e-6)
 
 
+# --------------------------------------------------------------------------- dp=example
+
+Z0, C_FIXED = 0.7, 0.05
+
+
+def private_config(tiny_bert_dir, sentiment_task_dir, **overrides):
+    return resolve_config(
+        {},
+        {"model": str(tiny_bert_dir), "task": "local", "data-path": str(sentiment_task_dir),
+         "text-fields": "sentence", "rank": 2, "method": METHOD, "progress-bar": False,
+         "batch-size": 8, "fed-sb-init-examples": 13, "dp": "example",
+         "dp-sgd-seeded-noise": True, "fed-sb-init-noise-multiplier": Z0, **overrides},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def private_client(tiny_bert_dir, sentiment_task_dir):
+    config = private_config(tiny_bert_dir, sentiment_task_dir)
+    return config, cached_adapted_model(config, 2)
+
+
+def reference_estimate(model, batches, q, C, z):
+    """The estimate by an independent route: a fresh copy of the model, each sampled
+    example's loss backpropagated alone (``.backward()``, the gradient read from ``.grad``),
+    its gradient of every adapted W0 clipped jointly to C by hand, the clipped gradients
+    summed, then the noise of the seeds round 0 uses (sampling: round 0's seed; noise: the
+    seed + 1), layer by layer. Returns ({layer: sum}, [norm of each example's gradient])."""
+    model = copy.deepcopy(model).train()
+    dataset, collate = batches.loader.dataset, batches.loader.collate_fn
+    mask = torch.rand(len(dataset), generator=torch.Generator().manual_seed(batches.seed)) < q
+    layers = lora_sb_layers(model)
+    weights = [layer.base_layer.weight for layer in layers.values()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for w in weights:
+        w.requires_grad_(True)
+    totals = [torch.zeros(w.shape, dtype=torch.float64) for w in weights]
+    norms = []
+    torch.manual_seed(batches.seed)
+    for i in range(len(dataset)):
+        if not mask[i]:
+            continue
+        model.zero_grad(set_to_none=True)
+        batches.loss_fn(model, collate([dataset[i]])).backward()
+        grads = [w.grad.double() for w in weights]
+        norm = float(torch.cat([g.flatten() for g in grads]).norm())
+        factor = min(1.0, C / norm)
+        for total, g in zip(totals, grads, strict=True):
+            total += factor * g
+        norms.append(norm)
+    noise = torch.Generator().manual_seed(batches.seed + 1)
+    for total in totals:
+        total += z * C * torch.randn(total.shape, generator=noise, dtype=torch.float64)
+    return {name: t.numpy() for name, t in zip(layers, totals, strict=True)}, norms
+
+
+def test_round_0_under_dp_example_is_the_clipped_sum_plus_seeded_noise(private_client):
+    """The client's private estimate equals the independent reference, with C between the
+    examples' gradient norms (some clipped, some not): without noise to 1e-6 of the sum's
+    largest entry, then with the seeded noise (std z0 C, far above the gradients' entries)
+    to the same absolute tolerance; clipping changes the sum, so the comparison can fail."""
+    config, adapted = private_client
+    batches = local_batches(config, 0, 3)
+    q = init_sample_rate(13, len(batches.loader.dataset))
+    assert 0 < q < 1
+
+    def estimate(C, z):
+        return private_gradient_sum(
+            adapted, batches, sample_rate=q, clipping_norm=C, noise_multiplier=z, seed=batches.seed
+        )
+
+    _, norms = estimate(1.0, 0.0)
+    C = float(np.median(norms))
+    assert len(norms) >= 3 and sum(x > C for x in norms) >= 1 and sum(x < C for x in norms) >= 1
+    clean, taken = estimate(C, 0.0)
+    reference, ref_norms = reference_estimate(adapted.model, batches, q, C, 0.0)
+    np.testing.assert_allclose(taken, ref_norms, rtol=1e-6)
+    assert set(clean) == {gradient_key(name) for name in reference}
+    scale = max(float(np.abs(v).max()) for v in reference.values())
+    for name, value in reference.items():
+        np.testing.assert_allclose(clean[gradient_key(name)], value, rtol=0, atol=1e-6 * scale)
+    noised, _ = estimate(C, Z0)
+    noised_reference, _ = reference_estimate(adapted.model, batches, q, C, Z0)
+    for name, value in noised_reference.items():
+        np.testing.assert_allclose(noised[gradient_key(name)], value, rtol=0, atol=1e-6 * scale)
+        noise = noised[gradient_key(name)] - clean[gradient_key(name)]
+        assert np.std(noise) == pytest.approx(Z0 * C, rel=0.2)  # std z0 C per entry
+    unclipped, _ = reference_estimate(adapted.model, batches, q, 10 * max(norms), 0.0)
+    assert not all(
+        np.allclose(reference[name], unclipped[name], rtol=0, atol=1e-3 * scale)
+        for name in reference
+    )
+    layers = lora_sb_layers(adapted.model)
+    assert all(layer.R.requires_grad for layer in layers.values())  # restored
+    assert not any(layer.base_layer.weight.requires_grad for layer in layers.values())
+
+
+def test_each_examples_contribution_is_clipped_to_C(private_client):
+    """The clip factor brings every norm within C (exactly C above it, untouched below);
+    with C far below every example's norm and no noise, the sum's norm is at most |S| C and
+    every example was clipped."""
+    for norm in (0.0, 1e-9, 0.3, 1.0, 2.5, 1e6):
+        factor = clip_factor(norm, 1.0)
+        assert 0 < factor <= 1 and factor * norm <= 1.0 * (1 + 1e-15)
+        assert factor == (1.0 if norm <= 1.0 else pytest.approx(1.0 / norm, rel=1e-15))
+    config, adapted = private_client
+    batches = local_batches(config, 0, 3)
+    C = 1e-4
+    arrays, norms = private_gradient_sum(
+        adapted, batches, sample_rate=1.0, clipping_norm=C, noise_multiplier=0.0, seed=0
+    )
+    assert len(norms) == len(batches.loader.dataset) and min(norms) > C
+    total = math.sqrt(sum(float(np.square(a).sum()) for a in arrays.values()))
+    assert 0 < total <= len(norms) * C * (1 + 1e-9)
+
+
+def test_round_0_under_dp_example_is_composed_into_the_clients_ledger(
+    tiny_bert_dir, sentiment_task_dir
+):
+    """Through the method's ``answer_query``: N >= n gives q = 1, and the ledger holds one
+    (z0, 1.0, 1) composition whose epsilon is that of one Gaussian mechanism at the client's
+    delta, reported in the reply; the training rounds then continue this ledger."""
+    config = private_config(tiny_bert_dir, sentiment_task_dir, **{"fed-sb-init-examples": 500})
+    adapted = cached_adapted_model(config, 2)
+    batches = local_batches(config, 0, 24)
+    n = len(batches.loader.dataset)
+    accountant = ClientAccountant()
+    arrays, metrics = get_method(METHOD).answer_query(config, adapted, batches, accountant)
+    assert accountant.ledger.compositions == [(Z0, 1.0, 1)]
+    assert accountant.ledger.delta == 1 / (10 * n)  # the client's delta, as training's
+    expected = epsilon_for(Z0, 1.0, 1, 1 / (10 * n))
+    assert metrics["dp-sgd-epsilon"] == pytest.approx(expected, rel=1e-12) and expected > 0
+    assert metrics["num-examples"] == n and metrics["dp-sgd-noise-multiplier"] == Z0
+    assert accountant.noise_multiplier == 0  # the training rounds' z: not yet fixed
+    plan = accountant.plan(config, n)
+    accountant.record(plan)
+    trained = (plan.noise_multiplier, plan.sample_rate, plan.steps)
+    assert accountant.ledger.compositions == [(Z0, 1.0, 1), trained]
+    with pytest.raises(ValueError, match="needs the client's DP-SGD accountant"):
+        get_method(METHOD).answer_query(config, adapted, batches)
+
+
+def test_round_0_is_refused_where_it_alone_reaches_the_target_or_the_limit(
+    tiny_bert_dir, sentiment_task_dir
+):
+    """Refused before anything is computed, the ledger untouched: the target names
+    fed-sb-init-noise-multiplier and the target; dp-max-epsilon raises DpBudgetExceeded."""
+    config = private_config(tiny_bert_dir, sentiment_task_dir, **{"dp-sgd-target-epsilon": 0.05})
+    adapted = cached_adapted_model(config, 2)
+    batches = local_batches(config, 0, 3)
+    accountant = ClientAccountant()
+    with pytest.raises(ValueError) as err:
+        get_method(METHOD).answer_query(config, adapted, batches, accountant)
+    message = str(err.value)
+    assert message.startswith("fed-sb-init-noise-multiplier: round 0")
+    assert "dp-sgd-target-epsilon 0.05" in message and accountant.ledger is None
+    limited = private_config(tiny_bert_dir, sentiment_task_dir, **{"dp-max-epsilon": 0.05})
+    with pytest.raises(DpBudgetExceeded, match="dp-max-epsilon: round 0"):
+        get_method(METHOD).answer_query(limited, adapted, batches, accountant)
+    assert accountant.ledger is None
+
+
+def test_round_0_under_dp_example_records_the_clients_epsilons_in_row_0():
+    """The server averages the private replies as without DP (no server-side noise) and
+    row 0 holds the largest epsilon they report; round 1's replies continue it."""
+    rng = np.random.default_rng(5)
+    grads = [gradients(rng) for _ in range(3)]
+    eps = [0.4, 0.9, 0.6]
+    answers = {
+        100 + i: (g, {"num-examples": 5, "partition-id": i, "dp-sgd-epsilon": e})
+        for i, (g, e) in enumerate(zip(grads, eps, strict=True))
+    }
+    strategy = strategy_for(METHOD, sb_state(rng), min_available_nodes=3, min_train_nodes=3)
+    strategy.example_dp = ExampleDpRecord(target=3.0)
+    grid = FakeGrid(answers)
+    strategy.initialise(grid, timeout=10, lineage="abc")
+    assert all(m.content["config"]["lineage"] == "abc" for m in grid.sent)  # the node's ledger
+    row = strategy.round_metrics[0]
+    assert row["dp-sgd-epsilon-max"] == 0.9 and row["dp-sgd-clients"] == 3
+    assert row["dp-sgd-over-target"] == 0 and "dp-epsilon" not in row
+    for layer in SHAPES:
+        mean = sum(f32(g[gradient_key(layer)]) for g in grads) / 3
+        np.testing.assert_allclose(
+            strategy.global_state[f"{layer}.R"], initial_factors(mean, 1e-3, R)[1], atol=1e-10
+        )
+    assert strategy.example_dp.epsilon(1) == 0.9  # round 1's replies compare with these
+
+
 # --------------------------------------------------------------------------- refusals
 
 
-def test_refusals_name_their_setting_and_reason():
+def test_refusals_name_their_setting_and_reason(tiny_bert_dir, sentiment_task_dir):
     with pytest.raises(ConfigError, match="client-ranks: method 'fed-sb' aggregates one"):
         resolve_config({}, {"method": METHOD, "client-ranks": "2,4"})
-    with pytest.raises(ConfigError) as err:
-        resolve_config({}, {"method": METHOD, "dp": "example"})
-    assert str(err.value).startswith("dp: dp=example refused for method 'fed-sb'")
-    assert EXAMPLE_DP_REFUSAL in str(err.value)
+    # dp=example is taken: round 0 is private on each client (test_round_0_under_dp_example_*)
+    config = resolve_config({}, {"method": METHOD, "dp": "example"})
+    assert config.dp == "example" and not get_method(METHOD).example_dp_refusal
+    from flower_app.launch_checks import check_run
+
+    check_run(
+        {"method": METHOD, "dp": "example", "model": str(tiny_bert_dir), "task": "local",
+         "data-path": str(sentiment_task_dir), "text-fields": "sentence"}
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="fed-sb-init-noise-multiplier"):
+        resolve_config({}, {"method": METHOD, "dp": "example", "fed-sb-init-noise-multiplier": 0})
     with pytest.raises(ConfigError, match="quantization: method 'fed-sb'"):
         resolve_config({}, {"method": METHOD, "quantization": "4bit", "device": "cuda"})
     with pytest.raises(ConfigError, match="fed-sb-init-examples"):

@@ -81,6 +81,16 @@ class FederationSettings:
         check=non_negative,
         affects=(),
     )
+    fed_sb_init_noise_multiplier: float = setting(
+        1.0,
+        "LoRA-SB's round 0 under dp=example: noise multiplier z0 of each client's gradient "
+        "estimate (per-example gradients clipped to dp-sgd-clipping-norm C, each example in "
+        "with probability fed-sb-init-examples / n, noise std z0 C on the sum), one release "
+        "composed into the client's epsilon before training; 1.0 as dp-sgd-noise-multiplier: "
+        "larger costs less epsilon and gives a noisier, more random B and A",
+        check=positive,
+        affects=(),
+    )
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,62 @@ def noise_multiplier_for(
     return float(z)
 
 
+def noise_multiplier_after(
+    target_epsilon: float,
+    prior: Sequence[tuple[float, float, int]],
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    tol: float = 1e-4,
+) -> float:
+    """The smallest z (within ``tol``) with epsilon(``prior`` composed with ``steps`` steps
+    of (z, q)) <= target: ``noise_multiplier_for`` when releases (z', q', steps') are already
+    in a ledger. RDP composes by adding the curves order by order (Mironov 2017, Prop. 1),
+    so the event is the composition of the prior releases and the new steps, handed to the
+    same calibration (bracket from z = 1, Brent, bisection fallback: never above target).
+    Without prior releases it is ``noise_multiplier_for`` itself, bit for bit. ValueError
+    when the prior releases alone reach the target (no z can meet it)."""
+    prior = [(z, q, n) for z, q, n in prior if n]
+    if not prior:
+        return noise_multiplier_for(target_epsilon, sample_rate, steps, delta, tol)
+    eps = _real(target_epsilon, "target epsilon")
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"target epsilon must be finite and > 0, got {target_epsilon!r}")
+    q = check_sample_rate(sample_rate)
+    n = _check_steps(steps)
+    d = check_delta(delta)
+    if n == 0:
+        raise ValueError("steps must be >= 1 to calibrate a noise multiplier")
+    spent = _epsilon(prior, d)
+    if spent >= eps:
+        raise ValueError(
+            f"the releases already composed ({prior}) reach epsilon {spent:.4g} >= the target "
+            f"{eps:g} at delta {d:.3g}: no noise multiplier leaves room for the new steps"
+        )
+    dpa = _dp_accounting()
+    before = [
+        dpa.SelfComposedDpEvent(_backend_event(check_noise_multiplier(z), check_sample_rate(r)), c)
+        for z, r, c in prior
+    ]
+
+    def fresh() -> Any:
+        return dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+
+    def event(z: float) -> Any:
+        return dpa.ComposedDpEvent([*before, dpa.SelfComposedDpEvent(_backend_event(z, q), n)])
+
+    with _quiet_absl():
+        z = dpa.calibrate_dp_mechanism(
+            fresh,
+            event,
+            eps,
+            d,
+            bracket_interval=dpa.LowerEndpointAndGuess(0.0, 1.0),
+            tol=tol,
+        )
+    return float(z)
+
+
 class DpAccountant:
     """The run's privacy ledger: compositions (z, q, steps), epsilon at a delta.
 

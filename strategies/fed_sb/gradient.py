@@ -13,6 +13,9 @@ nothing), its task head the seeded head the server starts from.
 
 Only the base weights of the adapted layers take gradients while it runs; what trained
 before (R, the head) is frozen meanwhile and restored after.
+
+This is the estimate of dp=off and dp=central (where the server clips and noises each
+client's sum); under dp=example the client sends private_gradient.py's instead.
 """
 
 from __future__ import annotations

@@ -7,22 +7,17 @@ B and A come from a federated round 0 (``strategy.py``): the clients send the gr
 every adapted W0 over their first ``fed-sb-init-examples`` examples (``gradient.py``), the
 server averages them, takes -lr sign(.) and its rank-r truncated SVD, and sends B and A once
 to each node, with its first training message; the node keeps them in its Flower context.
+
+Privacy: under dp=central round 0 is one more Gaussian mechanism on the server (each
+client's gradients clipped jointly); under dp=example each client's estimate is itself the
+Gaussian mechanism on per-example clipped gradients (``private_gradient.py``), composed into
+the client's DP-SGD ledger before its training rounds, so its epsilon covers round 0.
 """
 
 from __future__ import annotations
 
 from strategies.fed_sb.keys import BASIS, BASIS_CONTEXT, BASIS_HELD
 from strategies.method import Method, adapter_layers, stacked
-
-# dp=example: DP-SGD protects the local training rounds; round 0's gradient estimate is a
-# plain sum of the client's examples' gradients (no per-example clipping, no noise), sent
-# to the server, so a client's epsilon would not cover what its data released.
-EXAMPLE_DP_REFUSAL = (
-    "round 0 sends each client's summed gradient of every adapted W0 over its first "
-    "fed-sb-init-examples examples, without DP-SGD's per-example clipping and noise, so the "
-    "client's epsilon would not cover it; use dp=central (round 0 then goes through the "
-    "Gaussian mechanism, docs/privacy.md) or dp=off"
-)
 
 
 class FedSB(Method):
@@ -58,8 +53,16 @@ class FedSB(Method):
         )
 
     # -- client side ----------------------------------------------------------------------
-    def answer_query(self, config, adapted, batches):
-        """Round 0: the summed gradient of every adapted W0 (``gradient.py``)."""
+    def answer_query(self, config, adapted, batches, accountant=None):
+        """Round 0: the summed gradient of every adapted W0 (``gradient.py``); under
+        dp=example the Gaussian mechanism on per-example clipped gradients, composed into
+        the client's ledger (``private_gradient.py``)."""
+        if config.dp == "example":
+            from strategies.fed_sb.private_gradient import answer_private_query
+
+            if accountant is None:  # the release must be composed into the node's ledger
+                raise ValueError("dp=example: round 0 needs the client's DP-SGD accountant")
+            return answer_private_query(config, adapted, batches, accountant)
         from strategies.fed_sb.gradient import estimate_gradients
 
         return estimate_gradients(adapted, batches, config.fed_sb_init_examples)
@@ -108,7 +111,6 @@ FED_SB = FedSB(
     adapter="lora-sb",
     shared=("R",),
     dp_mechanism="mean",  # clip reply - sent over R and the head; noised mean; round 0 too
-    example_dp_refusal=EXAMPLE_DP_REFUSAL,
 )
 
 METHODS = (FED_SB,)

@@ -11,8 +11,12 @@ A = V_rᵀ are kept here, R = S_r becomes the global R, so the model starts at
 W0 + s B S_r A as in the authors' code. Under dp=central round 0 is one more Gaussian
 mechanism: each client's gradients (all layers jointly) are clipped to C, the sum gets
 N(0, (zC)²) noise per entry and is divided by m, the accountant records it; the sign and
-the SVD are post-processing. Its row 0 counts what travelled (``up-params``: the
-gradients; ``down-params``: the queries, which carry no arrays).
+the SVD are post-processing. Under dp=example each client's reply is already private (the
+Gaussian mechanism on its per-example clipped gradients, ``private_gradient.py``, in its
+own ledger); the server averages the replies as without DP and records the epsilons they
+report (``example_dp.py``: row 0's ``dp-sgd-epsilon-max``, also logged). Its row 0 counts
+what travelled (``up-params``: the gradients; ``down-params``: the queries, which carry no
+arrays).
 
 B and A travel once per node: with a node's first training (or evaluation) message, until
 its reply's ``basis-held`` metric says it holds them (``node_synced``); they count in that
@@ -69,21 +73,27 @@ class FedSBStrategy(AdapterStrategy):
         then the rounds from the initial R; a run whose rounds all fail ends there."""
         initialised = None
         if not self.basis:
-            self.initialise(grid, timeout)
+            # the run's lineage (the training messages' config) names the node-state folder
+            # where a node keeps its DP-SGD ledger, which round 0 under dp=example composes
+            train_config = kwargs.get("train_config") or {}
+            self.initialise(grid, timeout, lineage=train_config.get("lineage"))
             initial_arrays = initialised = to_array_record(self.global_state)
         result = super().start(grid, initial_arrays, num_rounds, timeout, *args, **kwargs)
         if initialised is not None and not result.arrays:
             result.arrays = initialised
         return result
 
-    def initialise(self, grid, timeout: float) -> None:
-        """Round 0 (module docstring): query, check, average, factorise."""
+    def initialise(self, grid, timeout: float, lineage: str | None = None) -> None:
+        """Round 0 (module docstring): query, check, average, factorise. ``lineage``: the
+        run lineage the query carries (the node's state folder, as a training message's)."""
         t0 = time.perf_counter()
         sample_size = max(
             int(len(list(grid.get_node_ids())) * self.fraction_train), self.min_train_nodes
         )
         node_ids, _ = sample_nodes(grid, self.min_available_nodes, sample_size)
         config = ConfigRecord({"server-round": 0, "fed-sb-init-examples": self.init_examples})
+        if isinstance(lineage, str):
+            config["lineage"] = lineage
         messages = [
             Message(
                 content=RecordDict({"config": config}),
@@ -101,6 +111,12 @@ class FedSBStrategy(AdapterStrategy):
             "down-params": sum(record_params(m.content) for m in messages),
             "examples": float(sum(sizes)),
         }
+        if self.example_dp is not None:  # dp=example: each client's epsilon after round 0
+            metrics.update(self.example_dp.observe(0, replies))
+            log.info(
+                "round 0: dp-sgd epsilon max %.4g over %d clients (their gradient estimates)",
+                metrics["dp-sgd-epsilon-max"], metrics["dp-sgd-clients"],
+            )  # fmt: skip
         if not grads:
             raise RuntimeError("round 0: no client sent a valid gradient estimate; B and A unset")
         if self.dp is None:
