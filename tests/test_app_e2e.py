@@ -131,6 +131,8 @@ def test_every_method_runs_end_to_end(tiny_assets, clean_run, method):
 # Issue 29's command, `florg launch --set dp=central --set dp-noise-multiplier=1.0
 # --set dp-clipping-norm=1.0 --set method=M --set num-server-rounds=2`, on the tiny model.
 DP = {"dp": "central", "dp-noise-multiplier": 1.0, "dp-clipping-norm": 1.0}
+# The DP runs keep no client updates (refused under dp=central) and skip what they do not check.
+CHEAP_DP = {"save-client-updates": False, "max-test-examples": 0, "client-eval": "off"}
 
 
 # FedIT's mechanism runs through the simulation in the resumed DP run below (its checks and
@@ -155,9 +157,8 @@ def test_each_dp_path_runs_with_central_dp_and_reports_epsilon(tiny_superlink, t
     """Every row has dp-epsilon, 0 before training, then the accountant's epsilon after t
     rounds of z = 1 at q = 1 and the default delta; FedEx-LoRA fails before training, with
     its reason."""
-    cheap = {"save-client-updates": False, "max-test-examples": 0, "client-eval": "off"}
     outcome, run_dir = run(
-        tiny_superlink, tiny_assets, f"dp-{method}", method=method, **DP, **cheap
+        tiny_superlink, tiny_assets, f"dp-{method}", method=method, **DP, **CHEAP_DP
     )
     if method == "fedex-lora":
         assert not outcome.ok
@@ -176,7 +177,6 @@ def test_poisson_client_sampling_with_central_dp_reports_q_the_count_and_epsilon
     q, N, the count and the accountant's epsilon at q (amplified: below q = 1's), and the
     divisor is q N whatever the count."""
     q = 2 / 3
-    cheap = {"save-client-updates": False, "max-test-examples": 0, "client-eval": "off"}
     poisson = {"client-sampling": "poisson", "fraction-train": q}
     outcome, run_dir = run(
         tiny_superlink,
@@ -184,7 +184,7 @@ def test_poisson_client_sampling_with_central_dp_reports_q_the_count_and_epsilon
         f"dp-poisson-{method}",
         method=method,
         **DP,
-        **cheap,
+        **CHEAP_DP,
         **poisson,
     )
     assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
@@ -203,18 +203,42 @@ def test_poisson_client_sampling_with_central_dp_reports_q_the_count_and_epsilon
     assert state["strategy"]["dp"]["compositions"] == [[1.0, pytest.approx(q), 2]]
 
 
-def check_dp_run(run_dir: Path, log_text: str, delta: float) -> None:
-    """Rows 0..2 with dp-epsilon: 0 before training, then the accountant's epsilon after t
-    rounds of z = 1 at q = 1; every node sampled, noise added, the summary's epsilon."""
+def test_fed_sb_with_central_dp_accounts_round_0_and_reports_epsilon_in_every_row(
+    tiny_superlink, tiny_assets
+):
+    """Fed-SB under dp=central (docs/privacy.md section 2.1): round 0's gradient estimate goes
+    through the Gaussian mechanism, noised and recorded by the accountant before the rounds'
+    mean mechanism on R, so every row's dp-epsilon is finite, row 0's is one release's (not
+    0) and row t's that of t + 1; the checkpointed ledger holds the three releases."""
+    outcome, run_dir = run(
+        tiny_superlink, tiny_assets, "dp-fed-sb", method="fed-sb", **DP, **CHEAP_DP
+    )
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
+    check_dp_run(run_dir, outcome.log_text, delta=1e-5, releases_before_round_1=1)
+    state = json.loads((run_dir / "checkpoint" / "round-000002" / "state.json").read_text())
+    assert state["strategy"]["dp"]["compositions"] == [[1.0, 1.0, 3]]
+
+
+def check_dp_run(
+    run_dir: Path, log_text: str, delta: float, releases_before_round_1: int = 0
+) -> None:
+    """Rows 0..2, each with a finite dp-epsilon: the accountant's epsilon after the releases
+    so far at z = 1, q = 1, which are ``releases_before_round_1`` (Fed-SB's round 0: one;
+    without any, row 0 has 0) and then one a round; every node sampled and noise added in
+    each release, the summary's epsilon."""
     history = rows(run_dir)
     assert [r["round"] for r in history] == [0, 1, 2]
     epsilons = [r["dp-epsilon"] for r in history]
-    assert epsilons[0] == 0.0 and 0.0 < epsilons[1] < epsilons[2]
-    for t in (1, 2):
-        assert epsilons[t] == pytest.approx(epsilon_for(1.0, 1.0, t, delta), rel=1e-9)
+    assert np.all(np.isfinite(epsilons)) and epsilons[0] < epsilons[1] < epsilons[2]
+    if not releases_before_round_1:
+        assert epsilons[0] == 0.0
+    for t in range(0 if releases_before_round_1 else 1, 3):  # the rows after a release
+        releases = releases_before_round_1 + t
+        assert epsilons[t] == pytest.approx(epsilon_for(1.0, 1.0, releases, delta), rel=1e-9)
         assert history[t]["dp-sampled"] == NUM_NODES and history[t]["clients"] == NUM_NODES
-        assert history[t]["dp-noise-std"] > 0 and history[t]["screened"] == 0
-        assert np.isfinite(history[t]["loss"])
+        assert history[t]["dp-noise-std"] > 0
+    for t in (1, 2):
+        assert history[t]["screened"] == 0 and np.isfinite(history[t]["loss"])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["dp-epsilon"] == epsilons[2] and summary["dp-delta"] == delta
     assert not (run_dir / "updates").exists()
