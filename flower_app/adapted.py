@@ -176,7 +176,7 @@ class AdaptedModel:
             return export_peft_lora_sb(self.model, out_dir, base_model)
         import json
 
-        from flower_app.adapters.florg_model import peft_task_type
+        from flower_app.adapters.custom_adapter import peft_task_type
 
         out = Path(out_dir)
         self.model.save_pretrained(out)

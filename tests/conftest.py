@@ -6,6 +6,13 @@ Fixtures (session-scoped, built once per pytest process, offline):
 - ``tiny_bert_dir``: that model, randomly initialised, saved with its tokenizer;
 - ``sentiment_task_dir``: the small synthetic sentiment task (train/validation jsonl).
 
+Module-scoped, for the integration modules that run the app on those two
+(``tests.flower_harness.run_tiny_app``):
+
+- ``tiny_assets``: (the tiny BERT, the sentiment task, a folder of the module's own);
+- ``tiny_superlink``: one SuperLink of ``TINY_NUM_NODES`` SuperNodes for all the module's
+  runs, on one private Ray cluster (tests/ray_harness.py).
+
 The folders are shared by every test of the session: read them, never write into them
 (a test that needs its own copy or variant calls ``florg_tools.synthetic`` itself).
 
@@ -44,6 +51,32 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def sentiment_task_dir(tmp_path_factory) -> Path:
     return synthetic.make_sentiment_task(tmp_path_factory.mktemp("sentiment-task") / "task")
+
+
+@pytest.fixture(scope="module")
+def tiny_assets(tiny_bert_dir, sentiment_task_dir, tmp_path_factory, request):
+    """(model, task, folder): the folder is the module's own, named after it."""
+    folder = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2])
+    return tiny_bert_dir, sentiment_task_dir, folder
+
+
+@pytest.fixture(scope="module")
+def tiny_superlink(tiny_assets):
+    """The module's SuperLink, stopped with its Ray cluster after the module's last test.
+    The nodes keep their own state (FedSA-LoRA's B, DP-SGD's ledgers) under the module's
+    folder, ``node-state/``, where a resumed run reads it back."""
+    # Imported here: the harness brings psutil and the SuperLink tooling, which the fast
+    # tests never need.
+    from flower_app.client.node_state import NODE_STATE_ENV
+    from tests.flower_harness import TINY_NUM_NODES
+    from tests.ray_harness import shared_ray_simulation_superlink
+
+    base = tiny_assets[2]
+    env = {NODE_STATE_ENV: str(base / "node-state")}
+    with shared_ray_simulation_superlink(
+        base / "superlink", num_supernodes=TINY_NUM_NODES, extra_env=env
+    ) as sim:
+        yield sim
 
 
 # --------------------------------------------------------------------------- integration guard

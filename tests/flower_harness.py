@@ -1,4 +1,5 @@
-"""Test helpers: a private simulation SuperLink per test, and leak checks.
+"""Test helpers: a private simulation SuperLink per test, leak checks, and the app's runs on
+the tiny model.
 
 Not a test module (pytest collects only ``test_*.py``; ``__test__`` says so too).
 
@@ -8,6 +9,10 @@ ports, state or installed apps), writes a connection pointing at it, and on exit
 when the test failed -- stops it and every process it spawned (SuperExec,
 ``flwr-simulation``, the Ray cluster), then checks that none of the processes it recorded
 while the SuperLink was up is still alive (``florg_tools.processes``).
+
+``run_tiny_app`` runs this checkout's app on the tiny BERT and the synthetic sentiment task
+through a module's shared SuperLink (the fixtures ``tiny_assets`` and ``tiny_superlink`` of
+tests/conftest.py), with the settings the integration modules have in common.
 """
 
 from __future__ import annotations
@@ -24,12 +29,21 @@ from florg_tools.superlink import SimulationSuperLink, local_simulation_superlin
 __test__ = False  # not a test module
 
 __all__ = [
+    "TINY_NUM_NODES",
+    "TINY_RANK",
     "LeakedProcessesError",
     "SimulationSuperLink",
     "live_processes",
     "local_simulation_superlink",
     "run_app_in_simulation",
+    "run_tiny_app",
 ]
+
+APP = Path(__file__).resolve().parent.parent  # this checkout's Flower App
+# The tiny runs' federation: SuperNodes of the shared SuperLink, all of them in every round,
+# and the adapters' rank.
+TINY_NUM_NODES = 3
+TINY_RANK = 2
 
 
 def live_processes(recorded: Iterable[ProcInfo], tag: str | None = None) -> list[str]:
@@ -62,3 +76,34 @@ def run_app_in_simulation(
         return run(Path(tmp_dir))
     with tempfile.TemporaryDirectory(prefix="flwr-sim-") as tmp:
         return run(Path(tmp))
+
+
+def run_tiny_app(
+    superlink: SimulationSuperLink,
+    assets: tuple[Path, Path, Path],
+    name: str,
+    **settings: Any,
+) -> tuple[RunOutcome, Path]:
+    """Run the app on the tiny BERT and the sentiment task through ``superlink`` (conftest's
+    ``tiny_superlink``): 2 rounds over all ``TINY_NUM_NODES`` nodes at rank ``TINY_RANK``,
+    lr 0.005, ``settings`` on top. ``assets`` is conftest's ``tiny_assets``: (model, task,
+    the module's folder). Returns the outcome and the run's folder, ``<folder>/outputs/<name>``
+    (which a run refused before it starts never makes)."""
+    model, task, base = assets
+    home, connection = superlink
+    config = {
+        "model": str(model),
+        "task": "local",
+        "data-path": str(task),
+        "text-fields": "sentence",
+        "rank": TINY_RANK,
+        "num-server-rounds": 2,
+        "min-available-nodes": TINY_NUM_NODES,
+        "learning-rate": 0.005,
+        "output-dir": str(base / "outputs"),
+        "run-name": name,
+        "progress-bar": False,
+        **settings,
+    }
+    outcome = run_flower_app(APP, connection, config, home, timeout=600, stream=None)
+    return outcome, base / "outputs" / name

@@ -1,8 +1,9 @@
 """The Flower App end to end through the real simulation engine (SuperLink + Ray).
 
-One SuperLink (our own, on a free port) serves every run of this module, its runs on one
-private Ray cluster (tests/ray_harness.py); each run is a tiny random BERT on a small local
-task, 3 supernodes, 2 rounds.
+One SuperLink (our own, on a free port: conftest.py's ``tiny_superlink``) serves every run
+of this module, its runs on one private Ray cluster (tests/ray_harness.py); each run is a
+tiny random BERT on a small local task, 3 supernodes, 2 rounds
+(``tests.flower_harness.run_tiny_app``).
 
 Resumption (issue 15, item 1) runs here too, on the same SuperLink: a ServerApp that dies
 right after checkpointing round 1 (``fault-server-round=1``, the run ends ``finished:failed``)
@@ -25,74 +26,39 @@ from safetensors.numpy import load_file
 from florg_tools.flwr_cli import RunOutcome, run_flower_app
 from florg_tools.run_config import resume_run_config
 from flower_app.adapters.targets import adapter_layout
-from flower_app.client.node_state import NODE_STATE_ENV
 from strategies.common.dp_accounting import epsilon_for
 from strategies.communication import round_communication
 from strategies.fedex_lora.method import FEDEX_REFUSAL
 from strategies.florg.rule import aggregate_florg
 from strategies.florg_signed.rule import aggregate_florg_signed
 from strategies.registry import get_method, method_names
-from tests.ray_harness import shared_ray_simulation_superlink
+from tests.flower_harness import TINY_NUM_NODES, TINY_RANK, run_tiny_app
 
 METHODS = method_names()
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
-NUM_NODES = 3
-RANK = 2
+NUM_NODES, RANK = TINY_NUM_NODES, TINY_RANK
+
+
+# This module's settings on top of the tiny app's (run_tiny_app): every client's update saved
+# (the FLoRG round's check reads them) and a small test split.
+E2E = {"batch-size": 16, "save-client-updates": True, "max-test-examples": 40}
+
+
+def run(tiny_superlink, tiny_assets, name: str, **settings) -> tuple[RunOutcome, Path]:
+    return run_tiny_app(tiny_superlink, tiny_assets, name, **{**E2E, **settings})
 
 
 @pytest.fixture(scope="module")
-def assets(tiny_bert_dir, sentiment_task_dir, tmp_path_factory):
-    return tiny_bert_dir, sentiment_task_dir, tmp_path_factory.mktemp("e2e")
-
-
-@pytest.fixture(scope="module")
-def superlink(assets):
-    # One Ray cluster for the module's runs (tests/ray_harness.py says why).
-    _, _, base = assets
-    # FedSA-LoRA's nodes keep their own B on disk, read back when a run is resumed.
-    env = {NODE_STATE_ENV: str(base / "node-state")}
-    with shared_ray_simulation_superlink(
-        base / "superlink", num_supernodes=NUM_NODES, extra_env=env
-    ) as sim:
-        yield sim
-
-
-def run(superlink, assets, name: str, **settings):
-    model, task, base = assets
-    home, connection = superlink
-    config = {
-        "model": str(model),
-        "task": "local",
-        "data-path": str(task),
-        "text-fields": "sentence",
-        "rank": RANK,
-        "num-server-rounds": 2,
-        "min-available-nodes": NUM_NODES,
-        "batch-size": 16,
-        "learning-rate": 0.005,
-        "output-dir": str(base / "outputs"),
-        "run-name": name,
-        "progress-bar": False,
-        "save-client-updates": True,
-        "max-test-examples": 40,
-        **settings,
-    }
-    outcome = run_flower_app(ROOT, connection, config, home, timeout=600, stream=None)
-    run_dir = base / "outputs" / name
-    return outcome, run_dir
-
-
-@pytest.fixture(scope="module")
-def clean_run(superlink, assets) -> Callable[[str], tuple[RunOutcome, Path]]:
+def clean_run(tiny_superlink, tiny_assets) -> Callable[[str], tuple[RunOutcome, Path]]:
     """``clean_run(method)``: the module's end-to-end run of ``method``, made once (the
     resumption tests compare with it)."""
     made: dict[str, tuple[RunOutcome, Path]] = {}
 
     def get(method: str) -> tuple[RunOutcome, Path]:
         if method not in made:
-            made[method] = run(superlink, assets, f"e2e-{method}", method=method)
+            made[method] = run(tiny_superlink, tiny_assets, f"e2e-{method}", method=method)
         return made[method]
 
     return get
@@ -115,7 +81,7 @@ def expected_params(method: str, model_dir: Path, n: int, server_round: int = 1)
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_every_method_runs_end_to_end(assets, clean_run, method):
+def test_every_method_runs_end_to_end(tiny_assets, clean_run, method):
     outcome, run_dir = clean_run(method)
     assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
     history = rows(run_dir)
@@ -123,16 +89,16 @@ def test_every_method_runs_end_to_end(assets, clean_run, method):
     for r in history:
         assert isinstance(r["accuracy"], float) and 0.0 <= r["accuracy"] <= 1.0
         assert np.isfinite(r["loss"])
-    up, down = expected_params(method, assets[0], NUM_NODES)
-    second_up, second_down = expected_params(method, assets[0], NUM_NODES, server_round=2)
+    up, down = expected_params(method, tiny_assets[0], NUM_NODES)
+    second_up, second_down = expected_params(method, tiny_assets[0], NUM_NODES, server_round=2)
     first_down = (
-        expected_params("fedit", assets[0], NUM_NODES)[1]
+        expected_params("fedit", tiny_assets[0], NUM_NODES)[1]
         if get_method(method).writes_base_weights  # no fold to send before round 2
         else down
     )
     # Round 0 sends nothing, except for a method that initialises from its clients first
     # (Fed-SB: their gradients of every adapted W0 up).
-    zeroth_up, zeroth_down = expected_params(method, assets[0], NUM_NODES, server_round=0)
+    zeroth_up, zeroth_down = expected_params(method, tiny_assets[0], NUM_NODES, server_round=0)
     assert (history[0]["up-params"], history[0]["down-params"]) == (zeroth_up, zeroth_down)
     assert history[1]["up-params"] == up and history[2]["up-params"] == second_up
     # A fold into W0 (FedEx's residual, FLoRA's update) of round t travels with round t+1's
@@ -165,6 +131,8 @@ def test_every_method_runs_end_to_end(assets, clean_run, method):
 # Issue 29's command, `florg launch --set dp=central --set dp-noise-multiplier=1.0
 # --set dp-clipping-norm=1.0 --set method=M --set num-server-rounds=2`, on the tiny model.
 DP = {"dp": "central", "dp-noise-multiplier": 1.0, "dp-clipping-norm": 1.0}
+# The DP runs keep no client updates (refused under dp=central) and skip what they do not check.
+CHEAP_DP = {"save-client-updates": False, "max-test-examples": 0, "client-eval": "off"}
 
 
 # FedIT's mechanism runs through the simulation in the resumed DP run below (its checks and
@@ -185,12 +153,13 @@ def _dp_methods() -> list[str]:
 
 
 @pytest.mark.parametrize("method", _dp_methods())
-def test_each_dp_path_runs_with_central_dp_and_reports_epsilon(superlink, assets, method):
+def test_each_dp_path_runs_with_central_dp_and_reports_epsilon(tiny_superlink, tiny_assets, method):
     """Every row has dp-epsilon, 0 before training, then the accountant's epsilon after t
     rounds of z = 1 at q = 1 and the default delta; FedEx-LoRA fails before training, with
     its reason."""
-    cheap = {"save-client-updates": False, "max-test-examples": 0, "client-eval": "off"}
-    outcome, run_dir = run(superlink, assets, f"dp-{method}", method=method, **DP, **cheap)
+    outcome, run_dir = run(
+        tiny_superlink, tiny_assets, f"dp-{method}", method=method, **DP, **CHEAP_DP
+    )
     if method == "fedex-lora":
         assert not outcome.ok
         assert FEDEX_REFUSAL[:80] in outcome.log_text + (outcome.status_details or "")
@@ -202,16 +171,21 @@ def test_each_dp_path_runs_with_central_dp_and_reports_epsilon(superlink, assets
 
 @pytest.mark.parametrize("method", ["florg", "fedit"])
 def test_poisson_client_sampling_with_central_dp_reports_q_the_count_and_epsilon(
-    superlink, assets, method
+    tiny_superlink, tiny_assets, method
 ):
     """client-sampling=poisson at q = fraction-train = 2/3 over the 3 nodes: every row has
     q, N, the count and the accountant's epsilon at q (amplified: below q = 1's), and the
     divisor is q N whatever the count."""
     q = 2 / 3
-    cheap = {"save-client-updates": False, "max-test-examples": 0, "client-eval": "off"}
     poisson = {"client-sampling": "poisson", "fraction-train": q}
     outcome, run_dir = run(
-        superlink, assets, f"dp-poisson-{method}", method=method, **DP, **cheap, **poisson
+        tiny_superlink,
+        tiny_assets,
+        f"dp-poisson-{method}",
+        method=method,
+        **DP,
+        **CHEAP_DP,
+        **poisson,
     )
     assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
     history = rows(run_dir)
@@ -229,18 +203,42 @@ def test_poisson_client_sampling_with_central_dp_reports_q_the_count_and_epsilon
     assert state["strategy"]["dp"]["compositions"] == [[1.0, pytest.approx(q), 2]]
 
 
-def check_dp_run(run_dir: Path, log_text: str, delta: float) -> None:
-    """Rows 0..2 with dp-epsilon: 0 before training, then the accountant's epsilon after t
-    rounds of z = 1 at q = 1; every node sampled, noise added, the summary's epsilon."""
+def test_fed_sb_with_central_dp_accounts_round_0_and_reports_epsilon_in_every_row(
+    tiny_superlink, tiny_assets
+):
+    """Fed-SB under dp=central (docs/privacy.md section 2.1): round 0's gradient estimate goes
+    through the Gaussian mechanism, noised and recorded by the accountant before the rounds'
+    mean mechanism on R, so every row's dp-epsilon is finite, row 0's is one release's (not
+    0) and row t's that of t + 1; the checkpointed ledger holds the three releases."""
+    outcome, run_dir = run(
+        tiny_superlink, tiny_assets, "dp-fed-sb", method="fed-sb", **DP, **CHEAP_DP
+    )
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
+    check_dp_run(run_dir, outcome.log_text, delta=1e-5, releases_before_round_1=1)
+    state = json.loads((run_dir / "checkpoint" / "round-000002" / "state.json").read_text())
+    assert state["strategy"]["dp"]["compositions"] == [[1.0, 1.0, 3]]
+
+
+def check_dp_run(
+    run_dir: Path, log_text: str, delta: float, releases_before_round_1: int = 0
+) -> None:
+    """Rows 0..2, each with a finite dp-epsilon: the accountant's epsilon after the releases
+    so far at z = 1, q = 1, which are ``releases_before_round_1`` (Fed-SB's round 0: one;
+    without any, row 0 has 0) and then one a round; every node sampled and noise added in
+    each release, the summary's epsilon."""
     history = rows(run_dir)
     assert [r["round"] for r in history] == [0, 1, 2]
     epsilons = [r["dp-epsilon"] for r in history]
-    assert epsilons[0] == 0.0 and 0.0 < epsilons[1] < epsilons[2]
-    for t in (1, 2):
-        assert epsilons[t] == pytest.approx(epsilon_for(1.0, 1.0, t, delta), rel=1e-9)
+    assert np.all(np.isfinite(epsilons)) and epsilons[0] < epsilons[1] < epsilons[2]
+    if not releases_before_round_1:
+        assert epsilons[0] == 0.0
+    for t in range(0 if releases_before_round_1 else 1, 3):  # the rows after a release
+        releases = releases_before_round_1 + t
+        assert epsilons[t] == pytest.approx(epsilon_for(1.0, 1.0, releases, delta), rel=1e-9)
         assert history[t]["dp-sampled"] == NUM_NODES and history[t]["clients"] == NUM_NODES
-        assert history[t]["dp-noise-std"] > 0 and history[t]["screened"] == 0
-        assert np.isfinite(history[t]["loss"])
+        assert history[t]["dp-noise-std"] > 0
+    for t in (1, 2):
+        assert history[t]["screened"] == 0 and np.isfinite(history[t]["loss"])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["dp-epsilon"] == epsilons[2] and summary["dp-delta"] == delta
     assert not (run_dir / "updates").exists()
@@ -283,14 +281,14 @@ def check_florg_round(path: Path, method: str) -> None:
         np.testing.assert_allclose(saved[f"new/{key}"], expected, rtol=1e-12, atol=1e-14)
 
 
-def test_clients_of_different_rank_end_at_their_own_rank(superlink, assets):
+def test_clients_of_different_rank_end_at_their_own_rank(tiny_superlink, tiny_assets):
     """Issue 30: `client-ranks=2,4` (cycled over the 3 partitions: 2, 4, 2) with FLoRG; the
     global state and the server's model are at r_max = 4; each client trains and sends its
     adapter at its own rank; round 2 is the mixed-rank step of the clients' replies, and
     the communication per rank is what travelled."""
     outcome, run_dir = run(
-        superlink,
-        assets,
+        tiny_superlink,
+        tiny_assets,
         "e2e-client-ranks",
         **{"client-ranks": "2,4", "rank-mismatch": "truncate"},
     )
@@ -327,11 +325,11 @@ def test_clients_of_different_rank_end_at_their_own_rank(superlink, assets):
     [("raise", 1, 0, 0), ("nan", 0, 1, 0), ("shape", 0, 1, 0), ("scale", 0, 0, 1)],
 )
 def test_bad_clients_are_dropped_and_the_round_survives(
-    superlink, assets, kind, failures, rejected, screened
+    tiny_superlink, tiny_assets, kind, failures, rejected, screened
 ):
     outcome, run_dir = run(
-        superlink,
-        assets,
+        tiny_superlink,
+        tiny_assets,
         f"fault-{kind}",
         **{"fault-partition": 1, "fault-kind": kind, "num-server-rounds": 1, "fault-scale": 100.0},
     )
@@ -348,10 +346,10 @@ def test_bad_clients_are_dropped_and_the_round_survives(
     assert 1 not in saved["partitions"].tolist()
 
 
-def test_a_client_claiming_a_billion_examples_is_clipped(superlink, assets):
+def test_a_client_claiming_a_billion_examples_is_clipped(tiny_superlink, tiny_assets):
     outcome, run_dir = run(
-        superlink,
-        assets,
+        tiny_superlink,
+        tiny_assets,
         "fault-claim",
         **{"fault-partition": 2, "fault-kind": "claim", "fault-scale": 1e9,
            "num-server-rounds": 1, "aggregation-weights": "num-examples"},
@@ -364,8 +362,8 @@ def test_a_client_claiming_a_billion_examples_is_clipped(superlink, assets):
     assert weights.max() == pytest.approx(800 / 960)
 
 
-def test_bad_config_fails_the_run_naming_the_key(superlink, assets):
-    outcome, run_dir = run(superlink, assets, "bad-config", **{"dirichlet-alpha": -1.0})
+def test_bad_config_fails_the_run_naming_the_key(tiny_superlink, tiny_assets):
+    outcome, run_dir = run(tiny_superlink, tiny_assets, "bad-config", **{"dirichlet-alpha": -1.0})
     assert not outcome.ok
     assert "dirichlet-alpha" in outcome.log_text + (outcome.status_details or "")
     assert not (run_dir / "metrics.jsonl").exists()
@@ -399,12 +397,12 @@ def test_launcher_refuses_bad_config_before_launching(tmp_path, capsys):
     "method", ["fedsa-lora", "fedex-lora", "rolora", "fedsvd", "flora", "fed-sb"]
 )
 def test_a_server_that_dies_after_round_1_resumes_to_the_clean_result(
-    superlink, assets, clean_run, method
+    tiny_superlink, tiny_assets, clean_run, method
 ):
     clean, clean_dir = clean_run(method)
     assert clean.ok, f"{clean.message}\n{clean.log_text[-3000:]}"
     crashed, crash_dir = run(
-        superlink, assets, f"crash-{method}", method=method, **{"fault-server-round": 1}
+        tiny_superlink, tiny_assets, f"crash-{method}", method=method, **{"fault-server-round": 1}
     )
     assert not crashed.ok and "fault-server-round" in crashed.log_text
     assert [r["round"] for r in rows(crash_dir)] == [0, 1]
@@ -412,7 +410,7 @@ def test_a_server_that_dies_after_round_1_resumes_to_the_clean_result(
     assert not (crash_dir / "adapter.safetensors").exists()
     before = rows(crash_dir)
 
-    resumed = resume(superlink, crash_dir)
+    resumed = resume(tiny_superlink, crash_dir)
     assert "resuming" in resumed.log_text and "after round 1" in resumed.log_text
     history = rows(crash_dir)
     assert [r["round"] for r in history] == [0, 1, 2]  # none twice, none skipped
@@ -436,28 +434,28 @@ def test_a_server_that_dies_after_round_1_resumes_to_the_clean_result(
     )
 
 
-def test_a_dp_run_resumed_after_round_1_continues_the_privacy_count(superlink, assets):
+def test_a_dp_run_resumed_after_round_1_continues_the_privacy_count(tiny_superlink, tiny_assets):
     """FedIT with dp=central (its mechanism's run through the simulation, see DP_RESUMED):
     the accountant's ledger is in the checkpoint, so the resumed run's epsilon after round 2
     is that of 2 rounds, not of 1 (issue 29)."""
     cheap = {"save-client-updates": False, "max-test-examples": 0, "client-eval": "off"}
     crashed, crash_dir = run(
-        superlink, assets, f"dp-{DP_RESUMED}-resumed", method=DP_RESUMED,
+        tiny_superlink, tiny_assets, f"dp-{DP_RESUMED}-resumed", method=DP_RESUMED,
         **DP, **cheap, **{"fault-server-round": 1},
     )  # fmt: skip
     assert not crashed.ok and "fault-server-round" in crashed.log_text
     state = json.loads((crash_dir / "checkpoint" / "round-000001" / "state.json").read_text())
     assert state["strategy"]["dp"] == {"delta": 1e-5, "compositions": [[1.0, 1.0, 1]]}
 
-    resumed = resume(superlink, crash_dir)
+    resumed = resume(tiny_superlink, crash_dir)
     check_dp_run(crash_dir, resumed.log_text, delta=1e-5)
     summary = json.loads((crash_dir / "summary.json").read_text())
     assert summary["resumed-after-round"] == 1
 
 
-def resume(superlink, run_dir: Path) -> RunOutcome:
+def resume(tiny_superlink, run_dir: Path) -> RunOutcome:
     """Resume the run in ``run_dir`` with the launcher's settings; it must complete."""
-    home, connection = superlink
+    home, connection = tiny_superlink
     outcome = run_flower_app(
         ROOT, connection, resume_run_config(run_dir), home, timeout=600, stream=None
     )

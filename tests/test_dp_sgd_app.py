@@ -1,8 +1,9 @@
 """``dp=example`` (DP-SGD on every client, docs/privacy.md section 9) through the Flower
 simulation: the tiny BERT, 3 SuperNodes, 2 rounds, FLoRG and FedIT; Fed-SB, whose round 0
 is a private release composed into each client's ledger; then a client past
-``dp-max-epsilon`` refusing a round. One Ray cluster serves the module's runs
-(tests/ray_harness.py), the nodes keep their ledgers on disk (``$FLORG_NODE_STATE_DIR``).
+``dp-max-epsilon`` refusing a round. One SuperLink on one Ray cluster serves the module's
+runs (conftest.py's ``tiny_superlink``, tests/ray_harness.py), the nodes keep their ledgers
+on disk (``$FLORG_NODE_STATE_DIR``).
 """
 
 from __future__ import annotations
@@ -13,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.flwr_cli import run_flower_app
 from flower_app.client.dp_state import FILE
-from flower_app.client.node_state import NODE_STATE_ENV
 from flower_app.dp_sgd import ClientAccountant
-from tests.ray_harness import shared_ray_simulation_superlink
+from tests.flower_harness import TINY_NUM_NODES, run_tiny_app
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parent.parent
-NUM_NODES = 3
+NUM_NODES = TINY_NUM_NODES
+# This module's settings on top of the tiny app's (run_tiny_app): small batches, two local
+# steps a round (a client's ledger after the run: two rounds of two steps), no test split.
+SMALL = {"batch-size": 8, "local-steps": 2, "max-test-examples": 0, "max-eval-examples": 40}
 # The issue's command: --set dp=example (z and C given), two rounds, reproducible noise.
 DP = {
     "dp": "example",
@@ -32,59 +33,26 @@ DP = {
 }
 
 
-@pytest.fixture(scope="module")
-def assets(tiny_bert_dir, sentiment_task_dir, tmp_path_factory):
-    return tiny_bert_dir, sentiment_task_dir, tmp_path_factory.mktemp("dp-sgd")
-
-
-@pytest.fixture(scope="module")
-def superlink(assets):
-    _, _, base = assets
-    env = {NODE_STATE_ENV: str(base / "node-state")}
-    with shared_ray_simulation_superlink(
-        base / "superlink", num_supernodes=NUM_NODES, extra_env=env
-    ) as sim:
-        yield sim
-
-
-def run(superlink, assets, name: str, **settings):
-    model, task, base = assets
-    home, connection = superlink
-    config = {
-        "model": str(model),
-        "task": "local",
-        "data-path": str(task),
-        "text-fields": "sentence",
-        "rank": 2,
-        "num-server-rounds": 2,
-        "min-available-nodes": NUM_NODES,
-        "batch-size": 8,
-        "local-steps": 2,
-        "learning-rate": 0.005,
-        "output-dir": str(base / "outputs"),
-        "run-name": name,
-        "progress-bar": False,
-        "max-test-examples": 0,
-        "max-eval-examples": 40,
-        **DP,
-        **settings,
-    }
-    outcome = run_flower_app(ROOT, connection, config, home, timeout=600, stream=None)
-    run_dir = base / "outputs" / name
+def run(tiny_superlink, tiny_assets, name: str, **settings):
+    """A run of this module (``run_tiny_app`` with DP-SGD and ``SMALL`` on top): its outcome,
+    metrics rows and folder."""
+    outcome, run_dir = run_tiny_app(
+        tiny_superlink, tiny_assets, name, **{**SMALL, **DP, **settings}
+    )
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return outcome, rows, run_dir
 
 
 @pytest.fixture(scope="module")
-def made(superlink, assets) -> dict:
+def made(tiny_superlink, tiny_assets) -> dict:
     """The module's runs by name, each made once (the refusal test reuses FedIT's)."""
     return {}
 
 
-def run_once(made: dict, superlink, assets, method: str):
+def run_once(made: dict, tiny_superlink, tiny_assets, method: str):
     name = f"dp-sgd-{method}"
     if name not in made:
-        made[name] = run(superlink, assets, name, method=method)
+        made[name] = run(tiny_superlink, tiny_assets, name, method=method)
     return made[name]
 
 
@@ -96,8 +64,10 @@ def node_ledgers(base: Path) -> list[ClientAccountant]:
 
 
 @pytest.mark.parametrize("method", ["florg", "fedit"])
-def test_two_rounds_with_dp_sgd_report_epsilon_in_every_row(superlink, assets, made, method):
-    outcome, rows, run_dir = run_once(made, superlink, assets, method)
+def test_two_rounds_with_dp_sgd_report_epsilon_in_every_row(
+    tiny_superlink, tiny_assets, made, method
+):
+    outcome, rows, run_dir = run_once(made, tiny_superlink, tiny_assets, method)
     assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
     assert [r["round"] for r in rows] == [0, 1, 2]
     epsilons = [r["dp-sgd-epsilon-max"] for r in rows]
@@ -110,18 +80,22 @@ def test_two_rounds_with_dp_sgd_report_epsilon_in_every_row(superlink, assets, m
     assert f"dp-sgd epsilon max {epsilons[2]:.4g}" in outcome.log_text
     # the largest ledger the nodes wrote is the row's: two rounds of two steps each
     ledgers = [
-        ledger for ledger in node_ledgers(assets[2]) if ledger.ledger.steps == 4
+        ledger for ledger in node_ledgers(tiny_assets[2]) if ledger.ledger.steps == 4
     ]  # this run's and the other method's, same data and settings
     assert ledgers and max(ledger.epsilon() for ledger in ledgers) == pytest.approx(epsilons[2])
 
 
-def test_fed_sb_composes_round_0_into_every_clients_epsilon(superlink, assets, made):
+def test_fed_sb_composes_round_0_into_every_clients_epsilon(tiny_superlink, tiny_assets, made):
     """Fed-SB under dp=example: round 0's private gradient estimates put each client's
     epsilon above 0 in row 0 (and the log), every training row continues from there, and
     each node's ledger on disk starts with round 0's release (z0, q0 = N / n, 1) before
     its two training rounds (the query carries the run's lineage: the node-state folder)."""
     outcome, rows, _ = run(
-        superlink, assets, "dp-sgd-fed-sb", method="fed-sb", **{"fed-sb-init-examples": 12}
+        tiny_superlink,
+        tiny_assets,
+        "dp-sgd-fed-sb",
+        method="fed-sb",
+        **{"fed-sb-init-examples": 12},
     )
     assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
     assert [r["round"] for r in rows] == [0, 1, 2]
@@ -133,7 +107,7 @@ def test_fed_sb_composes_round_0_into_every_clients_epsilon(superlink, assets, m
     assert f"round 0: dp-sgd epsilon max {epsilons[0]:.4g}" in outcome.log_text
     # this run's ledgers: 1 release + 2 rounds of 2 steps (the other methods' hold 4 steps);
     # round 0's (z0 = 1.0, the default; q0 = 12 / n, not the training rounds' 8 / n) first
-    ledgers = [a.ledger.compositions for a in node_ledgers(assets[2]) if a.ledger.steps == 5]
+    ledgers = [a.ledger.compositions for a in node_ledgers(tiny_assets[2]) if a.ledger.steps == 5]
     assert len(ledgers) == NUM_NODES
     for compositions in ledgers:
         z0, q0, count = compositions[0]
@@ -141,14 +115,16 @@ def test_fed_sb_composes_round_0_into_every_clients_epsilon(superlink, assets, m
         assert [c[2] for c in compositions[1:]] == [4] and compositions[1][1] < q0
 
 
-def test_a_client_past_dp_max_epsilon_refuses_and_the_round_goes_on(superlink, assets, made):
+def test_a_client_past_dp_max_epsilon_refuses_and_the_round_goes_on(
+    tiny_superlink, tiny_assets, made
+):
     """The limit between the first round's largest epsilon and the second's: round 1 trains
     everywhere, in round 2 the client(s) that would pass it refuse (failed replies, logged
     with the reason) and the others' updates are aggregated."""
-    _, clean, _ = run_once(made, superlink, assets, "fedit")
+    _, clean, _ = run_once(made, tiny_superlink, tiny_assets, "fedit")
     limit = (clean[1]["dp-sgd-epsilon-max"] + clean[2]["dp-sgd-epsilon-max"]) / 2
     outcome, rows, _ = run(
-        superlink, assets, "dp-sgd-limit", method="fedit", **{"dp-max-epsilon": limit}
+        tiny_superlink, tiny_assets, "dp-sgd-limit", method="fedit", **{"dp-max-epsilon": limit}
     )
     assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
     assert rows[1]["failures"] == 0 and rows[2]["failures"] >= 1

@@ -59,7 +59,8 @@ x cast up. The update is added to the base output in the output's dtype. So FLoR
 round the same things in the same places at equal settings, and save the same activations
 for the backward pass (x itself, where x is already in autocast's dtype, rather than a
 float32 copy of it). Gradients reach the float32 A through the cast and the float32 factor
-products. ``compute_dtype`` names the rule.
+products. ``compute_dtype`` names the rule and ``AdapterLinear`` applies it, for LoRA-SB's
+layer as for this one (both in custom_adapter.py).
 """
 
 from __future__ import annotations
@@ -73,20 +74,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def adapter_dtype(base_dtype: torch.dtype) -> torch.dtype:
-    """The dtype of FLoRG's A, L, R and adapter path for a base weight of ``base_dtype``:
-    float64 for a float64 base (tests), float32 otherwise (bf16 / fp16 bases, and a
-    quantised base whose weight is an integer storage dtype)."""
-    return torch.float64 if base_dtype == torch.float64 else torch.float32
-
-
-def compute_dtype(device_type: str, adapter: torch.dtype) -> torch.dtype:
-    """The dtype of the per-token adapter products on ``device_type``: autocast's where
-    autocast is on there (as PEFT's LoRA layers compute under it), else ``adapter``."""
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return adapter
+from flower_app.adapters.custom_adapter import AdapterLinear, adapter_dtype, compute_dtype
 
 
 def _adapter_autocast_off(device_type: str) -> contextlib.AbstractContextManager:
@@ -143,7 +131,7 @@ class FLoRGProjections(nn.Module):
         return f"L={tuple(self.L.shape)}, R={tuple(self.R.shape)}"
 
 
-class FLoRGLinear(nn.Module):
+class FLoRGLinear(AdapterLinear):
     """Wraps ``base_layer`` (frozen) with the trainable FLoRG matrix ``A`` (r x k).
 
     ``projections``: an existing FLoRGProjections holding these L and R (shared with other
@@ -161,7 +149,6 @@ class FLoRGLinear(nn.Module):
         projections: FLoRGProjections | None = None,
         signs: np.ndarray | None = None,
     ) -> None:
-        super().__init__()
         # in/out_features, not weight.shape: a bitsandbytes Linear4bit packs its weight
         d_out, d_in = base_layer.out_features, base_layer.in_features
         k = min(d_in, d_out)
@@ -171,9 +158,8 @@ class FLoRGLinear(nn.Module):
                 f"FLoRG shapes do not fit W0 {(d_out, d_in)}: L {L.shape}, R {R.shape}, "
                 f"A {A_init.shape} (expected L {(d_out, k)}, R {(k, d_in)}, A (r, {k}))"
             )
-        self.base_layer = base_layer
-        self.base_layer.requires_grad_(False)
-        self.scaling = float(scaling)
+        # checked before the base layer is frozen, so a refused one is left as it was
+        super().__init__(base_layer, scaling)
         self.r, self.k = r, k
         dtype, device = adapter_dtype(base_layer.weight.dtype), base_layer.weight.device
         if projections is None:
@@ -225,12 +211,8 @@ class FLoRGLinear(nn.Module):
         return self.projections.R
 
     @property
-    def in_features(self) -> int:
-        return self.base_layer.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base_layer.out_features
+    def trained_matrix(self) -> torch.Tensor:
+        return self.A
 
     def lora_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(L A^T D, A R): the d_out x r and r x d_in factors with Delta W = s * (L A^T D)(A R)
@@ -270,18 +252,14 @@ class FLoRGLinear(nn.Module):
         left, right = self.lora_factors()
         return self.scaling * left @ right
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        result = self.base_layer(x)
-        # The factors formed in float32; the per-token products in autocast's dtype where
-        # autocast is on, else in the adapter's (module docstring), then one cast to the
-        # output's dtype.
-        dtype = compute_dtype(x.device.type, self.A.dtype)
+    def low_rank_update(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """LAt (AR x), the factors formed in float32 and rounded to ``dtype`` (the module
+        docstring); the scaling and the cast to the output's dtype are AdapterLinear's."""
         left, right = self._forward_factors(dtype)
         # Operands in autocast's dtype where it is on: autocast leaves these products as
         # they are (no context switch needed, which costs a step more than the products
         # at small shapes on a GPU).
-        update = F.linear(F.linear(x.to(dtype), right), left)
-        return result + (self.scaling * update).to(result.dtype)
+        return F.linear(F.linear(x.to(dtype), right), left)
 
     def extra_repr(self) -> str:
         signed = "" if self.signs is None else f", signs={self.signs.tolist()}"

@@ -20,20 +20,15 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from flower_app.adapters.florg_layer import (
-    FLoRGLinear,
-    FLoRGProjections,
-    adapter_dtype,
-    form_pass_factors,
-)
+from flower_app.adapters.custom_adapter import AdapterKind, adapter_dtype, save_peft_lora
+from flower_app.adapters.florg_layer import FLoRGLinear, FLoRGProjections, form_pass_factors
 from flower_app.adapters.projections import (
     PROJECTION_INITS,
     PROJECTION_SHARINGS,
@@ -42,13 +37,7 @@ from flower_app.adapters.projections import (
     projection_key,
     seeded_rng,
 )
-from flower_app.adapters.state import load_arrays, module_parameters, to_numpy
-from flower_app.adapters.targets import (
-    AdapterSettingError,
-    check_rank_and_alpha,
-    find_head_modules,
-    find_target_linears,
-)
+from flower_app.adapters.targets import check_rank_and_alpha
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,23 +81,17 @@ class FLoRGConfig:
         return self.alpha / self.r
 
 
+# FLoRG on a model: FLoRGLinear layers whose A trains and travels, the settings and the head
+# recorded as ``model.florg_config`` and ``model.florg_heads``.
+FLORG = AdapterKind(FLoRGLinear, part="A", label="FLoRG", prefix="florg")
+
+
 def inject_florg(model: nn.Module, config: FLoRGConfig) -> dict[str, FLoRGLinear]:
     """Replace the targeted Linears by FLoRGLinear in place; freeze all but A and the head."""
-    if florg_layers(model):
-        raise ValueError("model already carries FLoRG layers")
-    heads = find_head_modules(model, config.head_modules)
-    targets = find_target_linears(model, config.target_modules, exclude=heads)
-    for name, linear in targets.items():
-        d_out, d_in = linear.out_features, linear.in_features
-        if config.r > min(d_in, d_out):
-            raise AdapterSettingError(
-                "rank", f"{name}: rank r={config.r} exceeds k=min(d_in, d_out)={min(d_in, d_out)}"
-            )
-    model.requires_grad_(False)
-    layers: dict[str, FLoRGLinear] = {}
     # key -> (L, R, their buffers); with sharing 'shape' one entry per layer shape and dtype.
     shared: dict[tuple, tuple[np.ndarray, np.ndarray, FLoRGProjections]] = {}
-    for name, linear in targets.items():
+
+    def make_layer(name: str, linear: nn.Linear) -> FLoRGLinear:
         d_out, d_in = linear.out_features, linear.in_features
         k = min(d_in, d_out)
         key = projection_key(name, d_out, d_in, config.projection_sharing, config.projection_init)
@@ -126,42 +109,23 @@ def inject_florg(model: nn.Module, config: FLoRGConfig) -> dict[str, FLoRGLinear
         L, R, holder = shared[cache_key]
         A1 = seeded_rng(config.seed, name, "A").standard_normal((config.r, k)) * config.a_init_std
         signs = None if config.signs is None else np.asarray(config.signs, dtype=np.float64)
-        layer = FLoRGLinear(
+        return FLoRGLinear(
             linear, L, R, A1, config.scaling, config.subtract_init, projections=holder, signs=signs
         )
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
-        layers[name] = layer
-    if config.train_head:
-        for p in module_parameters(model, heads).values():
-            p.requires_grad_(True)
-    model.florg_config = config
-    model.florg_heads = heads
+
+    layers = FLORG.inject(model, config, make_layer)
     # Each layer's factors formed once per training forward, outside the (checkpointed)
     # blocks, and reused by their recomputation (florg_layer.py's module docstring).
     model.register_forward_pre_hook(form_pass_factors)
     return layers
 
 
-def florg_layers(model: nn.Module) -> dict[str, FLoRGLinear]:
-    return {n: m for n, m in model.named_modules() if isinstance(m, FLoRGLinear)}
-
-
-def _state_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {f"{n}.A": m.A for n, m in florg_layers(model).items()}
-    if model.florg_config.train_head:
-        tensors.update(module_parameters(model, model.florg_heads))
-    return tensors
-
-
-def get_florg_state(model: nn.Module) -> dict[str, np.ndarray]:
-    """What a FLoRG client sends: every layer's A (r x k) as '<module>.A', plus the head."""
-    return {key: to_numpy(t) for key, t in _state_tensors(model).items()}
-
-
-def set_florg_state(model: nn.Module, state: dict[str, np.ndarray]) -> None:
-    """Load the global A matrices and head; keys and shapes must match exactly."""
-    load_arrays(_state_tensors(model), state)
+# A model's FLoRG layers by module name; what a FLoRG client sends, every layer's A (r x k)
+# as '<module>.A' plus the head; and loading the global A matrices and head (keys and shapes
+# must match exactly).
+florg_layers = FLORG.layers
+get_florg_state = FLORG.get_state
+set_florg_state = FLORG.set_state
 
 
 def florg_fingerprint(model: nn.Module) -> str:
@@ -197,17 +161,6 @@ def _lora_export_factors(layer: FLoRGLinear) -> tuple[torch.Tensor, torch.Tensor
         return B, A, 2 * layer.r
 
 
-def peft_task_type(model: nn.Module) -> str | None:
-    """PEFT's ``task_type`` of ``model``: ``CAUSAL_LM`` for a transformers causal LM (what
-    ``AutoPeftModelForCausalLM`` requires, and PEFT's generation wrapper), else ``None``."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    names: set[str] = set()
-    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
-        names.update((value,) if isinstance(value, str) else value)
-    return "CAUSAL_LM" if type(model).__name__ in names else None
-
-
 def export_peft_lora(
     model: nn.Module, out_dir: str | Path, base_model_name_or_path: str | None = None
 ) -> Path:
@@ -219,46 +172,30 @@ def export_peft_lora(
     ``base_model_name_or_path``, loads from the folder alone:
     ``peft.AutoPeftModelForCausalLM.from_pretrained(out_dir)`` (tests/test_causal_lm_export.py).
     """
-    from peft import LoraConfig, get_peft_model
-
     config: FLoRGConfig = model.florg_config
     layers = florg_layers(model)
     factors = {name: _lora_export_factors(layer) for name, layer in layers.items()}
     rank = next(iter(factors.values()))[2]
 
     base = copy.deepcopy(model)
-    for name, layer in florg_layers(base).items():
-        linear = layer.base_layer
+    for layer in florg_layers(base).values():
         if layer.subtract_init:  # restore the original W0 = (W0 - s L A1^T A1 R) + s L A1^T A1 R
+            linear = layer.base_layer
             A1 = layer.A_init.to(torch.float64)
             restore = (
                 layer.scaling * _signed(layer, layer.L.double() @ A1.T) @ (A1 @ layer.R.double())
             )
             with torch.no_grad():
                 linear.weight.copy_((linear.weight.double() + restore).to(linear.weight.dtype))
-        parent_name, _, child = name.rpartition(".")
-        setattr(base.get_submodule(parent_name) if parent_name else base, child, linear)
-    for attr in ("florg_config", "florg_heads"):
-        base.__dict__.pop(attr, None)
-
-    lora_config = LoraConfig(
-        r=rank,
-        lora_alpha=config.scaling * rank,
-        target_modules=sorted(layers),
-        lora_dropout=0.0,
-        bias="none",
-        modules_to_save=list(model.florg_heads) or None,
+    FLORG.strip(base)
+    return save_peft_lora(
+        base,
+        {name: (B, A) for name, (B, A, _) in factors.items()},
+        rank=rank,
+        alpha=config.scaling * rank,
+        heads=FLORG.heads(model),
+        out_dir=out_dir,
         base_model_name_or_path=base_model_name_or_path,
-        task_type=peft_task_type(model),
+        config_file="florg_config.json",
+        config=config,
     )
-    peft_model = get_peft_model(base, lora_config)
-    peft_modules = dict(peft_model.base_model.model.named_modules())
-    with torch.no_grad():
-        for name, (B, A, _) in factors.items():
-            lora = peft_modules[name]
-            lora.lora_B["default"].weight.copy_(B.to(lora.lora_B["default"].weight.dtype))
-            lora.lora_A["default"].weight.copy_(A.to(lora.lora_A["default"].weight.dtype))
-    out = Path(out_dir)
-    peft_model.save_pretrained(out)
-    (out / "florg_config.json").write_text(json.dumps(asdict(config), indent=2))
-    return out

@@ -22,9 +22,8 @@ same scaling alpha / r (``export_peft_lora_sb``, loadable by ``PeftModel.from_pr
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,14 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flower_app.adapters.florg_layer import adapter_dtype, compute_dtype
-from flower_app.adapters.state import load_arrays, module_parameters, to_numpy
-from flower_app.adapters.targets import (
-    AdapterSettingError,
-    check_rank_and_alpha,
-    find_head_modules,
-    find_target_linears,
+from flower_app.adapters.custom_adapter import (
+    AdapterKind,
+    AdapterLinear,
+    adapter_dtype,
+    save_peft_lora,
 )
+from flower_app.adapters.targets import check_rank_and_alpha
 
 
 @dataclass(frozen=True)
@@ -61,16 +59,14 @@ class LoRASBConfig:
         return self.alpha / self.r
 
 
-class LoRASBLinear(nn.Module):
+class LoRASBLinear(AdapterLinear):
     """Wraps ``base_layer`` (frozen) with the fixed B, A (buffers) and the trained R."""
 
     def __init__(self, base_layer: nn.Linear, r: int, scaling: float) -> None:
-        super().__init__()
+        super().__init__(base_layer, scaling)
         # in/out_features, not weight.shape: a bitsandbytes Linear4bit packs its weight
         d_out, d_in = base_layer.out_features, base_layer.in_features
-        self.base_layer = base_layer
-        self.base_layer.requires_grad_(False)
-        self.r, self.scaling = int(r), float(scaling)
+        self.r = int(r)
         dtype, device = adapter_dtype(base_layer.weight.dtype), base_layer.weight.device
         zeros = {"dtype": dtype, "device": device}
         self.register_buffer("B", torch.zeros(d_out, r, **zeros), persistent=False)
@@ -78,12 +74,8 @@ class LoRASBLinear(nn.Module):
         self.R = nn.Parameter(torch.zeros(r, r, dtype=dtype, device=device))
 
     @property
-    def in_features(self) -> int:
-        return self.base_layer.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base_layer.out_features
+    def trained_matrix(self) -> torch.Tensor:
+        return self.R
 
     def set_basis(self, B: np.ndarray, A: np.ndarray) -> None:
         """Load the fixed B (d_out x r) and A (r x d_in); ValueError on another shape."""
@@ -101,64 +93,35 @@ class LoRASBLinear(nn.Module):
         """s * B R A (d_out x d_in); for tests and export only, never in the forward."""
         return self.scaling * self.B @ self.R @ self.A
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        result = self.base_layer(x)
-        dtype = compute_dtype(x.device.type, self.R.dtype)
+    def low_rank_update(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """((x Aᵀ) Rᵀ) Bᵀ in ``dtype``; the scaling and the cast to the output's dtype are
+        AdapterLinear's."""
         h = F.linear(x.to(dtype), self.A.to(dtype))  # x Aᵀ
         h = F.linear(h, self.R.to(dtype))  # (x Aᵀ) Rᵀ
-        update = F.linear(h, self.B.to(dtype))  # ((x Aᵀ) Rᵀ) Bᵀ
-        return result + (self.scaling * update).to(result.dtype)
+        return F.linear(h, self.B.to(dtype))  # ((x Aᵀ) Rᵀ) Bᵀ
 
     def extra_repr(self) -> str:
         return f"r={self.r}, scaling={self.scaling:g}"
 
 
+# LoRA-SB on a model: LoRASBLinear layers whose R trains and travels, the settings and the
+# head recorded as ``model.lora_sb_config`` and ``model.lora_sb_heads``.
+LORA_SB = AdapterKind(LoRASBLinear, part="R", label="LoRA-SB", prefix="lora_sb")
+
+
 def inject_lora_sb(model: nn.Module, config: LoRASBConfig) -> dict[str, LoRASBLinear]:
     """Replace the targeted Linears by LoRASBLinear in place; freeze all but R and the head."""
-    if lora_sb_layers(model):
-        raise ValueError("model already carries LoRA-SB layers")
-    heads = find_head_modules(model, config.head_modules)
-    targets = find_target_linears(model, config.target_modules, exclude=heads)
-    for name, linear in targets.items():
-        k = min(linear.in_features, linear.out_features)
-        if config.r > k:
-            raise AdapterSettingError(
-                "rank", f"{name}: rank r={config.r} exceeds k=min(d_in, d_out)={k}"
-            )
-    model.requires_grad_(False)
-    layers: dict[str, LoRASBLinear] = {}
-    for name, linear in targets.items():
-        layer = LoRASBLinear(linear, config.r, config.scaling)
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
-        layers[name] = layer
-    if config.train_head:
-        for p in module_parameters(model, heads).values():
-            p.requires_grad_(True)
-    model.lora_sb_config = config
-    model.lora_sb_heads = heads
-    return layers
+    return LORA_SB.inject(
+        model, config, lambda _name, linear: LoRASBLinear(linear, config.r, config.scaling)
+    )
 
 
-def lora_sb_layers(model: nn.Module) -> dict[str, LoRASBLinear]:
-    return {n: m for n, m in model.named_modules() if isinstance(m, LoRASBLinear)}
-
-
-def _state_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {f"{n}.R": m.R for n, m in lora_sb_layers(model).items()}
-    if model.lora_sb_config.train_head:
-        tensors.update(module_parameters(model, model.lora_sb_heads))
-    return tensors
-
-
-def get_lora_sb_state(model: nn.Module) -> dict[str, np.ndarray]:
-    """What travels: every layer's R (r x r) as '<module>.R', plus the head."""
-    return {key: to_numpy(t) for key, t in _state_tensors(model).items()}
-
-
-def set_lora_sb_state(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
-    """Load every R and the head; keys and shapes must match exactly."""
-    load_arrays(_state_tensors(model), state)
+# A model's LoRA-SB layers by module name; what travels, every layer's R (r x r) as
+# '<module>.R' plus the head; and loading every R and the head (keys and shapes must match
+# exactly).
+lora_sb_layers = LORA_SB.layers
+get_lora_sb_state = LORA_SB.get_state
+set_lora_sb_state = LORA_SB.set_state
 
 
 def set_lora_sb_basis(model: nn.Module, basis: Mapping[str, np.ndarray]) -> None:
@@ -179,10 +142,6 @@ def export_peft_lora_sb(
     rank r, scaling alpha / r kept, the head through ``modules_to_save``;
     ``PeftModel.from_pretrained(base_model, out_dir)`` on the unchanged base reproduces
     this model's outputs."""
-    from peft import LoraConfig, get_peft_model
-
-    from flower_app.adapters.florg_model import peft_task_type
-
     config: LoRASBConfig = model.lora_sb_config
     layers = lora_sb_layers(model)
     with torch.no_grad():
@@ -191,29 +150,15 @@ def export_peft_lora_sb(
             for name, layer in layers.items()
         }
     base = copy.deepcopy(model)
-    for name, layer in lora_sb_layers(base).items():
-        parent_name, _, child = name.rpartition(".")
-        setattr(base.get_submodule(parent_name) if parent_name else base, child, layer.base_layer)
-    for attr in ("lora_sb_config", "lora_sb_heads"):
-        base.__dict__.pop(attr, None)
-    lora_config = LoraConfig(
-        r=config.r,
-        lora_alpha=config.alpha,
-        target_modules=sorted(layers),
-        lora_dropout=0.0,
-        bias="none",
-        modules_to_save=list(model.lora_sb_heads) or None,
+    LORA_SB.strip(base)
+    return save_peft_lora(
+        base,
+        factors,
+        rank=config.r,
+        alpha=config.alpha,
+        heads=LORA_SB.heads(model),
+        out_dir=out_dir,
         base_model_name_or_path=base_model_name_or_path,
-        task_type=peft_task_type(model),
+        config_file="lora_sb_config.json",
+        config=config,
     )
-    peft_model = get_peft_model(base, lora_config)
-    peft_modules = dict(peft_model.base_model.model.named_modules())
-    with torch.no_grad():
-        for name, (B, A) in factors.items():
-            lora = peft_modules[name]
-            lora.lora_B["default"].weight.copy_(B.to(lora.lora_B["default"].weight.dtype))
-            lora.lora_A["default"].weight.copy_(A.to(lora.lora_A["default"].weight.dtype))
-    out = Path(out_dir)
-    peft_model.save_pretrained(out)
-    (out / "lora_sb_config.json").write_text(json.dumps(asdict(config), indent=2))
-    return out
