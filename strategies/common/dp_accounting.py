@@ -107,6 +107,15 @@ def noise_multiplier_for(
 
     dp_accounting's ``calibrate_dp_mechanism``: a bracket search from z = 1, Brent's method,
     and a bisection fallback that guarantees the returned z does not exceed the target."""
+    eps, q, n, d = _calibration_inputs(target_epsilon, sample_rate, steps, delta)
+    dpa = _dp_accounting()
+    return _calibrate(lambda z: dpa.SelfComposedDpEvent(_backend_event(z, q), n), eps, d, tol)
+
+
+def _calibration_inputs(
+    target_epsilon: float, sample_rate: float, steps: int, delta: float
+) -> tuple[float, float, int, float]:
+    """(epsilon, q, steps, delta) checked for a calibration."""
     eps = _real(target_epsilon, "target epsilon")
     if not (math.isfinite(eps) and eps > 0):
         raise ValueError(f"target epsilon must be finite and > 0, got {target_epsilon!r}")
@@ -115,20 +124,23 @@ def noise_multiplier_for(
     d = check_delta(delta)
     if n == 0:
         raise ValueError("steps must be >= 1 to calibrate a noise multiplier")
+    return eps, q, n, d
+
+
+def _calibrate(event: Any, eps: float, delta: float, tol: float) -> float:
+    """dp_accounting's ``calibrate_dp_mechanism`` of ``event(z)`` to ``eps`` at ``delta``
+    under RDP (add or remove one): bracket from z = 1, Brent, bisection fallback."""
     dpa = _dp_accounting()
 
     def fresh() -> Any:
         return dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
-
-    def event(z: float) -> Any:
-        return dpa.SelfComposedDpEvent(_backend_event(z, q), n)
 
     with _quiet_absl():
         z = dpa.calibrate_dp_mechanism(
             fresh,
             event,
             eps,
-            d,
+            delta,
             bracket_interval=dpa.LowerEndpointAndGuess(0.0, 1.0),
             tol=tol,
         )
@@ -153,14 +165,7 @@ def noise_multiplier_after(
     prior = [(z, q, n) for z, q, n in prior if n]
     if not prior:
         return noise_multiplier_for(target_epsilon, sample_rate, steps, delta, tol)
-    eps = _real(target_epsilon, "target epsilon")
-    if not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"target epsilon must be finite and > 0, got {target_epsilon!r}")
-    q = check_sample_rate(sample_rate)
-    n = _check_steps(steps)
-    d = check_delta(delta)
-    if n == 0:
-        raise ValueError("steps must be >= 1 to calibrate a noise multiplier")
+    eps, q, n, d = _calibration_inputs(target_epsilon, sample_rate, steps, delta)
     spent = _epsilon(prior, d)
     if spent >= eps:
         raise ValueError(
@@ -173,22 +178,10 @@ def noise_multiplier_after(
         for z, r, c in prior
     ]
 
-    def fresh() -> Any:
-        return dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
-
     def event(z: float) -> Any:
         return dpa.ComposedDpEvent([*before, dpa.SelfComposedDpEvent(_backend_event(z, q), n)])
 
-    with _quiet_absl():
-        z = dpa.calibrate_dp_mechanism(
-            fresh,
-            event,
-            eps,
-            d,
-            bracket_interval=dpa.LowerEndpointAndGuess(0.0, 1.0),
-            tol=tol,
-        )
-    return float(z)
+    return _calibrate(event, eps, d, tol)
 
 
 class DpAccountant:
