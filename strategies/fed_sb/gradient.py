@@ -20,6 +20,8 @@ client's sum); under dp=example the client sends private_gradient.py's instead.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,37 @@ def gradient_key(layer: str) -> str:
     return f"{layer}.grad"
 
 
+@contextlib.contextmanager
+def training_base_weights(adapted: Any, batches: Any) -> Iterator[dict[str, Any]]:
+    """While open: the base weight W0 of every LoRA-SB layer takes gradients and what
+    trained before (R, the head) is frozen, the model in training mode on ``batches``'
+    device with torch seeded by its seed (dropout as in a training round). Yields
+    {layer: W0}; everything is restored, and the model moved back to the CPU, on exit."""
+    import torch
+
+    from flower_app.adapters.lora_sb import lora_sb_layers
+
+    model = adapted.model
+    trained = [p for p in model.parameters() if p.requires_grad]
+    weights = {name: layer.base_layer.weight for name, layer in lora_sb_layers(model).items()}
+    torch.manual_seed(batches.seed)  # dropout, as in a training round
+    model.to(batches.device).train()
+    try:
+        for p in trained:
+            p.requires_grad_(False)
+        for w in weights.values():
+            w.requires_grad_(True)
+        yield weights
+    finally:
+        for w in weights.values():
+            w.requires_grad_(False)
+            w.grad = None
+        for p in trained:
+            p.requires_grad_(True)
+        model.eval()
+        model.to("cpu")
+
+
 def estimate_gradients(
     adapted: Any, batches: Any, num_examples: int
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
@@ -38,20 +71,10 @@ def estimate_gradients(
     the loader, the task's loss, the precision, the device and the seed)."""
     import torch
 
-    from flower_app.adapters.lora_sb import lora_sb_layers
-
     model = adapted.model
-    trained = [p for p in model.parameters() if p.requires_grad]
-    weights = {name: layer.base_layer.weight for name, layer in lora_sb_layers(model).items()}
-    sums = {name: torch.zeros(w.shape, dtype=torch.float64) for name, w in weights.items()}
     used = 0
-    torch.manual_seed(batches.seed)  # dropout, as in a training round
-    model.to(batches.device).train()
-    try:
-        for p in trained:
-            p.requires_grad_(False)
-        for w in weights.values():
-            w.requires_grad_(True)
+    with training_base_weights(adapted, batches) as weights:
+        sums = {name: torch.zeros(w.shape, dtype=torch.float64) for name, w in weights.items()}
         for batch in batches.loader:
             n = min(int(batch["input_ids"].shape[0]), num_examples - used)
             if n <= 0:
@@ -66,14 +89,6 @@ def estimate_gradients(
                 sums[name] += w.grad.detach().to("cpu", torch.float64)
                 w.grad = None
             used += n
-    finally:
-        for w in weights.values():
-            w.requires_grad_(False)
-            w.grad = None
-        for p in trained:
-            p.requires_grad_(True)
-        model.eval()
-        model.to("cpu")
     if used == 0:
         raise ValueError("fed-sb-init-examples: this client's partition has no training example")
     arrays = {gradient_key(name): s.numpy() for name, s in sums.items()}

@@ -70,26 +70,17 @@ def private_gradient_sum(
     collation, the task's loss, the device, round 0's seed)."""
     import torch
 
-    from flower_app.adapters.lora_sb import lora_sb_layers
     from flower_app.dp_sgd import round_generators
-    from strategies.fed_sb.gradient import gradient_key
+    from strategies.fed_sb.gradient import gradient_key, training_base_weights
 
     model = adapted.model
-    trained = [p for p in model.parameters() if p.requires_grad]
-    weights = {name: layer.base_layer.weight for name, layer in lora_sb_layers(model).items()}
-    sums = {name: torch.zeros(w.shape, dtype=torch.float64) for name, w in weights.items()}
     dataset, collate = batches.loader.dataset, batches.loader.collate_fn
     sampling, noise = round_generators(seed, torch.device("cpu"))
     # Poisson sampling as Opacus' DPDataLoader draws it: one uniform per example, in < q
     chosen = torch.nonzero(torch.rand(len(dataset), generator=sampling) < sample_rate)
     norms: list[float] = []
-    torch.manual_seed(batches.seed)  # dropout, as in a training round
-    model.to(batches.device).train()
-    try:
-        for p in trained:
-            p.requires_grad_(False)
-        for w in weights.values():
-            w.requires_grad_(True)
+    with training_base_weights(adapted, batches) as weights:
+        sums = {name: torch.zeros(w.shape, dtype=torch.float64) for name, w in weights.items()}
         for i in chosen.flatten().tolist():
             batch = {k: v.to(batches.device) for k, v in collate([dataset[i]]).items()}
             with batches.mixed.autocast():
@@ -103,14 +94,6 @@ def private_gradient_sum(
             for total, g in zip(sums.values(), grads, strict=True):
                 total.add_(g, alpha=factor)
             norms.append(norm)
-    finally:
-        for w in weights.values():
-            w.requires_grad_(False)
-            w.grad = None
-        for p in trained:
-            p.requires_grad_(True)
-        model.eval()
-        model.to("cpu")
     std = noise_multiplier * clipping_norm  # per entry, on the sum (sensitivity C)
     for total in sums.values():
         total.add_(torch.randn(total.shape, generator=noise, dtype=torch.float64), alpha=std)
