@@ -20,19 +20,4 @@ EXACT_COMMIT=${EXACT_COMMIT:?set EXACT_COMMIT to the commit the grids run at}
 GRIDS=(evidence-v2-exact evidence-v2-exact-snli)
 PUBLISHED=evidence/evidence-v2-exact  # runs/<grid>/<run>: config, metrics, summary; tuning
 . scripts/fixed_worktree.sh
-dir="$ROOT/v2-exact"
-
-if [ -n "${PUBLISH_ONLY:-}" ]; then
-  publish_grids "$dir" "$PUBLISHED" "${GRIDS[@]}"
-  exit 0
-fi
-
-fixed_worktree "$dir" "$EXACT_COMMIT"
-copy_grids "$dir" "$PUBLISHED" "${GRIDS[@]}"
-[ -n "${PREPARE_ONLY:-}" ] && exit 0
-
-enter_worktree "$dir"
-python -m florg_tools.assets fetch
-for grid in "${GRIDS[@]}"; do
-  python -m florg_tools.experiments run "$grid" --no-report
-done
+run_grid_set "$ROOT/v2-exact" "$EXACT_COMMIT" "$PUBLISHED" "${GRIDS[@]}"

@@ -21,19 +21,4 @@ PRIVACY_COMMIT=${PRIVACY_COMMIT:?set PRIVACY_COMMIT to the commit the grids run 
 read -r -a GRIDS <<< "${GRIDS:-privacy-cross-silo privacy-cross-device-pilot}"
 PUBLISHED=evidence/privacy-regimes  # runs/<grid>/<run>: config, metrics, summary; tuning
 . scripts/fixed_worktree.sh
-dir="$ROOT/privacy-regimes"
-
-if [ -n "${PUBLISH_ONLY:-}" ]; then
-  publish_grids "$dir" "$PUBLISHED" "${GRIDS[@]}"
-  exit 0
-fi
-
-fixed_worktree "$dir" "$PRIVACY_COMMIT"
-copy_grids "$dir" "$PUBLISHED" "${GRIDS[@]}"
-[ -n "${PREPARE_ONLY:-}" ] && exit 0
-
-enter_worktree "$dir"
-python -m florg_tools.assets fetch
-for grid in "${GRIDS[@]}"; do
-  python -m florg_tools.experiments run "$grid" --no-report
-done
+run_grid_set "$ROOT/privacy-regimes" "$PRIVACY_COMMIT" "$PUBLISHED" "${GRIDS[@]}"

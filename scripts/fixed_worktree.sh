@@ -7,6 +7,7 @@
 #   enter_worktree DIR          # cd into DIR, its .venv active, Hub and runtime installs off
 #   copy_grids DIR PUBLISHED GRID...     # grid files and published runs into DIR
 #   publish_grids DIR PUBLISHED GRID...  # DIR's finished runs into PUBLISHED
+#   run_grid_set DIR COMMIT PUBLISHED GRID...  # all of it, by PUBLISH_ONLY / PREPARE_ONLY
 
 fixed_worktree() {
   local dir=$1 commit=$2
@@ -57,4 +58,25 @@ publish_grids() {
     [ ! -f "$out/tuning.json" ] || cp "$out/tuning.json" "$published/$grid-tuning.json"
   done
   echo "publish_grids: $(find "$published/runs" -name summary.json | wc -l) finished runs in $published"
+}
+
+# run_grid_set DIR COMMIT PUBLISHED GRID...: a set of grids run at one commit in the
+# worktree DIR. PUBLISH_ONLY=1: publish_grids and stop; PREPARE_ONLY=1: the worktree and
+# its grids ready, nothing run; else each grid in turn (the runner resumes and skips
+# finished runs).
+run_grid_set() {
+  local dir=$1 commit=$2 published=$3 grid
+  shift 3
+  if [ -n "${PUBLISH_ONLY:-}" ]; then
+    publish_grids "$dir" "$published" "$@"
+    return 0
+  fi
+  fixed_worktree "$dir" "$commit"
+  copy_grids "$dir" "$published" "$@"
+  [ -z "${PREPARE_ONLY:-}" ] || return 0
+  enter_worktree "$dir"
+  python -m florg_tools.assets fetch
+  for grid in "$@"; do
+    python -m florg_tools.experiments run "$grid" --no-report
+  done
 }
