@@ -2,22 +2,21 @@
 # Privacy-utility in the two deployed regimes (docs/privacy.md), run at one fixed commit in
 # a worktree of their own, resumable across sittings; and their publication.
 #
-#   PRIVACY_COMMIT=<sha> bash scripts/evidence_privacy.sh [ROOT]   # prepare ROOT/privacy-regimes, run
+#   bash scripts/evidence_privacy.sh [ROOT]   # prepare ROOT/privacy-regimes, run
 #   PREPARE_ONLY=1 ... / PUBLISH_ONLY=1 bash scripts/evidence_privacy.sh ROOT
 #
 # The grids, in order: cross-silo (example-level DP-SGD on 6 clients,
 # conf/grids/privacy-cross-silo.yaml: each method's tuning at epsilon = 8, then its seeds),
 # then the cross-device pilot (1,000 SuperNodes, conf/grids/privacy-cross-device-pilot.yaml)
 # that sizes the cross-device grid. GRIDS overrides the list (the grids written from these
-# runs' results: privacy-cross-silo-eps3, privacy-cross-device). The long-budget and exact
-# grids (scripts/evidence_long.sh, scripts/evidence_exact.sh) go first when all are due:
-# they share the 2 cores.
+# runs' results: privacy-cross-silo-eps3, privacy-cross-device). scripts/evidence_queue.sh
+# runs the long-budget and exact grids before these: they share the 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${1:-../florg-evidence}"
 mkdir -p "$ROOT"
 ROOT=$(cd "$ROOT" && pwd)
-PRIVACY_COMMIT=${PRIVACY_COMMIT:?set PRIVACY_COMMIT to the commit the grids run at}
+PRIVACY_COMMIT=f9c930c  # the runtime every run of these grids runs at
 read -r -a GRIDS <<< "${GRIDS:-privacy-cross-silo privacy-cross-device-pilot}"
 PUBLISHED=evidence/privacy-regimes  # runs/<grid>/<run>: config, metrics, summary; tuning
 . scripts/fixed_worktree.sh
