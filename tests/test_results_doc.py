@@ -6,6 +6,7 @@ report copies and number formats behave as the pages rely on."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -213,3 +214,52 @@ def test_published_runs_keep_config_metrics_and_summary_only():
         p for p in in_runs if Path(p).name not in ("config.json", "metrics.jsonl", "summary.json")
     ]
     assert not extra, extra[:5]
+
+
+def test_the_exact_methods_table_pairs_them_with_v2s_florg_and_fedit(tmp_path):
+    """A published exact grid (synthetic: Fed-SB on movie sentiment, five seeds, 16
+    parameters each way per client per round) joins protocol v2's real FLoRG and FedIT:
+    paired by seed both ways, its traffic per client per round counted from its runs, and
+    the three methods not published named with the count of published runs."""
+    from tests.test_comm_to_target import write_run
+
+    (tmp_path / "evidence").mkdir()
+    (tmp_path / "evidence" / "evidence-v2").symlink_to(ROOT / "evidence" / "evidence-v2")
+    exact = tmp_path / "evidence" / "evidence-v2-exact"
+    fed_sb = [0.625, 0.5, 0.75, 0.5, 0.75]
+    entry = {"lr": 0.002, "seeds": [0, 1, 2, 3, 4], "test_final": fed_sb,
+             "lr_path": [0.001, 0.002, 0.004], "test_last3": fed_sb}  # fmt: skip
+    (exact).mkdir()
+    summary = {"tasks": {"movie-sentiment": {"methods": {"fed-sb": entry}}}}
+    (exact / "summary.json").write_text(json.dumps(summary))
+    for seed in range(5):
+        scores = [0.5, 0.5, 0.5, 0.5, fed_sb[seed]]
+        write_run(exact / "runs" / "evidence-v2-exact", "fed-sb", seed, 0.002, scores, 16)
+
+    text = results_doc.exact_table("movie-sentiment")(results_doc.Evidence(tmp_path))
+    cells = [[c.strip() for c in line.strip("|").split("|")]
+             for line in text.splitlines() if line.startswith("| ")]  # fmt: skip
+    rows = {row[0]: row for row in cells}
+    assert set(rows) == {"method", "FLoRG", "FedIT", "Fed-SB"}
+    v2 = json.loads((ROOT / "evidence/evidence-v2/summary.json").read_text())
+    florg = v2["tasks"]["movie-sentiment"]["methods"]["florg"]
+    fedit = v2["tasks"]["movie-sentiment"]["methods"]["fedit"]
+    to_florg = results_doc.paired(florg, entry).text()
+    to_fedit = results_doc.paired(entry, fedit).text()
+    assert rows["Fed-SB"][1:3] == ["2e-3 (tried 1e-3 to 4e-3)", "5"]
+    assert rows["Fed-SB"][3].startswith("0.625 [")  # the seed mean
+    assert rows["Fed-SB"][4:] == [to_florg, to_fedit, "32"]
+    assert rows["FLoRG"][4] == "–" and rows["FedIT"][5] == "–"
+    assert rows["FedIT"][4] == results_doc.paired(florg, fedit).text()
+    assert "RoLoRA, FedSVD, FLoRA: not published yet" in text
+    assert "5 of the grid's runs published" in text
+
+
+def test_the_exact_methods_table_before_any_run_is_published(tmp_path):
+    (tmp_path / "evidence").mkdir()
+    (tmp_path / "evidence" / "evidence-v2").symlink_to(ROOT / "evidence" / "evidence-v2")
+    text = results_doc.exact_table("snli")(results_doc.Evidence(tmp_path))
+    assert text == (
+        "RoLoRA, FedSVD, FLoRA, Fed-SB: not published yet (`conf/grids/evidence-v2-exact-snli"
+        ".yaml`, queued in `bash scripts/evidence_queue.sh`; 0 of the grid's runs published)."
+    )

@@ -405,6 +405,68 @@ def _methods_rows(
     return _table(head, rows)
 
 
+EXACT_GRIDS = {"movie-sentiment": "evidence-v2-exact", "snli": "evidence-v2-exact-snli"}
+
+
+def _published_runs(ev: Evidence, folder: str) -> int:
+    """How many finished runs ``folder`` (a grid's published runs) holds."""
+    root = ev.root / folder
+    if not root.is_dir():
+        return 0
+    return sum(
+        _json(run / "summary.json").get("status") == "finished"
+        for run in root.iterdir()
+        if (run / "summary.json").is_file()
+    )
+
+
+def exact_table(task: str) -> Callable[[Evidence], str]:
+    """The exact-aggregation methods on ``task`` beside protocol v2's FLoRG and FedIT,
+    paired by seed (runs are deterministic, so v2's runs are their own reruns): each
+    method's tuned rate and test score, FLoRG − method and method − FedIT over the final
+    round, and the parameters it sends per client per round (uplink + downlink, round 0
+    included: the communication-to-target table's count). Methods not yet in
+    evidence/evidence-v2-exact/summary.json are named, with how many runs are published."""
+
+    def make(ev: Evidence) -> str:
+        v2 = ev.summary(V2)["tasks"][task]["methods"]
+        exact: dict[str, dict[str, Any]] = {}
+        if (ev.root / EXACT).is_file():
+            found = ev.summary(EXACT)["tasks"].get(task, {}).get("methods", {})
+            exact = {m: found[m] for m in EXACT_METHODS if m in found}
+        lines: list[str] = []
+        if exact:
+            florg, fedit = v2[REFERENCE], v2["fedit"]
+            curves = _comm_curves(ev, task)[0]
+            rows = []
+            for label, entry in ((REFERENCE, florg), ("fedit", fedit), *exact.items()):
+                to_florg = "–" if label == REFERENCE else paired(florg, entry).text()
+                to_fedit = "–" if label == "fedit" else paired(entry, fedit).text()
+                sent = curves[label].per_round if label in curves else None
+                rows.append([
+                    method_name(label), _tried(entry), str(len(entry["seeds"])),
+                    interval(mean_interval(entry["test_final"])), to_florg, to_fedit,
+                    "–" if sent is None else f"{sent:,.0f}",
+                ])  # fmt: skip
+            head = ["method", "adapter lr", "seeds", "test, final: mean [95% CI]",
+                    "FLoRG − method, final", "method − FedIT, final",
+                    "parameters per client per round"]  # fmt: skip
+            lines += _table(head, rows)
+        missing = [m for m in EXACT_METHODS if m not in exact]
+        if missing:
+            grid = EXACT_GRIDS[task]
+            done = _published_runs(ev, RUN_FOLDERS[EXACT][list(TASKS).index(task)])
+            names = ", ".join(method_name(m) for m in missing)
+            queued = f"`conf/grids/{grid}.yaml`, queued in `bash scripts/evidence_queue.sh`"
+            lines += [
+                "",
+                f"{names}: not published yet ({queued}; {done} of the grid's runs published).",
+            ]
+        return "\n".join(lines).strip()
+
+    return make
+
+
 def hetero_table(ev: Evidence) -> str:
     """Clients of different rank: the methods, with protocol v2's homogeneous r = 4 FLoRG
     and FedIT as references."""
@@ -705,6 +767,9 @@ BLOCKS = (
     Block(RESULTS, "V2-MOVIE-SENTIMENT", (V2, RUNS_OF + RUN_FOLDERS[V2][0]),
           v2_methods_table("movie-sentiment")),
     Block(RESULTS, "V2-SNLI", (V2, RUNS_OF + RUN_FOLDERS[V2][1]), v2_methods_table("snli")),
+    *(Block(RESULTS, f"EXACT-{task.upper()}",
+            (V2, EXACT, *(METRICS_OF + folder for folder in _task_folders(task))),
+            exact_table(task)) for task in TASKS),
     *(Block(RESULTS, f"COMM-TO-TARGET-{task.upper()}",
             (V2, EXACT, *(METRICS_OF + folder for folder in _task_folders(task))),
             comm_to_target(task)) for task in TASKS),
