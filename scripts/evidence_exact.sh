@@ -5,7 +5,8 @@
 # resumable across sittings; and their publication.
 #
 #   bash scripts/evidence_exact.sh [ROOT]                  # prepare ROOT/v2-exact, run
-#   PREPARE_ONLY=1 ... / PUBLISH_ONLY=1 bash scripts/evidence_exact.sh ROOT
+#   PREPARE_ONLY=1 bash scripts/evidence_exact.sh ROOT    # the worktree ready, nothing run
+#   PUBLISH_ONLY=1 bash scripts/evidence_exact.sh ROOT    # finished runs and reports to $PUBLISHED
 #   GRIDS="decoder-check" bash scripts/evidence_exact.sh ROOT   # a subset of the grids
 #
 # Runs already published under $PUBLISHED are copied into the worktree's results first, so
@@ -21,4 +22,29 @@ EXACT_COMMIT=f9c930c  # the runtime every run of these grids runs at
 read -r -a GRIDS <<< "${GRIDS:-decoder-check evidence-v2-exact evidence-v2-exact-snli}"
 PUBLISHED=evidence/evidence-v2-exact  # runs/<grid>/<run>: config, metrics, summary; tuning
 . scripts/fixed_worktree.sh
-run_grid_set "$ROOT/v2-exact" "$EXACT_COMMIT" "$PUBLISHED" "${GRIDS[@]}"
+dir="$ROOT/v2-exact"
+results="$dir/results"
+
+finished_in() {  # GRID: whether the worktree holds a finished run of GRID
+  grep -qsl '"status": *"finished"' "$results/$1"/runs/*/summary.json
+}
+
+if [ -n "${PUBLISH_ONLY:-}" ]; then
+  publish_grids "$dir" "$PUBLISHED" "${GRIDS[@]}"
+  # The reports, written by this checkout's code: the decoder check's table
+  # (decoder-check.md) and protocol v2's evidence report (README.md and summary.json, the
+  # file the verdict page reads, in evidence-v2's schema), both tasks in one.
+  if finished_in decoder-check; then
+    python -m florg_tools.experiments report decoder-check --out "$results/decoder-check"
+    cp "$results/decoder-check/results.md" "$PUBLISHED/decoder-check.md"
+  fi
+  if finished_in evidence-v2-exact; then
+    with=()
+    ! finished_in evidence-v2-exact-snli \
+      || with=(--with "evidence-v2-exact-snli=$results/evidence-v2-exact-snli")
+    python -m florg_tools.experiments evidence evidence-v2-exact \
+      --out "$results/evidence-v2-exact" "${with[@]}" --publish "$PUBLISHED"
+  fi
+  exit 0
+fi
+run_grid_set "$dir" "$EXACT_COMMIT" "$PUBLISHED" "${GRIDS[@]}"
