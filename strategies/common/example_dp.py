@@ -23,7 +23,7 @@ flower_app/dp_sgd_mechanism.py), over the round's successful replies that carry 
   z C / B (B the expected batch size), and ``dp-sgd-noise-norm``, that std times sqrt(d)
   (d the trained coordinates): about the norm of the noise vector added to the mean.
 
-A round whose replies carry none of these (Fed-SB's round 0, runs of a client without
+A round whose replies carry none of these (a method's round 0 release, runs of a client without
 them) has none of these keys.
 
 A client past ``dp-max-epsilon`` refuses to train: its reply is an error, counted in
