@@ -41,6 +41,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from flower_app.dp_sgd_mechanism import MechanismStats
 from strategies.common.dp_accounting import (
     DpAccountant,
     noise_multiplier_after,
@@ -277,11 +278,13 @@ def check_trainable_modules(model: nn.Module) -> None:
 @dataclass
 class PrivateTraining:
     """A model under Opacus for one round: the Poisson ``loader`` and the ``optimizer``
-    that clips per example and adds the noise; ``close`` removes the hooks."""
+    that clips per example and adds the noise; ``close`` removes the hooks. ``stats``, the
+    optimizer's step hook, reads what the mechanism did (flower_app/dp_sgd_mechanism.py)."""
 
     module: Any
     optimizer: Any
     loader: DataLoader
+    stats: MechanismStats | None = None
 
     def empty(self, batch: Any) -> bool:
         """Whether Poisson sampling drew no example (Opacus' empty batch)."""
@@ -330,21 +333,25 @@ class DpSgd:
         device = next(p.device for p in model.parameters() if p.requires_grad)
         sampling, noise = round_generators(self.seed, device)
         module = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=False)
+        expected_batch = max(1, round(self.plan.expected_batch_size))
         dp_optimizer = DPOptimizer(
             optimizer,
             noise_multiplier=self.plan.noise_multiplier,
             max_grad_norm=self.plan.clipping_norm,
-            expected_batch_size=max(1, round(self.plan.expected_batch_size)),
+            expected_batch_size=expected_batch,
             loss_reduction="mean",
             generator=noise,
         )
+        # read-only: the per-example norms and the clipped sum, after the noise is drawn
+        stats = MechanismStats(self.plan.clipping_norm, self.plan.noise_multiplier, expected_batch)
+        dp_optimizer.attach_step_hook(stats.observe)
         poisson = DPDataLoader(
             loader.dataset,
             sample_rate=self.plan.sample_rate,
             collate_fn=loader.collate_fn,
             generator=sampling,
         )
-        return PrivateTraining(module, dp_optimizer, poisson)
+        return PrivateTraining(module, dp_optimizer, poisson, stats)
 
 
 @contextlib.contextmanager

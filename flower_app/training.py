@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -23,9 +23,13 @@ from flower_app.precision import MixedPrecision
 
 @dataclass(frozen=True)
 class TrainResult:
+    """A local training's mean loss, examples and steps; under ``dp=example`` also what
+    DP-SGD's mechanism did (``dp_mechanism``: flower_app/dp_sgd_mechanism.py's metrics)."""
+
     loss: float
     num_examples: int
     steps: int
+    dp_mechanism: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -139,10 +143,13 @@ def train_local(
     with private_training(dp_sgd, model, optimizer, loader) as private:
         if private is not None:
             optimizer, loader = private.optimizer, private.loader
-        return _train_loop(
+        result = _train_loop(
             model, loader, optimizer, epochs, max_steps, device, progress, description,
             loss_fn, mixed, private,
         )  # fmt: skip
+        if private is not None and private.stats is not None:
+            result = replace(result, dp_mechanism=private.stats.metrics())
+        return result
 
 
 def _train_loop(

@@ -371,3 +371,117 @@ def test_the_server_record_keeps_the_largest_epsilon_and_bounds_a_lost_ledger():
     restored = ExampleDpRecord(2.0)
     restored.load_state_json(json.loads(json.dumps(record.state_json())))
     assert restored.metrics() == record.metrics()
+
+
+# --------------------------------------------------------------------------- the mechanism
+
+
+def one_dp_step(tiny_bert_config, plan: DpSgdPlan, *, lr: float = 0.0, hook: bool = True):
+    """One DP-SGD step of the tiny FLoRG BERT on ``batch``: (its model, the stats' metrics;
+    None where ``hook`` is false, the step hook removed before the step)."""
+    from flower_app.training import make_optimizer
+
+    model = florg_model(tiny_bert_config).train()
+    data = batch(tiny_bert_config.vocab_size)
+    dataset = [dict(zip(data, values, strict=True)) for values in zip(*data.values(), strict=True)]
+    loader = torch.utils.data.DataLoader(dataset, batch_size=N)
+    optimizer = make_optimizer(model, lr=lr, weight_decay=0.0)
+    private = DpSgd(plan, seed=0).attach(model, optimizer, loader)
+    try:
+        if not hook:
+            private.optimizer.step_hook = None
+        private.optimizer.zero_grad()
+        model(**data).loss.backward()
+        private.optimizer.step()
+    finally:
+        private.close()
+    assert private.stats is not None
+    return model, private.stats.metrics() if hook else None
+
+
+def test_the_mechanism_stats_equal_a_per_example_autograd_computation(tiny_bert_config):
+    """The clipped fraction, the median per-example norm and the clipped mean gradient's
+    norm of one step against autograd on one example at a time (float64), C between the
+    3rd and 4th smallest norms (so 2 of the 5 examples are clipped, none at the boundary);
+    the noise std is z C on the sum."""
+    reference = florg_model(tiny_bert_config).train()
+    loop = per_example_loop(reference, batch(tiny_bert_config.vocab_size))
+    norms = torch.cat([g.reshape(N, -1) for g in loop.values()], 1).norm(dim=1)
+    ordered = norms.sort().values
+    clip = float(ordered[2] + ordered[3]) / 2
+    factor = (clip / (norms + 1e-6)).clamp(max=1.0)
+    clipped = [torch.einsum("i,i...->...", factor, g).flatten() for g in loop.values()]
+    clipped_sum = torch.cat(clipped)
+    plan = DpSgdPlan(0.5, clip, 0.5, 1, 1e-5, 2 * N)  # expected batch q n = N
+    _, found = one_dp_step(tiny_bert_config, plan)
+    assert found["dp-sgd-clipped-fraction"] == float((norms > clip).sum()) / N == 2 / N
+    assert found["dp-sgd-grad-norm-median"] == pytest.approx(float(ordered[2]), rel=1e-9)
+    assert found["dp-sgd-clipped-mean-norm"] == pytest.approx(
+        float(clipped_sum.norm()) / N, rel=1e-9
+    )
+    assert found["dp-sgd-sum-noise-std"] == 0.5 * clip
+    assert found["dp-sgd-expected-batch"] == N
+    assert found["dp-sgd-trained-params"] == sum(g[0].numel() for g in loop.values())
+
+
+def test_the_mechanism_stats_leave_the_trained_parameters_bit_for_bit(tiny_bert_config):
+    """A noised step at a learning rate: the parameters after it are equal, bit for bit,
+    with and without the stats' step hook (it reads, draws nothing, writes nothing)."""
+    plan = DpSgdPlan(1.0, 0.05, 0.5, 1, 1e-5, 2 * N)
+    with_hook, found = one_dp_step(tiny_bert_config, plan, lr=0.01)
+    without, _ = one_dp_step(tiny_bert_config, plan, lr=0.01, hook=False)
+    assert found is not None and found["dp-sgd-clipped-fraction"] == 1.0  # C below every norm
+    trained = [n for n, p in with_hook.named_parameters() if p.requires_grad]
+    assert trained
+    after = dict(without.named_parameters())
+    for name, p in with_hook.named_parameters():
+        assert torch.equal(p, after[name]), name
+
+
+def test_an_empty_round_reports_no_per_example_statistics():
+    from flower_app.dp_sgd_mechanism import MechanismStats
+
+    found = MechanismStats(1.0, 2.0, 8).metrics()
+    assert found == {
+        "dp-sgd-sum-noise-std": 2.0, "dp-sgd-expected-batch": 8.0, "dp-sgd-trained-params": 0.0,
+    }  # fmt: skip
+
+
+def test_the_server_row_aggregates_the_clients_mechanism_over_successful_replies():
+    """Mean clipped fraction, medians of the norms, noise std z C / B (and its norm over d
+    coordinates) over the replies that carry them; a round without them has no key."""
+    from flwr.app import MetricRecord, RecordDict
+
+    from strategies.common.example_dp import ExampleDpRecord
+
+    class Reply:  # what the record reads of a Flower reply: its error flag and content
+        def __init__(self, content: RecordDict) -> None:
+            self.content = content
+
+        def has_error(self) -> bool:
+            return False
+
+    def reply(partition: int, **metrics: float) -> Reply:
+        values = {"partition-id": partition, "dp-sgd-epsilon": 1.0, **metrics}
+        return Reply(RecordDict({"metrics": MetricRecord(values)}))
+
+    def mechanism(fraction, norm, mean, batch):
+        return {
+            "dp-sgd-clipped-fraction": fraction, "dp-sgd-grad-norm-median": norm,
+            "dp-sgd-clipped-mean-norm": mean, "dp-sgd-sum-noise-std": 2.0,
+            "dp-sgd-expected-batch": batch, "dp-sgd-trained-params": 100.0,
+        }  # fmt: skip
+
+    replies = [
+        reply(0, **mechanism(0.5, 3.0, 0.2, 8.0)),
+        reply(1, **mechanism(1.0, 5.0, 0.4, 4.0)),
+        reply(2, **mechanism(0.0, 1.0, 0.9, 8.0)),
+        reply(3),  # a reply without the keys (an older client) counts for the epsilon only
+    ]
+    row = ExampleDpRecord().observe(1, replies)
+    assert row["dp-sgd-clients"] == 4
+    assert row["dp-sgd-clipped-fraction"] == pytest.approx(0.5)  # mean of 0.5, 1, 0
+    assert row["dp-sgd-grad-norm-median"] == 3.0 and row["dp-sgd-clipped-mean-norm"] == 0.4
+    assert row["dp-sgd-noise-std"] == 2.0 / 8.0  # median of 1/4, 1/2, 1/4
+    assert row["dp-sgd-noise-norm"] == pytest.approx(2.0 / 8.0 * 10.0)
+    assert "dp-sgd-noise-std" not in ExampleDpRecord().observe(1, [reply(0)])

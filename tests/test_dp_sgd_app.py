@@ -75,8 +75,16 @@ def test_two_rounds_with_dp_sgd_report_epsilon_in_every_row(
     for row in rows[1:]:
         assert row["dp-sgd-clients"] == NUM_NODES and row["failures"] == 0
         assert row["dp-sgd-over-target"] == 0  # no target set
+        # what the clients' DP-SGD did (strategies/common/example_dp.py): z C / B with
+        # z = C = 1 and B = the batch size (each partition holds more than 8 examples)
+        assert 0 <= row["dp-sgd-clipped-fraction"] <= 1
+        assert row["dp-sgd-grad-norm-median"] > 0 and row["dp-sgd-clipped-mean-norm"] > 0
+        assert row["dp-sgd-noise-std"] == pytest.approx(1.0 / SMALL["batch-size"])
+        assert row["dp-sgd-noise-norm"] > row["dp-sgd-noise-std"]
+    assert not any(key.startswith("dp-sgd-noise") for key in rows[0])  # nothing trained
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["dp-sgd-epsilon-max"] == epsilons[2]
+    assert summary["dp-sgd-clipped-fraction"] == rows[2]["dp-sgd-clipped-fraction"]
     assert f"dp-sgd epsilon max {epsilons[2]:.4g}" in outcome.log_text
     # the largest ledger the nodes wrote is the row's: two rounds of two steps each
     ledgers = [

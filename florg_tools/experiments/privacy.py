@@ -7,7 +7,15 @@ folders, keeps those that one of ``--arms`` matches (a method at its settings, e
 own clipping norm C, read from its non-private runs: docs/privacy.md). A level's ε is
 the accountant's value after the run's last round, as the run's summary recorded it
 (``dp-epsilon`` at ``dp-delta``). Every run of a level must report the same ε (same z,
-q, T and δ), else the runs are not one level and this says so.
+q, T and δ), else the runs are not one level and this says so. With Poisson client
+sampling (``client-sampling=poisson``) the level is (z, q), q = ``fraction-train``.
+
+Example-level DP-SGD (``dp=example``) is a level per target ε
+(``dp-sgd-target-epsilon``; per z where the runs fix ``dp-sgd-noise-multiplier``), and its
+ε is the largest over the level's runs of the summary's ``dp-sgd-epsilon-max`` (each
+client has its own δ = 1 / (10 n), so the runs need not agree to the digit). Its mechanism
+table shows the DP-SGD keys (``EXAMPLE_MECHANISM_KEYS``), and a grid with Poisson client
+sampling adds the sampled count and the divisor to the central ones.
 
 It prints, and with ``--out DIR`` writes as ``DIR/privacy-utility.md`` and
 ``DIR/privacy-utility.png``:
@@ -54,7 +62,7 @@ from florg_tools.experiments.contrast import (  # noqa: E402
 )
 from florg_tools.experiments.stats import mean_interval  # noqa: E402
 
-__all__ = ["Level", "PrivateRun", "collect", "main", "plot", "report"]
+__all__ = ["Level", "PrivateRun", "collect", "main", "mechanism_keys", "plot", "report"]
 
 
 # metrics.jsonl keys that show what the mechanism did (docs/privacy.md): the clients'
@@ -71,12 +79,34 @@ MECHANISM_KEYS = {
 }
 
 
+# dp=example's keys (strategies/common/example_dp.py): the clients' clipped fraction, the
+# per-example gradient norm, the clipped mean gradient's norm against the noise on it
+EXAMPLE_MECHANISM_KEYS = {
+    "clients": "clients",
+    "dp-sgd-clipped-fraction": "clipped fraction (mean client)",
+    "dp-sgd-grad-norm-median": "example grad norm (median)",
+    "dp-sgd-clipped-mean-norm": "clipped mean grad norm",
+    "dp-sgd-noise-std": "noise std on the mean",
+    "dp-sgd-noise-norm": "noise norm on the mean",
+    "up-params": "params sent up (all clients)",
+}
+# dp=central with Poisson client sampling: the sampled count and the divisor q N besides
+POISSON_MECHANISM_KEYS = {
+    **MECHANISM_KEYS,
+    "dp-sampled": "sampled clients",
+    "dp-divisor": "divisor",
+}
+
+
 @dataclass(frozen=True)
 class Level:
-    """A privacy setting: ``dp`` and, for dp=central, the noise multiplier z."""
+    """A privacy setting: ``dp`` and, for dp=central, the noise multiplier z (with Poisson
+    client sampling also its rate q); for dp=example the target ε, or z where it is fixed."""
 
     dp: str
     noise_multiplier: float | None
+    sample_rate: float | None = None
+    target_epsilon: float | None = None
 
     @property
     def private(self) -> bool:
@@ -85,6 +115,12 @@ class Level:
     def label(self) -> str:
         if not self.private:
             return "off"
+        if self.dp == "example":
+            if self.target_epsilon is not None:
+                return f"DP-SGD, target ε = {self.target_epsilon:g}"
+            return f"DP-SGD, z = {self.noise_multiplier:g}"
+        if self.sample_rate is not None:
+            return f"{self.dp}, z = {self.noise_multiplier:g}, q = {self.sample_rate:g}"
         return f"{self.dp}, z = {self.noise_multiplier:g}"
 
 
@@ -109,14 +145,33 @@ def _level(config: dict[str, Any], folder: Path) -> tuple[Level, float | None]:
     if dp == "off":
         return Level("off", None), None
     try:
-        return Level(dp, float(config["dp-noise-multiplier"])), float(config["dp-clipping-norm"])
+        if dp == "example":
+            return _example_level(config), float(config["dp-sgd-clipping-norm"])
+        rate = None
+        if config.get("client-sampling") == "poisson":  # q is fraction-train
+            rate = float(config["fraction-train"])
+        z = float(config["dp-noise-multiplier"])
+        return Level(dp, z, rate), float(config["dp-clipping-norm"])
     except KeyError as err:
         raise ValueError(f"{folder}: dp={dp} but config.json has no {err.args[0]!r}") from err
+
+
+def _example_level(config: dict[str, Any]) -> Level:
+    """dp=example's level: its target ε, or its fixed z where no target is set."""
+    target = float(config.get("dp-sgd-target-epsilon") or 0.0)
+    if target > 0:
+        return Level("example", None, target_epsilon=target)
+    return Level("example", float(config["dp-sgd-noise-multiplier"]))
 
 
 def _epsilon(summary: dict[str, Any], level: Level, folder: Path) -> tuple[float, float | None]:
     if not level.private:
         return math.inf, None
+    if level.dp == "example":  # the clients' largest, each at its own delta
+        if summary.get("dp-sgd-epsilon-max") is None:
+            raise ValueError(f"{folder}: a dp=example run whose summary.json has no "
+                             "dp-sgd-epsilon-max")  # fmt: skip
+        return float(summary["dp-sgd-epsilon-max"]), None
     epsilon, delta = summary.get("dp-epsilon"), summary.get("dp-delta")
     if epsilon is None or delta is None:
         raise ValueError(f"{folder}: a dp={level.dp} run whose summary.json has no dp-epsilon")
@@ -155,7 +210,10 @@ def _levels(runs: Sequence[PrivateRun]) -> list[Level]:
 
 
 def _level_epsilon(runs: Sequence[PrivateRun], level: Level) -> tuple[float, float | None]:
-    """The one (ε, δ) every run of ``level`` reports; an error when they differ."""
+    """The one (ε, δ) every run of ``level`` reports; an error when they differ. For
+    dp=example: the largest client ε over the level's runs (no one δ)."""
+    if level.dp == "example":
+        return max(r.epsilon for r in runs if r.level == level), None
     values = {(round(r.epsilon, 6), r.delta) for r in runs if r.level == level}
     if len(values) != 1:
         listed = ", ".join(f"epsilon {e:g} at delta {d}" for e, d in sorted(values))
@@ -231,8 +289,9 @@ def _mechanism_lines(
     budgets: dict[Level, tuple[float, float | None]],
 ) -> list[str]:
     """Per arm and level, the median over every training round of every seed of the keys
-    the rows carry (MECHANISM_KEYS; '–' where a method's rows lack one)."""
-    head = ["arm", "ε", *MECHANISM_KEYS.values()]
+    the rows carry (``mechanism_keys``; '–' where a method's rows lack one)."""
+    keys = mechanism_keys(levels)
+    head = ["arm", "ε", *keys.values()]
     lines = [
         "",
         "The mechanism, per arm and level: medians over the training rounds of all seeds",
@@ -252,11 +311,21 @@ def _mechanism_lines(
                 if row.get("round", 0) >= 1
             ]
             cells = [arm, _epsilon_text(budgets[level][0])]
-            for key in MECHANISM_KEYS:
+            for key in keys:
                 values = [float(row[key]) for row in rows if row.get(key) is not None]
                 cells.append(f"{statistics.median(values):.4g}" if values else "–")
             lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def mechanism_keys(levels: Sequence[Level]) -> dict[str, str]:
+    """The mechanism table's keys and headings: dp=example's where a level is DP-SGD, the
+    central ones with the sampled count where one samples by Poisson, else the central."""
+    if any(level.dp == "example" for level in levels):
+        return EXAMPLE_MECHANISM_KEYS
+    if any(level.sample_rate is not None for level in levels):
+        return POISSON_MECHANISM_KEYS
+    return MECHANISM_KEYS
 
 
 def plot(runs: Sequence[PrivateRun], arms: Sequence[str], path: Path, chance: float) -> Path:
@@ -286,7 +355,9 @@ def plot(runs: Sequence[PrivateRun], arms: Sequence[str], path: Path, chance: fl
     ticks = sorted(set(finite)) + [infinity_at]
     ax.set_xticks(ticks, [f"{t:.3g}" for t in sorted(set(finite))] + ["∞"])
     ax.minorticks_off()
-    ax.set_xlabel("ε (user-level, after the last round)")
+    example = any(level.dp == "example" for level in levels)
+    unit = "example-level, largest client" if example else "user-level"
+    ax.set_xlabel(f"ε ({unit}, after the last round)")
     ax.set_ylabel("final-round test score (mean, 95% CI)")
     ax.legend(fontsize="small")
     fig.tight_layout()

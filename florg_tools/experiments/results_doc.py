@@ -23,6 +23,10 @@ by the commands that ran the grids (``florg experiments evidence ... --publish``
 - the privacy grid's runs (``summary.json``'s ``dp-epsilon`` and test score;
   ``metrics.jsonl`` for what the mechanism did), through
   :mod:`florg_tools.experiments.privacy`, which also draws the privacy figure;
+- the privacy regimes' runs and tuning files (``evidence/privacy-regimes/``: cross-silo
+  DP-SGD and cross-device central DP with Poisson sampling), through
+  :mod:`florg_tools.experiments.privacy_regimes`, which also draws their figures once a
+  private run is published (until then the block says what is queued);
 - the published evidence reports (``README.md`` beside a ``summary.json``) for the
   tables a summary does not hold: protocol v1's page copies its report's verdict, test,
   learning, tuning and server-step tables, and the per-rank traffic of clients of
@@ -599,6 +603,60 @@ def privacy_figure(ev: Evidence, path: Path) -> None:
     plot(runs, labels, path, chance)
 
 
+# The privacy regimes (florg_tools/experiments/privacy_regimes.py): one block and figure each
+REGIMES_FIGURE = "evidence/privacy-regimes/{regime}.png"
+REGIMES_SOURCES = (
+    "the runs' summary.json and metrics.jsonl under evidence/privacy-regimes/runs",
+    "evidence/privacy-regimes/*-tuning.json",
+    V2,
+    EXACT,
+    "the ε = ∞ runs under " + ", ".join(RUN_FOLDERS[V2][:1] + RUN_FOLDERS[EXACT][:1]),
+)
+
+
+def _regime(name: str):  # -> privacy_regimes.Regime
+    from florg_tools.experiments.privacy_regimes import REGIMES
+
+    return next(regime for regime in REGIMES if regime.name == name)
+
+
+def privacy_regime(name: str) -> Callable[[Evidence], str]:
+    """The regime's score and mechanism tables with its figure, or what is queued."""
+
+    def make(ev: Evidence) -> str:
+        from florg_tools.experiments.privacy_regimes import markdown
+
+        regime = _regime(name)
+        chance = float(ev.summary(V2)["tasks"][regime.task]["chance"])
+        figure = REGIMES_FIGURE.format(regime=name)
+        return markdown(regime, ev.root, NAMES, chance, figure)
+
+    return make
+
+
+def privacy_regime_figure(name: str) -> Callable[[Evidence, Path], bool]:
+    def draw(ev: Evidence, path: Path) -> bool:
+        from florg_tools.experiments.privacy_regimes import regime_plot
+
+        regime = _regime(name)
+        chance = float(ev.summary(V2)["tasks"][regime.task]["chance"])
+        return regime_plot(regime, ev.root, NAMES, chance, path)
+
+    return draw
+
+
+def privacy_regime_drawn(name: str) -> Callable[[Evidence], bool]:
+    """Whether the regime's figure is due: a private run of it is published."""
+
+    def due(ev: Evidence) -> bool:
+        from florg_tools.experiments.privacy_regimes import collect_regime
+
+        runs = collect_regime(_regime(name), ev.root, NAMES)
+        return any(run.level.private for run in runs)
+
+    return due
+
+
 # --- protocol v1's page: copies of its report's tables -----------------------------------
 
 INTRO = {
@@ -779,6 +837,8 @@ BLOCKS = (
           privacy_table),
     Block(RESULTS, "PRIVACY-MECHANISM", tuple(f"{p}/*/metrics.jsonl" for p in PRIVACY_RUNS),
           privacy_mechanism),
+    *(Block(RESULTS, f"PRIVACY-{regime.upper()}", REGIMES_SOURCES, privacy_regime(regime))
+      for regime in ("cross-silo", "cross-device")),
     Block(RESULTS, "LONG-BUDGET", (LONG + "/tuning.json", RUNS_OF + LONG + "/runs", V2),
           long_budget),
     Block(RESULTS, "COMM-TO-TARGET-LONG-SNLI",
@@ -795,6 +855,13 @@ FIGURES: tuple[tuple[str, Callable[[Evidence, Path], None]], ...] = (
     (PRIVACY_FIGURE, privacy_figure),
     (LONG_FIGURE, long_budget_figure),
     *((COMM_FIGURE.format(task=task), comm_to_target_figure(task)) for task in TASKS),
+)
+# Figures drawn only once their evidence exists: (path, writer, whether it is due)
+LATER_FIGURES: tuple[
+    tuple[str, Callable[[Evidence, Path], bool], Callable[[Evidence], bool]], ...
+] = tuple(
+    (REGIMES_FIGURE.format(regime=r), privacy_regime_figure(r), privacy_regime_drawn(r))
+    for r in ("cross-silo", "cross-device")
 )
 
 
@@ -853,6 +920,9 @@ def check(pages_root: Path = ROOT, evidence_root: Path = ROOT) -> list[str]:
     for path, _ in FIGURES:
         if not (evidence_root / path).is_file():
             problems.append(f"{path}: figure missing; `{COMMAND}` draws it")
+    for path, _, due in LATER_FIGURES:
+        if due(ev) and not (evidence_root / path).is_file():
+            problems.append(f"{path}: figure missing; `{COMMAND}` draws it")
     return problems
 
 
@@ -874,6 +944,9 @@ def write(pages_root: Path = ROOT, evidence_root: Path = ROOT, figures: bool = T
     for figure, draw in FIGURES if figures else ():
         draw(ev, evidence_root / figure)
         written.append(figure)
+    for figure, draw_later, _ in LATER_FIGURES if figures else ():
+        if draw_later(ev, evidence_root / figure):  # nothing to draw before a private run
+            written.append(figure)
     return written
 
 

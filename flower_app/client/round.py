@@ -171,7 +171,8 @@ def train_round(
     ``accountant`` (``dp=example``, flower_app/dp_sgd.py): the client's privacy ledger; the
     round trains with DP-SGD (refused with ``DpBudgetExceeded`` past ``dp-max-epsilon``),
     is composed into it, and the reply adds ``dp-sgd-epsilon`` (after this round),
-    ``dp-sgd-noise-multiplier`` and ``dp-sgd-delta``; ``num-examples`` is then the
+    ``dp-sgd-noise-multiplier``, ``dp-sgd-delta`` and what the mechanism did (clipped
+    fraction, norms, noise: flower_app/dp_sgd_mechanism.py); ``num-examples`` is then the
     partition's size n (the count of Poisson-sampled examples would reveal the sampling)."""
     dataset = tokenized_split(config, "train", partition_id, num_partitions)
     seed = round_seed(config, server_round, partition_id)
@@ -211,6 +212,7 @@ def train_round(
                 "dp-sgd-epsilon": accountant.epsilon(),
                 "dp-sgd-noise-multiplier": dp_sgd.plan.noise_multiplier,
                 "dp-sgd-delta": dp_sgd.plan.delta,
+                **(result.dp_mechanism or {}),  # what the mechanism did (dp_sgd_mechanism.py)
             }
         )
     return reply

@@ -30,6 +30,11 @@ from flower_app.task_kinds import TaskKind, get_kind
 from strategies.registry import get_method
 
 INFO = 20
+# dp=example: what the clients' DP-SGD did in a round (strategies/common/example_dp.py)
+MECHANISM_KEYS = (
+    "dp-sgd-clipped-fraction", "dp-sgd-grad-norm-median", "dp-sgd-clipped-mean-norm",
+    "dp-sgd-noise-std", "dp-sgd-noise-norm",
+)  # fmt: skip
 
 
 def make_run_dir(config: RunConfig) -> Path:
@@ -226,10 +231,13 @@ class RunRecorder:
 
     def _privacy(self, last: dict[str, Any]) -> dict[str, Any]:
         """dp=central: the run's (epsilon, delta) after its last round; dp=example: the
-        clients' largest epsilon and how many are over the target (docs/privacy.md)."""
+        clients' largest epsilon, how many are over the target, and the last round's
+        mechanism keys (docs/privacy.md)."""
         if self.config.dp == "example":
             keys = ("dp-sgd-epsilon-max", "dp-sgd-over-target", "dp-sgd-clients")
-            return {key: last.get(key) for key in keys}
+            # and what the last round's DP-SGD did, where its row has it (example_dp.py)
+            mechanism = {key: last[key] for key in MECHANISM_KEYS if key in last}
+            return {**{key: last.get(key) for key in keys}, **mechanism}
         if self.config.dp == "off":
             return {}
         return {"dp-epsilon": last.get("dp-epsilon"), "dp-delta": self.config.dp_delta}

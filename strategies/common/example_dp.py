@@ -10,6 +10,22 @@ round's row, round 0 included:
   (or ``dp-max-epsilon`` where no target is set; 0 with neither);
 - ``dp-sgd-clients``: how many clients have reported an epsilon.
 
+In a training round it also writes what the clients' DP-SGD did (their replies' metrics,
+flower_app/dp_sgd_mechanism.py), over the round's successful replies that carry them:
+
+- ``dp-sgd-clipped-fraction``: the mean over clients of the fraction of per-example
+  gradients clipped;
+- ``dp-sgd-grad-norm-median``: the median over clients of their median per-example
+  gradient norm before clipping;
+- ``dp-sgd-clipped-mean-norm``: the median over clients of the clipped mean gradient's norm
+  (each client's median over its steps), the signal the noise is set against;
+- ``dp-sgd-noise-std``: the median over clients of the noise std on the mean gradient,
+  z C / B (B the expected batch size), and ``dp-sgd-noise-norm``, that std times sqrt(d)
+  (d the trained coordinates): about the norm of the noise vector added to the mean.
+
+A round whose replies carry none of these (a method's round 0 release, runs of a client without
+them) has none of these keys.
+
 A client past ``dp-max-epsilon`` refuses to train: its reply is an error, counted in
 ``failures`` and logged with its reason, and its last epsilon stays in the record.
 
@@ -23,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -56,7 +73,7 @@ class ExampleDpRecord:
             if not math.isfinite(float(value)) or value < 0:
                 continue
             self._take(server_round, int(partition), float(value))
-        return self.metrics()
+        return {**self.metrics(), **mechanism_metrics(replies)}
 
     def _take(self, server_round: int, partition: int, value: float) -> None:
         offset, last = self.partitions.get(partition, (0.0, 0.0))
@@ -83,6 +100,48 @@ class ExampleDpRecord:
 
     def load_state_json(self, state: Mapping[str, Any]) -> None:
         self.partitions = {int(p): (float(v[0]), float(v[1])) for p, v in state.items()}
+
+
+def _reply_metrics(replies: Iterable[Message]) -> list[Mapping[str, Any]]:
+    """The metrics of the successful replies."""
+    return [
+        msg.content["metrics"]
+        for msg in replies
+        if not msg.has_error() and "metrics" in msg.content.metric_records
+    ]
+
+
+def _finite(metrics: Mapping[str, Any], key: str) -> float | None:
+    value = metrics.get(key)
+    if isinstance(value, int | float) and math.isfinite(float(value)):
+        return float(value)
+    return None
+
+
+def mechanism_metrics(replies: Iterable[Message]) -> dict[str, float]:
+    """The round's ``dp-sgd-*`` mechanism keys (module docstring) from its replies."""
+    found: dict[str, float] = {}
+    metrics = _reply_metrics(replies)
+    fractions = [v for m in metrics if (v := _finite(m, "dp-sgd-clipped-fraction")) is not None]
+    if fractions:
+        found["dp-sgd-clipped-fraction"] = statistics.fmean(fractions)
+    for key in ("dp-sgd-grad-norm-median", "dp-sgd-clipped-mean-norm"):
+        values = [v for m in metrics if (v := _finite(m, key)) is not None]
+        if values:
+            found[key] = statistics.median(values)
+    stds, noise_norms = [], []
+    for m in metrics:
+        sum_std, batch = _finite(m, "dp-sgd-sum-noise-std"), _finite(m, "dp-sgd-expected-batch")
+        if sum_std is None or not batch:
+            continue
+        stds.append(sum_std / batch)  # Opacus divides the noised sum by B
+        if (d := _finite(m, "dp-sgd-trained-params")) is not None:
+            noise_norms.append(sum_std / batch * math.sqrt(d))
+    if stds:
+        found["dp-sgd-noise-std"] = statistics.median(stds)
+    if noise_norms:
+        found["dp-sgd-noise-norm"] = statistics.median(noise_norms)
+    return found
 
 
 def example_dp_record(config: Any) -> ExampleDpRecord | None:
