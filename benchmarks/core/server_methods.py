@@ -34,6 +34,7 @@ the host, whatever ``--device`` says (the "runs on" column).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import json
@@ -251,10 +252,18 @@ def _fix_mmap_threshold() -> bool:
         return False
 
 
+def _trim_heap() -> None:
+    """Give the heap's free memory back to the system (glibc ``malloc_trim``), so the
+    resident set before a call holds no freed arrays the call could reuse unseen."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def peak_memory(case: Case) -> dict[str, float | None]:
     """Peak extra MiB of one round: host (VmHWM over VmRSS before; None where the kernel
     does not reset the mark) and, on CUDA, the device's allocator."""
     gc.collect()
+    _trim_heap()
     on_cuda = case.runs_on.startswith("cuda")
     if on_cuda:
         torch.cuda.synchronize()
