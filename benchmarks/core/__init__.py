@@ -2,4 +2,5 @@
 and shapes), ``server`` (the server-step workers), ``client`` (the client-step and memory
 workers) and ``report`` (the tables); and the decoder benchmark
 (``python -m benchmarks.core.decoder_benchmark``, one module: FLoRG vs PEFT LoRA step time
-and peak memory on decoders in fp32 / bf16 with gradient checkpointing)."""
+and peak memory on decoders in fp32 / bf16 with gradient checkpointing); every registered
+method's server round side by side with FLoRG's (``python -m benchmarks.core.server_methods``)."""
