@@ -61,6 +61,7 @@ import os
 import platform
 import statistics
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -265,13 +266,17 @@ def _summary(values: list[float]) -> dict[str, float]:
 def run(s: DpStepSettings) -> dict[str, Any]:
     """Build the four arms, time them in alternating rounds, measure their memory; the
     numbers as a JSON-able dict (``format_report`` prints it)."""
-    import warnings
-
     import transformers
 
     transformers.logging.set_verbosity_error()
-    # Opacus' hooks on the frozen embeddings: a notice, not a fault (the app's runs print it)
-    warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
+    with warnings.catch_warnings():
+        # Opacus' hooks where no input needs a gradient (the first encoder layer's input
+        # comes from the frozen embeddings): a notice each backward, not a fault
+        warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
+        return _run(s)
+
+
+def _run(s: DpStepSettings) -> dict[str, Any]:
     torch.set_num_threads(s.threads)
     load_start = os.getloadavg()
     dataset = make_dataset(s)
