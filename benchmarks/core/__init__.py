@@ -2,4 +2,6 @@
 and shapes), ``server`` (the server-step workers), ``client`` (the client-step and memory
 workers) and ``report`` (the tables); and the decoder benchmark
 (``python -m benchmarks.core.decoder_benchmark``, one module: FLoRG vs PEFT LoRA step time
-and peak memory on decoders in fp32 / bf16 with gradient checkpointing)."""
+and peak memory on decoders in fp32 / bf16 with gradient checkpointing); and the DP-SGD step
+benchmark (``python -m benchmarks.core.dp_sgd_step``: one example-level DP-SGD step of FLoRG
+vs PEFT LoRA under Opacus, with both without DP)."""
