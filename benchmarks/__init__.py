@@ -2,7 +2,8 @@
 module, e.g. ``python -m benchmarks.core.core_benchmark --quick``.
 
 ``core``: the FLoRG server step and a client training step (``core_benchmark``), and
-FLoRG vs LoRA on decoders in fp32 / bf16 with gradient checkpointing (``decoder_benchmark``).
+FLoRG vs LoRA on decoders in fp32 / bf16 with gradient checkpointing (``decoder_benchmark``),
+and one example-level DP-SGD step of FLoRG vs LoRA (``dp_sgd_step``).
 ``overhead``: the Flower simulation and a SuperLink deployment against a plain loop of the
 same work (``simulation_overhead``, ``deployment_overhead``).
 ``scale``: N SuperNodes and K clients per round through the simulation: round time, a
