@@ -13,9 +13,15 @@ sum_t s h_t^T A^T D A z_t, whose gradient is
     G_i = s D sum_t [ (A z_t) h_t^T + (A h_t) z_t^T ]  =  s D A (Z_i^T H_i + H_i^T Z_i)
 
 (Z_i, H_i: T x k), the paper's eq. gradient_A, A (H + H^T) with H = L^T (grad W) R^T, per
-example. It is computed as two r x k products per example from U = Z A^T and V = H A^T
-(T x r each), never a k x k matrix: n T k (d_in + d_out + 4 r) flops, a LoRA layer's per-example
-cost plus the projections. The result does not depend on how the forward formed its factors
+example. The rank-r products come first, so no token is ever projected onto the k-wide
+frame: with U = X (A R)^T and V = G (L A^T) (T x r each),
+
+    A Z_i^T H_i = (U_i^T G_i) L,    A H_i^T Z_i = (V_i^T X_i) R^T,
+
+an r x d sum over tokens per example, then one r x d by d x k product: n r (2 T (d_in +
+d_out) + k (d_in + d_out)) flops, about a LoRA layer's per-example cost, where projecting
+every token first (Z = X R^T, H = G L) costs n T k (d_in + d_out), k / r times more. The
+result does not depend on how the forward formed its factors
 (the pass-factor cache of florg_layer.py forms L A^T D and A R outside the layer): only x and
 g enter, and tests/test_dp_sgd.py holds it to a per-example autograd loop with the cache on.
 """
@@ -41,12 +47,12 @@ def florg_grad_sample(
     n = x.shape[0]
     x = x.reshape(n, -1, x.shape[-1])  # n x T x d_in (T = 1 for a 2-d input)
     g = g.reshape(n, -1, g.shape[-1])  # n x T x d_out
-    z = x @ layer.R.T  # n x T x k
-    h = g @ layer.L  # n x T x k
     a = layer.A.detach()
-    u = z @ a.T  # n x T x r: A z_t
-    v = h @ a.T  # n x T x r: A h_t
-    grad = torch.einsum("ntr,ntk->nrk", u, h) + torch.einsum("ntr,ntk->nrk", v, z)
+    u = x @ (a @ layer.R).T  # n x T x r: A R x_t
+    v = g @ (layer.L @ a.T)  # n x T x r: A L^T g_t
+    ug = torch.einsum("ntr,nto->nro", u, g)  # n x r x d_out: sum_t (A R x_t) g_t^T
+    vx = torch.einsum("ntr,nti->nri", v, x)  # n x r x d_in: sum_t (A L^T g_t) x_t^T
+    grad = ug @ layer.L + vx @ layer.R.T  # n x r x k
     if layer.signs is not None:
         grad = grad * layer.signs[None, :, None]
     return {layer.A: layer.scaling * grad}
