@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 ROOT="${1:-../florg-evidence}"
 mkdir -p "$ROOT"
 ROOT=$(cd "$ROOT" && pwd)
-PRIVACY_COMMIT=524fb08  # the runtime every run of these grids runs at (with DP-SGD's mechanism keys)
+PRIVACY_COMMIT=834689a  # the runtime every run of these grids runs at (DP-SGD reports its mechanism; FLoRG's rank-first per-example gradient)
 read -r -a GRIDS <<< "${GRIDS:-privacy-cross-silo privacy-cross-device-pilot}"
 PUBLISHED=evidence/privacy-regimes  # runs/<grid>/<run>: config, metrics, summary; tuning
 . scripts/fixed_worktree.sh
