@@ -15,6 +15,12 @@
 #            the decoder benchmark's SmolLM2 arms, then the sft-cpu preset through the Flower
 #            simulation in bf16 on CUDA: florg launch --preset sft-cpu --set precision=bf16)
 #
+#   call:    bash scripts/device_checks.sh methods         # after `first` (its wheels: Opacus)
+#            (every registered method's server round at the 7B shape on CUDA, side by side
+#            with FLoRG's, and the example-level DP-SGD step FLoRG / LoRA at the
+#            RoBERTa-large shape: docs/benchmarks.md, "Every method's server step" and
+#            "DP-SGD step time"; about 6-8 minutes, so give it timeout 560)
+#
 #   or, one call, nothing to install (the decoder benchmark and the server step need only the
 #   image's torch, transformers and peft):
 #            mkdir -p .device-carry/before && git archive REV | tar -x -C .device-carry/before \
@@ -61,7 +67,8 @@ import importlib
 for name in ("flwr", "datasets", "flwr_datasets", "omegaconf", "gguf", "dp_accounting",
              "flwr.simulation", "flwr.server", "flwr.supernode", "flwr.cli.app",
              "flower_app.client.round", "flower_app.runtime", "client_app.client_app",
-             "server_app.server_app", "florg_tools.launch", "florg_tools.experiments"):
+             "server_app.server_app", "florg_tools.launch", "florg_tools.experiments",
+             "opacus", "benchmarks.core.server_methods", "benchmarks.core.dp_sgd_step"):
     try:
         importlib.import_module(name)
         print("import ok:", name)
@@ -82,6 +89,14 @@ EOF
 server_profile() {  # where the 7B-shape step's time goes (torch.profiler, device time)
     "$PY" -m benchmarks.core.server_profile --shape 7b --device cuda --blocks 2>&1 \
         | grep -v '^USDT' | tee "$OUT/server_profile.txt"
+}
+
+methods() {  # every method's server round (7B shape) and the DP-SGD step (RoBERTa-large)
+    "$PY" -m benchmarks.core.server_methods --shape 7b --device cuda --repeats 3 \
+        --json "$OUT/server-methods-7b-cuda.json" 2>&1 | tee "$OUT/server-methods-7b-cuda.txt"
+    "$PY" -m benchmarks.core.dp_sgd_step --shape roberta-large --device cuda --steps 60 \
+        --threads 8 --json "$OUT/dp-sgd-step-roberta-large-cuda.json" 2>&1 \
+        | tee "$OUT/dp-sgd-step-roberta-large-cuda.txt"
 }
 
 decoder() {  # $1: arms (on an H100 one pair's ratio spreads widely: 60 pairs, ~80 s an arm)
@@ -141,10 +156,10 @@ case "${1:-}" in
         [ "${PIPESTATUS[0]}" = 0 ] || { echo "assets failed"; exit 1; }
         sft 2>&1 | tee "$OUT/sft.log"
         decoder smollm2-fp32,smollm2-bf16 ;;
-    setup | server_step | server_profile | assets) "$1" ;;
+    setup | server_step | server_profile | assets | methods) "$1" ;;
     decoder) decoder "$2" ;;
     side-by-side) side_by_side "$2" "$3" ;;
     sft) shift; sft "$@" ;;
-    *) echo "usage: $0 first | stash cK | last cN | setup | server_step | server_profile | decoder ARMS | side-by-side DIR ARMS | assets | sft [--set k=v ...]" >&2
+    *) echo "usage: $0 first | stash cK | last cN | setup | server_step | server_profile | methods | decoder ARMS | side-by-side DIR ARMS | assets | sft [--set k=v ...]" >&2
        exit 2 ;;
 esac

@@ -23,7 +23,7 @@ mkdir -p "$work/wheels" "$work/big"
 
 # The packages this project's runtime imports that the machine's image lacks, at the
 # versions this environment runs (the device list: /work/.library/device/KINDS.md).
-pip freeze | grep -iE '^(alembic|annotated-types|cffi|cryptography|datasets|dill|dm-tree|dp-accounting|fastapi|flwr|flwr-datasets|greenlet|grpcio-health-checking|httptools|iterators|jsonschema|jsonschema-specifications|mako|multiprocess|omegaconf|antlr4-python3-runtime|prompt.toolkit|pycparser|pycryptodome|pydantic|pydantic.core|python-dotenv|referencing|rpds-py|sqlalchemy|starlette|tomli|tomli.w|typing-inspection|tzdata|uvicorn|watchfiles|wcwidth|websockets)==' \
+pip freeze | grep -iE '^(alembic|annotated-types|cffi|cryptography|datasets|dill|dm-tree|dp-accounting|fastapi|flwr|flwr-datasets|greenlet|grpcio-health-checking|httptools|iterators|jsonschema|jsonschema-specifications|mako|multiprocess|omegaconf|opacus|opt.einsum|antlr4-python3-runtime|prompt.toolkit|pycparser|pycryptodome|pydantic|pydantic.core|python-dotenv|referencing|rpds-py|sqlalchemy|starlette|tomli|tomli.w|typing-inspection|tzdata|uvicorn|watchfiles|wcwidth|websockets)==' \
     > "$work/requirements.txt"
 echo "gguf==0.19.0" >> "$work/requirements.txt"
 platforms=()
