@@ -17,7 +17,7 @@ from flower_app.config import resolve_config
 from flower_app.records import to_array_record
 from flower_app.runtime import cached_adapted_model
 from strategies.common.fold_messages import residuals_record
-from strategies.common.folds import read_residuals
+from strategies.common.folds import read_base, read_residuals
 from strategies.flora.rule import stack_flora
 from strategies.registry import get_method
 from tests.strategy_helpers import strategy_for
@@ -120,16 +120,18 @@ def test_each_round_folds_the_exact_update_and_starts_a_fresh_lora():
     strategy = strategy_for("flora", sent, screen_updates=False, seed=3)
     other = strategy_for("flora", sent, screen_updates=False, seed=3)
     cumulative = np.zeros((D_OUT, D_IN))
-    fresh = []
+    fresh, recorded = [], {}
     for t in (1, 2):
         ups = [trained(strategy.global_state, rng) for _ in range(3)]
         strategy.aggregate_train(t, [reply(u, i) for i, u in enumerate(ups)])
         other.aggregate_train(t, [reply(u, i) for i, u in enumerate(ups)])
         cumulative += np.mean([f64(u["l.lora_B"]) @ f64(u["l.lora_A"]) for u in ups], axis=0)
         np.testing.assert_allclose(strategy.cumulative["l"], cumulative, rtol=0, atol=1e-10)
+        recorded[t] = strategy.residuals[t]  # the server keeps only the latest round's
+        assert strategy.residuals.keys() == {t} and strategy.base_round == t - 1
         np.testing.assert_allclose(
-            strategy.residuals[t]["l"].to_dense(), strategy.cumulative["l"] - sum(
-                strategy.residuals[s]["l"].to_dense() for s in range(1, t)
+            recorded[t]["l"].to_dense(), strategy.cumulative["l"] - sum(
+                recorded[s]["l"].to_dense() for s in range(1, t)
             ), atol=1e-12,
         )  # fmt: skip
         new = strategy.global_state
@@ -140,9 +142,11 @@ def test_each_round_folds_the_exact_update_and_starts_a_fresh_lora():
         fresh.append(new["l.lora_A"])
     assert not np.allclose(fresh[0], fresh[1])  # drawn by round
     assert not np.allclose(fresh[0], strategy_for("flora", sent, seed=4).global_state["l.lora_A"])
-    # a node that folded nothing gets both rounds' updates, exactly
-    got = read_residuals(residuals_record(strategy.residuals, since=0))
-    np.testing.assert_allclose(got[1]["l"] + got[2]["l"], cumulative, atol=1e-5)
+    # a node that folded nothing gets round 1's update as the base, then round 2's, exactly
+    record = residuals_record(strategy.residuals, 0, (strategy.base_round, strategy.base))
+    (h, base), got = read_base(record), read_residuals(record)
+    assert h == 1 and got.keys() == {2}
+    np.testing.assert_allclose(base["l"] + got[2]["l"], cumulative, atol=1e-5)
 
 
 def test_clients_of_different_rank_stack_as_they_are():

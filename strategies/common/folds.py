@@ -1,11 +1,15 @@
 """Methods whose clients fold an exact dense update into their frozen W0 every round.
 
-The server keeps each round's fold (a ``Residual``: dense, or exact factors ``P @ Q``) and
-sends a node, with its next training message, every fold it has not applied yet
-(``strategies/common/folding_strategy.py``). The client adds them, in float64, to its
+The server keeps the folds (a ``Residual``: dense, or exact factors ``P @ Q``) a node may
+still need and sends a node, with its next training message, every fold it has not applied
+yet (``strategies/common/folding_strategy.py``). The client adds them, in float64, to its
 cumulative fold (kept in its Flower context) and sets ``W0 ← W0_pristine + s · cumulative``;
-the pristine W0 is kept so one process can serve clients with different folds. The server's
-evaluator folds the server's cumulative fold the same way (``FoldsIntoW0``'s hooks).
+the pristine W0 is kept so one process can serve clients with different folds. A node
+behind the server's base (the sum of the folds up to round h, which the server keeps instead
+of the rounds themselves) is sent that base, and replaces its cumulative with it: the base
+is the same float64 sum, in the same order, so the node's bits are those of folding round
+by round. The server's evaluator folds the server's cumulative fold the same way
+(``FoldsIntoW0``'s hooks).
 
 Two methods fold: one folds the residual its averaged factors miss, the other the whole
 stacked update of the round. Each names its context and checkpoint keys by ``fold_prefix``.
@@ -82,7 +86,13 @@ class FoldsIntoW0(Method):
             else 0
         )
         if "residuals" in msg.content.array_records:
-            for t, layers in sorted(read_residuals(msg.content["residuals"]).items()):
+            record = msg.content["residuals"]
+            base = read_base(record)
+            if base is not None and base[0] > done:
+                # the server's sum of rounds 1..h, bitwise what folding them one by one from
+                # 0 gives: it replaces (not adds to) whatever this node folded before
+                done, cumulative = base
+            for t, layers in sorted(read_residuals(record).items()):
                 if t <= done:
                     continue
                 for layer, dense in layers.items():
@@ -119,15 +129,35 @@ def fold_residual(adapted, cumulative: Mapping[str, np.ndarray], pristine_key: s
                 weight.copy_(w0)
 
 
+def dense_from_parts(parts: Mapping[str, np.ndarray]) -> np.ndarray:
+    """A fold's float64 dense matrix from the arrays it travelled as ({'dense'} or {'P', 'Q'}):
+    cast to float64 first, then P @ Q in float64."""
+    if "dense" in parts:
+        return parts["dense"].astype(np.float64)
+    return parts["P"].astype(np.float64) @ parts["Q"].astype(np.float64)
+
+
 def read_residuals(record: Any) -> dict[int, dict[str, np.ndarray]]:
-    """Client side: {round: {layer: dense residual}} from a 'residuals' ArrayRecord."""
+    """Client side: {round: {layer: dense residual}} from a 'residuals' ArrayRecord (its
+    'base/...' arrays aside: ``read_base``)."""
     parts: dict[int, dict[str, dict[str, np.ndarray]]] = {}
     for key, arr in record.items():
+        if key.startswith("base/"):
+            continue
         t, layer, kind = key.split("/")
-        parts.setdefault(int(t), {}).setdefault(layer, {})[kind] = arr.numpy().astype(np.float64)
-    out: dict[int, dict[str, np.ndarray]] = {}
-    for t, layers in parts.items():
-        out[t] = {
-            layer: p["dense"] if "dense" in p else p["P"] @ p["Q"] for layer, p in layers.items()
-        }
-    return out
+        parts.setdefault(int(t), {}).setdefault(layer, {})[kind] = arr.numpy()
+    return {
+        t: {layer: dense_from_parts(p) for layer, p in layers.items()}
+        for t, layers in parts.items()
+    }
+
+
+def read_base(record: Any) -> tuple[int, dict[str, np.ndarray]] | None:
+    """Client side: (h, {layer: C_h}) from a 'residuals' ArrayRecord's 'base/<h>/<layer>/dense'
+    arrays (float64, sent as they are), or None when the message has no base."""
+    horizon, layers = None, {}
+    for key, arr in record.items():
+        if key.startswith("base/"):
+            _, h, layer, _ = key.split("/")
+            horizon, layers[layer] = int(h), np.asarray(arr.numpy(), np.float64)
+    return None if horizon is None else (horizon, layers)
