@@ -44,6 +44,7 @@ CASES: dict[str, dict[str, object]] = {
     "ffa-lora": {"method": "ffa-lora"},
     "fedsa-lora": {"method": "fedsa-lora"},
     "fedex-lora": {"method": "fedex-lora"},
+    "flora": {"method": "flora"},  # its folds' resend and fresh LoRA by round
     "fed-sb": {"method": "fed-sb"},
     "hetlora": {"method": "hetlora", "client-ranks": "1,2,2"},
     "flexlora": {"method": "flexlora", "client-ranks": "1,2,2"},
