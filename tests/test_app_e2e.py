@@ -386,7 +386,8 @@ def test_launcher_refuses_bad_config_before_launching(tmp_path, capsys):
 
 # The methods whose resumption carries state beyond the strategy's own (a unit test,
 # tests/test_checkpoint.py, restores every strategy's state exactly): FedSA-LoRA's per-node
-# B on the nodes' disks, FedEx-LoRA's residuals re-sent to every client after a restart.
+# B on the nodes' disks, FedEx-LoRA's residuals (their base and the last) re-sent to every
+# client after a restart.
 # FLoRG's end-to-end resumption runs in tests/test_deploy_faults.py (ServerApp killed,
 # SuperLink restarted; final adapter equal to the clean run's), so it is not repeated here.
 # RoLoRA and FedSVD: parts that change by round (B in odd rounds and A in even ones; A
