@@ -14,13 +14,14 @@ A node that folded round h or later is sent the rounds after its own, as before 
 node taking part every round, the messages are the same as when every round was kept). A
 node behind h (a node that missed rounds, a new node, every node of a resumed run) is sent
 the base, float64, then the later folds, and replaces its cumulative with the base: the same
-bits as folding the rounds it missed one by one. So a lagging node now receives one dense
-base (d_out d_in per layer) instead of every fold it missed: for FedEx-LoRA's dense residuals
-that is never more; for factored folds (FLoRA's stack, N r (d_out + d_in) per round;
-FedEx-LoRA's ``factored``) it is fewer parameters once the node is behind by more than
-d_out d_in / (N r (d_out + d_in)) rounds, more before. These arrays count in the round's
-downlink. A method's strategy subclasses this one and returns the round's folds from
-``aggregate_adapter`` through ``record_folds``.
+bits as folding the rounds it missed one by one (a factored fold's P @ Q in the base is the
+server's float64 product, the client's own wherever both run the same numpy and BLAS, as in
+the simulation). So a lagging node now receives one dense base (d_out d_in per layer, in
+float64) instead of every fold it missed: for dense folds that is never more parameters;
+for factored ones (a stack of N clients' rank-r factors, N r (d_out + d_in) per round) it is
+fewer once the node is behind by more than d_out d_in / (N r (d_out + d_in)) rounds, more
+before. These arrays count in the round's downlink. A method's strategy subclasses this one
+and returns the round's folds from ``aggregate_adapter`` through ``record_folds``.
 """
 
 from __future__ import annotations
