@@ -20,7 +20,8 @@ mkdir -p "$ROOT"
 ROOT=$(cd "$ROOT" && pwd)
 EXACT_COMMIT=f9c930c  # the runtime every run of these grids runs at
 read -r -a GRIDS <<< "${GRIDS:-decoder-check evidence-v2-exact evidence-v2-exact-snli}"
-PUBLISHED=evidence/evidence-v2-exact  # runs/<grid>/<run>: config, metrics, summary; tuning
+PUBLISHED=evidence/evidence-v2-exact  # runs/<grid>/<run>: config, metrics, summary; tuning;
+# decoder-check/: the decoder check's report, plots and runs/<run>
 . scripts/fixed_worktree.sh
 dir="$ROOT/v2-exact"
 results="$dir/results"
@@ -30,13 +31,15 @@ finished_in() {  # GRID: whether the worktree holds a finished run of GRID
 }
 
 if [ -n "${PUBLISH_ONLY:-}" ]; then
-  publish_grids "$dir" "$PUBLISHED" "${GRIDS[@]}"
-  # The reports, written by this checkout's code: the decoder check's table
-  # (decoder-check.md) and protocol v2's evidence report (README.md and summary.json, the
-  # file the verdict page reads, in evidence-v2's schema), both tasks in one.
+  # The reports, written by this checkout's code: the decoder check's (its own folder:
+  # results.md, plots, runs) and protocol v2's evidence report (README.md and summary.json,
+  # the file the verdict page reads, in evidence-v2's schema), both tasks in one.
+  v2_grids=()
+  for grid in "${GRIDS[@]}"; do [ "$grid" = decoder-check ] || v2_grids+=("$grid"); done
+  [ ${#v2_grids[@]} -eq 0 ] || publish_grids "$dir" "$PUBLISHED" "${v2_grids[@]}"
   if finished_in decoder-check; then
-    python -m florg_tools.experiments report decoder-check --out "$results/decoder-check"
-    cp "$results/decoder-check/results.md" "$PUBLISHED/decoder-check.md"
+    python -m florg_tools.experiments report decoder-check --out "$results/decoder-check" \
+      --publish "$PUBLISHED/decoder-check"
   fi
   if finished_in evidence-v2-exact; then
     with=()
