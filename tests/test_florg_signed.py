@@ -160,3 +160,33 @@ def test_fedavg_gap_is_the_distance_to_the_plain_mean_over_the_move():
         assert metrics[f"fedavg_gap_{policy}"] == pytest.approx(expected, rel=1e-6)
     # the two policies differ here (r' = 4 r > r), so the key tells them apart
     assert metrics["fedavg_gap_procrustes"] != pytest.approx(metrics["fedavg_gap_truncate"])
+
+
+@pytest.mark.parametrize("rank_mismatch", ["procrustes", "truncate"])
+def test_fedavg_gap_own_keeps_the_runs_policy_and_off_records_none(rank_mismatch):
+    rng = np.random.default_rng(3)
+    state = {"enc.q.A": rng.standard_normal((2, 6)), "classifier.weight": np.zeros((2, 6))}
+    clients = [{k: v + 0.2 * rng.standard_normal(v.shape) for k, v in state.items()}
+               for _ in range(4)]  # fmt: skip
+    results = {}
+    for choice in ("both", "own", "off"):
+        strategy = strategy_for(
+            "florg", state, server_device="cpu", rank_mismatch=rank_mismatch, fedavg_gap=choice
+        )
+        results[choice] = strategy.aggregate_train(1, [reply(c) for c in clients])
+    other = "truncate" if rank_mismatch == "procrustes" else "procrustes"
+    own_key, other_key = f"fedavg_gap_{rank_mismatch}", f"fedavg_gap_{other}"
+    both, own, off = (results[c][1] for c in ("both", "own", "off"))
+    assert own[own_key] == both[own_key] and other_key in both and other_key not in own
+    assert own_key not in off and other_key not in off
+    # the diagnostic never changes the model
+    for choice in ("own", "off"):
+        for key, value in results["both"][0].items():
+            np.testing.assert_array_equal(results[choice][0][key], value)
+
+
+def test_a_bad_fedavg_gap_choice_is_refused():
+    from flower_app.config import ConfigError
+
+    with pytest.raises(ConfigError, match="fedavg-gap"):
+        strategy_for("florg", {"enc.q.A": np.ones((2, 6))}, fedavg_gap="sometimes")

@@ -61,6 +61,14 @@ class FederationSettings:
         check=one_of("procrustes", "truncate"),
         affects=(),
     )
+    fedavg_gap: str = setting(
+        "both",
+        "FLoRG's per-round diagnostic fedavg_gap_<policy> (how far the server step lands from "
+        "FedAvg on A): 'both' rank-mismatch policies (runs the step a second time), 'own' "
+        "(the run's policy only) or 'off'; no effect on the model",
+        check=one_of("both", "own", "off"),
+        affects=(),
+    )
     fedex_residual: str = setting(
         "dense",
         "FedEx residual transport",

@@ -32,6 +32,7 @@ class FLoRG(Method):
             fingerprint=fingerprint,
             server_device=config.server_device,
             rank_mismatch=config.rank_mismatch,
+            fedavg_gap=config.fedavg_gap,
             **self.strategy_settings(config, run_dir=run_dir),
         )
 

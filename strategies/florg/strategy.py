@@ -6,6 +6,9 @@ rank-mismatch policies (``fedavg_gap_procrustes``, ``fedavg_gap_truncate``; mean
 layers of ||A_new - Σ wₙ Aₙ||_F / ||A_new - A_prev||_F). With N r > r (every round of a
 federation) the paper's Procrustes over all r' = N r rows can land close to the plain
 mean, which would make FLoRG FedAvg on A in effect; this key measures it in every run.
+The other policy's gap costs a second server step (more than the step itself with its
+averaging, docs/benchmarks.md); the setting ``fedavg-gap`` keeps the run's own policy only
+('own') or skips the diagnostic ('off'). The model is the same either way.
 
 Clients of different rank: once a reply's A has r_n rows other than the global
 state's r_max, every later round runs ``strategies.florg.ranks_torch`` for every layer:
@@ -49,12 +52,16 @@ from strategies.florg.ranks_torch import aggregate_florg_ranks_layers
 from strategies.florg.rule import RANK_MISMATCH_POLICIES, check_rank_mismatch
 from strategies.florg.rule_torch import aggregate_florg_layers
 
+FEDAVG_GAP_CHOICES = ("both", "own", "off")
+
 
 class FLoRGStrategy(AdapterStrategy):
     """Clients send each layer's A (r x k); the server runs the FLoRG step on all of them.
 
     ``server_device``: 'auto' (CUDA when the ServerApp sees a GPU), 'cpu' or 'cuda'.
     ``rank_mismatch``: 'procrustes' (the paper) or 'truncate' (see ``strategies.florg.rule``).
+    ``fedavg_gap``: which ``fedavg_gap_<policy>`` diagnostics a round records: 'both'
+    policies, the run's 'own' or 'off'.
     """
 
     def __init__(
@@ -64,6 +71,7 @@ class FLoRGStrategy(AdapterStrategy):
         fingerprint: int | None = None,
         server_device: str = "auto",
         rank_mismatch: str = "procrustes",
+        fedavg_gap: str = "both",
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -72,6 +80,9 @@ class FLoRGStrategy(AdapterStrategy):
         self.procrustes = procrustes
         self.fingerprint = fingerprint
         self.rank_mismatch = check_rank_mismatch(rank_mismatch)
+        if fedavg_gap not in FEDAVG_GAP_CHOICES:
+            raise ValueError(f"fedavg_gap must be one of {FEDAVG_GAP_CHOICES}, got {fedavg_gap!r}")
+        self.fedavg_gap = fedavg_gap
         self.server_device = resolve_server_device(server_device)  # 'cuda' without a GPU fails
         # rank r_t < r_max -> {'<layer>.A': the factor of rank r_t} (empty while
         # every client has r_max, the homogeneous run)
@@ -153,7 +164,7 @@ class FLoRGStrategy(AdapterStrategy):
             return self.aggregate_ranks(payloads, weights)
         new_As, per_layer = self.server_step(payloads, weights, self.rank_mismatch)
         info = summarize_layers(per_layer)
-        if self.procrustes:
+        if self.procrustes and self.fedavg_gap != "off":
             info |= self.fedavg_gaps(payloads, weights, new_As)
         return new_As, info
 
@@ -237,21 +248,23 @@ class FLoRGStrategy(AdapterStrategy):
         weights: np.ndarray,
         new_As: dict[str, np.ndarray],
     ) -> dict[str, float]:
-        """``fedavg_gap_<policy>`` for both rank-mismatch policies: the mean over layers of
-        ||A_new - Σ wₙ Aₙ||_F / ||A_new - A_prev||_F (the run's own policy from ``new_As``,
-        the other one computed here and discarded)."""
+        """``fedavg_gap_<policy>``: the mean over layers of ||A_new - Σ wₙ Aₙ||_F /
+        ||A_new - A_prev||_F, for the run's own policy (from ``new_As``) and, with
+        ``fedavg_gap='both'``, the other one (its step computed here and discarded)."""
+        means = {
+            key: sum(w * p[key].astype(np.float64) for w, p in zip(weights, payloads, strict=True))
+            for key in new_As
+        }
+        policies = RANK_MISMATCH_POLICIES if self.fedavg_gap == "both" else (self.rank_mismatch,)
         out = {}
-        for policy in RANK_MISMATCH_POLICIES:
+        for policy in policies:
             As = new_As if policy == self.rank_mismatch else self.server_step(
                 payloads, weights, policy
             )[0]  # fmt: skip
             gaps = []
             for key, new in As.items():
-                mean = sum(
-                    w * p[key].astype(np.float64) for w, p in zip(weights, payloads, strict=True)
-                )
                 move = float(np.linalg.norm(new - self.global_state[key]))
-                gaps.append(float(np.linalg.norm(new - mean)) / move if move > 0 else np.nan)
+                gaps.append(float(np.linalg.norm(new - means[key])) / move if move > 0 else np.nan)
             out[f"fedavg_gap_{policy}"] = float(np.nanmean(gaps)) if gaps else np.nan
         return out
 
