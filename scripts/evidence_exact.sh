@@ -34,6 +34,8 @@ if [ -n "${PUBLISH_ONLY:-}" ]; then
   # The reports, written by this checkout's code: the decoder check's (its own folder:
   # results.md, plots, runs) and protocol v2's evidence report (README.md and summary.json,
   # the file the verdict page reads, in evidence-v2's schema), both tasks in one.
+  # This checkout's environment (matplotlib, the report code), whatever shell runs this.
+  [ ! -x .venv/bin/python ] || PATH="$PWD/.venv/bin:$PATH"
   v2_grids=()
   for grid in "${GRIDS[@]}"; do [ "$grid" = decoder-check ] || v2_grids+=("$grid"); done
   [ ${#v2_grids[@]} -eq 0 ] || publish_grids "$dir" "$PUBLISHED" "${v2_grids[@]}"
