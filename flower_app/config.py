@@ -318,6 +318,30 @@ def _check_example_dp(config: RunConfig) -> None:
         )
 
 
+def _check_unnoised_metrics(config: RunConfig) -> None:
+    """``dp-unnoised-metrics=withhold`` keeps the clients' unnoised metrics on the nodes
+    (flower_app/client/round.py): it means something only with DP on, and client
+    evaluation, which sends each node's scores on its own data, would undo it."""
+    if config.dp_unnoised_metrics != "withhold":
+        return
+    if config.dp == "off":
+        raise ConfigError(
+            "dp-unnoised-metrics: 'withhold' keeps metrics outside a DP guarantee on the "
+            "nodes, and dp='off' gives none; set dp=central or dp=example, or "
+            "dp-unnoised-metrics=send"
+        )
+    method = get_method(config.method)
+    if method.evaluates_on_clients(config):
+        why = "client-eval=on" if config.client_eval == "on" else (
+            f"method={config.method!r} has personal parts, so client-eval=auto evaluates on "
+            "the clients"
+        )  # fmt: skip
+        raise ConfigError(
+            f"client-eval: dp-unnoised-metrics=withhold refuses client evaluation ({why}), "
+            "which sends each node's unnoised scores on its own data; set client-eval=off"
+        )
+
+
 # The one validation pipeline of ``resolve_config``: the checks across settings, in order,
 # each raising a ConfigError that names its key; a method adds its own through
 # ``Method.check_settings``. (Each value's own check runs first, in ``coerce_setting``; the
@@ -328,5 +352,6 @@ CROSS_CHECKS = (
     _check_half_precision_writes,
     _check_lr_schedule,
     _check_example_dp,
+    _check_unnoised_metrics,
     _check_method_settings,
 )

@@ -23,10 +23,12 @@ then carries (``metrics``):
 - ``dp-sgd-trained-params``: d, the trained coordinates (the noise's norm is about
   z C / B sqrt(d)).
 
-These are statistics of the client's data computed without noise: like the reply's
-``train-loss``, they are diagnostics outside the (epsilon, delta) guarantee of the update
-(docs/privacy.md section 9). A round that drew no example at all reports no clipped
-fraction and no norm median.
+The first three are statistics of the client's data computed without noise
+(``DATA_DEPENDENT_KEYS``): like the reply's ``train-loss``, they are diagnostics outside the
+(epsilon, delta) guarantee of the update (docs/privacy.md section 9), and
+``dp-unnoised-metrics=withhold`` keeps them on the node. The last three follow from the
+settings and the client's example count. A round that drew no example at all reports no
+clipped fraction and no norm median.
 """
 
 from __future__ import annotations
@@ -36,7 +38,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["MechanismStats"]
+__all__ = ["DATA_DEPENDENT_KEYS", "MechanismStats"]
+
+# The reply keys computed from the client's examples without noise (module docstring).
+DATA_DEPENDENT_KEYS = (
+    "dp-sgd-clipped-fraction",
+    "dp-sgd-grad-norm-median",
+    "dp-sgd-clipped-mean-norm",
+)
 
 
 class MechanismStats:

@@ -97,13 +97,15 @@ def test_fed_sb_composes_round_0_into_every_clients_epsilon(tiny_superlink, tiny
     """Fed-SB under dp=example: round 0's private gradient estimates put each client's
     epsilon above 0 in row 0 (and the log), every training row continues from there, and
     each node's ledger on disk starts with round 0's release (z0, q0 = N / n, 1) before
-    its two training rounds (the query carries the run's lineage: the node-state folder)."""
+    its two training rounds (the query carries the run's lineage: the node-state folder).
+    Its clients withhold their unnoised metrics (``dp-unnoised-metrics=withhold``): no row
+    has a train loss or a data-dependent DP-SGD statistic, the noise's report stays."""
     outcome, rows, _ = run(
         tiny_superlink,
         tiny_assets,
         "dp-sgd-fed-sb",
         method="fed-sb",
-        **{"fed-sb-init-examples": 12},
+        **{"fed-sb-init-examples": 12, "dp-unnoised-metrics": "withhold"},
     )
     assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
     assert [r["round"] for r in rows] == [0, 1, 2]
@@ -112,6 +114,10 @@ def test_fed_sb_composes_round_0_into_every_clients_epsilon(tiny_superlink, tiny
     assert rows[0]["dp-sgd-clients"] == NUM_NODES and rows[0]["failures"] == 0
     for row in rows[1:]:
         assert row["dp-sgd-clients"] == NUM_NODES and row["failures"] == 0
+        assert row["dp-sgd-noise-std"] == pytest.approx(1.0 / SMALL["batch-size"])
+        withheld = {"train-loss", "client-train-seconds", "dp-sgd-clipped-fraction",
+                    "dp-sgd-grad-norm-median", "dp-sgd-clipped-mean-norm"}  # fmt: skip
+        assert not withheld & set(row), withheld & set(row)
     assert f"round 0: dp-sgd epsilon max {epsilons[0]:.4g}" in outcome.log_text
     # this run's ledgers: 1 release + 2 rounds of 2 steps (the other methods' hold 4 steps);
     # round 0's (z0 = 1.0, the default; q0 = 12 / n, not the training rounds' 8 / n) first

@@ -37,6 +37,7 @@ import torch
 
 from flower_app.config import RunConfig
 from flower_app.dp_sgd import ClientAccountant, DpSgd, plan_round
+from flower_app.dp_sgd_mechanism import DATA_DEPENDENT_KEYS
 from flower_app.lr_schedule import round_lr_factor
 from flower_app.modeling import pick_device
 from flower_app.precision import MixedPrecision
@@ -132,6 +133,18 @@ def train_steps(
     )
 
 
+# The reply's metrics computed from the client's data without noise, outside any DP
+# guarantee (docs/privacy.md): with dp on and dp-unnoised-metrics=withhold they stay on the
+# node. (train-seconds too: under DP-SGD's Poisson sampling a round's time tracks how many
+# examples it drew.)
+UNNOISED_METRICS = ("train-loss", "train-seconds", *DATA_DEPENDENT_KEYS)
+
+
+def withholds_unnoised_metrics(config: RunConfig) -> bool:
+    """Whether this run's clients keep ``UNNOISED_METRICS`` to themselves."""
+    return config.dp != "off" and config.dp_unnoised_metrics == "withhold"
+
+
 @dataclass
 class RoundReply:
     """What a round produced: the ``shared`` arrays sent up, the ``local`` parts the client
@@ -173,7 +186,9 @@ def train_round(
     is composed into it, and the reply adds ``dp-sgd-epsilon`` (after this round),
     ``dp-sgd-noise-multiplier``, ``dp-sgd-delta`` and what the mechanism did (clipped
     fraction, norms, noise: flower_app/dp_sgd_mechanism.py); ``num-examples`` is then the
-    partition's size n (the count of Poisson-sampled examples would reveal the sampling)."""
+    partition's size n (the count of Poisson-sampled examples would reveal the sampling).
+    With dp on and ``dp-unnoised-metrics=withhold`` the reply leaves out
+    ``UNNOISED_METRICS``."""
     dataset = tokenized_split(config, "train", partition_id, num_partitions)
     seed = round_seed(config, server_round, partition_id)
     loader = make_loader(dataset, config.batch_size, shuffle=True, seed=seed)
@@ -215,6 +230,9 @@ def train_round(
                 **(result.dp_mechanism or {}),  # what the mechanism did (dp_sgd_mechanism.py)
             }
         )
+    if withholds_unnoised_metrics(config):
+        for key in UNNOISED_METRICS:
+            reply.metrics.pop(key, None)
     return reply
 
 

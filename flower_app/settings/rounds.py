@@ -277,6 +277,15 @@ class PrivacySettings:
         check=non_negative,
         affects=(),
     )
+    dp_unnoised_metrics: str = setting(
+        "send",
+        "with dp on, the clients' metrics computed from their data without noise (train-loss, "
+        "train-seconds, dp=example's clipped fraction and gradient norms), outside (epsilon, "
+        "delta): 'send' them (diagnostics in metrics.jsonl) or 'withhold' them on the node "
+        "(client evaluation is then refused)",
+        check=one_of("send", "withhold"),
+        affects=(),
+    )
     dp_sgd_seeded_noise: bool = setting(
         False,
         "dp=example, tests only: draw the Poisson sampling and the noise from the round's seed "
