@@ -41,6 +41,7 @@ mkdir -p "$out/runs"
 [ ! -d "$PUBLISHED/runs" ] || cp -rn "$PUBLISHED/runs/." "$out/runs/"
 [ -n "${PREPARE_ONLY:-}" ] && exit 0
 
+hold_grid_lock "$ROOT"
 enter_worktree "$dir"
 python -m florg_tools.assets fetch
 python -m florg_tools.experiments run "$GRID" --no-report --only method=florg, method=fedit,

@@ -15,6 +15,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${1:-../florg-evidence}"
+if [ -z "${PUBLISH_ONLY:-}" ]; then
+  mkdir -p "$ROOT"
+  . scripts/fixed_worktree.sh
+  hold_grid_lock "$(cd "$ROOT" && pwd)"  # one queue or runner at a time: the runners inherit it
+fi
 failed=()
 for runner in evidence_long evidence_exact evidence_privacy; do
   echo "[evidence_queue] $(date -u +%FT%TZ) $runner"

@@ -8,6 +8,24 @@
 #   copy_grids DIR PUBLISHED GRID...     # grid files and published runs into DIR
 #   publish_grids DIR PUBLISHED GRID...  # DIR's finished runs into PUBLISHED
 #   run_grid_set DIR COMMIT PUBLISHED GRID...  # all of it, by PUBLISH_ONLY / PREPARE_ONLY
+#   hold_grid_lock ROOT         # one runner at a time under ROOT, or exit 3 naming the holder
+
+# hold_grid_lock ROOT: the grids each take the whole machine (one Ray actor per core), so two
+# runners side by side on the 2 cores made each run about 3x slower, not 2x (measured
+# 2026-11-29: the long grid's round 31 s beside the decoder check against 11 s alone): less
+# done than one after the other. The lock (ROOT/.grid-runner.lock, flock) is taken by the
+# first runner of a process tree and inherited by the runners it starts (the queue's).
+hold_grid_lock() {
+  [ -z "${FLORG_GRID_LOCK_HELD:-}" ] || return 0
+  local lock="$1/.grid-runner.lock"
+  exec 9>>"$lock"
+  if ! flock -n 9; then
+    echo "hold_grid_lock: another evidence runner holds $lock (pid $(cat "$lock.pid" 2>/dev/null || echo '?')); grids side by side run about 3x slower each: wait for it, or stop it by its pid" >&2
+    exit 3
+  fi
+  echo $$ > "$lock.pid"
+  export FLORG_GRID_LOCK_HELD=1
+}
 
 fixed_worktree() {
   local dir=$1 commit=$2
@@ -74,6 +92,7 @@ run_grid_set() {
   fixed_worktree "$dir" "$commit"
   copy_grids "$dir" "$published" "$@"
   [ -z "${PREPARE_ONLY:-}" ] || return 0
+  hold_grid_lock "$(dirname "$dir")"
   enter_worktree "$dir"
   python -m florg_tools.assets fetch
   for grid in "$@"; do
