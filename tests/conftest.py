@@ -49,6 +49,17 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_client_settings(tiny_bert_dir, sentiment_task_dir) -> dict:
+    """A client round's settings on the tiny BERT and the local sentiment task (rank 2,
+    2 local steps of batch 8 on 32 examples): what tests calling ``train_round`` share."""
+    return {
+        "model": str(tiny_bert_dir), "task": "local", "data-path": str(sentiment_task_dir),
+        "text-fields": "sentence", "rank": 2, "batch-size": 8, "local-steps": 2,
+        "max-train-examples": 32, "max-eval-examples": 16, "progress-bar": False,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="session")
 def sentiment_task_dir(tmp_path_factory) -> Path:
     return synthetic.make_sentiment_task(tmp_path_factory.mktemp("sentiment-task") / "task")
 

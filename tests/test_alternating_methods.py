@@ -194,13 +194,8 @@ def test_a_fedsvd_round_takes_b_alone_and_sends_back_the_refactorised_pair():
 
 
 @pytest.fixture(scope="module")
-def client_settings(tiny_bert_dir, sentiment_task_dir):
-    return {
-        "model": str(tiny_bert_dir), "task": "local", "data-path": str(sentiment_task_dir),
-        "text-fields": "sentence", "rank": 2, "batch-size": 8, "local-steps": 2,
-        "max-train-examples": 32, "max-eval-examples": 16, "progress-bar": False,
-        "learning-rate": 5e-2,
-    }  # fmt: skip
+def client_settings(tiny_client_settings):
+    return {**tiny_client_settings, "learning-rate": 5e-2}
 
 
 @pytest.mark.parametrize(

@@ -16,13 +16,8 @@ from flower_app.runtime import cached_adapted_model
 
 
 @pytest.fixture(scope="module")
-def client_settings(tiny_bert_dir, sentiment_task_dir):
-    return {
-        "model": str(tiny_bert_dir), "task": "local", "data-path": str(sentiment_task_dir),
-        "text-fields": "sentence", "rank": 2, "batch-size": 8, "local-steps": 2,
-        "max-train-examples": 32, "max-eval-examples": 16, "progress-bar": False,
-        "method": "florg", "dp": "example", "dp-sgd-seeded-noise": True,
-    }  # fmt: skip
+def client_settings(tiny_client_settings):
+    return {**tiny_client_settings, "method": "florg", "dp": "example", "dp-sgd-seeded-noise": True}
 
 
 def one_round(settings: dict, choice: str):
