@@ -157,6 +157,13 @@ def markdown(
                 else "–"
             )
         lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Each method's cell: its mean held-out test score over the seeds, with the 95% "
+        f"interval. Each difference: {REFERENCE} minus the baseline, paired by seed, with its "
+        f"95% interval; in brackets, the seeds on which {REFERENCE} is ahead / behind, and the "
+        "verdict (holds: the interval is above 0; does not hold: below 0).",
+    ]
     lines += ["", f"Validation score's slope per 100 rounds over the last {last} rounds:", ""]
     lines += ["| method | slope | still rising |", "|---|---|---|"]
     for method in methods:
