@@ -77,6 +77,9 @@ def test_the_command_prints_the_table_and_writes_plot_and_json(grid, tmp_path, c
     text = capsys.readouterr().out
     assert "| round | florg | fedit | florg − fedit |" in text
     assert "| 40 |" in text and "does not hold" in text
+    # per seed: FLoRG's seed 2 at round 20 is 0.5 + 0.02 (caught up), FedIT's seed 1 at 40
+    # is 0.5 + 0.01 + 0.04
+    assert "| florg | 2 | 0.520 | 0.520 |" in text and "| fedit | 1 | 0.530 | 0.550 |" in text
     assert plot.stat().st_size > 0
     data = json.loads(out.read_text())
     assert data["seeds"] == {"florg": [0, 1, 2], "fedit": [0, 1, 2]}
@@ -98,3 +101,5 @@ def test_the_page_block_lists_tuning_runs_until_tuning_chooses_then_the_curve(gr
     (grid / "tuning.json").write_text(json.dumps(tuning))
     after = long_budget.progress_markdown(grid, 21, (10, 20, 40), ("fedit",), 20)
     assert "florg − fedit" in after and "still rising" in after and "no verdict" not in after
+    assert "| fedit | 0 | 0.510 | 0.520 | 0.540 |" in after  # per seed, at rounds 10, 20, 40
+    assert "| fedit | 0 | 0.000" not in after  # the run at a rate not chosen is left out

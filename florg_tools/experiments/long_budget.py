@@ -15,6 +15,8 @@ It prints, as markdown:
 - **the curve**: at each of ``--rounds``, every method's mean test score with its 95% t
   interval over seeds, and FLoRG − each baseline paired by seed (mean, interval, wins /
   losses, verdict);
+- **per seed**: every chosen run's test score at ``--rounds`` (the seed also draws the
+  partition, so a partition on which a method does not learn shows here);
 - **convergence**: per method, the slope of the validation score over the last ``--last``
   rounds (least squares per seed, then the mean and 95% t interval over seeds, per 100
   rounds); an interval above 0 says the method is still rising, so its verdict is not final.
@@ -173,6 +175,25 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
+def per_seed_markdown(runs: dict[str, dict[int, Run]], rounds: Sequence[int]) -> str:
+    """Each chosen run's held-out test score at ``rounds``, one row per method and seed: the
+    intervals above pool the seeds, and the seed also draws the partition (Dirichlet), so a
+    partition on which a method does not learn shows here and not there."""
+    methods = sorted(runs, key=lambda m: (m != REFERENCE, m))
+    lines = [
+        "Per seed (the seed also draws the clients' partition), held-out test score:",
+        "",
+        "| method | seed | " + " | ".join(f"round {t}" for t in rounds) + " |",
+        "|---|---|" + "---|" * len(rounds),
+    ]
+    for method in methods:
+        for seed, run in sorted(runs[method].items()):
+            series = run.series("test-score")
+            cells = [f"{series[t]:.3f}" if t in series else "–" for t in rounds]
+            lines.append(f"| {method} | {seed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(runs: dict[str, dict[int, Run]], path: Path) -> None:
     """Test score against round: every method's mean with its 95% interval band."""
     import matplotlib
@@ -245,6 +266,7 @@ def progress_markdown(
         methods = sorted(runs, key=lambda m: (m != REFERENCE, m))
         table = curve(runs, rounds, baselines)
         lines += ["", markdown(table, convergence(runs, last), last, methods).rstrip()]
+        lines += ["", per_seed_markdown(runs, rounds).rstrip()]
         return "\n".join(lines)
     lines += [
         "Tuning (seed 0) has chosen no learning rate yet, so there is no verdict. The finished "
@@ -299,6 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = curve(runs, args.rounds, args.baselines)
     converged = convergence(runs, args.last)
     print(markdown(table, converged, args.last, methods), end="")
+    print("\n" + per_seed_markdown(runs, args.rounds), end="")
     if args.plot:
         plot(runs, args.plot)
     if args.json:
