@@ -142,6 +142,17 @@ def still_rising(interval: Interval) -> bool:
     return not math.isnan(interval.low) and interval.low > 0
 
 
+def reference_first(runs: dict[str, dict[int, Run]]) -> list[str]:
+    """The methods in the tables' column order: FLoRG first, then the rest by name."""
+    return sorted(runs, key=lambda m: (m != REFERENCE, m))
+
+
+def score_cells(run: Run, rounds: Sequence[int]) -> list[str]:
+    """``run``'s held-out test score at each of ``rounds`` for a table row ('–' where none)."""
+    series = run.series("test-score")
+    return [f"{series[t]:.3f}" if t in series else "–" for t in rounds]
+
+
 def markdown(
     table: list[dict[str, Any]], converged: dict[str, Interval], last: int, methods: list[str]
 ) -> str:
@@ -179,18 +190,15 @@ def per_seed_markdown(runs: dict[str, dict[int, Run]], rounds: Sequence[int]) ->
     """Each chosen run's held-out test score at ``rounds``, one row per method and seed: the
     intervals above pool the seeds, and the seed also draws the partition (Dirichlet), so a
     partition on which a method does not learn shows here and not there."""
-    methods = sorted(runs, key=lambda m: (m != REFERENCE, m))
     lines = [
         "Per seed (the seed also draws the clients' partition), held-out test score:",
         "",
         "| method | seed | " + " | ".join(f"round {t}" for t in rounds) + " |",
         "|---|---|" + "---|" * len(rounds),
     ]
-    for method in methods:
+    for method in reference_first(runs):
         for seed, run in sorted(runs[method].items()):
-            series = run.series("test-score")
-            cells = [f"{series[t]:.3f}" if t in series else "–" for t in rounds]
-            lines.append(f"| {method} | {seed} | " + " | ".join(cells) + " |")
+            lines.append(f"| {method} | {seed} | " + " | ".join(score_cells(run, rounds)) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -263,8 +271,8 @@ def progress_markdown(
     ]
     runs = chosen_runs(results)
     if runs:
-        methods = sorted(runs, key=lambda m: (m != REFERENCE, m))
         table = curve(runs, rounds, baselines)
+        methods = reference_first(runs)
         lines += ["", markdown(table, convergence(runs, last), last, methods).rstrip()]
         lines += ["", per_seed_markdown(runs, rounds).rstrip()]
         return "\n".join(lines)
@@ -276,8 +284,7 @@ def progress_markdown(
         "|---|---|" + "---|" * len(rounds),
     ]
     for run in done:
-        series = run.series("test-score")
-        cells = [f"{series[t]:.3f}" if t in series else "–" for t in rounds]
+        cells = score_cells(run, rounds)
         lines.append(f"| {run.method} | {run.learning_rate} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -315,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = chosen_runs(args.results)
     if not runs:
         parser.error(f"{args.results}: no finished run at a chosen learning rate")
-    methods = sorted(runs, key=lambda m: (m != REFERENCE, m))
+    methods = reference_first(runs)
     seeds = {m: sorted(by_seed) for m, by_seed in runs.items()}
     print(f"finished runs at the chosen learning rates, seeds per method: {seeds}\n")
     table = curve(runs, args.rounds, args.baselines)
