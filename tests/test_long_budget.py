@@ -103,3 +103,22 @@ def test_the_page_block_lists_tuning_runs_until_tuning_chooses_then_the_curve(gr
     assert "florg − fedit" in after and "still rising" in after and "no verdict" not in after
     assert "| fedit | 0 | 0.510 | 0.520 | 0.540 |" in after  # per seed, at rounds 10, 20, 40
     assert "| fedit | 0 | 0.000" not in after  # the run at a rate not chosen is left out
+
+
+def test_the_plot_keeps_the_score_axis_at_0_to_1_when_few_seeds_widen_the_band(
+    grid, tmp_path, monkeypatch
+):
+    """Two seeds' t interval (t = 12.7) reaches far past [0, 1]; the axis stays at the
+    score's range, so the curves keep the figure's height."""
+    limits = []
+    save = long_budget._save
+
+    def recording_save(fig, ax, path):
+        save(fig, ax, path)
+        limits.append(ax.get_ylim())
+
+    monkeypatch.setattr(long_budget, "_save", recording_save)
+    runs = long_budget.chosen_runs(grid)
+    two_seeds = {method: dict(list(by_seed.items())[:2]) for method, by_seed in runs.items()}
+    long_budget.plot(two_seeds, tmp_path / "curve.png")
+    assert limits == [(0.0, 1.0)]

@@ -222,11 +222,14 @@ def plot(runs: dict[str, dict[int, Run]], path: Path) -> None:
 
 
 def _save(fig, ax, path: Path) -> None:
-    """Label the score-against-round axes and write the figure."""
+    """Label the score-against-round axes and write the figure. The score axis spans the
+    score's range, [0, 1]: a t interval over two or three seeds can reach far past it, and
+    would otherwise squash every curve into a sliver of the figure."""
     import matplotlib.pyplot as plt
 
     ax.set_xlabel("round")
     ax.set_ylabel("held-out test score")
+    ax.set_ylim(0.0, 1.0)
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
