@@ -13,9 +13,10 @@
 # runs the integration set's deployment tests (DEPLOYMENT_TESTS below: SuperLink/SuperNode
 # processes on loopback, a Docker engine) in a pytest process of their own beside its
 # simulations: they spend much of their time waiting on Flower's heartbeats and 3-second
-# polls, so on CI's two cores the two overlap (docs/testing.md). The unit set runs alone
-# first (CPU-bound: beside them it took three times as long). FLORG_TEST_JOBS=1: one set
-# after another. A set that an argument such as -k empties
+# polls, so on CI's two cores the two overlap (docs/testing.md). One simulation module
+# (SIDE_SIMULATIONS) joins them, so that the two processes end closer together. The unit
+# set runs alone first (CPU-bound: beside them it took three times as long).
+# FLORG_TEST_JOBS=1: one set after another. A set that an argument such as -k empties
 # (pytest's exit status 5) is not a failure, but the run as a whole must collect tests, and
 # a plain `bash scripts/test.sh` (CI) fails when either set is empty.
 set -euo pipefail
@@ -48,6 +49,11 @@ DEPLOYMENT_TESTS=(
   tests/test_deploy_faults.py tests/test_deploy_loopback.py tests/test_deploy_netns.py
   tests/test_deploy_node_loss.py tests/test_docker_engine.py
 )
+# Simulations that run in the deployment tests' process: idle, the simulations took about
+# 35 min against the deployment tests' 20-23, and a simulation run keeps about one core
+# busy, so the second core idled once the deployment tests ended (docs/testing.md).
+SIDE_SIMULATIONS=(tests/test_causal_lm.py)
+SIDE_TESTS=("${DEPLOYMENT_TESTS[@]}" "${SIDE_SIMULATIONS[@]}")
 
 # Runs one set (a marker expression, then pytest arguments) and reports its exit status.
 run_set() {
@@ -66,11 +72,11 @@ if [ "$fast" = 0 ]; then
   integration=0
   side=""
   if [ "${#args[@]}" = 0 ] && [ "${FLORG_TEST_JOBS:-2}" != 1 ]; then
-    # The deployment tests, beside the simulations; their log is printed whole once both
-    # end (their own --basetemp: two pytest sessions at once).
+    # The deployment tests (and SIDE_SIMULATIONS), beside the other simulations; their log
+    # is printed whole once both end (their own --basetemp: two pytest sessions at once).
     side="$(mktemp -d "${TMPDIR:-/tmp}/florg-test-XXXXXX")"
     python -m pytest -q --durations=15 -m integration --basetemp "$side/tmp" \
-      "${DEPLOYMENT_TESTS[@]}" >"$side/log" 2>&1 &
+      "${SIDE_TESTS[@]}" >"$side/log" 2>&1 &
     side_pid=$!
     # Interrupted: stop that pytest (it stops every server it started, tests/test_orphans.py).
     trap 'kill -TERM "$side_pid" 2>/dev/null || true' EXIT
@@ -78,14 +84,14 @@ if [ "$fast" = 0 ]; then
   fi
   if [ -n "$side" ]; then
     ignored=()
-    for file in "${DEPLOYMENT_TESTS[@]}"; do ignored+=(--ignore "$file"); done
+    for file in "${SIDE_TESTS[@]}"; do ignored+=(--ignore "$file"); done
     run_set integration "${ignored[@]}" || integration=$?
     deployment=0
     wait "$side_pid" || deployment=$?
     trap - EXIT
     echo "test.sh: ---- the deployment tests, run beside the others ----" >&2
     cat "$side/log"
-    echo "test.sh: pytest -m \"integration\" ${DEPLOYMENT_TESTS[*]}: exit status $deployment" >&2
+    echo "test.sh: pytest -m \"integration\" ${SIDE_TESTS[*]}: exit status $deployment" >&2
     rm -rf "$side"
     # The integration set's status: a failure of either half, else 5 if one collected nothing.
     if [ "$integration" = 0 ] || { [ "$integration" = 5 ] && [ "$deployment" != 0 ]; }; then

@@ -1,7 +1,8 @@
 """scripts/test.sh's split of the integration set: the deployment tests run in a pytest
-process of their own beside the others (docs/testing.md). The list must name real modules,
-and a new deployment or Docker module with integration tests must join it (or it would run with the
-simulations and lengthen CI's critical path)."""
+process of their own beside the others (docs/testing.md), with the simulation modules of
+SIDE_SIMULATIONS. The lists must name real modules, and a new deployment or Docker module with
+integration tests must join the first (or it would run with the simulations and lengthen CI's
+critical path)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def deployment_tests() -> list[str]:
+def listed_tests(name: str) -> list[str]:
     text = (ROOT / "scripts" / "test.sh").read_text()
-    block = re.search(r"^DEPLOYMENT_TESTS=\((.*?)\)", text, re.S | re.M)
-    assert block, "scripts/test.sh has no DEPLOYMENT_TESTS=( ... ) list"
+    block = re.search(rf"^{name}=\((.*?)\)", text, re.S | re.M)
+    assert block, f"scripts/test.sh has no {name}=( ... ) list"
     return block.group(1).split()
+
+
+def deployment_tests() -> list[str]:
+    return listed_tests("DEPLOYMENT_TESTS")
 
 
 def test_the_side_set_names_every_deployment_module_and_only_integration_ones():
@@ -35,3 +40,15 @@ def test_the_side_set_names_every_deployment_module_and_only_integration_ones():
         if "pytest.mark.integration" in p.read_text()  # test_deploy_units.py: no servers
     }
     assert expected <= set(listed), f"not in scripts/test.sh's list: {expected - set(listed)}"
+
+
+def test_the_side_simulations_are_integration_modules_outside_the_deployment_list():
+    side = listed_tests("SIDE_SIMULATIONS")
+    assert side, "SIDE_SIMULATIONS is empty: drop it from scripts/test.sh instead"
+    text = (ROOT / "scripts" / "test.sh").read_text()
+    assert 'SIDE_TESTS=("${DEPLOYMENT_TESTS[@]}" "${SIDE_SIMULATIONS[@]}")' in text
+    for name in side:
+        path = ROOT / name
+        assert path.is_file(), f"scripts/test.sh lists {name}, which does not exist"
+        assert "pytest.mark.integration" in path.read_text(), f"{name} has no integration test"
+        assert name not in deployment_tests(), f"{name} is in both lists"
