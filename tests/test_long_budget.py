@@ -122,3 +122,21 @@ def test_the_plot_keeps_the_score_axis_at_0_to_1_when_few_seeds_widen_the_band(
     two_seeds = {method: dict(list(by_seed.items())[:2]) for method, by_seed in runs.items()}
     long_budget.plot(two_seeds, tmp_path / "curve.png")
     assert limits == [(0.0, 1.0)]
+
+
+def test_the_planned_count_adds_the_rates_tuning_extended_past_an_end(grid):
+    """tuning.json's path past its grid values adds a run each: FLoRG's 5e-4 below
+    {1e-3, 2e-3, 4e-3} makes 21 planned runs 22."""
+    assert long_budget.planned_runs(grid, 21) == 21  # no table yet: nothing extended
+    tuning = json.loads((grid / "tuning.json").read_text())
+    table = {
+        "method=florg,task=snli": {"path": [0.001, 0.002, 0.004, 0.0005]},
+        "method=fedit,task=snli": {"path": [0.001, 0.002, 0.004]},
+    }
+    values = [0.001, 0.002, 0.004]
+    (grid / "tuning.json").write_text(json.dumps({**tuning, "values": values, "table": table}))
+    assert long_budget.planned_runs(grid, 21) == 22
+    text = long_budget.progress_markdown(grid, 21, (10, 20, 40), ("fedit",), 20)
+    assert "runs finished, of 22 planned" in text
+    (grid / "tuning.json").unlink()
+    assert long_budget.planned_runs(grid, 21) == 21

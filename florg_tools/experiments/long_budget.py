@@ -261,16 +261,32 @@ def runs_in(folder: Path) -> list[Run]:
     return out
 
 
+def planned_runs(results: Path, grid_runs: int) -> int:
+    """The grid's ``grid_runs`` plus one run for each rate tuning added past an end of its
+    grid (``tuning.json``'s path per method, beyond its ``values``)."""
+    tuning_file = results / "tuning.json"
+    if not tuning_file.is_file():
+        return grid_runs
+    tuning = json.loads(tuning_file.read_text())
+    grid_values = set(tuning.get("values", []))
+    added = sum(
+        sum(1 for value in entry.get("path", []) if value not in grid_values)
+        for entry in tuning.get("table", {}).values()
+    )
+    return grid_runs + added
+
+
 def progress_markdown(
     results: Path, total_runs: int, rounds: Sequence[int], baselines: Sequence[str], last: int
 ) -> str:
     """The page's text: how far the grid is; the curve and the convergence check once tuning
     has chosen; before that, each finished tuning run's test score at ``rounds`` (no
-    verdict: a learning rate not yet chosen is no method's score)."""
+    verdict: a learning rate not yet chosen is no method's score). ``total_runs``: the
+    grid's runs before tuning extends any rate."""
     done = finished_runs(results)
     lines = [
-        f"{len(done)} runs finished, of {total_runs} planned (tuning adds a run each time it "
-        "extends a rate past an end)."
+        f"{len(done)} runs finished, of {planned_runs(results, total_runs)} planned (tuning "
+        "adds a run each time it extends a rate past an end)."
     ]
     runs = chosen_runs(results)
     if runs:
