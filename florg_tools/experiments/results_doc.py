@@ -285,8 +285,23 @@ def headline(ev: Evidence) -> str:
                 found[paired(entries[REFERENCE], entry).verdict].append(method_name(label))
             cells = [", ".join(found[k]) or "–" for k in found]
             rows.append([what, task_name(task), *cells])
+    rows.append(["long budget (`evidence-long-snli`, round 160)", task_name("snli"),
+                 *_long_budget_headline(ev, 160)])  # fmt: skip
     head = ["evidence", "task", "FLoRG ahead", "FLoRG behind", "neither (inconclusive)"]
     return "\n".join(_table(head, rows))
+
+
+def _long_budget_headline(ev: Evidence, round_: int) -> list[str]:
+    """The long-budget grid's baselines FLoRG is ahead of, behind and level with at
+    ``round_`` (FLoRG − baseline paired by seed, as on the verdict page's curve)."""
+    from florg_tools.experiments import long_budget as lb
+
+    baselines = [m for m in LONG_METHODS if m != REFERENCE]
+    (entry,) = lb.curve(lb.chosen_runs(ev.root / LONG), (round_,), baselines)
+    found: dict[str, list[str]] = {"holds": [], "does not hold": [], "inconclusive": []}
+    for baseline in baselines:
+        found[verdict(entry["differences"][baseline].difference)].append(method_name(baseline))
+    return [", ".join(found[k]) or "–" for k in found]
 
 
 def verdict_table(ev: Evidence) -> str:
@@ -820,7 +835,8 @@ V1_PAGE = "docs/results-v1.md"
 RUNS_OF = "the runs' summary.json under "
 METRICS_OF = "the runs' metrics.jsonl under "
 BLOCKS = (
-    Block("README.md", "HEADLINE", (V1, V2, SFT, HETERO), headline),
+    Block("README.md", "HEADLINE",
+          (V1, V2, SFT, HETERO, LONG + "/tuning.json", METRICS_OF + LONG + "/runs"), headline),
     Block(RESULTS, "VERDICT-TABLE", (V1, V2), verdict_table),
     Block(RESULTS, "V2-MOVIE-SENTIMENT", (V2, RUNS_OF + RUN_FOLDERS[V2][0]),
           v2_methods_table("movie-sentiment")),
