@@ -278,13 +278,12 @@ def headline(ev: Evidence) -> str:
     for what, name in sources:
         for task in ev.summary(name)["tasks"]:
             entries = ev.summary(name)["tasks"][task]["methods"]
-            found: dict[str, list[str]] = {"holds": [], "does not hold": [], "inconclusive": []}
-            for label, entry in entries.items():
-                if label.startswith(REFERENCE) or " (" in label:  # FLoRG's own, references
-                    continue
-                found[paired(entries[REFERENCE], entry).verdict].append(method_name(label))
-            cells = [", ".join(found[k]) or "–" for k in found]
-            rows.append([what, task_name(task), *cells])
+            verdicts = [
+                (method_name(label), paired(entries[REFERENCE], entry).verdict)
+                for label, entry in entries.items()
+                if not (label.startswith(REFERENCE) or " (" in label)  # FLoRG's own, references
+            ]
+            rows.append([what, task_name(task), *_verdict_cells(verdicts)])
     rows.append(["long budget (`evidence-long-snli`, round 160)", task_name("snli"),
                  *_long_budget_headline(ev, 160)])  # fmt: skip
     head = ["evidence", "task", "FLoRG ahead", "FLoRG behind", "neither (inconclusive)"]
@@ -298,9 +297,17 @@ def _long_budget_headline(ev: Evidence, round_: int) -> list[str]:
 
     baselines = [m for m in LONG_METHODS if m != REFERENCE]
     (entry,) = lb.curve(lb.chosen_runs(ev.root / LONG), (round_,), baselines)
+    return _verdict_cells(
+        [(method_name(b), verdict(entry["differences"][b].difference)) for b in baselines]
+    )
+
+
+def _verdict_cells(verdicts: Sequence[tuple[str, str]]) -> list[str]:
+    """The headline's three cells from (baseline name, verdict) pairs: the baselines FLoRG
+    is ahead of, behind and level with, each "–" when empty."""
     found: dict[str, list[str]] = {"holds": [], "does not hold": [], "inconclusive": []}
-    for baseline in baselines:
-        found[verdict(entry["differences"][baseline].difference)].append(method_name(baseline))
+    for name, outcome in verdicts:
+        found[outcome].append(name)
     return [", ".join(found[k]) or "–" for k in found]
 
 
