@@ -45,15 +45,18 @@ enter_worktree() {
 }
 
 # copy_grids DIR PUBLISHED GRID...: each grid file into DIR's conf/grids, and the runs
-# already published under PUBLISHED/runs/GRID into DIR's results, so the runner skips them
-# (runs are deterministic).
+# already published into DIR's results, so the runner skips them (runs are deterministic).
+# A grid's runs are published under PUBLISHED/runs/GRID (publish_grids), or, for a grid
+# with a report of its own such as the decoder check, under PUBLISHED/GRID/runs.
 copy_grids() {
-  local dir=$1 published=$2 grid
+  local dir=$1 published=$2 grid from
   shift 2
   for grid in "$@"; do
     cp "conf/grids/$grid.yaml" "$dir/conf/grids/"
     mkdir -p "$dir/results/$grid/runs"
-    [ ! -d "$published/runs/$grid" ] || cp -rn "$published/runs/$grid/." "$dir/results/$grid/runs/"
+    for from in "$published/runs/$grid" "$published/$grid/runs"; do
+      [ ! -d "$from" ] || cp -rn "$from/." "$dir/results/$grid/runs/"
+    done
   done
 }
 
