@@ -37,9 +37,12 @@ if [ -n "${PUBLISH_ONLY:-}" ]; then
   # This checkout's environment (matplotlib, the report code), whatever shell runs this.
   [ ! -x .venv/bin/python ] || PATH="$PWD/.venv/bin:$PATH"
   v2_grids=()
-  for grid in "${GRIDS[@]}"; do [ "$grid" = decoder-check ] || v2_grids+=("$grid"); done
+  decoder=""
+  for grid in "${GRIDS[@]}"; do
+    if [ "$grid" = decoder-check ]; then decoder=1; else v2_grids+=("$grid"); fi
+  done
   [ ${#v2_grids[@]} -eq 0 ] || publish_grids "$dir" "$PUBLISHED" "${v2_grids[@]}"
-  if finished_in decoder-check; then
+  if [ -n "$decoder" ] && finished_in decoder-check; then
     python -m florg_tools.experiments report decoder-check --out "$results/decoder-check" \
       --publish "$PUBLISHED/decoder-check"
   fi

@@ -97,7 +97,9 @@ run_grid_set() {
   [ -z "${PREPARE_ONLY:-}" ] || return 0
   hold_grid_lock "$(dirname "$dir")"
   enter_worktree "$dir"
-  python -m florg_tools.assets fetch
+  # --all: the optional SmolLM2-135M as well, which the decoder check's runs load (about a
+  # minute the first time on a machine, nothing after).
+  python -m florg_tools.assets fetch --all
   for grid in "$@"; do
     python -m florg_tools.experiments run "$grid" --no-report
   done

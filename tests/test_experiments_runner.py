@@ -170,6 +170,27 @@ def test_report_shows_the_change_from_round_0(tmp_path):
     assert "| fedit | – | -0.0500 (n=1) |" in gains
 
 
+def test_wall_time_counts_runs_copied_in_from_another_worktree(tmp_path):
+    """The runner's own times (grid.json) where it ran the run; a published run copied into
+    a fresh worktree and skipped is timed by its ServerApp's ``wall-seconds`` instead of
+    being dropped (a fresh machine's report said 0 runs in 0 min)."""
+    grid = load_grid(write_grid(tmp_path / "g.yaml", "grid: {seed: [0, 1, 2]}"))
+    ran_here, copied, untimed = grid.runs
+    results = [
+        RunResult(ran_here, [], {"wall-seconds": 50.0}),
+        RunResult(copied, [], {"wall-seconds": 200.0}),
+        RunResult(untimed, [], {}),
+    ]
+    assert "Wall time: unknown (no grid.json)." in markdown_report(grid, [], [], [], tmp_path)
+    (tmp_path / "grid.json").write_text(
+        json.dumps({ran_here.run_id: {"status": "finished", "seconds": 100.0}})
+    )
+    text = markdown_report(grid, results, [], [], tmp_path)
+    assert "Wall time: 5.0 min for 2 runs (150 s per run); 1 of them run elsewhere" in text
+    only_here = markdown_report(grid, results[:1], [], [], tmp_path)
+    assert "Wall time: 1.7 min for 1 runs (100 s per run)." in only_here
+
+
 # ---------------------------------------------------------------- the runner, end to end
 
 

@@ -222,16 +222,25 @@ def run_machines(environments: Iterable[dict[str, Any] | None]) -> str:
     return "; ".join(parts) or "no runs"
 
 
-def _wall_time(out: Path) -> str:
+def _wall_time(out: Path, results: list[RunResult]) -> str:
     """Sum of the runs' wall times as the runner measured them (flwr run to final status,
-    start-up included), from ``grid.json``."""
+    start-up included), from ``grid.json``. A run finished in another worktree (published,
+    then copied into this one and skipped) is not in ``grid.json``: its time is the one its
+    ServerApp recorded (``wall-seconds`` in its summary.json, without start-up)."""
     try:
         state = json.loads((out / "grid.json").read_text())
     except (OSError, json.JSONDecodeError):
+        state = {}
+    timed = {k: float(v.get("seconds", 0)) for k, v in state.items() if v["status"] == "finished"}
+    own = [r for r in results if r.run.run_id not in timed and "wall-seconds" in r.summary]
+    if not timed and not own:
         return "unknown (no grid.json)"
-    seconds = sum(float(v.get("seconds", 0)) for v in state.values() if v["status"] == "finished")
-    count = sum(1 for v in state.values() if v["status"] == "finished")
-    return f"{seconds / 60:.1f} min for {count} runs ({seconds / max(count, 1):.0f} s per run)"
+    seconds = sum(timed.values()) + sum(float(r.summary["wall-seconds"]) for r in own)
+    count = len(timed) + len(own)
+    text = f"{seconds / 60:.1f} min for {count} runs ({seconds / max(count, 1):.0f} s per run)"
+    if own:
+        text += f"; {len(own)} of them run elsewhere, timed by their ServerApp"
+    return text
 
 
 def _missing_note(missing: list[str], shown: int = 6) -> str:
@@ -256,7 +265,7 @@ def markdown_report(
         f"Machines the runs recorded: {machines}. Report written on "
         f"{environment_label(describe_environment())}.",
         "",
-        f"Wall time: {_wall_time(out)}.",
+        f"Wall time: {_wall_time(out, results)}.",
         "",
         f"Runs finished: {len(results)} of {len(grid.runs)}" + _missing_note(missing) + ".",
         f"Values: final-round `{metric}`, mean ± sample standard deviation over seeds.",
