@@ -10,9 +10,9 @@
 #   GRIDS="decoder-check" bash scripts/evidence_exact.sh ROOT   # a subset of the grids
 #
 # Runs already published under $PUBLISHED are copied into the worktree's results first, so
-# the runner skips them. Order: the decoder check (six short runs), then movie sentiment
-# (each method's tuning, then its seeds), then SNLI. scripts/evidence_queue.sh runs the
-# long-budget grid (scripts/evidence_long.sh) before these: they share the 2 cores.
+# the runner skips them. Order: the decoder check (six runs of 5-50 min), then movie
+# sentiment (each method's tuning, then its seeds), then SNLI. scripts/evidence_queue.sh
+# runs these first, then the privacy grids: they share the 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${1:-../florg-evidence}"

@@ -10,7 +10,7 @@
 # then the cross-device pilot (1,000 SuperNodes, conf/grids/privacy-cross-device-pilot.yaml)
 # that sizes the cross-device grid. GRIDS overrides the list (the grids written from these
 # runs' results: privacy-cross-silo-eps3, privacy-cross-device). scripts/evidence_queue.sh
-# runs the long-budget and exact grids before these: they share the 2 cores.
+# runs the exact methods' grids before these: they share the 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${1:-../florg-evidence}"

@@ -8,10 +8,12 @@
 #   PUBLISH_ONLY=1 bash scripts/evidence_queue.sh [ROOT]  # every finished run into evidence/
 #
 # Order (what each answers):
-#   1. scripts/evidence_long.sh      the verdict at a long budget (SNLI, 160 rounds)
-#   2. scripts/evidence_exact.sh     the exact-aggregation methods: decoder check, protocol v2
-#   3. scripts/evidence_privacy.sh   privacy-utility: cross-silo DP-SGD, the cross-device pilot
-# Each runner prepares its worktree (and .venv) on first use; see its header.
+#   1. scripts/evidence_exact.sh     the exact-aggregation methods: decoder check, protocol v2
+#   2. scripts/evidence_privacy.sh   privacy-utility: cross-silo DP-SGD, the cross-device pilot
+# Each runner prepares its worktree (and .venv) on first use; see its header. A grid that has
+# finished and been published leaves the queue (on a fresh machine its runner would build a
+# worktree and a .venv, minutes, only to skip every run): scripts/evidence_long.sh, the
+# verdict at a long budget, finished on 2026-11-30 and reruns on its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${1:-../florg-evidence}"
@@ -21,7 +23,7 @@ if [ -z "${PUBLISH_ONLY:-}" ]; then
   hold_grid_lock "$(cd "$ROOT" && pwd)"  # one queue or runner at a time: the runners inherit it
 fi
 failed=()
-for runner in evidence_long evidence_exact evidence_privacy; do
+for runner in evidence_exact evidence_privacy; do
   echo "[evidence_queue] $(date -u +%FT%TZ) $runner"
   # A runner that fails (a run that failed, a worktree at the wrong commit) is reported and
   # the queue goes on: the grids do not depend on one another.
