@@ -263,3 +263,29 @@ def test_the_exact_methods_table_before_any_run_is_published(tmp_path):
         "RoLoRA, FedSVD, FLoRA, Fed-SB: not published yet (`conf/grids/evidence-v2-exact-snli"
         ".yaml`, queued in `bash scripts/evidence_queue.sh`; 0 of the grid's runs published)."
     )
+
+
+def test_the_exact_methods_table_while_a_method_has_one_seed(tmp_path):
+    """Mid-grid, a method's first published run is its tuning run at the chosen rate: one
+    seed. Its row shows that score and says the paired intervals wait for a second seed,
+    rather than failing the whole page (results_doc raised on it)."""
+    from tests.test_comm_to_target import write_run
+
+    (tmp_path / "evidence").mkdir()
+    (tmp_path / "evidence" / "evidence-v2").symlink_to(ROOT / "evidence" / "evidence-v2")
+    exact = tmp_path / "evidence" / "evidence-v2-exact"
+    entry = {"lr": 0.001, "seeds": [0], "test_final": [0.7], "lr_path": [0.0005, 0.001, 0.002]}
+    exact.mkdir()
+    summary = {"tasks": {"movie-sentiment": {"methods": {"rolora": entry}}}}
+    (exact / "summary.json").write_text(json.dumps(summary))
+    write_run(exact / "runs" / "evidence-v2-exact", "rolora", 0, 0.001, [0.5] * 4 + [0.7], 16)
+
+    text = results_doc.exact_table("movie-sentiment")(results_doc.Evidence(tmp_path))
+    rows = {row[0]: row for row in (
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in text.splitlines() if line.startswith("| ")
+    )}  # fmt: skip
+    waiting = "– (seeds shared: 1; an interval needs two)"
+    assert rows["RoLoRA"][1:] == ["1e-3 (tried 5e-4 to 2e-3)", "1", "0.700 (one seed)",
+                                  waiting, waiting, "32"]  # fmt: skip
+    assert "FedSVD, FLoRA, Fed-SB: not published yet" in text

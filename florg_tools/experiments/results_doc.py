@@ -245,6 +245,15 @@ def paired(ref: dict[str, Any], other: dict[str, Any], field: str = "test_final"
     return Paired(found.difference, found.wins, found.losses, len(common))
 
 
+def _paired_text(ref: dict[str, Any], other: dict[str, Any]) -> str:
+    """The paired difference's cell, or what it waits for while a grid still runs and
+    fewer than two seeds are shared (a method's first published run is its tuning run)."""
+    common = [s for s in ref["seeds"] if s in other["seeds"]]
+    if len(common) < 2:
+        return f"– (seeds shared: {len(common)}; an interval needs two)"
+    return paired(ref, other).text()
+
+
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
@@ -466,8 +475,8 @@ def exact_table(task: str) -> Callable[[Evidence], str]:
             curves = _comm_curves(ev, task)[0]
             rows = []
             for label, entry in ((REFERENCE, florg), ("fedit", fedit), *exact.items()):
-                to_florg = "–" if label == REFERENCE else paired(florg, entry).text()
-                to_fedit = "–" if label == "fedit" else paired(entry, fedit).text()
+                to_florg = "–" if label == REFERENCE else _paired_text(florg, entry)
+                to_fedit = "–" if label == "fedit" else _paired_text(entry, fedit)
                 sent = curves[label].per_round if label in curves else None
                 rows.append([
                     method_name(label), _tried(entry), str(len(entry["seeds"])),
