@@ -235,8 +235,13 @@ class Paired:
         return f"{interval(self.difference, sign=True)} {self.verdict}"
 
 
+def shared_seeds(ref: dict[str, Any], other: dict[str, Any]) -> list[int]:
+    """The seeds both entries hold, in ``ref``'s order (what a paired difference pairs)."""
+    return [s for s in ref["seeds"] if s in other["seeds"]]
+
+
 def paired(ref: dict[str, Any], other: dict[str, Any], field: str = "test_final") -> Paired:
-    common = [s for s in ref["seeds"] if s in other["seeds"]]
+    common = shared_seeds(ref, other)
     if len(common) < 2:
         raise ValueError(f"fewer than two shared seeds ({common})")
     a = [ref[field][ref["seeds"].index(s)] for s in common]
@@ -248,7 +253,7 @@ def paired(ref: dict[str, Any], other: dict[str, Any], field: str = "test_final"
 def _paired_text(ref: dict[str, Any], other: dict[str, Any]) -> str:
     """The paired difference's cell, or what it waits for while a grid still runs and
     fewer than two seeds are shared (a method's first published run is its tuning run)."""
-    common = [s for s in ref["seeds"] if s in other["seeds"]]
+    common = shared_seeds(ref, other)
     if len(common) < 2:
         return f"– (seeds shared: {len(common)}; an interval needs two)"
     return paired(ref, other).text()
