@@ -16,9 +16,10 @@
 # polls, so on CI's two cores the two overlap (docs/testing.md). Three simulation modules
 # (SIDE_SIMULATIONS) join them, so that the two processes end closer together. The unit
 # set runs alone first (CPU-bound: beside them it took three times as long).
-# FLORG_TEST_JOBS=1: one set after another. A set that an argument such as -k empties
-# (pytest's exit status 5) is not a failure, but the run as a whole must collect tests, and
-# a plain `bash scripts/test.sh` (CI) fails when either set is empty.
+# FLORG_TEST_JOBS=1: one set after another, and the unit set in one process (below). A set
+# that an argument such as -k empties (pytest's exit status 5) is not a failure, but the run
+# as a whole must collect tests, and a plain `bash scripts/test.sh` (CI) fails when either
+# set is empty.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -70,8 +71,16 @@ run_set() {
   return "$rc"
 }
 
+# The unit set is CPU-bound in one process (256 s of CPU for 247 s of wall time on CI's
+# machine), so a plain run spreads it over FLORG_TEST_JOBS worker processes (pytest-xdist,
+# default 2: one per core), a module to one worker (--dist loadfile: its fixtures are built
+# once). With pytest arguments of your own it runs in one process (-s, --pdb, -x as usual).
+unit_workers=()
+if [ "${#args[@]}" = 0 ] && [ "${FLORG_TEST_JOBS:-2}" != 1 ]; then
+  unit_workers=(-n "${FLORG_TEST_JOBS:-2}" --dist loadfile)
+fi
 unit=0
-run_set "not integration" || unit=$?
+run_set "not integration" ${unit_workers[@]+"${unit_workers[@]}"} || unit=$?
 rcs=("$unit")
 if [ "$fast" = 0 ]; then
   integration=0
