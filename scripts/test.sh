@@ -13,8 +13,8 @@
 # runs the integration set's deployment tests (DEPLOYMENT_TESTS below: SuperLink/SuperNode
 # processes on loopback, a Docker engine) in a pytest process of their own beside its
 # simulations: they spend much of their time waiting on Flower's heartbeats and 3-second
-# polls, so on CI's two cores the two overlap (docs/testing.md). Three simulation modules
-# (SIDE_SIMULATIONS) join them, so that the two processes end closer together. The unit
+# polls, so on CI's two cores the two overlap (docs/testing.md). One simulation module
+# (SIDE_SIMULATIONS) joins them, so that the two processes end closer together. The unit
 # set runs alone first (CPU-bound: beside them it took three times as long).
 # FLORG_TEST_JOBS=1: one set after another, and the unit set in one process (below). A set
 # that an argument such as -k empties (pytest's exit status 5) is not a failure, but the run
@@ -52,13 +52,9 @@ DEPLOYMENT_TESTS=(
 )
 # Simulations that run in the deployment tests' process: idle, the simulations took about
 # 35 min against the deployment tests' 20-23, and a simulation run keeps about one core
-# busy, so the second core idled once the deployment tests ended (docs/testing.md). With the
-# causal-LM runs alone here, this process still ended 8 min before the simulations (28:00
-# against 36:04 at 447367e), so the real MiniLM run and the FlowerTune rehearsal (107 s and
-# 54 s there) joined it.
-SIDE_SIMULATIONS=(
-  tests/test_causal_lm.py tests/test_real_model.py tests/test_flowertune_rehearsal.py
-)
+# busy, so the second core idled once the deployment tests ended (docs/testing.md). Moving
+# two more CPU-heavy modules here did not shorten the simulations (docs/testing.md).
+SIDE_SIMULATIONS=(tests/test_causal_lm.py)
 SIDE_TESTS=("${DEPLOYMENT_TESTS[@]}" "${SIDE_SIMULATIONS[@]}")
 
 # Runs one set (a marker expression, then pytest arguments) and reports its exit status.
