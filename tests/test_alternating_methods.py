@@ -5,8 +5,8 @@ which its server re-factorises into an orthonormal A after every round. Checked 
 rule against a dense float64 reference of the exact update (1e-10), FedSVD against a
 transcription of its authors' re-factorisation, the strategy's round (what it accepts and
 what it keeps), a client's round (what it trains and what it sends), and the refusals.
-Communication: tests/test_communication.py; central DP: tests/test_dp_app.py; the runs,
-resumption included: tests/test_app_e2e.py, tests/test_causal_lm.py.
+Communication: tests/test_communication.py; central DP: tests/test_dp_app.py; resumption:
+tests/test_checkpoint.py; the runs: tests/test_app_e2e.py, tests/test_causal_lm.py.
 """
 
 from __future__ import annotations

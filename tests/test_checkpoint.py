@@ -81,7 +81,13 @@ def reply(state, pid) -> Message:
     return Message(content=content, dst_node_id=1, message_type=MessageType.TRAIN)
 
 
-@pytest.mark.parametrize("method", ["florg", "fedex-lora", "fedit", "flora", "fed-sb"])
+# Every method whose server keeps state between rounds beyond the global adapter: FLoRG's
+# factor (Procrustes' reference), FedEx-LoRA's and FLoRA's folds, Fed-SB's B and A, RoLoRA's
+# and FedSVD's round-dependent parts. The resumed runs through the simulation:
+# tests/test_app_e2e.py (FedSA-LoRA, Fed-SB), tests/test_deploy_faults.py (FLoRG).
+@pytest.mark.parametrize(
+    "method", ["florg", "fedex-lora", "fedit", "flora", "fed-sb", "rolora", "fedsvd"]
+)
 def test_a_restored_strategy_continues_exactly(method):
     rng = np.random.default_rng(0)
     if method == "florg":
@@ -94,10 +100,16 @@ def test_a_restored_strategy_continues_exactly(method):
             "l.lora_B": np.zeros((5, 2)),
             "head.w": rng.standard_normal((2, 6)),
         }
+    # each round's three replies: what a client of the method sends up in that round
+    # (RoLoRA: B in odd rounds, A in even ones; FedSVD: B)
     rounds = [
-        [{k: v + 0.05 * rng.standard_normal(v.shape) for k, v in initial.items()} for _ in range(3)]
-        for _ in range(3)
-    ]
+        [
+            {k: v + 0.05 * rng.standard_normal(v.shape)
+             for k, v in get_method(method).uplink(initial, t).items()}
+            for _ in range(3)
+        ]
+        for t in (1, 2, 3)
+    ]  # fmt: skip
     kwargs = {"fedex_residual": "factored"} if method == "fedex-lora" else {}
     first = strategy_for(method, initial, **kwargs)
     if method == "fed-sb":  # as round 0 leaves them

@@ -2,8 +2,8 @@
 rank included, and against a transcription of its authors' aggregation; the strategy's
 rounds (the fold kept and resent, a fresh LoRA drawn by round); a client folding the update
 into W0; the merged export. Communication: tests/test_communication.py; the refusal of
-dp=central: tests/test_dp_app.py; the runs, resumption included: tests/test_app_e2e.py,
-tests/test_causal_lm.py."""
+dp=central: tests/test_dp_app.py; resumption: tests/test_checkpoint.py; the runs:
+tests/test_app_e2e.py, tests/test_causal_lm.py."""
 
 from __future__ import annotations
 
