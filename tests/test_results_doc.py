@@ -289,3 +289,33 @@ def test_the_exact_methods_table_while_a_method_has_one_seed(tmp_path):
     assert rows["RoLoRA"][1:] == ["1e-3 (tried 5e-4 to 2e-3)", "1", "0.700 (one seed)",
                                   waiting, waiting, "32"]  # fmt: skip
     assert "FedSVD, FLoRA, Fed-SB: not published yet" in text
+
+
+def test_the_headline_has_a_task_of_the_exact_grid_once_every_method_has_every_seed(tmp_path):
+    """Synthetic exact summaries beside protocol v2's real FLoRG: on movie sentiment every
+    method has FLoRG's five seeds (RoLoRA far above FLoRG, Fed-SB far below, FedSVD and
+    FLoRA within 0.02 of it on every seed), so its row sorts them by the paired verdict;
+    on SNLI one method has a seed missing, so that grid still runs and its task has no
+    row."""
+    (tmp_path / "evidence").mkdir()
+    (tmp_path / "evidence" / "evidence-v2").symlink_to(ROOT / "evidence" / "evidence-v2")
+    v2 = json.loads((ROOT / "evidence/evidence-v2/summary.json").read_text())["tasks"]
+    tasks = {}
+    for task, shift in (("movie-sentiment", {"rolora": 0.2, "fed-sb": -0.2}), ("snli", {})):
+        florg = v2[task]["methods"]["florg"]
+        methods = {}
+        for m in results_doc.EXACT_METHODS:
+            scores = [s + shift.get(m, 0.0) + 0.02 * (-1) ** i
+                      for i, s in enumerate(florg["test_final"])]  # fmt: skip
+            methods[m] = {"lr": 1e-3, "seeds": list(florg["seeds"]), "test_final": scores}
+        tasks[task] = {"methods": methods}
+    snli_fed_sb = tasks["snli"]["methods"]["fed-sb"]
+    for key in ("seeds", "test_final"):
+        snli_fed_sb[key] = snli_fed_sb[key][:-1]
+    (tmp_path / "evidence" / "evidence-v2-exact").mkdir()
+    (tmp_path / "evidence" / "evidence-v2-exact" / "summary.json").write_text(
+        json.dumps({"tasks": tasks})
+    )
+    rows = results_doc._exact_headline(results_doc.Evidence(tmp_path))
+    assert rows == [["exact methods (`evidence-v2-exact`), protocol v2", "movie sentiment",
+                     "Fed-SB", "RoLoRA", "FedSVD, FLoRA"]]  # fmt: skip

@@ -298,10 +298,31 @@ def headline(ev: Evidence) -> str:
                 if not (label.startswith(REFERENCE) or " (" in label)  # FLoRG's own, references
             ]
             rows.append([what, task_name(task), *_verdict_cells(verdicts)])
+        if name == V2:
+            rows += _exact_headline(ev)
     rows.append(["long budget (`evidence-long-snli`, round 160)", task_name("snli"),
                  *_long_budget_headline(ev, 160)])  # fmt: skip
     head = ["evidence", "task", "FLoRG ahead", "FLoRG behind", "neither (inconclusive)"]
     return "\n".join(_table(head, rows))
+
+
+def _exact_headline(ev: Evidence) -> list[list[str]]:
+    """The exact methods' rows: per task whose grid is complete (every method run on every
+    seed of protocol v2's FLoRG), FLoRG − method paired by seed, as in its exact table; a
+    task whose grid still runs has no row yet."""
+    if not (ev.root / EXACT).is_file():
+        return []
+    rows = []
+    for task in TASKS:
+        florg = ev.summary(V2)["tasks"][task]["methods"][REFERENCE]
+        found = ev.summary(EXACT)["tasks"].get(task, {}).get("methods", {})
+        if not all(m in found and set(florg["seeds"]) <= set(found[m]["seeds"])
+                   for m in EXACT_METHODS):  # fmt: skip
+            continue
+        verdicts = [(method_name(m), paired(florg, found[m]).verdict) for m in EXACT_METHODS]
+        rows.append(["exact methods (`evidence-v2-exact`), protocol v2", task_name(task),
+                     *_verdict_cells(verdicts)])  # fmt: skip
+    return rows
 
 
 def _long_budget_headline(ev: Evidence, round_: int) -> list[str]:
@@ -857,7 +878,8 @@ RUNS_OF = "the runs' summary.json under "
 METRICS_OF = "the runs' metrics.jsonl under "
 BLOCKS = (
     Block("README.md", "HEADLINE",
-          (V1, V2, SFT, HETERO, LONG + "/tuning.json", METRICS_OF + LONG + "/runs"), headline),
+          (V1, V2, EXACT, SFT, HETERO, LONG + "/tuning.json", METRICS_OF + LONG + "/runs"),
+          headline),
     Block(RESULTS, "VERDICT-TABLE", (V1, V2), verdict_table),
     Block(RESULTS, "V2-MOVIE-SENTIMENT", (V2, RUNS_OF + RUN_FOLDERS[V2][0]),
           v2_methods_table("movie-sentiment")),
