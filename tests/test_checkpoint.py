@@ -81,9 +81,9 @@ def reply(state, pid) -> Message:
     return Message(content=content, dst_node_id=1, message_type=MessageType.TRAIN)
 
 
-# Every method whose server keeps state between rounds beyond the global adapter: FLoRG's
-# factor (Procrustes' reference), FedEx-LoRA's and FLoRA's folds, Fed-SB's B and A, RoLoRA's
-# and FedSVD's round-dependent parts. The resumed runs through the simulation:
+# FedIT (the global adapter only) and every method whose server keeps state between rounds
+# beyond it: FLoRG's factor (Procrustes' reference), FedEx-LoRA's and FLoRA's folds, Fed-SB's
+# B and A, RoLoRA's and FedSVD's round-dependent parts. The resumed runs through the simulation:
 # tests/test_app_e2e.py (FedSA-LoRA, Fed-SB), tests/test_deploy_faults.py (FLoRG).
 @pytest.mark.parametrize(
     "method", ["florg", "fedex-lora", "fedit", "flora", "fed-sb", "rolora", "fedsvd"]
