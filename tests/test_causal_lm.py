@@ -1,6 +1,8 @@
 """The causal-LM task kind (flower_app/task_kinds/causal_lm.py): the response-only loss
-mask, the prompt templates, the generative metrics, the task sources, and FLoRG and FedIT
-through the Flower simulation on the tiny decoder (tests/conftest.py's synthetic assets)."""
+mask, the prompt templates, the generative metrics, the task sources, every method's client
+round on the tiny decoder in process, and the methods whose round touches the task kind
+beyond the shared arrays through the Flower simulation (tests/conftest.py's synthetic
+assets)."""
 
 from __future__ import annotations
 
@@ -19,10 +21,19 @@ from flower_app.config import ConfigError, resolve_config
 from flower_app.data import sft
 from flower_app.data.tasks import TASKS
 from flower_app.task_kinds.sft_eval import generate_answers, generation_scores, response_loss
+from strategies.method import Method
 from strategies.registry import method_names
 from tests.ray_harness import shared_ray_simulation_superlink
 
 NUM_NODES = 2
+# The decoder through the simulation: the methods whose round touches the task kind beyond
+# the shared arrays -- FLoRG (its Gram step, the PEFT export of a decoder), FedSA-LoRA (the
+# clients' personalised generative scores), FedEx-LoRA (the residual folded into the
+# decoder's W0 on every node) and Fed-SB (round 0: its clients' gradients of the causal
+# loss, asked by a query message). The other server rules do not depend on the task kind
+# (flower_app/task_kinds/) and run end to end on classification (test_app_e2e.py); every
+# method's causal-LM round runs in process below.
+E2E_METHODS = ["florg", "fedsa-lora", "fedex-lora", "fed-sb"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}[CLS] {{ m['role'] }} {{ m['content'] }} [SEP]{% endfor %}"
     "{% if add_generation_prompt %}[CLS] assistant{% endif %}"
@@ -226,6 +237,58 @@ def test_a_round_adapts_q_and_v_and_instructions_are_scored_by_their_loss(tiny, 
     assert all(".k_proj." in k for k in other.shared_state())  # an explicit setting wins
 
 
+def fed_sb_round_0(adapted: Any, gradients: dict, lr: float, rank: int) -> None:
+    """Fed-SB's server step of round 0 in process, for one client's answer: each layer's
+    B, R, A from its gradient (strategies/fed_sb/rule.py's ``initial_factors``, as the
+    strategy computes them from the clients' mean), B and A fixed in the model, R loaded as
+    the global state the first training message carries."""
+    from flower_app.adapters.lora_sb import set_lora_sb_basis
+    from strategies.fed_sb.rule import initial_factors
+
+    basis, shared = {}, {}
+    for key, gradient in gradients.items():
+        layer = key.removesuffix(".grad")
+        B, R, A = initial_factors(gradient.astype("float64"), lr, rank)
+        basis[f"{layer}.B"], basis[f"{layer}.A"], shared[f"{layer}.R"] = B, A, R
+    set_lora_sb_basis(adapted.model, basis)
+    adapted.load_shared_state(shared)
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_every_method_trains_the_decoder_in_process(tiny, method):
+    """One client round of every method on the tiny decoder, in process (the ClientApp's
+    round, flower_app/client/round.py; a method that runs a round 0 answers its query
+    first), then the server's generative evaluation: the shared arrays move, the loss
+    counts response tokens, the four causal-LM keys are finite and the score is gen-F1."""
+    import numpy as np
+
+    from flower_app.client.round import local_batches, train_round
+    from flower_app.runtime import cached_adapted_model
+    from flower_app.task_data import load_task_data
+    from flower_app.task_eval import evaluate_task
+
+    settings = {"method": method, "rank": 2, "local-steps": 2, "learning-rate": 0.01}
+    config = resolve_config({}, causal_settings(tiny, **settings))
+    data = load_task_data(config)
+    adapted = cached_adapted_model(config, data.num_labels, data.spec.kind)
+    if type(adapted.method).answer_query is not Method.answer_query:  # Fed-SB's round 0
+        gradients, _ = adapted.method.answer_query(
+            config, adapted, local_batches(config, 0, NUM_NODES)
+        )
+        assert gradients and all(np.all(np.isfinite(g)) for g in gradients.values()), method
+        fed_sb_round_0(adapted, gradients, config.learning_rate, config.rank)
+    before = {k: v.copy() for k, v in adapted.shared_state().items()}
+    reply = train_round(config, adapted, server_round=1, partition_id=0, num_partitions=NUM_NODES)
+    assert reply.metrics["steps"] == 2 and reply.metrics["train-loss"] > 0
+    assert math.isfinite(reply.metrics["train-loss"])
+    moved = [k for k in reply.shared if not np.array_equal(reply.shared[k], before[k])]
+    assert moved, method
+    scores = evaluate_task(config, adapted.model, torch.device("cpu"))
+    for key in ("response-loss", "perplexity", "gen-exact-match", "gen-f1"):
+        assert math.isfinite(scores[key]), (key, scores)
+    assert scores["score"] == scores["gen-f1"] / 100
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -239,11 +302,11 @@ def superlink(tmp_path_factory):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("method", method_names())
+@pytest.mark.parametrize("method", E2E_METHODS)
 def test_causal_lm_trains_end_to_end_through_the_flower_simulation(
     tiny, superlink, tmp_path, method
 ):
-    """Every method fine-tunes the tiny decoder for one round through the Flower simulation
+    """The method fine-tunes the tiny decoder for one round through the Flower simulation
     (one SuperLink for the module) and writes the four causal-LM metric keys."""
     root = Path(__file__).resolve().parent.parent
     config = {
