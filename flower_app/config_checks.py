@@ -103,6 +103,17 @@ def one_of(*options: str) -> Callable[[str], bool]:
     return check
 
 
+def comma_list_of(*options: str) -> Callable[[str], bool]:
+    """A comma list of one or more of ``options`` ('nan' or 'raise,nan')."""
+
+    def check(x: str) -> bool:
+        return all(part.strip() in options for part in x.split(","))
+
+    check.options = options  # type: ignore[attr-defined]
+    check.hint = f"one of {', '.join(options)}, or a comma list of them"  # type: ignore[attr-defined]
+    return check
+
+
 def coerce(key: str, value: Any, kind: type, check: Callable[[Any], bool] | None) -> Any:
     """``value`` as a ``kind`` (str, int, float or bool; 'true' / 'false' strings are
     bools, a float equal to an int is an int) that passes ``check``; ConfigError naming

@@ -20,13 +20,14 @@ PAYLOAD = {
 }
 
 
-def message(kind: str = "train") -> Message:
+def message(kind: str = "train", server_round: int = 1) -> Message:
     metadata = Metadata(
         run_id=1, message_id="m1", src_node_id=0, dst_node_id=1, reply_to_message_id="",
         group_id="1", created_at=time.time(), ttl=600.0, message_type=kind,
     )  # fmt: skip
     return Message(
-        content=RecordDict({"config": ConfigRecord({"server-round": 1})}), metadata=metadata
+        content=RecordDict({"config": ConfigRecord({"server-round": server_round})}),
+        metadata=metadata,
     )
 
 
@@ -92,3 +93,24 @@ def test_each_kind_spoils_the_reply_as_documented(kind):
         assert claimed == 10.0 and np.array_equal(arrays["enc.q.A"], PAYLOAD["enc.q.A"])
     else:
         assert claimed == 80
+
+
+def test_a_comma_list_gives_each_round_its_own_kind_cycled():
+    """Round t misbehaves as the t-th kind of the list, cycled (one run, several faults)."""
+    ctx = context(1, **{"fault-kind": "nan, claim", "fault-scale": 10.0})
+    for server_round, kind in [(1, "nan"), (2, "claim"), (3, "nan"), (4, "claim")]:
+        reply = inject_faults(message(server_round=server_round), ctx, honest_round)
+        arrays = from_array_record(reply.content["arrays"])
+        assert np.isnan(arrays["enc.q.A"]).all() == (kind == "nan"), server_round
+        assert (reply.content["metrics"]["num-examples"] == 10.0) == (kind == "claim")
+    with pytest.raises(RuntimeError, match="fault injected"):  # round 3 of raise,nan,raise
+        inject_faults(message(server_round=3), context(1, **{"fault-kind": "raise,nan,raise"}),
+                      honest_round)  # fmt: skip
+
+
+def test_a_fault_kind_outside_the_list_is_a_config_error():
+    from flower_app.config import ConfigError, resolve_config
+
+    assert resolve_config({"fault-kind": "raise,nan"}).fault_kind == "raise,nan"
+    with pytest.raises(ConfigError, match="fault-kind: bad value 'nan,melt'.*comma list"):
+        resolve_config({"fault-kind": "nan,melt"})

@@ -11,6 +11,9 @@ setting ``fault-partition`` it misbehaves as ``fault-kind`` says:
     scale   every adapter array of the reply x ``fault-scale`` (poisoning)
     claim   the reply claims ``fault-scale`` examples (poisoning)
 
+A comma list (``raise,nan,shape``) gives each training round its own: round t (the
+message's ``server-round``) misbehaves as the t-th kind, cycled, so one run can go
+through several faults a round apart.
 Everything else passes through unchanged; with ``fault-partition = -1`` (the default) the
 mod does nothing. The round itself (flower_app/client/round.py) knows nothing of faults.
 """
@@ -31,6 +34,14 @@ def partition_id(context: Context) -> int:
     return int(context.node_config.get("partition-id", 0))
 
 
+def round_fault_kind(kinds: str, msg: Message) -> str:
+    """The kind of fault for the training round of ``msg``: the setting's t-th kind in
+    round t (server-round, from 1), cycled; a single kind in every round."""
+    listed = [kind.strip() for kind in kinds.split(",")]
+    server_round = int(msg.content["config"].get("server-round", 1))
+    return listed[(max(server_round, 1) - 1) % len(listed)]
+
+
 def inject_faults(
     msg: Message, context: Context, call_next: Callable[[Message, Context], Message]
 ) -> Message:
@@ -41,21 +52,22 @@ def inject_faults(
     pid = partition_id(context)
     if config.fault_partition != pid:
         return call_next(msg, context)
-    if config.fault_kind == "raise":
+    kind = round_fault_kind(config.fault_kind, msg)
+    if kind == "raise":
         raise RuntimeError(f"fault injected on partition {pid} (run config 'fault-partition')")
     reply = call_next(msg, context)
     if reply.has_error():
         return reply
-    if config.fault_kind == "claim":  # poisoning: claims fault-scale examples
+    if kind == "claim":  # poisoning: claims fault-scale examples
         reply.content["metrics"]["num-examples"] = config.fault_scale
         return reply
     payload = from_array_record(reply.content["arrays"])
     key = next(iter(payload))
-    if config.fault_kind == "nan":
+    if kind == "nan":
         payload[key] = np.full_like(payload[key], np.nan)
-    elif config.fault_kind == "shape":
+    elif kind == "shape":
         payload[key] = payload[key][..., :-1]
-    elif config.fault_kind == "scale":  # poisoning: every adapter tensor x fault-scale
+    elif kind == "scale":  # poisoning: every adapter tensor x fault-scale
         for name in payload:
             if name.endswith(ADAPTER_SUFFIXES):
                 payload[name] = payload[name] * config.fault_scale

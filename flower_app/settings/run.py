@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flower_app.config_checks import (
+    comma_list_of,
     folder_name_or_empty,
     non_negative,
     one_of,
@@ -71,8 +72,9 @@ class TestingSettings:
     )
     fault_kind: str = setting(
         "raise",
-        "testing: how it misbehaves (scale: adapter x fault-scale; claim: fault-scale examples)",
-        check=one_of("raise", "nan", "shape", "scale", "claim"),
+        "testing: how it misbehaves (scale: adapter x fault-scale; claim: fault-scale "
+        "examples); a comma list: round t's is the t-th, cycled",
+        check=comma_list_of("raise", "nan", "shape", "scale", "claim"),
         affects=(),
     )
     fault_scale: float = setting(
