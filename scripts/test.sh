@@ -53,8 +53,9 @@ DEPLOYMENT_TESTS=(
 # Simulations that run in the deployment tests' process: idle, the simulations took about
 # 35 min against the deployment tests' 20-23, and a simulation run keeps about one core
 # busy, so the second core idled once the deployment tests ended (docs/testing.md). Moving
-# two more CPU-heavy modules here did not shorten the simulations (docs/testing.md).
-SIDE_SIMULATIONS=(tests/test_causal_lm.py)
+# two more CPU-heavy modules here did not shorten the simulations (docs/testing.md); the
+# tiny decoder's and span head's runs (four each) balance the two processes.
+SIDE_SIMULATIONS=(tests/test_causal_lm.py tests/test_squad_qa.py)
 SIDE_TESTS=("${DEPLOYMENT_TESTS[@]}" "${SIDE_SIMULATIONS[@]}")
 
 # Runs one set (a marker expression, then pytest arguments) and reports its exit status.
