@@ -54,7 +54,7 @@ DEPLOYMENT_TESTS=(
 # 35 min against the deployment tests' 20-23, and a simulation run keeps about one core
 # busy, so the second core idled once the deployment tests ended (docs/testing.md). Moving
 # two more CPU-heavy modules here did not shorten the simulations (docs/testing.md); the
-# tiny decoder's and span head's runs (four each) balance the two processes.
+# tiny decoder's and the span head's runs (7 and 4) balance the two processes.
 SIDE_SIMULATIONS=(tests/test_causal_lm.py tests/test_squad_qa.py)
 SIDE_TESTS=("${DEPLOYMENT_TESTS[@]}" "${SIDE_SIMULATIONS[@]}")
 

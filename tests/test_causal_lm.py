@@ -28,12 +28,14 @@ from tests.ray_harness import shared_ray_simulation_superlink
 NUM_NODES = 2
 # The decoder through the simulation: the methods whose round touches the task kind beyond
 # the shared arrays -- FLoRG (its Gram step, the PEFT export of a decoder), FedSA-LoRA (the
-# clients' personalised generative scores), FedEx-LoRA (the residual folded into the
-# decoder's W0 on every node) and Fed-SB (round 0: its clients' gradients of the causal
-# loss, asked by a query message). The other server rules do not depend on the task kind
+# clients' personalised generative scores), FedEx-LoRA and FLoRA (their updates folded into
+# the decoder's W0 on every node), Fed-SB (round 0: its clients' gradients of the causal
+# loss, asked by a query message), FedSVD (the server re-factorises the frozen A) and
+# RoLoRA (B and A in alternate rounds). The other server rules (FedIT, FeDeRA, FFA-LoRA,
+# HetLoRA, FlexLoRA, FLoRG's variants) do not depend on the task kind
 # (flower_app/task_kinds/) and run end to end on classification (test_app_e2e.py); every
 # method's causal-LM round runs in process below.
-E2E_METHODS = ["florg", "fedsa-lora", "fedex-lora", "fed-sb"]
+E2E_METHODS = ["florg", "fedsa-lora", "fedex-lora", "flora", "fed-sb", "fedsvd", "rolora"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}[CLS] {{ m['role'] }} {{ m['content'] }} [SEP]{% endfor %}"
     "{% if add_generation_prompt %}[CLS] assistant{% endif %}"
