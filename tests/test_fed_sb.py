@@ -4,8 +4,8 @@ the dense W0 + s B R A, its PEFT export, round 0 on the strategy (weights, check
 communication row, central DP, the clients' epsilons under dp=example), B and A sent once
 per node and checkpointed, the client's hooks, round 0's private estimate under dp=example
 against an independent per-example loop and its accounting, and the refusals. The runs
-through the simulation: tests/test_app_e2e.py, tests/test_causal_lm.py (parametrised over
-every method) and tests/test_dp_sgd_app.py (dp=example)."""
+through the simulation: tests/test_app_e2e.py, tests/test_causal_lm.py (the tiny decoder)
+and tests/test_dp_sgd_app.py (dp=example)."""
 
 from __future__ import annotations
 

@@ -31,8 +31,9 @@ from strategies.registry import method_names
 # the shared arrays -- FLoRG (its Gram step carries the trained head, the PEFT export),
 # FedIT (the mean), FedSA-LoRA (the clients' personalised QA scores), FedEx-LoRA (the
 # residual fold beside the head). The other server rules do not depend on the task kind
-# (flower_app/task_kinds/) and run end to end on classification (test_app_e2e.py) and on
-# causal LM (test_causal_lm.py); every method's QA round runs in-process in the unit set.
+# (flower_app/task_kinds/) and run end to end on classification (test_app_e2e.py), as
+# test_causal_lm.py chooses for the decoder; every method's QA round runs in-process in the
+# unit set.
 E2E_METHODS = ["florg", "fedit", "fedsa-lora", "fedex-lora"]
 METHODS = method_names()
 
