@@ -28,7 +28,6 @@ from florg_tools.run_config import resume_run_config
 from flower_app.adapters.targets import adapter_layout
 from strategies.common.dp_accounting import epsilon_for
 from strategies.communication import round_communication
-from strategies.fedex_lora.method import FEDEX_REFUSAL
 from strategies.florg.rule import aggregate_florg
 from strategies.florg_signed.rule import aggregate_florg_signed
 from strategies.registry import get_method, method_names
@@ -141,30 +140,28 @@ DP_RESUMED = "fedit"
 
 
 def _dp_methods() -> list[str]:
-    """One method per central-DP mechanism (every method's mechanism is checked on the
-    strategy in tests/test_dp_app.py), FedSA-LoRA (clients evaluate) and FedEx-LoRA (the
-    refusal): each path through the simulation once, keeping CI's time down."""
+    """One method per central-DP mechanism (every method's mechanism, florg-signed's sign
+    blocks included, is checked on the strategy in tests/test_dp_app.py) and FedSA-LoRA
+    (clients evaluate): each path through the simulation once, keeping CI's time down. A
+    method that refuses dp=central (FedEx-LoRA, FLoRA) fails in resolve_config, as
+    test_bad_config_fails_the_run_naming_the_key's run does; its reason is checked in
+    tests/test_dp_app.py."""
     chosen: dict[str, str] = {}
     for name in METHODS:
         mechanism = get_method(name).dp_mechanism
-        chosen.setdefault(mechanism or "refused", name)  # one refusal: FedEx-LoRA's
+        if mechanism is not None:
+            chosen.setdefault(mechanism, name)
     assert chosen[get_method(DP_RESUMED).dp_mechanism] == DP_RESUMED
-    return sorted({*chosen.values(), "fedsa-lora", "florg-signed"} - {DP_RESUMED})
+    return sorted({*chosen.values(), "fedsa-lora"} - {DP_RESUMED})
 
 
 @pytest.mark.parametrize("method", _dp_methods())
 def test_each_dp_path_runs_with_central_dp_and_reports_epsilon(tiny_superlink, tiny_assets, method):
     """Every row has dp-epsilon, 0 before training, then the accountant's epsilon after t
-    rounds of z = 1 at q = 1 and the default delta; FedEx-LoRA fails before training, with
-    its reason."""
+    rounds of z = 1 at q = 1 and the default delta."""
     outcome, run_dir = run(
         tiny_superlink, tiny_assets, f"dp-{method}", method=method, **DP, **CHEAP_DP
     )
-    if method == "fedex-lora":
-        assert not outcome.ok
-        assert FEDEX_REFUSAL[:80] in outcome.log_text + (outcome.status_details or "")
-        assert not run_dir.exists()  # refused while resolving the settings
-        return
     assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-4000:]}"
     check_dp_run(run_dir, outcome.log_text, delta=1e-5)
 
