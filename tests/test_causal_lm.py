@@ -244,13 +244,14 @@ def fed_sb_round_0(adapted: Any, gradients: dict, lr: float, rank: int) -> None:
     B, R, A from its gradient (strategies/fed_sb/rule.py's ``initial_factors``, as the
     strategy computes them from the clients' mean), B and A fixed in the model, R loaded as
     the global state the first training message carries."""
-    from flower_app.adapters.lora_sb import set_lora_sb_basis
+    from flower_app.adapters.lora_sb import lora_sb_layers, set_lora_sb_basis
+    from strategies.fed_sb.gradient import gradient_key
     from strategies.fed_sb.rule import initial_factors
 
     basis, shared = {}, {}
-    for key, gradient in gradients.items():
-        layer = key.removesuffix(".grad")
-        B, R, A = initial_factors(gradient.astype("float64"), lr, rank)
+    for layer in lora_sb_layers(adapted.model):
+        gradient = gradients[gradient_key(layer)].astype("float64")
+        B, R, A = initial_factors(gradient, lr, rank)
         basis[f"{layer}.B"], basis[f"{layer}.A"], shared[f"{layer}.R"] = B, A, R
     set_lora_sb_basis(adapted.model, basis)
     adapted.load_shared_state(shared)
