@@ -91,7 +91,9 @@ REGIMES = (
     Regime("cross-device", ("privacy-cross-device",), "snli", ("florg", "fedit", "fed-sb"),
            (0, 1, 2), 27, {},
            "is written from the pilot's results (conf/grids/privacy-cross-device-pilot.yaml, "
-           "queued in `bash scripts/evidence_queue.sh`)"),
+           "queued in `bash scripts/evidence_queue.sh`) by `python -m "
+           "florg_tools.experiments.cross_device_sizing "
+           "evidence/privacy-regimes/runs/privacy-cross-device-pilot`"),
 )  # fmt: skip
 
 

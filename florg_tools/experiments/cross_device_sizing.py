@@ -1,0 +1,213 @@
+"""The cross-device private grid's numbers, read from its non-private pilot (docs/privacy.md,
+client sampling; conf/grids/privacy-cross-device-pilot.yaml).
+
+    python -m florg_tools.experiments.cross_device_sizing PILOT_RUNS [--target 0.48]
+        [--reference fedit] [--delta 1e-4] [--epsilons 8 2] [--runs-per-method 9]
+
+It prints, from the pilot's finished runs (the folder holding one run folder per run):
+
+* **T, the rounds**: the reference method's test curve, each test round's score with its
+  95% Wilson interval over the test examples, and the first test round whose interval lies
+  wholly at or above the target (the pilot's "chance + 0.15 with a margin of one test
+  interval"). A run that never gets there is named with its last round: continue it from
+  its checkpoint rather than rerun it.
+* **C per method**: the clipping norm, the median over rounds of the round's median client
+  update norm (:mod:`florg_tools.experiments.clipping`, the same rule as the q = 1 grid).
+* **z per target ε**: the noise multiplier whose T rounds of the Poisson-subsampled Gaussian
+  mechanism at the pilot's q end at ε, δ (``noise_multiplier_for``, the accountant the app
+  records ``dp-epsilon`` with), and the noise std per coordinate of the released mean,
+  z C / (q N) (docs/privacy.md, client sampling's divisor).
+* **The cost**: each method's seconds per round in the pilot (its ``wall-seconds`` over its
+  rounds, evaluation included), times T, times the grid's runs per method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from florg_tools.experiments.clipping import RunNorms, clipping_norms, run_norms
+from florg_tools.experiments.communication import load_metrics
+from florg_tools.experiments.runs import finished_run
+from strategies.common.dp_accounting import noise_multiplier_for
+
+__all__ = ["PilotRun", "ScoredRound", "first_round_above", "load_pilot", "wilson_interval"]
+
+Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+def wilson_interval(score: float, n: int, z: float = Z_95) -> tuple[float, float]:
+    """The Wilson score interval of an accuracy ``score`` over ``n`` examples (95% at the
+    default z): the interval a test score's sampling alone puts around it."""
+    if n <= 0:
+        raise ValueError(f"a test score needs at least one example, got n = {n}")
+    if not 0.0 <= score <= 1.0:
+        raise ValueError(f"an accuracy lies in [0, 1], got {score}")
+    z2 = z * z
+    centre = (score + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(score * (1 - score) / n + z2 / (4 * n * n))
+    return centre - half, centre + half
+
+
+@dataclass(frozen=True)
+class ScoredRound:
+    """One test round of a run: its score over ``n`` examples and the Wilson interval."""
+
+    round: int
+    score: float
+    n: int
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson_interval(self.score, self.n)
+
+
+@dataclass(frozen=True)
+class PilotRun:
+    """What the sizing reads from one finished pilot run."""
+
+    name: str
+    method: str
+    rounds: int
+    seconds_per_round: float
+    sample_rate: float
+    population: int
+    tests: tuple[ScoredRound, ...]
+    norms: RunNorms | None
+
+
+def first_round_above(tests: Sequence[ScoredRound], target: float) -> ScoredRound | None:
+    """The first test round whose whole interval lies at or above ``target``, or ``None``."""
+    for point in sorted(tests, key=lambda p: p.round):
+        if point.interval[0] >= target:
+            return point
+    return None
+
+
+def _pilot_run(folder: Path) -> PilotRun:
+    found = finished_run(folder)
+    if found is None:
+        raise ValueError(f"{folder}: not a finished run (summary.json, config.json)")
+    summary, config = found
+    rows = load_metrics(folder / "metrics.jsonl")
+    trained = [r for r in rows if r.get("round", 0) >= 1]
+    if not trained:
+        raise ValueError(f"{folder}: no training round in metrics.jsonl")
+    rates = {float(r["sample-rate"]) for r in trained if r.get("sample-rate") is not None}
+    populations = {int(r["population"]) for r in trained if r.get("population") is not None}
+    if len(rates) != 1 or len(populations) != 1:
+        raise ValueError(
+            f"{folder}: the rows must carry one sample-rate and one population "
+            f"(client-sampling=poisson), found {sorted(rates)} and {sorted(populations)}"
+        )
+    wall = summary.get("wall-seconds")
+    if wall is None:
+        raise ValueError(f"{folder}: summary.json has no wall-seconds")
+    tests = tuple(
+        ScoredRound(int(r["round"]), float(r["test-score"]), int(r["test-num-examples"]))
+        for r in rows
+        if r.get("test-score") is not None and r.get("test-num-examples")
+    )
+    return PilotRun(
+        name=folder.name,
+        method=str(config.get("method", "?")),
+        rounds=max(int(r["round"]) for r in trained),
+        seconds_per_round=float(wall) / max(int(r["round"]) for r in trained),
+        sample_rate=rates.pop(),
+        population=populations.pop(),
+        tests=tests,
+        norms=run_norms(folder),
+    )
+
+
+def load_pilot(root: Path) -> list[PilotRun]:
+    """Every finished run folder directly under ``root`` (unfinished ones are an error:
+    the sizing must not read a run that is still going)."""
+    if not root.is_dir():
+        raise ValueError(f"{root}: no such folder")
+    folders = sorted(p for p in root.iterdir() if p.is_dir())
+    if not folders:
+        raise ValueError(f"{root}: holds no run folder")
+    return [_pilot_run(folder) for folder in folders]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m florg_tools.experiments.cross_device_sizing",
+        description=__doc__.split("\n")[0],
+    )
+    parser.add_argument("runs", type=Path, help="the pilot's run folders' parent")
+    parser.add_argument("--target", type=float, default=0.48, help="test score to reach")
+    parser.add_argument("--reference", default="fedit", help="the method whose run sets T")
+    parser.add_argument("--delta", type=float, default=1e-4)
+    parser.add_argument("--epsilons", type=float, nargs="+", default=[8.0, 2.0])
+    parser.add_argument(
+        "--runs-per-method", type=int, default=9, help="the grid's runs of each method"
+    )
+    args = parser.parse_args(argv)
+    try:
+        pilot = load_pilot(args.runs)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    reference = [p for p in pilot if p.method == args.reference]
+    if not reference:
+        print(f"error: no {args.reference} run under {args.runs}", file=sys.stderr)
+        return 2
+    ref = max(reference, key=lambda p: p.rounds)
+    print(f"## {ref.name}: test score (95% Wilson interval) against the target {args.target}")
+    print("| round | score | interval |")
+    print("|---|---|---|")
+    for p in ref.tests:
+        low, high = p.interval
+        print(f"| {p.round} | {p.score:.3f} | [{low:.3f}, {high:.3f}] |")
+    reached = first_round_above(ref.tests, args.target)
+    if reached is None:
+        print(
+            f"\nnot reached in {ref.rounds} rounds: continue {ref.name} from its checkpoint "
+            "(python -m florg_tools.launch --resume RUN_DIR --set num-server-rounds=N)"
+        )
+        return 1
+    rounds = reached.round
+    print(f"\nT = {rounds} (first test round whose interval lies at or above {args.target})")
+
+    q = {p.sample_rate for p in pilot}
+    n = {p.population for p in pilot}
+    if len(q) != 1 or len(n) != 1:
+        print(f"error: the pilot's runs differ in q {sorted(q)} or N {sorted(n)}", file=sys.stderr)
+        return 2
+    sample_rate, population = q.pop(), n.pop()
+    norms = clipping_norms([p.norms for p in pilot if p.norms is not None])
+    zs = {eps: noise_multiplier_for(eps, sample_rate, rounds, args.delta) for eps in args.epsilons}
+    print(f"\n## dp=central at q = {sample_rate}, N = {population}, T = {rounds}, δ = {args.delta}")
+    print("| method | dp-clipping-norm C | " + " | ".join(f"ε = {e:g}" for e in zs) + " |")
+    print("|---|---|" + "---|" * len(zs))
+    for method, c in norms.items():
+        cells = [
+            f"z = {z:.4g}, noise std {z * c / (sample_rate * population):.3g}" for z in zs.values()
+        ]
+        print(f"| {method} | {c:.3g} | " + " | ".join(cells) + " |")
+
+    print("\n## cost at T rounds (seconds per round measured in the pilot)")
+    print("| method | s / round | one run | the grid's runs |")
+    print("|---|---|---|---|")
+    total = 0.0
+    for method in sorted({p.method for p in pilot}):
+        per_round = float(np.median([p.seconds_per_round for p in pilot if p.method == method]))
+        one = per_round * rounds
+        total += one * args.runs_per_method
+        print(f"| {method} | {per_round:.1f} | {one / 3600:.2f} h | "
+              f"{one * args.runs_per_method / 3600:.1f} h |")  # fmt: skip
+    print(f"\ntotal: {total / 3600:.1f} h")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""florg_tools.experiments.cross_device_sizing: T, C and z for the cross-device private grid
+from its non-private pilot's rows."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from scipy.stats import binomtest
+
+from florg_tools.experiments.cross_device_sizing import (
+    ScoredRound,
+    first_round_above,
+    load_pilot,
+    main,
+    wilson_interval,
+)
+from strategies.common.dp_accounting import epsilon_for
+
+
+def _run(
+    root: Path,
+    name: str,
+    method: str,
+    tests: dict[int, float],
+    norms: list[float],
+    wall: float = 100.0,
+    rate: float = 0.05,
+) -> Path:
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"method": method}))
+    (run / "summary.json").write_text(json.dumps({"status": "finished", "wall-seconds": wall}))
+    rows = [{"round": 0, "test-score": 0.33, "test-num-examples": 1000}]
+    for t, norm in enumerate(norms, start=1):
+        row = {
+            "round": t,
+            "sample-rate": rate,
+            "population": 1000,
+            "update-norm-median": norm,
+            "update-norm-max": 2 * norm,
+        }
+        if t in tests:
+            row |= {"test-score": tests[t], "test-num-examples": 1000}
+        rows.append(row)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_the_wilson_interval_is_the_score_test_inverted():
+    # Wilson's interval is the set of p that the score test does not reject at 5%;
+    # scipy's binomtest computes it independently ("wilson" method).
+    for k, n in ((480, 1000), (0, 50), (50, 50), (17, 40)):
+        low, high = wilson_interval(k / n, n)
+        ref = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+        assert (low, high) == pytest.approx((ref.low, ref.high), abs=1e-12)
+    with pytest.raises(ValueError, match="at least one example"):
+        wilson_interval(0.5, 0)
+    with pytest.raises(ValueError, match=r"lies in \[0, 1\]"):
+        wilson_interval(1.5, 10)
+
+
+def test_t_is_the_first_test_round_whose_interval_clears_the_target():
+    tests = [ScoredRound(10, 0.45, 1000), ScoredRound(20, 0.49, 1000), ScoredRound(30, 0.53, 1000)]
+    # 0.49 over 1,000 examples has a lower end near 0.459: not clear of 0.48 yet
+    assert first_round_above(tests, 0.48) == tests[2]
+    assert first_round_above(list(reversed(tests)), 0.48) == tests[2]
+    assert first_round_above(tests, 0.6) is None
+
+
+def test_the_sizing_prints_t_c_z_and_the_cost(tmp_path, capsys):
+    _run(tmp_path, "fedit", "fedit", {10: 0.40, 20: 0.52, 30: 0.55}, [2.0] * 30, wall=300.0)
+    _run(tmp_path, "florg", "florg", {10: 0.36, 20: 0.37}, [0.4, 0.6, 0.5] + [0.5] * 17, wall=80.0)
+    assert main([str(tmp_path), "--epsilons", "8", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "T = 20" in out
+    assert "| fedit | 2 |" in out and "| florg | 0.5 |" in out
+    # the printed z gives the target epsilon back through the accountant, at q = 0.05, T = 20
+    z8 = float(out.split("| fedit | 2 | z = ")[1].split(",")[0])
+    assert epsilon_for(z8, 0.05, 20, 1e-4) == pytest.approx(8.0, rel=2e-3)
+    assert "noise std " + f"{z8 * 2 / 50:.3g}" in out
+    # cost: fedit 10 s a round, 20 rounds, 9 runs = 0.5 h; florg 4 s a round: 0.2 h
+    assert "| fedit | 10.0 | 0.06 h | 0.5 h |" in out and "total: 0.7 h" in out
+
+
+def test_a_pilot_short_of_the_target_says_to_continue_it(tmp_path, capsys):
+    _run(tmp_path, "fedit", "fedit", {10: 0.40, 20: 0.44}, [1.0] * 20)
+    assert main([str(tmp_path)]) == 1
+    assert "not reached in 20 rounds: continue fedit" in capsys.readouterr().out
+
+
+def test_bad_pilots_are_named(tmp_path, capsys):
+    assert main([str(tmp_path / "none")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    _run(tmp_path, "florg", "florg", {10: 0.5}, [1.0] * 10)
+    assert main([str(tmp_path)]) == 2
+    assert "no fedit run" in capsys.readouterr().err
+    (tmp_path / "busy").mkdir()
+    with pytest.raises(ValueError, match="not a finished run"):
+        load_pilot(tmp_path)
+    mixed = tmp_path / "mixed"
+    _run(mixed, "a", "fedit", {10: 0.6}, [1.0] * 10, rate=0.05)
+    _run(mixed, "b", "florg", {10: 0.6}, [1.0] * 10, rate=0.1)
+    assert main([str(mixed)]) == 2
+    assert "differ in q" in capsys.readouterr().err
+    assert math.isfinite(load_pilot(mixed)[0].seconds_per_round)
