@@ -7,8 +7,9 @@
 #
 # The grids, in order: cross-silo (example-level DP-SGD on 6 clients,
 # conf/grids/privacy-cross-silo.yaml: each method's tuning at epsilon = 8, then its seeds);
-# its two checks outside the protocol (privacy-cross-silo-rate-check: FedIT and Fed-SB at
-# their rates without DP; privacy-cross-silo-batch-check: a batch of 64); the same grid at
+# its three checks outside the protocol (privacy-cross-silo-rate-check: FedIT and Fed-SB at
+# their rates without DP; privacy-cross-silo-noise-check: the DP-SGD path with negligible
+# noise; privacy-cross-silo-batch-check: a batch of 64); the same grid at
 # epsilon = 3 (privacy-cross-silo-eps3, written from the tuning's choices); then the
 # cross-device pilot (1,000 SuperNodes, conf/grids/privacy-cross-device-pilot.yaml) that
 # sizes the cross-device grid (privacy-cross-device, written from the pilot's results and
@@ -20,7 +21,7 @@ ROOT="${1:-../florg-evidence}"
 mkdir -p "$ROOT"
 ROOT=$(cd "$ROOT" && pwd)
 PRIVACY_COMMIT=834689a  # the runtime every run of these grids runs at (DP-SGD reports its mechanism; FLoRG's rank-first per-example gradient)
-read -r -a GRIDS <<< "${GRIDS:-privacy-cross-silo privacy-cross-silo-rate-check privacy-cross-silo-batch-check privacy-cross-silo-eps3 privacy-cross-device-pilot}"
+read -r -a GRIDS <<< "${GRIDS:-privacy-cross-silo privacy-cross-silo-rate-check privacy-cross-silo-noise-check privacy-cross-silo-batch-check privacy-cross-silo-eps3 privacy-cross-device-pilot}"
 PUBLISHED=evidence/privacy-regimes  # runs/<grid>/<run>: config, metrics, summary; tuning
 . scripts/fixed_worktree.sh
 run_grid_set "$ROOT/privacy-regimes" "$PRIVACY_COMMIT" "$PUBLISHED" "${GRIDS[@]}"
