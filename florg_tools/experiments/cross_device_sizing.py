@@ -109,6 +109,7 @@ def _pilot_run(folder: Path) -> PilotRun:
     wall = summary.get("wall-seconds")
     if wall is None:
         raise ValueError(f"{folder}: summary.json has no wall-seconds")
+    rounds = max(int(r["round"]) for r in trained)
     tests = tuple(
         ScoredRound(int(r["round"]), float(r["test-score"]), int(r["test-num-examples"]))
         for r in rows
@@ -117,8 +118,8 @@ def _pilot_run(folder: Path) -> PilotRun:
     return PilotRun(
         name=folder.name,
         method=str(config.get("method", "?")),
-        rounds=max(int(r["round"]) for r in trained),
-        seconds_per_round=float(wall) / max(int(r["round"]) for r in trained),
+        rounds=rounds,
+        seconds_per_round=float(wall) / rounds,
         sample_rate=rates.pop(),
         population=populations.pop(),
         tests=tests,
