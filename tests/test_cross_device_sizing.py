@@ -15,8 +15,10 @@ from florg_tools.experiments.cross_device_sizing import (
     first_round_above,
     load_pilot,
     main,
+    round_up,
     wilson_interval,
 )
+from florg_tools.experiments.grid import GRIDS_DIR, load_grid
 from strategies.common.dp_accounting import epsilon_for
 
 
@@ -106,3 +108,50 @@ def test_bad_pilots_are_named(tmp_path, capsys):
     assert main([str(mixed)]) == 2
     assert "differ in q" in capsys.readouterr().err
     assert math.isfinite(load_pilot(mixed)[0].seconds_per_round)
+
+
+def test_round_up_never_rounds_down():
+    assert round_up(2.43412, 4) == 2.435
+    assert round_up(0.812345, 4) == 0.8124
+    assert round_up(1.5, 4) == 1.5  # exact at 4 digits: unchanged
+    assert round_up(123456.0, 2) == 130000.0
+    with pytest.raises(ValueError, match="positive finite"):
+        round_up(0.0)
+
+
+def test_the_written_grid_is_the_pilot_setting_at_t_with_each_c_and_z(tmp_path, capsys):
+    pilot = tmp_path / "pilot"
+    _run(pilot, "fedit", "fedit", {10: 0.40, 20: 0.52, 30: 0.55}, [2.0] * 30, wall=300.0)
+    _run(pilot, "florg", "florg", {10: 0.36, 20: 0.37}, [0.5] * 20, wall=80.0)
+    out_file = tmp_path / "privacy-cross-device.yaml"
+    pilot_grid = GRIDS_DIR / "privacy-cross-device-pilot.yaml"
+    argv = [str(pilot), "--write-grid", str(out_file), "--pilot-grid", str(pilot_grid)]
+    assert main(argv) == 0
+    assert f"wrote {out_file}" in capsys.readouterr().out
+    text = out_file.read_text()
+    assert text.startswith("# Privacy-utility, cross-device, stage 2")
+    assert "cross_device_sizing " + " ".join(argv) in text  # the header names its command
+
+    grid = load_grid(out_file)  # checked against the app's schema, as the runner does
+    pilot_base = load_grid(pilot_grid).base
+    assert grid.name == "privacy-cross-device"
+    assert len(grid.runs) == 2 * 3 + 2 * 2 * 3  # {fedit, florg} x (off, 8, 2) x 3 seeds
+    for run in grid.runs:
+        assert run.setting("num-server-rounds") == 20
+        for key, value in pilot_base.items():
+            if key != "num-server-rounds":
+                assert run.setting(key) == value, key
+    private = [r for r in grid.runs if r.setting("dp") == "central"]
+    assert len(private) == 12
+    assert {r.setting("seed") for r in private} == {0, 1, 2}
+    for run in private:
+        clip = {"fedit": 2.0, "florg": 0.5}[run.setting("method")]
+        assert run.setting("dp-clipping-norm") == clip
+        assert run.setting("dp-delta") == 1e-4
+        eps = epsilon_for(run.setting("dp-noise-multiplier"), 0.05, 20, 1e-4)
+        # rounded up: at most the target, and within the rounding of it
+        assert eps <= float(run.blocks[0].rsplit("-eps", 1)[1]) + 1e-9
+        assert eps == pytest.approx(float(run.blocks[0].rsplit("-eps", 1)[1]), rel=2e-3)
+    assert all(r.setting("dp") == "off" for r in grid.runs if r not in private)
+    # twice the slowest method's run (fedit: 10 s a round x 20) is below the pilot's timeout
+    assert grid.run_timeout == load_grid(pilot_grid).run_timeout

@@ -3,6 +3,7 @@ client sampling; conf/grids/privacy-cross-device-pilot.yaml).
 
     python -m florg_tools.experiments.cross_device_sizing PILOT_RUNS [--target 0.48]
         [--reference fedit] [--delta 1e-4] [--epsilons 8 2] [--runs-per-method 9]
+        [--write-grid conf/grids/privacy-cross-device.yaml]
 
 It prints, from the pilot's finished runs (the folder holding one run folder per run):
 
@@ -19,6 +20,11 @@ It prints, from the pilot's finished runs (the folder holding one run folder per
   z C / (q N) (docs/privacy.md, client sampling's divisor).
 * **The cost**: each method's seconds per round in the pilot (its ``wall-seconds`` over its
   rounds, evaluation included), times T, times the grid's runs per method.
+
+With ``--write-grid PATH`` it also writes the private grid itself (:func:`private_grid`):
+the pilot grid's setting (``--pilot-grid``) at T rounds, every method without DP (ε = ∞) and
+with ``dp=central`` at each ε with its C and z, over ``--seeds``; the file's header names
+the command and the numbers, so the grid is regenerated, never edited by hand.
 """
 
 from __future__ import annotations
@@ -29,15 +35,25 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import yaml
 
 from florg_tools.experiments.clipping import RunNorms, clipping_norms, run_norms
 from florg_tools.experiments.communication import load_metrics
 from florg_tools.experiments.runs import finished_run
 from strategies.common.dp_accounting import noise_multiplier_for
 
-__all__ = ["PilotRun", "ScoredRound", "first_round_above", "load_pilot", "wilson_interval"]
+__all__ = [
+    "PilotRun",
+    "ScoredRound",
+    "first_round_above",
+    "load_pilot",
+    "private_grid",
+    "round_up",
+    "wilson_interval",
+]
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
@@ -138,6 +154,85 @@ def load_pilot(root: Path) -> list[PilotRun]:
     return [_pilot_run(folder) for folder in folders]
 
 
+def round_up(value: float, digits: int = 4) -> float:
+    """``value`` rounded up at ``digits`` significant digits. A noise multiplier written to
+    a grid is rounded up, so the ε its runs reach is at most the target, never above."""
+    if value <= 0 or not math.isfinite(value):
+        raise ValueError(f"expected a positive finite value, got {value}")
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(value)))
+    return math.ceil(value * scale - 1e-9) / scale
+
+
+def private_grid(
+    pilot_grid: Path,
+    rounds: int,
+    norms: dict[str, float],
+    zs: dict[float, float],
+    delta: float,
+    seeds: Sequence[int],
+    seconds_per_round: float,
+    command: str,
+) -> str:
+    """The cross-device private grid's YAML: the pilot grid's simulation and base (its
+    ``name``, ``grid`` and ``blocks`` replaced) at ``rounds`` rounds; the ``grid`` block,
+    every method of ``norms`` without DP (ε = ∞), and one block per method and ε with
+    ``dp=central`` at its clipping norm and noise multiplier (rounded up, :func:`round_up`),
+    each over ``seeds``. ``run-timeout`` is twice the slowest method's expected run, or the
+    pilot's if that is longer."""
+    from omegaconf import OmegaConf
+
+    pilot = OmegaConf.to_container(OmegaConf.load(pilot_grid), resolve=True)
+    if not isinstance(pilot, dict) or "base" not in pilot:
+        raise ValueError(f"{pilot_grid}: not a grid file with a base")
+    base = dict(pilot["base"]) | {"num-server-rounds": int(rounds)}
+    methods = list(norms)
+    seed_list = [int(s) for s in seeds]
+    blocks: dict[str, dict[str, list[Any]]] = {}
+    for method, clip in norms.items():
+        for eps, z in zs.items():
+            blocks[f"{method}-eps{eps:g}"] = {
+                "method": [method],
+                "seed": seed_list,
+                "dp": ["central"],
+                "dp-clipping-norm": [float(f"{clip:.4g}")],
+                "dp-noise-multiplier": [round_up(z)],
+                "dp-delta": [float(delta)],
+            }
+    timeout = max(int(pilot.get("run-timeout", 0)), math.ceil(2 * seconds_per_round * rounds))
+    grid = {
+        "name": "privacy-cross-device",
+        "description": (
+            f"Cross-device privacy-utility: {', '.join(methods)} on the pilot's setting "
+            f"(conf/grids/{pilot_grid.name}) at {rounds} rounds, without DP and with "
+            f"user-level central DP (Poisson client sampling) at epsilon in "
+            f"{{{', '.join(f'{e:g}' for e in zs)}}}, delta = {delta:g}, seeds "
+            f"{', '.join(map(str, seed_list))}, held-out test scores."
+        ),
+        "simulation": pilot.get("simulation", {}),
+        "run-timeout": timeout,
+        "base": base,
+        "grid": {"method": methods, "seed": seed_list},
+        "blocks": blocks,
+        "report": pilot.get("report", {"metric": "test-score"}),
+    }
+    header = "\n".join(
+        [
+            "# Privacy-utility, cross-device, stage 2: the private grid. WRITTEN BY",
+            f"#   {command}",
+            "# from the pilot's finished runs; regenerate it with that command, do not edit.",
+            f"# The pilot's setting (conf/grids/{pilot_grid.name}; read its header) at",
+            f"# T = {rounds} rounds: the reference method's first test round whose 95% Wilson",
+            "# interval lies at or above the target. C per method: the median over the pilot's",
+            "# rounds of the round's median client update norm. z per epsilon: the smallest",
+            "# whose T rounds of the Poisson-subsampled Gaussian mechanism at the pilot's q end",
+            "# at epsilon, delta (strategies/common/dp_accounting.noise_multiplier_for), rounded",
+            "# up at 4 significant digits so that no run exceeds its epsilon.",
+            "# Run: bash scripts/evidence_privacy.sh ROOT (resumes); PUBLISH_ONLY=1 to publish.",
+        ]
+    )
+    return header + "\n" + yaml.safe_dump(grid, sort_keys=False, width=100)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m florg_tools.experiments.cross_device_sizing",
@@ -151,6 +246,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--runs-per-method", type=int, default=9, help="the grid's runs of each method"
     )
+    parser.add_argument(
+        "--write-grid", type=Path, help="also write the private grid's YAML to this path"
+    )
+    parser.add_argument(
+        "--pilot-grid",
+        type=Path,
+        default=Path("conf/grids/privacy-cross-device-pilot.yaml"),
+        help="the pilot's grid file, whose setting the private grid keeps",
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args(argv)
     try:
         pilot = load_pilot(args.runs)
@@ -200,13 +305,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| method | s / round | one run | the grid's runs |")
     print("|---|---|---|---|")
     total = 0.0
+    slowest = 0.0
     for method in sorted({p.method for p in pilot}):
         per_round = float(np.median([p.seconds_per_round for p in pilot if p.method == method]))
+        slowest = max(slowest, per_round)
         one = per_round * rounds
         total += one * args.runs_per_method
         print(f"| {method} | {per_round:.1f} | {one / 3600:.2f} h | "
               f"{one * args.runs_per_method / 3600:.1f} h |")  # fmt: skip
     print(f"\ntotal: {total / 3600:.1f} h")
+    if args.write_grid is not None:
+        command = "python -m florg_tools.experiments.cross_device_sizing " + " ".join(
+            sys.argv[1:] if argv is None else argv
+        )
+        text = private_grid(
+            args.pilot_grid, rounds, norms, zs, args.delta, args.seeds, slowest, command
+        )
+        args.write_grid.write_text(text)
+        print(f"\nwrote {args.write_grid}")
     return 0
 
 

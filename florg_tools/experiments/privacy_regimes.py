@@ -93,7 +93,8 @@ REGIMES = (
            "is written from the pilot's results (conf/grids/privacy-cross-device-pilot.yaml, "
            "queued in `bash scripts/evidence_queue.sh`) by `python -m "
            "florg_tools.experiments.cross_device_sizing "
-           "evidence/privacy-regimes/runs/privacy-cross-device-pilot`"),
+           "evidence/privacy-regimes/runs/privacy-cross-device-pilot --write-grid "
+           "conf/grids/privacy-cross-device.yaml`"),
 )  # fmt: skip
 
 
