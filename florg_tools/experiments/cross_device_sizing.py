@@ -154,6 +154,16 @@ def load_pilot(root: Path) -> list[PilotRun]:
     return [_pilot_run(folder) for folder in folders]
 
 
+class _GridDumper(yaml.SafeDumper):
+    """Mappings in block style, each list on one line (``seed: [0, 1, 2]``), as the
+    hand-written grid files have them."""
+
+
+_GridDumper.add_representer(
+    list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, True)
+)
+
+
 def round_up(value: float, digits: int = 4) -> float:
     """``value`` rounded up at ``digits`` significant digits. A noise multiplier written to
     a grid is rounded up, so the ε its runs reach is at most the target, never above."""
@@ -192,7 +202,7 @@ def private_grid(
         for eps, z in zs.items():
             blocks[f"{method}-eps{eps:g}"] = {
                 "method": [method],
-                "seed": seed_list,
+                "seed": list(seed_list),
                 "dp": ["central"],
                 "dp-clipping-norm": [float(f"{clip:.4g}")],
                 "dp-noise-multiplier": [round_up(z)],
@@ -211,7 +221,7 @@ def private_grid(
         "simulation": pilot.get("simulation", {}),
         "run-timeout": timeout,
         "base": base,
-        "grid": {"method": methods, "seed": seed_list},
+        "grid": {"method": methods, "seed": list(seed_list)},
         "blocks": blocks,
         "report": pilot.get("report", {"metric": "test-score"}),
     }
@@ -230,7 +240,8 @@ def private_grid(
             "# Run: bash scripts/evidence_privacy.sh ROOT (resumes); PUBLISH_ONLY=1 to publish.",
         ]
     )
-    return header + "\n" + yaml.safe_dump(grid, sort_keys=False, width=100)
+    body = yaml.dump(grid, Dumper=_GridDumper, sort_keys=False, width=100)
+    return header + "\n" + body
 
 
 def main(argv: Sequence[str] | None = None) -> int:
