@@ -155,3 +155,19 @@ def test_the_written_grid_is_the_pilot_setting_at_t_with_each_c_and_z(tmp_path, 
     assert all(r.setting("dp") == "off" for r in grid.runs if r not in private)
     # twice the slowest method's run (fedit: 10 s a round x 20) is below the pilot's timeout
     assert grid.run_timeout == load_grid(pilot_grid).run_timeout
+
+
+def test_t_waits_for_every_reference_method(tmp_path, capsys):
+    _run(tmp_path, "fedit", "fedit", {10: 0.52, 20: 0.61}, [2.0] * 20)
+    _run(tmp_path, "florg", "florg", {10: 0.44, 20: 0.56}, [0.5] * 20)
+    assert main([str(tmp_path), "--reference", "fedit", "florg"]) == 0
+    out = capsys.readouterr().out
+    # fedit's 0.52 over 1,000 examples clears 0.48 at round 10, florg's 0.56 only at 20
+    assert "T = 20 (" in out and "fedit 10, florg 20" in out
+    assert main([str(tmp_path)]) == 0
+    assert "T = 10 (" in capsys.readouterr().out  # fedit alone
+    slow = tmp_path / "slow"
+    _run(slow, "fedit", "fedit", {10: 0.52}, [2.0] * 10)
+    _run(slow, "florg", "florg", {10: 0.40}, [0.5] * 10)
+    assert main([str(slow), "--reference", "fedit", "florg"]) == 1
+    assert "not reached in 10 rounds: continue florg" in capsys.readouterr().out

@@ -2,16 +2,17 @@
 client sampling; conf/grids/privacy-cross-device-pilot.yaml).
 
     python -m florg_tools.experiments.cross_device_sizing PILOT_RUNS [--target 0.48]
-        [--reference fedit] [--delta 1e-4] [--epsilons 8 2] [--runs-per-method 9]
+        [--reference fedit [florg ...]] [--delta 1e-4] [--epsilons 8 2] [--runs-per-method 9]
         [--write-grid conf/grids/privacy-cross-device.yaml]
 
 It prints, from the pilot's finished runs (the folder holding one run folder per run):
 
-* **T, the rounds**: the reference method's test curve, each test round's score with its
-  95% Wilson interval over the test examples, and the first test round whose interval lies
+* **T, the rounds**: each reference method's test curve, each test round's score with its
+  95% Wilson interval over the test examples, and its first test round whose interval lies
   wholly at or above the target (the pilot's "chance + 0.15 with a margin of one test
-  interval"). A run that never gets there is named with its last round: continue it from
-  its checkpoint rather than rerun it.
+  interval"); T is the latest of these, so that every reference method's ε = ∞ arm has
+  learned by then. A run that never gets there is named with its last round: continue it
+  from its checkpoint rather than rerun it.
 * **C per method**: the clipping norm, the median over rounds of the round's median client
   update norm (:mod:`florg_tools.experiments.clipping`, the same rule as the q = 1 grid).
 * **z per target ε**: the noise multiplier whose T rounds of the Poisson-subsampled Gaussian
@@ -231,12 +232,13 @@ def private_grid(
             f"#   {command}",
             "# from the pilot's finished runs; regenerate it with that command, do not edit.",
             f"# The pilot's setting (conf/grids/{pilot_grid.name}; read its header) at",
-            f"# T = {rounds} rounds: the reference method's first test round whose 95% Wilson",
-            "# interval lies at or above the target. C per method: the median over the pilot's",
-            "# rounds of the round's median client update norm. z per epsilon: the smallest",
-            "# whose T rounds of the Poisson-subsampled Gaussian mechanism at the pilot's q end",
-            "# at epsilon, delta (strategies/common/dp_accounting.noise_multiplier_for), rounded",
-            "# up at 4 significant digits so that no run exceeds its epsilon.",
+            f"# T = {rounds} rounds: the first test round by which each reference method's",
+            "# 95% Wilson interval lies at or above the target, so that their epsilon = infinity",
+            "# arms have learned. C per method: the median over the pilot's rounds of the",
+            "# round's median client update norm. z per epsilon: the smallest whose T rounds of",
+            "# the Poisson-subsampled Gaussian mechanism at the pilot's q end at epsilon, delta",
+            "# (strategies/common/dp_accounting.noise_multiplier_for), rounded up at 4",
+            "# significant digits so that no run exceeds its epsilon.",
             "# Run: bash scripts/evidence_privacy.sh ROOT (resumes); PUBLISH_ONLY=1 to publish.",
         ]
     )
@@ -251,7 +253,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("runs", type=Path, help="the pilot's run folders' parent")
     parser.add_argument("--target", type=float, default=0.48, help="test score to reach")
-    parser.add_argument("--reference", default="fedit", help="the method whose run sets T")
+    parser.add_argument(
+        "--reference",
+        nargs="+",
+        default=["fedit"],
+        help="the methods whose runs set T: the first test round by which each has reached "
+        "the target",
+    )
     parser.add_argument("--delta", type=float, default=1e-4)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[8.0, 2.0])
     parser.add_argument(
@@ -274,26 +282,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
-    reference = [p for p in pilot if p.method == args.reference]
-    if not reference:
-        print(f"error: no {args.reference} run under {args.runs}", file=sys.stderr)
-        return 2
-    ref = max(reference, key=lambda p: p.rounds)
-    print(f"## {ref.name}: test score (95% Wilson interval) against the target {args.target}")
-    print("| round | score | interval |")
-    print("|---|---|---|")
-    for p in ref.tests:
-        low, high = p.interval
-        print(f"| {p.round} | {p.score:.3f} | [{low:.3f}, {high:.3f}] |")
-    reached = first_round_above(ref.tests, args.target)
-    if reached is None:
-        print(
-            f"\nnot reached in {ref.rounds} rounds: continue {ref.name} from its checkpoint "
-            "(python -m florg_tools.launch --resume RUN_DIR --set num-server-rounds=N)"
-        )
-        return 1
-    rounds = reached.round
-    print(f"\nT = {rounds} (first test round whose interval lies at or above {args.target})")
+    reached_at: dict[str, int] = {}
+    for method in args.reference:
+        runs = [p for p in pilot if p.method == method]
+        if not runs:
+            print(f"error: no {method} run under {args.runs}", file=sys.stderr)
+            return 2
+        ref = max(runs, key=lambda p: p.rounds)
+        print(f"## {ref.name}: test score (95% Wilson interval) against the target {args.target}")
+        print("| round | score | interval |")
+        print("|---|---|---|")
+        for p in ref.tests:
+            low, high = p.interval
+            print(f"| {p.round} | {p.score:.3f} | [{low:.3f}, {high:.3f}] |")
+        reached = first_round_above(ref.tests, args.target)
+        if reached is None:
+            print(
+                f"\nnot reached in {ref.rounds} rounds: continue {ref.name} from its checkpoint "
+                "(python -m florg_tools.launch --resume RUN_DIR --set num-server-rounds=N)"
+            )
+            return 1
+        reached_at[method] = reached.round
+        print()
+    # every reference method's epsilon = infinity arm has learned by round T
+    rounds = max(reached_at.values())
+    each = ", ".join(f"{m} {t}" for m, t in reached_at.items())
+    print(
+        f"T = {rounds} (the first test round by which every reference method's interval lies "
+        f"at or above {args.target}: {each})"
+    )
 
     q = {p.sample_rate for p in pilot}
     n = {p.population for p in pilot}
