@@ -12,16 +12,19 @@
 # noise; privacy-cross-silo-batch-check: a batch of 64); the same grid at
 # epsilon = 3 (privacy-cross-silo-eps3, written from the tuning's choices); then the
 # cross-device pilot (1,000 SuperNodes, conf/grids/privacy-cross-device-pilot.yaml) that
-# sizes the cross-device grid (privacy-cross-device, written from the pilot's results and
-# added here once written). GRIDS overrides the list. scripts/evidence_queue.sh runs the
-# exact methods' grids before these: they share the 2 cores.
+# sizes the cross-device grid; and that grid (privacy-cross-device, written from the
+# pilot's published runs by `python -m florg_tools.experiments.cross_device_sizing
+# evidence/privacy-regimes/runs/privacy-cross-device-pilot --write-grid
+# conf/grids/privacy-cross-device.yaml`). GRIDS overrides the list.
+# scripts/evidence_queue.sh runs the exact methods' grids before these: they share the 2
+# cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${1:-../florg-evidence}"
 mkdir -p "$ROOT"
 ROOT=$(cd "$ROOT" && pwd)
 PRIVACY_COMMIT=834689a  # the runtime every run of these grids runs at (DP-SGD reports its mechanism; FLoRG's rank-first per-example gradient)
-read -r -a GRIDS <<< "${GRIDS:-privacy-cross-silo privacy-cross-silo-rate-check privacy-cross-silo-noise-check privacy-cross-silo-batch-check privacy-cross-silo-eps3 privacy-cross-device-pilot}"
+read -r -a GRIDS <<< "${GRIDS:-privacy-cross-silo privacy-cross-silo-rate-check privacy-cross-silo-noise-check privacy-cross-silo-batch-check privacy-cross-silo-eps3 privacy-cross-device-pilot privacy-cross-device}"
 PUBLISHED=evidence/privacy-regimes  # runs/<grid>/<run>: config, metrics, summary; tuning
 . scripts/fixed_worktree.sh
 run_grid_set "$ROOT/privacy-regimes" "$PRIVACY_COMMIT" "$PUBLISHED" "${GRIDS[@]}"

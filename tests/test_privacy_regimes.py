@@ -126,6 +126,13 @@ def test_an_unpublished_regime_says_so_and_counts_the_runs(silo):
     text = markdown(DEVICE, silo, NAMES, 0.36, "x.png")
     assert text.startswith("Not yet run: conf/grids/privacy-cross-device.yaml is written from")
     assert "0 of at least 27 runs published" in text
+    grid_file = silo / "conf/grids/privacy-cross-device.yaml"
+    grid_file.parent.mkdir(parents=True)
+    grid_file.write_text("name: privacy-cross-device\n")  # once written, it is queued
+    assert markdown(DEVICE, silo, NAMES, 0.36, "x.png").startswith(
+        "Not yet run: conf/grids/privacy-cross-device.yaml is queued in "
+        "`bash scripts/evidence_queue.sh`; 0 of at least 27"
+    )
     empty = silo / "empty"
     (empty / "evidence/evidence-v2").mkdir(parents=True)
     v2_summary = (silo / "evidence/evidence-v2/summary.json").read_text()

@@ -78,11 +78,13 @@ Test score per tested round, mean over seeds:
 
 
 def _copy_pages(target: Path) -> None:
-    """The pages under ``target`` as in the repository, and the evidence linked back."""
+    """The pages under ``target`` as in the repository, and the evidence and the grid files
+    linked back (a grid's placeholder says whether its file is written yet)."""
     for page in pages():
         (target / page).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / page, target / page)
     (target / "evidence").symlink_to(ROOT / "evidence")
+    (target / "conf").symlink_to(ROOT / "conf")
 
 
 def test_the_committed_pages_are_what_the_command_writes():

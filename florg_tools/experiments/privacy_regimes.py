@@ -201,7 +201,9 @@ def markdown(
     runs = collect_regime(regime, root, names)
     published = published_runs(regime, root)
     if not any(r.level.private for r in runs):
-        queued = regime.queued or f"is queued in `{QUEUE}`"
+        # a grid written from an earlier stage's results says how until it is written
+        written = (root / regime.grid_file).is_file()
+        queued = regime.queued if regime.queued and not written else f"is queued in `{QUEUE}`"
         return (
             f"Not yet run: {regime.grid_file} {queued}; {published} of at least "
             f"{regime.planned} runs published under {PUBLISHED}/runs/."
