@@ -156,8 +156,11 @@ def load_pilot(root: Path) -> list[PilotRun]:
 
 
 class _GridDumper(yaml.SafeDumper):
-    """Mappings in block style, each list on one line (``seed: [0, 1, 2]``), as the
-    hand-written grid files have them."""
+    """Mappings in block style, each list on one line (``seed: [0, 1, 2]``), and no YAML
+    anchors for a list written twice, as the hand-written grid files have them."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 _GridDumper.add_representer(
@@ -203,7 +206,7 @@ def private_grid(
         for eps, z in zs.items():
             blocks[f"{method}-eps{eps:g}"] = {
                 "method": [method],
-                "seed": list(seed_list),
+                "seed": seed_list,
                 "dp": ["central"],
                 "dp-clipping-norm": [float(f"{clip:.4g}")],
                 "dp-noise-multiplier": [round_up(z)],
@@ -222,7 +225,7 @@ def private_grid(
         "simulation": pilot.get("simulation", {}),
         "run-timeout": timeout,
         "base": base,
-        "grid": {"method": methods, "seed": list(seed_list)},
+        "grid": {"method": methods, "seed": seed_list},
         "blocks": blocks,
         "report": pilot.get("report", {"metric": "test-score"}),
     }
