@@ -18,6 +18,7 @@ batched or private paths. A method declares
   (``strategies/common/strategy.py``), or its own strategy (``build_strategy``);
 - **flags** the common strategy and the settings' checks read, never a method's name:
   ``heterogeneous_ranks``, ``dp_mechanism`` (with ``dp_refusal`` when None),
+  ``dp_initial_releases`` (its releases under dp=central before round 1),
   ``example_dp_refusal`` (why DP-SGD on the clients, ``dp=example``, cannot run it; '' when
   it can) and ``writes_base_weights``;
 - **central differential privacy** (``dp=central``, docs/privacy.md): its mechanism
@@ -100,6 +101,10 @@ class Method:
     # ``aggregate_private`` implements; None: dp=central is refused, with ``dp_refusal``.
     dp_mechanism: str | None = None
     dp_refusal: str = ""
+    # Releases under dp=central before round 1 (Fed-SB's round 0: its noised gradient
+    # estimate), at the run's q: a run of T rounds composes T + this many in its accountant,
+    # which a noise multiplier sized for a target epsilon must count.
+    dp_initial_releases: int = 0
     # Why dp=example (DP-SGD on each client) cannot run it; '' (every method so far): it can,
     # since DP-SGD protects whatever the client computes from its trained parameters.
     example_dp_refusal: str = ""

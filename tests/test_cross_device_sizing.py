@@ -19,7 +19,7 @@ from florg_tools.experiments.cross_device_sizing import (
     wilson_interval,
 )
 from florg_tools.experiments.grid import GRIDS_DIR, load_grid
-from strategies.common.dp_accounting import epsilon_for
+from strategies.common.dp_accounting import epsilon_for, noise_multiplier_for
 
 
 def _run(
@@ -78,9 +78,9 @@ def test_the_sizing_prints_t_c_z_and_the_cost(tmp_path, capsys):
     assert main([str(tmp_path), "--epsilons", "8", "2"]) == 0
     out = capsys.readouterr().out
     assert "T = 20" in out
-    assert "| fedit | 2 |" in out and "| florg | 0.5 |" in out
+    assert "| fedit | 20 | 2 |" in out and "| florg | 20 | 0.5 |" in out  # releases, C
     # the printed z gives the target epsilon back through the accountant, at q = 0.05, T = 20
-    z8 = float(out.split("| fedit | 2 | z = ")[1].split(",")[0])
+    z8 = float(out.split("| fedit | 20 | 2 | z = ")[1].split(",")[0])
     assert epsilon_for(z8, 0.05, 20, 1e-4) == pytest.approx(8.0, rel=2e-3)
     assert "noise std " + f"{z8 * 2 / 50:.3g}" in out
     # cost: fedit 10 s a round, 20 rounds, 9 runs = 0.5 h; florg 4 s a round: 0.2 h
@@ -171,3 +171,54 @@ def test_t_waits_for_every_reference_method(tmp_path, capsys):
     _run(slow, "florg", "florg", {10: 0.40}, [0.5] * 10)
     assert main([str(slow), "--reference", "fedit", "florg"]) == 1
     assert "not reached in 10 rounds: continue florg" in capsys.readouterr().out
+
+
+def test_a_method_with_a_release_before_round_1_is_sized_for_it(tmp_path, capsys):
+    """Fed-SB's round 0 under dp=central is one more release at q (its strategy records it:
+    tests/test_fed_sb.py), so its z covers T + 1 releases; --methods and --name write a
+    grid of its own."""
+    pilot = tmp_path / "pilot"
+    _run(pilot, "fedit", "fedit", {10: 0.52}, [2.0] * 10)
+    _run(pilot, "fed-sb", "fed-sb", {10: 0.40}, [0.3] * 10)
+    out_file = tmp_path / "fed-sb.yaml"
+    pilot_grid = GRIDS_DIR / "privacy-cross-device-pilot.yaml"
+    argv = [str(pilot), "--write-grid", str(out_file), "--pilot-grid", str(pilot_grid),
+            "--methods", "fed-sb", "--name", "privacy-cross-device-fed-sb"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| fed-sb | 11 | 0.3 |" in out and "| fedit | 10 | 2 |" in out  # releases
+    grid = load_grid(out_file)
+    assert grid.name == "privacy-cross-device-fed-sb"
+    assert {r.setting("method") for r in grid.runs} == {"fed-sb"}
+    private = [r for r in grid.runs if r.setting("dp") == "central"]
+    assert len(private) == 6
+    for run in private:
+        target = float(run.blocks[0].rsplit("-eps", 1)[1])
+        z = run.setting("dp-noise-multiplier")
+        assert epsilon_for(z, 0.05, 11, 1e-4) <= target + 1e-9  # round 0 included
+        assert epsilon_for(z, 0.05, 11, 1e-4) == pytest.approx(target, rel=2e-3)
+        # sized for the T rounds alone, its z would overshoot the target by round 0
+        t_only = round_up(noise_multiplier_for(target, 0.05, 10, 1e-4))
+        assert t_only < z and epsilon_for(t_only, 0.05, 11, 1e-4) > target
+    assert main([*argv[:-4], "--methods", "flora"]) == 2
+    assert "no pilot run of flora" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("grid_name", ["privacy-cross-device", "privacy-cross-device-fed-sb"])
+def test_the_committed_private_grids_are_what_their_commands_write(
+    grid_name, tmp_path, capsys, monkeypatch
+):
+    """Each committed cross-device grid is the file its header's command writes from the
+    published pilot, byte for byte: regenerated, never edited."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the command's paths: the repo's
+    path = f"conf/grids/{grid_name}.yaml"
+    committed = Path(path).read_text()
+    command = committed.splitlines()[1].removeprefix("#   ").split()
+    assert command[:3] == ["python", "-m", "florg_tools.experiments.cross_device_sizing"]
+    argv = command[3:]
+    assert argv[argv.index("--write-grid") + 1] == path
+    written = tmp_path / f"{grid_name}.yaml"
+    argv[argv.index("--write-grid") + 1] = str(written)
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert written.read_text().replace(str(written), path) == committed

@@ -314,6 +314,52 @@ def test_round_0_under_central_dp_is_a_gaussian_mechanism_in_the_accountant():
     assert metrics["dp-epsilon"] == pytest.approx(epsilon_for(1.3, 1.0, 2, 1e-5), rel=1e-12)
 
 
+def test_round_0_under_poisson_sampling_queries_the_poisson_sample_and_divides_by_q_n():
+    """client-sampling=poisson: round 0 queries the round's Poisson sample (as a training
+    round would: the accountant's q holds for it), divides the noised sum by q N, and
+    records one release at q: Method.dp_initial_releases, which the cross-device sizing
+    counts (florg_tools/experiments/cross_device_sizing.py)."""
+    rng = np.random.default_rng(3)
+    answers = {
+        100 + i: (gradients(rng, scale=3.0), {"num-examples": 5, "partition-id": i})
+        for i in range(40)
+    }
+    settings = {"client_sampling": "poisson", "fraction_train": 0.25, "min_available_nodes": 40}
+    plain = strategy_for(METHOD, sb_state(rng), seed=7, **settings)
+    grid = FakeGrid(answers)
+    plain.initialise(grid, timeout=10)
+    sample = plain.sampler.rounds[0]
+    assert sample == (40, len(grid.sent)) and 0 < len(grid.sent) < 40
+    row = plain.round_metrics[0]
+    assert row["sample-rate"] == 0.25 and row["population"] == 40 and row["sampled"] == sample[1]
+    again = FakeGrid(answers)  # without DP the sample is the seed's: the same nodes again
+    strategy_for(METHOD, sb_state(rng), seed=7, **settings).initialise(again, timeout=10)
+    assert [m.metadata.dst_node_id for m in again.sent] == [
+        m.metadata.dst_node_id for m in grid.sent
+    ]
+
+    dp = {"dp": "central", "dp_clipping_norm": 0.5, "dp_noise_multiplier": 1.3}
+    private = strategy_for(METHOD, sb_state(rng), **settings, **dp)
+    zero = CentralDP("mean", 0.5, 0.0, 1e-5, np.random.default_rng(0), sample_rate=0.25)
+    private.dp, noised = zero, strategy_for(METHOD, sb_state(rng), **settings, **dp)
+    grid = FakeGrid(answers)
+    private.initialise(grid, timeout=10)
+    queried = [answers[m.metadata.dst_node_id][0] for m in grid.sent]
+    clipped = [clip_update({k: f32(v) for k, v in g.items()}, 0.5) for g in queried]
+    for layer in SHAPES:  # z = 0: the clipped sum over q N = 10, not over the count
+        mean = sum(c[gradient_key(layer)] for c in clipped) / 10
+        np.testing.assert_allclose(
+            private.global_state[f"{layer}.R"], initial_factors(mean, 1e-3, R)[1], atol=1e-10
+        )
+    assert private.round_metrics[0]["dp-divisor"] == 10
+    noised.initialise(FakeGrid(answers), timeout=10)
+    row = noised.round_metrics[0]
+    assert row["dp-noise-std"] == pytest.approx(1.3 * 0.5 / 10) and row["dp-divisor"] == 10
+    assert row["dp-epsilon"] == pytest.approx(epsilon_for(1.3, 0.25, 1, 1e-5), rel=1e-12)
+    releases = get_method(METHOD).dp_initial_releases
+    assert noised.dp.accountant.state_dict()["compositions"] == [[1.3, 0.25, releases]]
+
+
 # --------------------------------------------------------------------------- the client
 
 

@@ -3,7 +3,8 @@ client sampling; conf/grids/privacy-cross-device-pilot.yaml).
 
     python -m florg_tools.experiments.cross_device_sizing PILOT_RUNS [--target 0.48]
         [--reference fedit [florg ...]] [--delta 1e-4] [--epsilons 8 2] [--runs-per-method 9]
-        [--write-grid conf/grids/privacy-cross-device.yaml]
+        [--write-grid conf/grids/privacy-cross-device.yaml [--methods fedit florg]
+         [--name privacy-cross-device]]
 
 It prints, from the pilot's finished runs (the folder holding one run folder per run):
 
@@ -15,17 +16,21 @@ It prints, from the pilot's finished runs (the folder holding one run folder per
   from its checkpoint rather than rerun it.
 * **C per method**: the clipping norm, the median over rounds of the round's median client
   update norm (:mod:`florg_tools.experiments.clipping`, the same rule as the q = 1 grid).
-* **z per target ε**: the noise multiplier whose T rounds of the Poisson-subsampled Gaussian
-  mechanism at the pilot's q end at ε, δ (``noise_multiplier_for``, the accountant the app
-  records ``dp-epsilon`` with), and the noise std per coordinate of the released mean,
+* **z per method and target ε**: the noise multiplier whose releases of the
+  Poisson-subsampled Gaussian mechanism at the pilot's q end at ε, δ
+  (``noise_multiplier_for``, the accountant the app records ``dp-epsilon`` with): T, plus
+  the method's releases before round 1 (``Method.dp_initial_releases``: Fed-SB's round 0),
+  which its accountant composes too; and the noise std per coordinate of the released mean,
   z C / (q N) (docs/privacy.md, client sampling's divisor).
 * **The cost**: each method's seconds per round in the pilot (its ``wall-seconds`` over its
   rounds, evaluation included), times T, times the grid's runs per method.
 
-With ``--write-grid PATH`` it also writes the private grid itself (:func:`private_grid`):
-the pilot grid's setting (``--pilot-grid``) at T rounds, every method without DP (ε = ∞) and
-with ``dp=central`` at each ε with its C and z, over ``--seeds``; the file's header names
-the command and the numbers, so the grid is regenerated, never edited by hand.
+With ``--write-grid PATH`` it also writes the private grid itself (:func:`private_grid`),
+named ``--name``: the pilot grid's setting (``--pilot-grid``) at T rounds, every method of
+``--methods`` (default: the pilot's) without DP (ε = ∞) and with ``dp=central`` at each ε
+with its C and z, over ``--seeds``; the file's header names the command and the numbers, so
+the grid is regenerated, never edited by hand. A method whose runs must run at another
+commit than the rest gets a grid of its own this way.
 """
 
 from __future__ import annotations
@@ -45,13 +50,16 @@ from florg_tools.experiments.clipping import RunNorms, clipping_norms, run_norms
 from florg_tools.experiments.communication import load_metrics
 from florg_tools.experiments.runs import finished_run
 from strategies.common.dp_accounting import noise_multiplier_for
+from strategies.registry import get_method
 
 __all__ = [
     "PilotRun",
     "ScoredRound",
     "first_round_above",
     "load_pilot",
+    "noise_multipliers",
     "private_grid",
+    "releases",
     "round_up",
     "wilson_interval",
 ]
@@ -177,22 +185,44 @@ def round_up(value: float, digits: int = 4) -> float:
     return math.ceil(value * scale - 1e-9) / scale
 
 
+def releases(method: str, rounds: int) -> int:
+    """The Gaussian-mechanism releases a ``method``'s run of ``rounds`` rounds composes under
+    dp=central: one per round, plus those before round 1 (Fed-SB's round 0)."""
+    return int(rounds) + get_method(method).dp_initial_releases
+
+
+def noise_multipliers(
+    methods: Sequence[str],
+    epsilons: Sequence[float],
+    sample_rate: float,
+    rounds: int,
+    delta: float,
+) -> dict[str, dict[float, float]]:
+    """{method: {ε: z}}: the smallest z whose ``releases(method, rounds)`` releases at q end
+    at ε, δ (unrounded)."""
+    return {
+        m: {e: noise_multiplier_for(e, sample_rate, releases(m, rounds), delta) for e in epsilons}
+        for m in methods
+    }  # fmt: skip
+
+
 def private_grid(
     pilot_grid: Path,
     rounds: int,
     norms: dict[str, float],
-    zs: dict[float, float],
+    zs: dict[str, dict[float, float]],
     delta: float,
     seeds: Sequence[int],
     seconds_per_round: float,
     command: str,
+    name: str = "privacy-cross-device",
 ) -> str:
-    """The cross-device private grid's YAML: the pilot grid's simulation and base (its
-    ``name``, ``grid`` and ``blocks`` replaced) at ``rounds`` rounds; the ``grid`` block,
+    """The cross-device private grid ``name``'s YAML: the pilot grid's simulation and base
+    (its ``name``, ``grid`` and ``blocks`` replaced) at ``rounds`` rounds; the ``grid`` block,
     every method of ``norms`` without DP (ε = ∞), and one block per method and ε with
-    ``dp=central`` at its clipping norm and noise multiplier (rounded up, :func:`round_up`),
-    each over ``seeds``. ``run-timeout`` is twice the slowest method's expected run, or the
-    pilot's if that is longer."""
+    ``dp=central`` at its clipping norm and its noise multiplier ``zs[method][ε]`` (rounded
+    up, :func:`round_up`), each over ``seeds``. ``run-timeout`` is twice the slowest method's
+    expected run, or the pilot's if that is longer."""
     from omegaconf import OmegaConf
 
     pilot = OmegaConf.to_container(OmegaConf.load(pilot_grid), resolve=True)
@@ -202,8 +232,9 @@ def private_grid(
     methods = list(norms)
     seed_list = [int(s) for s in seeds]
     blocks: dict[str, dict[str, list[Any]]] = {}
+    epsilons = list(next(iter(zs.values()))) if zs else []
     for method, clip in norms.items():
-        for eps, z in zs.items():
+        for eps, z in zs[method].items():
             blocks[f"{method}-eps{eps:g}"] = {
                 "method": [method],
                 "seed": seed_list,
@@ -214,12 +245,12 @@ def private_grid(
             }
     timeout = max(int(pilot.get("run-timeout", 0)), math.ceil(2 * seconds_per_round * rounds))
     grid = {
-        "name": "privacy-cross-device",
+        "name": name,
         "description": (
             f"Cross-device privacy-utility: {', '.join(methods)} on the pilot's setting "
             f"(conf/grids/{pilot_grid.name}) at {rounds} rounds, without DP and with "
             f"user-level central DP (Poisson client sampling) at epsilon in "
-            f"{{{', '.join(f'{e:g}' for e in zs)}}}, delta = {delta:g}, seeds "
+            f"{{{', '.join(f'{e:g}' for e in epsilons)}}}, delta = {delta:g}, seeds "
             f"{', '.join(map(str, seed_list))}, held-out test scores."
         ),
         "simulation": pilot.get("simulation", {}),
@@ -238,10 +269,11 @@ def private_grid(
             f"# T = {rounds} rounds: the first test round by which each reference method's",
             "# 95% Wilson interval lies at or above the target, so that their epsilon = infinity",
             "# arms have learned. C per method: the median over the pilot's rounds of the",
-            "# round's median client update norm. z per epsilon: the smallest whose T rounds of",
-            "# the Poisson-subsampled Gaussian mechanism at the pilot's q end at epsilon, delta",
-            "# (strategies/common/dp_accounting.noise_multiplier_for), rounded up at 4",
-            "# significant digits so that no run exceeds its epsilon.",
+            "# round's median client update norm. z per method and epsilon: the smallest whose",
+            "# releases of the Poisson-subsampled Gaussian mechanism at the pilot's q end at",
+            "# epsilon, delta (strategies/common/dp_accounting.noise_multiplier_for): T, plus",
+            "# the method's releases before round 1 (Method.dp_initial_releases: Fed-SB's",
+            "# round 0); rounded up at 4 significant digits so that no run exceeds its epsilon.",
             "# Run: bash scripts/evidence_privacy.sh ROOT (resumes); PUBLISH_ONLY=1 to publish.",
         ]
     )
@@ -278,6 +310,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the pilot's grid file, whose setting the private grid keeps",
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help="the methods of the written grid (default: every method of the pilot)",
+    )
+    parser.add_argument("--name", default="privacy-cross-device", help="the written grid's name")
     args = parser.parse_args(argv)
     try:
         pilot = load_pilot(args.runs)
@@ -322,15 +361,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     sample_rate, population = q.pop(), n.pop()
     norms = clipping_norms([p.norms for p in pilot if p.norms is not None])
-    zs = {eps: noise_multiplier_for(eps, sample_rate, rounds, args.delta) for eps in args.epsilons}
+    zs = noise_multipliers(list(norms), args.epsilons, sample_rate, rounds, args.delta)
     print(f"\n## dp=central at q = {sample_rate}, N = {population}, T = {rounds}, δ = {args.delta}")
-    print("| method | dp-clipping-norm C | " + " | ".join(f"ε = {e:g}" for e in zs) + " |")
-    print("|---|---|" + "---|" * len(zs))
+    print(
+        "| method | releases | dp-clipping-norm C | "
+        + " | ".join(f"ε = {e:g}" for e in args.epsilons)
+        + " |"
+    )
+    print("|---|---|---|" + "---|" * len(args.epsilons))
     for method, c in norms.items():
         cells = [
-            f"z = {z:.4g}, noise std {z * c / (sample_rate * population):.3g}" for z in zs.values()
+            f"z = {z:.4g}, noise std {z * c / (sample_rate * population):.3g}"
+            for z in zs[method].values()
         ]
-        print(f"| {method} | {c:.3g} | " + " | ".join(cells) + " |")
+        print(f"| {method} | {releases(method, rounds)} | {c:.3g} | " + " | ".join(cells) + " |")
 
     print("\n## cost at T rounds (seconds per round measured in the pilot)")
     print("| method | s / round | one run | the grid's runs |")
@@ -349,8 +393,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = "python -m florg_tools.experiments.cross_device_sizing " + " ".join(
             sys.argv[1:] if argv is None else argv
         )
+        chosen = list(norms) if args.methods is None else args.methods
+        missing = [m for m in chosen if m not in norms]
+        if missing:
+            print(f"error: no pilot run of {', '.join(missing)} under {args.runs}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         text = private_grid(
-            args.pilot_grid, rounds, norms, zs, args.delta, args.seeds, slowest, command
+            args.pilot_grid,
+            rounds,
+            {m: norms[m] for m in chosen},
+            {m: zs[m] for m in chosen},
+            args.delta,
+            args.seeds,
+            slowest,
+            command,
+            args.name,
         )
         args.write_grid.write_text(text)
         print(f"\nwrote {args.write_grid}")

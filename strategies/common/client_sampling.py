@@ -111,19 +111,42 @@ class SampledRounds:
         the sampling the accountant assumes)."""
         if self.sampler is None:
             return super().configure_train(server_round, arrays, config, grid)  # type: ignore[misc]
-        _, available = sample_nodes(grid, self.min_available_nodes, 0)  # type: ignore[attr-defined]
-        node_ids = self.sampler.sample(available, server_round)
-        flwr_log(
-            logging.INFO,
-            "configure_train: Poisson sampling q=%s: %s nodes (out of %s)",
-            self.sampler.rate,
-            len(node_ids),
-            len(available),
-        )
+        node_ids = self.poisson_sample(grid, server_round, "configure_train")
         config["server-round"] = server_round
         keys = (self.arrayrecord_key, self.configrecord_key)  # type: ignore[attr-defined]
         record = RecordDict({keys[0]: arrays, keys[1]: config})
         return self._construct_messages(record, node_ids, MessageType.TRAIN)  # type: ignore[attr-defined]
+
+    def poisson_sample(self, grid: Grid, server_round: int, caller: str) -> list[int]:
+        """The round's Poisson sample of the connected nodes, once ``min-available-nodes``
+        are connected (logged as ``caller``'s)."""
+        assert self.sampler is not None
+        _, available = sample_nodes(grid, self.min_available_nodes, 0)  # type: ignore[attr-defined]
+        node_ids = self.sampler.sample(available, server_round)
+        flwr_log(
+            logging.INFO,
+            "%s: Poisson sampling q=%s: %s nodes (out of %s)",
+            caller,
+            self.sampler.rate,
+            len(node_ids),
+            len(available),
+        )
+        return node_ids
+
+    def round_sample(self, grid: Grid, server_round: int, caller: str) -> list[int]:
+        """The nodes a round before training (a method's round 0) queries: those a training
+        round would sample, FedAvg's fixed size (``fraction-train`` of the connected nodes,
+        at least ``min-train-nodes``) or the Poisson sample, so that under dp=central the
+        accountant's q holds for it as for the training rounds."""
+        if self.sampler is not None:
+            return self.poisson_sample(grid, server_round, caller)
+        fraction = self.fraction_train  # type: ignore[attr-defined]
+        sample_size = max(
+            int(len(list(grid.get_node_ids())) * fraction),
+            self.min_train_nodes,  # type: ignore[attr-defined]
+        )
+        node_ids, _ = sample_nodes(grid, self.min_available_nodes, sample_size)  # type: ignore[attr-defined]
+        return node_ids
 
     def sampling_metrics(self, server_round: int) -> dict[str, float]:
         """The round's ``sample-rate``, ``population`` and ``sampled`` (Poisson only)."""

@@ -111,6 +111,7 @@ FED_SB = FedSB(
     adapter="lora-sb",
     shared=("R",),
     dp_mechanism="mean",  # clip reply - sent over R and the head; noised mean; round 0 too
+    dp_initial_releases=1,  # round 0's noised gradient estimate (strategy.py)
 )
 
 METHODS = (FED_SB,)

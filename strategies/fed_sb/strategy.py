@@ -2,7 +2,8 @@
 federated initialisation of the fixed B and A, and their delivery to every node.
 
 Round 0 (``initialise``, run by ``start`` before Flower's loop, only in a fresh run): the
-server sends a QUERY message to the nodes a training round would sample; each answers with
+server sends a QUERY message to the nodes a training round would sample (FedAvg's fixed
+size, or the Poisson sample under ``client-sampling=poisson``); each answers with
 the summed gradient of every adapted W0 over its first ``fed-sb-init-examples`` examples
 (``gradient.py``). The server checks the replies (every layer's gradient, finite, of the
 shape most replies agree on), averages them with the run's weights, and per layer takes
@@ -10,7 +11,9 @@ P = -lr sign(mean) and its rank-r truncated SVD (``rule.initial_factors``): B = 
 A = V_rᵀ are kept here, R = S_r becomes the global R, so the model starts at
 W0 + s B S_r A as in the authors' code. Under dp=central round 0 is one more Gaussian
 mechanism: each client's gradients (all layers jointly) are clipped to C, the sum gets
-N(0, (zC)²) noise per entry and is divided by m, the accountant records it; the sign and
+N(0, (zC)²) noise per entry and is divided by m (the nodes queried; q N under Poisson
+sampling), the accountant records it at the run's q, so a run of T rounds composes T + 1
+releases (``Method.dp_initial_releases``); the sign and
 the SVD are post-processing. Under dp=example each client's reply is already private (the
 Gaussian mechanism on its per-example clipped gradients, ``private_gradient.py``, in its
 own ledger); the server averages the replies as without DP and records the epsilons they
@@ -34,7 +37,6 @@ from collections.abc import Iterable
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flower_app.records import declared_params, from_array_record, record_params, to_array_record
 from strategies.common.central_dp import noise_std_mean, noised_mean
@@ -87,10 +89,7 @@ class FedSBStrategy(AdapterStrategy):
         """Round 0 (module docstring): query, check, average, factorise. ``lineage``: the
         run lineage the query carries (the node's state folder, as a training message's)."""
         t0 = time.perf_counter()
-        sample_size = max(
-            int(len(list(grid.get_node_ids())) * self.fraction_train), self.min_train_nodes
-        )
-        node_ids, _ = sample_nodes(grid, self.min_available_nodes, sample_size)
+        node_ids = self.round_sample(grid, 0, "round 0")
         config = ConfigRecord({"server-round": 0, "fed-sb-init-examples": self.init_examples})
         if isinstance(lineage, str):
             config["lineage"] = lineage
@@ -110,6 +109,7 @@ class FedSBStrategy(AdapterStrategy):
             "up-params": sum(declared_params(m.content) for m in replies if not m.has_error()),
             "down-params": sum(record_params(m.content) for m in messages),
             "examples": float(sum(sizes)),
+            **self.sampling_metrics(0),
         }
         if self.example_dp is not None:  # dp=example: each client's epsilon after round 0
             metrics.update(self.example_dp.observe(0, replies))
@@ -122,8 +122,13 @@ class FedSBStrategy(AdapterStrategy):
         if self.dp is None:
             weights = normalize_weights(None if self.weighting == "uniform" else sizes, len(grads))
             mean = {k: sum(w * g[k] for w, g in zip(weights, grads, strict=True)) for k in grads[0]}
-        else:  # the Gaussian mechanism on the clipped sum (central_dp.py), m = nodes queried
-            m = max(len(messages), len(grads))
+        else:  # the Gaussian mechanism on the clipped sum (central_dp.py): m = nodes queried,
+            # or q N under Poisson sampling (the training rounds' divisor, private_divisor)
+            if self.sampler is None:
+                m: float = max(len(messages), len(grads))
+                sampled: dict[str, float] = {"dp-sampled": m}
+            else:
+                m, sampled = self.private_divisor(0, len(grads))
             mean = noised_mean(
                 (self.dp.clip(g) for g in grads),
                 self.dp.clipping_norm,
@@ -132,7 +137,7 @@ class FedSBStrategy(AdapterStrategy):
                 num_sampled=m,
             )
             std = noise_std_mean(self.dp.clipping_norm, self.dp.noise_multiplier, m)
-            metrics.update({"dp-noise-std": std, "dp-sampled": m, **self.dp.release()})
+            metrics.update({"dp-noise-std": std, **sampled, **self.dp.release()})
         r = self.largest_rank
         for layer in self.layers():
             B, R, A = initial_factors(mean[gradient_key(layer)], self.init_lr, r)
