@@ -15,7 +15,11 @@
 # sizes the cross-device grid; and that grid (privacy-cross-device, written from the
 # pilot's published runs by `python -m florg_tools.experiments.cross_device_sizing
 # evidence/privacy-regimes/runs/privacy-cross-device-pilot --write-grid
-# conf/grids/privacy-cross-device.yaml`). GRIDS overrides the list.
+# conf/grids/privacy-cross-device.yaml`), FedIT and FLoRG; then Fed-SB's arms of it
+# (privacy-cross-device-fed-sb, written by the same command with --methods fed-sb), run at
+# FED_SB_COMMIT in a worktree of their own: from that commit on, Fed-SB's round 0 queries the
+# round's Poisson sample, as the accountant's q assumes (at PRIVACY_COMMIT it queried a
+# fixed-size sample; evidence/privacy-regimes/NOTES.md). GRIDS overrides the list.
 # scripts/evidence_queue.sh runs the exact methods' grids before these: they share the 2
 # cores.
 set -euo pipefail
@@ -24,7 +28,17 @@ ROOT="${1:-../florg-evidence}"
 mkdir -p "$ROOT"
 ROOT=$(cd "$ROOT" && pwd)
 PRIVACY_COMMIT=834689a  # the runtime every run of these grids runs at (DP-SGD reports its mechanism; FLoRG's rank-first per-example gradient)
-read -r -a GRIDS <<< "${GRIDS:-privacy-cross-silo privacy-cross-silo-rate-check privacy-cross-silo-noise-check privacy-cross-silo-batch-check privacy-cross-silo-eps3 privacy-cross-device-pilot privacy-cross-device}"
+FED_SB_COMMIT=66e1377  # Fed-SB's cross-device grid: its round 0 Poisson-sampled, its z sized for T + 1 releases
+FED_SB_GRIDS=" privacy-cross-device-fed-sb "  # the grids run at FED_SB_COMMIT
+read -r -a GRIDS <<< "${GRIDS:-privacy-cross-silo privacy-cross-silo-rate-check privacy-cross-silo-noise-check privacy-cross-silo-batch-check privacy-cross-silo-eps3 privacy-cross-device-pilot privacy-cross-device privacy-cross-device-fed-sb}"
 PUBLISHED=evidence/privacy-regimes  # runs/<grid>/<run>: config, metrics, summary; tuning
 . scripts/fixed_worktree.sh
-run_grid_set "$ROOT/privacy-regimes" "$PRIVACY_COMMIT" "$PUBLISHED" "${GRIDS[@]}"
+AT_PRIVACY=() AT_FED_SB=()
+for grid in "${GRIDS[@]}"; do
+  if [[ $FED_SB_GRIDS == *" $grid "* ]]; then AT_FED_SB+=("$grid"); else AT_PRIVACY+=("$grid"); fi
+done
+# each set in a subshell: run_grid_set enters its worktree (cd, its .venv)
+[ ${#AT_PRIVACY[@]} -eq 0 ] \
+  || (run_grid_set "$ROOT/privacy-regimes" "$PRIVACY_COMMIT" "$PUBLISHED" "${AT_PRIVACY[@]}")
+[ ${#AT_FED_SB[@]} -eq 0 ] \
+  || (run_grid_set "$ROOT/privacy-regimes-fed-sb" "$FED_SB_COMMIT" "$PUBLISHED" "${AT_FED_SB[@]}")

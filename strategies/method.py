@@ -101,9 +101,9 @@ class Method:
     # ``aggregate_private`` implements; None: dp=central is refused, with ``dp_refusal``.
     dp_mechanism: str | None = None
     dp_refusal: str = ""
-    # Releases under dp=central before round 1 (Fed-SB's round 0: its noised gradient
-    # estimate), at the run's q: a run of T rounds composes T + this many in its accountant,
-    # which a noise multiplier sized for a target epsilon must count.
+    # Releases under dp=central before round 1 (a round 0 whose replies the server noises,
+    # such as a federated initialisation), at the run's q: a run of T rounds composes
+    # T + this many in its accountant, which a z sized for a target epsilon must count.
     dp_initial_releases: int = 0
     # Why dp=example (DP-SGD on each client) cannot run it; '' (every method so far): it can,
     # since DP-SGD protects whatever the client computes from its trained parameters.
