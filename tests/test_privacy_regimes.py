@@ -162,5 +162,6 @@ def test_cross_device_levels_name_z_and_q_and_show_the_sampled_clients(tmp_path)
     text = markdown(DEVICE, tmp_path, NAMES, 0.36, "x.png")
     assert "| FLoRG | central, z = 1.2, q = 0.05 | 7.90 | 0.5 |" in text
     assert "sampled clients" in text and "divisor" in text
+    assert "tuning" not in text.splitlines()[0]  # one rate per method in the grid: no tuning
     mech = next(line for line in text.splitlines() if line.startswith("| FedIT | 7.90"))
     assert " 48.5 | 50 |" in mech  # the sampled count's median over seeds 0-1, then q N
