@@ -122,13 +122,10 @@ class FedSBStrategy(AdapterStrategy):
         if self.dp is None:
             weights = normalize_weights(None if self.weighting == "uniform" else sizes, len(grads))
             mean = {k: sum(w * g[k] for w, g in zip(weights, grads, strict=True)) for k in grads[0]}
-        else:  # the Gaussian mechanism on the clipped sum (central_dp.py): m = nodes queried,
-            # or q N under Poisson sampling (the training rounds' divisor, private_divisor)
-            if self.sampler is None:
-                m: float = max(len(messages), len(grads))
-                sampled: dict[str, float] = {"dp-sampled": m}
-            else:
-                m, sampled = self.private_divisor(0, len(grads))
+        else:  # the Gaussian mechanism on the clipped sum (central_dp.py), m as a training
+            # round's (private_divisor): the nodes queried, or q N under Poisson sampling
+            self.communication.sampled[0] = len(messages)
+            m, sampled = self.private_divisor(0, len(grads))
             mean = noised_mean(
                 (self.dp.clip(g) for g in grads),
                 self.dp.clipping_norm,
