@@ -102,6 +102,23 @@ def test_table_rows_and_paired_differences(grid):
     assert f"higher on {gap.wins} of 3" in text
 
 
+def test_arms_at_one_budget_pair_across_noise_multipliers(tmp_path):
+    # FedIT reaches epsilon = 8 at another z (as a method with a release before round 1
+    # does): the two arms pair at that budget, in one line
+    root = tmp_path / "runs"
+    pairs = zip([0.66, 0.55, 0.71], [0.60, 0.49, 0.70], strict=True)
+    for seed, (mine, theirs) in enumerate(pairs):
+        write_run(root, "florg", seed, mine, z=2.434)
+        write_run(root, "fedit", seed, theirs, z=2.5, epsilon=8.0)
+    text = report(collect([root], arms()), [FLORG, FEDIT])
+    paired = [line for line in text.splitlines() if line.startswith("- ε =")]
+    d = paired_difference([0.66, 0.55, 0.71], [0.60, 0.49, 0.70]).difference
+    assert paired == [
+        f"- ε = 8.00: {FLORG} − {FEDIT}: {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}], "
+        "higher on 3 of 3"
+    ]
+
+
 def test_a_level_whose_runs_report_different_epsilons_is_refused(tmp_path):
     root = tmp_path / "runs"
     write_run(root, "florg", 0, 0.6, z=2.434)

@@ -225,6 +225,26 @@ def _of(runs: Sequence[PrivateRun], arm: str, level: Level) -> dict[int, float]:
     return {r.seed: r.final for r in runs if r.arm == arm and r.level == level}
 
 
+def _at_budget(
+    runs: Sequence[PrivateRun],
+    arm: str,
+    levels: Sequence[Level],
+    budgets: dict[Level, tuple[float, float | None]],
+    eps_text: str,
+) -> dict[int, float]:
+    """``arm``'s scores by seed over the levels whose ε reads ``eps_text``; an error when
+    two of them hold the same seed (the pairing would be ambiguous)."""
+    scores: dict[int, float] = {}
+    for level in levels:
+        if _epsilon_text(budgets[level][0]) != eps_text:
+            continue
+        found = _of(runs, arm, level)
+        if found.keys() & scores.keys():
+            raise ValueError(f"{arm} has two levels at ε = {eps_text} with the same seed")
+        scores |= found
+    return scores
+
+
 def _clipping_text(runs: Sequence[PrivateRun], arm: str, level: Level) -> str:
     norms = sorted({r.clipping_norm for r in runs if r.arm == arm and r.level == level} - {None})
     return ", ".join(f"{c:.3g}" for c in norms) or "–"
@@ -271,10 +291,13 @@ def report(runs: Sequence[PrivateRun], arms: Sequence[str], chance: float = math
             lines.append("| " + " | ".join(cells) + " |")
     if len(arms) > 1:
         lines += ["", f"Paired by seed, final-round test: {arms[0]} minus each other arm", ""]
+        # paired at one budget, not one level: methods that release before round 1 (Fed-SB's
+        # round 0) reach the same ε at a different z
+        eps_texts = list(dict.fromkeys(_epsilon_text(budgets[level][0]) for level in levels))
         for other in arms[1:]:
-            for level in levels:
-                eps = _epsilon_text(budgets[level][0])
-                text = paired_by_seed_text(_of(runs, arms[0], level), _of(runs, other, level))
+            for eps in eps_texts:
+                mine = _at_budget(runs, arms[0], levels, budgets, eps)
+                text = paired_by_seed_text(mine, _at_budget(runs, other, levels, budgets, eps))
                 lines.append(f"- ε = {eps}: {arms[0]} − {other}: {text}")
     lines += _mechanism_lines(runs, arms, levels, budgets)
     if not math.isnan(chance):
