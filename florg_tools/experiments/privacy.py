@@ -294,10 +294,11 @@ def report(runs: Sequence[PrivateRun], arms: Sequence[str], chance: float = math
         # paired at one budget, not one level: methods that release before round 1 (Fed-SB's
         # round 0) reach the same ε at a different z
         eps_texts = list(dict.fromkeys(_epsilon_text(budgets[level][0]) for level in levels))
+        mine = {eps: _at_budget(runs, arms[0], levels, budgets, eps) for eps in eps_texts}
         for other in arms[1:]:
             for eps in eps_texts:
-                mine = _at_budget(runs, arms[0], levels, budgets, eps)
-                text = paired_by_seed_text(mine, _at_budget(runs, other, levels, budgets, eps))
+                theirs = _at_budget(runs, other, levels, budgets, eps)
+                text = paired_by_seed_text(mine[eps], theirs)
                 lines.append(f"- ε = {eps}: {arms[0]} − {other}: {text}")
     lines += _mechanism_lines(runs, arms, levels, budgets)
     if not math.isnan(chance):
