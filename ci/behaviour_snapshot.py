@@ -34,7 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 NUM_NODES = 3
 SEEDED_NOISE = Path(__file__).resolve().parent / "seeded_noise"  # its sitecustomize.py
 
-# Every method, plus central DP for one mean-mechanism method and for FLoRG.
+# Every registered method (tests/test_behaviour_snapshot.py holds this list to the
+# registry), plus clients of mixed rank, central DP (user level) for one mean-mechanism
+# method and for FLoRG, DP-SGD on the clients (dp=example, its sampling and noise drawn
+# from the round's seed) and Poisson client sampling.
 CASES: dict[str, dict[str, object]] = {
     "florg": {"method": "florg"},
     "florg-no-procrustes": {"method": "florg-no-procrustes"},
@@ -44,14 +47,24 @@ CASES: dict[str, dict[str, object]] = {
     "ffa-lora": {"method": "ffa-lora"},
     "fedsa-lora": {"method": "fedsa-lora"},
     "fedex-lora": {"method": "fedex-lora"},
-    "flora": {"method": "flora"},  # its folds' resend and fresh LoRA by round
-    "fed-sb": {"method": "fed-sb"},
     "hetlora": {"method": "hetlora", "client-ranks": "1,2,2"},
     "flexlora": {"method": "flexlora", "client-ranks": "1,2,2"},
+    "rolora": {"method": "rolora"},
+    "fedsvd": {"method": "fedsvd"},
+    "flora": {"method": "flora"},  # its folds' resend and fresh LoRA by round
+    "fed-sb": {"method": "fed-sb"},
     "florg-ranks": {"method": "florg", "client-ranks": "1,2,2"},
     "fedit-dp": {"method": "fedit", "dp": "central", "dp-noise-multiplier": 0.5},
     "florg-dp": {"method": "florg", "dp": "central", "dp-noise-multiplier": 0.5},
-}
+    "florg-dp-sgd": {"method": "florg", "dp": "example", "dp-sgd-seeded-noise": "true"},
+    "fedit-dp-sgd": {"method": "fedit", "dp": "example", "dp-sgd-seeded-noise": "true"},
+    "fed-sb-dp-sgd": {"method": "fed-sb", "dp": "example", "dp-sgd-seeded-noise": "true"},
+    "florg-poisson": {"method": "florg", "client-sampling": "poisson", "fraction-train": 0.7,
+                      "min-train-nodes": 1},
+    "fedit-poisson-dp": {"method": "fedit", "client-sampling": "poisson",
+                         "fraction-train": 0.7, "min-train-nodes": 1, "dp": "central",
+                         "dp-noise-multiplier": 0.5},
+}  # fmt: skip
 # Keys of a metrics row that measure time or the machine, not the computation.
 WALL_CLOCK_KEYS = ("time", "seconds", "wall", "duration", "elapsed", "-s", "timestamp")
 
