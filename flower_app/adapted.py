@@ -77,11 +77,12 @@ def lora_config(config: RunConfig, method: Method) -> LoRAConfig:
     )
 
 
-def lora_sb_config(config: RunConfig) -> LoRASBConfig:
-    """The LoRA-SB adapter of a run with the settings ``config`` (every field from them)."""
+def lora_sb_config(config: RunConfig, method: Method) -> LoRASBConfig:
+    """The LoRA-SB adapter of a run with the settings ``config`` (every field from them;
+    its scale from the method, ``Method.adapter_alpha``)."""
     return LoRASBConfig(
         r=config.rank,
-        alpha=config.alpha,
+        alpha=method.adapter_alpha(config),
         target_modules=config.targets,
         head_modules=config.heads,
         train_head=config.train_head,
@@ -99,7 +100,7 @@ class AdaptedModel:
             inject_florg(model, florg_config(config, self.method))
             self.model = model
         elif self.method.adapter == "lora-sb":
-            inject_lora_sb(model, lora_sb_config(config))
+            inject_lora_sb(model, lora_sb_config(config, self.method))
             self.model = model
         else:
             self.model = inject_lora(model, lora_config(config, self.method))

@@ -158,6 +158,11 @@ class Method:
         """The LoRA initialisation its clients use (``flower_app/adapters/lora.py``)."""
         return "default"
 
+    def adapter_alpha(self, config: RunSettings) -> float:
+        """The scaling numerator of its adapter, s = alpha / rank: the ``alpha`` setting,
+        unless the method's authors fix the scale (LoRA-SB's: s = 1)."""
+        return float(config.alpha)
+
     def florg_signs(self, rank: int) -> tuple[float, ...] | None:
         """A FLoRG adapter's row signs D in ``s L AᵀDA R`` (None: the paper's D = I)."""
         return None

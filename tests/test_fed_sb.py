@@ -214,7 +214,7 @@ def f32(x):
     return np.float32(x).astype(np.float64)
 
 
-def test_round_0_averages_the_gradients_and_factorises_their_sign_step():
+def test_round_0_pools_the_gradients_and_factorises_their_sign_step():
     rng = np.random.default_rng(0)
     grads = [gradients(rng) for _ in range(3)]
     sizes = [10, 30, 20]
@@ -233,9 +233,10 @@ def test_round_0_averages_the_gradients_and_factorises_their_sign_step():
     grid = FakeGrid(answers)
     strategy.initialise(grid, timeout=10)
     assert len(grid.sent) == 4 and all(not m.content.array_records for m in grid.sent)
-    w = np.array(sizes) / sum(sizes)
     for layer in SHAPES:
-        mean = sum(wn * f32(g[gradient_key(layer)]) for wn, g in zip(w, grads, strict=True))
+        # each reply is a sum over its examples: the pooled gradient is their sum over the
+        # total count, not their example-weighted mean (which counts examples twice)
+        mean = sum(f32(g[gradient_key(layer)]) for g in grads) / sum(sizes)
         B, Rm, A = initial_factors(mean, 0.01, R)
         np.testing.assert_allclose(strategy.basis[layer][0], B, atol=1e-12)
         np.testing.assert_allclose(strategy.basis[layer][1], A, atol=1e-12)
@@ -267,6 +268,55 @@ def test_round_0_averages_the_gradients_and_factorises_their_sign_step():
         strategy_for(METHOD, sb_state(rng)).restore(
             {f"global/{k}": v for k, v in strategy.global_state.items()}, strategy.state_json()
         )
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "num-examples"])
+def test_round_0_takes_the_sign_of_the_pooled_gradient_whatever_the_weights(weighting):
+    """Counts 64, 64, 20, 5: the sign of the pooled gradient (the sum of the clients' sums),
+    as the authors take it over one pooled dataset, under either aggregation weighting."""
+    rng = np.random.default_rng(7)
+    sizes = [64, 64, 20, 5]
+    grads = [gradients(rng, scale=n) for n in sizes]  # sums grow with the examples summed
+    answers = {
+        101 + i: (g, {"num-examples": n, "partition-id": i})
+        for i, (g, n) in enumerate(zip(grads, sizes, strict=True))
+    }
+    strategy = strategy_for(
+        METHOD, sb_state(rng), aggregation_weights=weighting, learning_rate=0.01,
+        min_available_nodes=4, min_train_nodes=4,
+    )  # fmt: skip
+    strategy.initialise(FakeGrid(answers), timeout=10)
+    for layer in SHAPES:
+        pooled = sum(f32(g[gradient_key(layer)]) for g in grads)
+        B, A = strategy.basis[layer]
+        step = B @ strategy.global_state[f"{layer}.R"] @ A
+        np.testing.assert_allclose(step, authors_initialisation(pooled, 0.01, R), atol=1e-12)
+
+
+def test_a_fed_sb_model_at_default_settings_starts_at_the_authors_model(client):
+    """The authors' scripts set lora_alpha = lora_r: their model starts at W0 + B S_r A with
+    (B, S_r, A) the truncated SVD of -lr sign(G). Ours, at the default ``alpha``, adds
+    exactly that to every adapted W0 (s = 1), whatever alpha / rank would be."""
+    config, adapted = client
+    assert config.alpha / config.rank != 1  # the default alpha would scale by 8 here
+    rng = np.random.default_rng(11)
+    layers = lora_sb_layers(adapted.model)
+    grads = {name: rng.standard_normal(tuple(layer.base_layer.weight.shape))
+             for name, layer in layers.items()}  # fmt: skip
+    basis, state = {}, get_lora_sb_state(adapted.model)
+    for name, G in grads.items():
+        B, Rm, A = initial_factors(G, 0.01, config.rank)
+        basis[f"{name}.B"], basis[f"{name}.A"], state[f"{name}.R"] = B, A, Rm
+    set_lora_sb_basis(adapted.model, basis)
+    set_lora_sb_state(adapted.model, state)
+    for name, layer in layers.items():
+        expected = authors_initialisation(grads[name], 0.01, config.rank)
+        delta = layer.delta_weight().detach().double().numpy()
+        np.testing.assert_allclose(delta, expected, rtol=0, atol=1e-5)
+    # the cached model back as built: R = 0 and no basis
+    set_lora_sb_state(adapted.model, {k: np.zeros_like(v) if k.endswith(".R") else v
+                                      for k, v in state.items()})  # fmt: skip
+    set_lora_sb_basis(adapted.model, {k: np.zeros_like(v) for k, v in basis.items()})
 
 
 def test_a_round_aggregates_R_and_learns_which_nodes_hold_the_basis():

@@ -138,7 +138,10 @@ class AdapterSettings:
     train_head: bool = setting(True, "train and FedAvg the task head", affects=(MODEL,))
     rank: int = setting(4, "adapter rank r", check=positive, affects=(MODEL,))
     alpha: float = setting(
-        16.0, "scaling numerator: s = alpha / r", check=positive, affects=(MODEL,)
+        16.0,
+        "scaling numerator: s = alpha / r (LoRA-SB keeps its authors' s = 1 whatever alpha)",
+        check=positive,
+        affects=(MODEL,),
     )
     client_ranks: str = setting(
         "",

@@ -1,5 +1,6 @@
-"""Fed-SB (Singhal et al. 2025, arXiv 2502.15436): LoRA-SB on every client, W0 + s B R A with
-B and A fixed and identical on every node, only the r x r R trained; the server averages R
+"""Fed-SB (Singhal et al. 2025, arXiv 2502.15436): LoRA-SB on every client, W0 + B R A with
+B and A fixed and identical on every node, only the r x r R trained (scale s = 1 whatever
+the ``alpha`` setting, as in the authors' scripts: ``adapter_alpha``); the server averages R
 and the head (exact: ``rule.py``, eq. 1). Up and down: r² per layer and round, whatever
 the number of clients.
 
@@ -29,6 +30,13 @@ class FedSB(Method):
             key = f"{layer}.R"
             new[key] = aggregate_fed_sb(stacked(payloads, key), weights)
         return new, {}
+
+    def adapter_alpha(self, config) -> float:
+        """alpha = rank, so s = 1: every one of the authors' scripts sets ``lora_alpha =
+        lora_r``, and their model is W0 + B R A. With s = alpha / r != 1 the model would start
+        at W0 + s B S_r A (s times the authors' first step) and each step on R would move W
+        s times as far; the ``alpha`` setting does not apply to Fed-SB."""
+        return float(config.rank)
 
     def check_settings(self, config) -> None:
         """The common checks, and: round 0 needs the gradient of every adapted W0, which a

@@ -6,17 +6,19 @@ server sends a QUERY message to the nodes a training round would sample (FedAvg'
 size, or the Poisson sample under ``client-sampling=poisson``); each answers with
 the summed gradient of every adapted W0 over its first ``fed-sb-init-examples`` examples
 (``gradient.py``). The server checks the replies (every layer's gradient, finite, of the
-shape most replies agree on), averages them with the run's weights, and per layer takes
-P = -lr sign(mean) and its rank-r truncated SVD (``rule.initial_factors``): B = U_r,
-A = V_rᵀ are kept here, R = S_r becomes the global R, so the model starts at
-W0 + s B S_r A as in the authors' code. Under dp=central round 0 is one more Gaussian
-mechanism: each client's gradients (all layers jointly) are clipped to C, the sum gets
-N(0, (zC)²) noise per entry and is divided by m (the nodes queried; q N under Poisson
-sampling), the accountant records it at the run's q, so a run of T rounds composes T + 1
-releases (``Method.dp_initial_releases``); the sign and
+shape most replies agree on), adds them up and divides by the examples they cover: the
+pooled gradient, whatever ``aggregation-weights`` (each reply is a sum already). Per layer
+it takes P = -lr sign(mean) and its rank-r truncated SVD (``rule.initial_factors``):
+B = U_r, A = V_rᵀ are kept here, R = S_r becomes the global R, so the model starts at
+W0 + B S_r A as in the authors' code (s = 1, ``FedSB.adapter_alpha``).
+
+Under dp=central round 0 is one more Gaussian mechanism: each client's gradients (all
+layers jointly) are clipped to C, the sum gets N(0, (zC)²) noise per entry and is divided by
+m (the nodes queried; q N under Poisson sampling), the accountant records it at the run's q,
+so a run of T rounds composes T + 1 releases (``Method.dp_initial_releases``); the sign and
 the SVD are post-processing. Under dp=example each client's reply is already private (the
 Gaussian mechanism on its per-example clipped gradients, ``private_gradient.py``, in its
-own ledger); the server averages the replies as without DP and records the epsilons they
+own ledger); the server pools the replies as without DP and records the epsilons they
 report (``example_dp.py``: row 0's ``dp-sgd-epsilon-max``, also logged). Its row 0 counts
 what travelled (``up-params``: the gradients; ``down-params``: the queries, which carry no
 arrays).
@@ -41,7 +43,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flower_app.records import declared_params, from_array_record, record_params, to_array_record
 from strategies.common.central_dp import noise_std_mean, noised_mean
 from strategies.common.strategy import AdapterStrategy
-from strategies.common.validation import normalize_weights
 from strategies.fed_sb.gradient import gradient_key
 from strategies.fed_sb.keys import BASIS, BASIS_HELD
 from strategies.fed_sb.rule import initial_factors
@@ -120,8 +121,11 @@ class FedSBStrategy(AdapterStrategy):
         if not grads:
             raise RuntimeError("round 0: no client sent a valid gradient estimate; B and A unset")
         if self.dp is None:
-            weights = normalize_weights(None if self.weighting == "uniform" else sizes, len(grads))
-            mean = {k: sum(w * g[k] for w, g in zip(weights, grads, strict=True)) for k in grads[0]}
+            # each reply is a sum over the client's examples: their sum over the total count
+            # is the pooled gradient the authors take the sign of, whatever the aggregation
+            # weights (weighting a sum again by its count would count examples twice)
+            total = float(sum(sizes))
+            mean = {k: sum(g[k] for g in grads) / total for k in grads[0]}
         else:  # the Gaussian mechanism on the clipped sum (central_dp.py), m as a training
             # round's (private_divisor): the nodes queried, or q N under Poisson sampling
             self.communication.sampled[0] = len(messages)
