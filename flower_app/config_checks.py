@@ -5,11 +5,12 @@ be in the ``ConfigError`` it raises: the check's ``hint`` when it has one, else 
 its ``options`` when it has those, else its name (``positive``, ``fraction``, ...).  The
 checks are used by the declaration of every setting, ``RunConfig`` in flower_app/config.py
 (the ``method`` setting's, ``RegisteredMethod``, is the method registry's:
-strategies/registry.py).
+flower_app/methods/registry.py).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,20 @@ def positive(x: float) -> bool:
 
 def non_negative(x: float) -> bool:
     return x >= 0
+
+
+def positive_finite(x: float) -> bool:
+    return x > 0 and math.isfinite(x)
+
+
+positive_finite.hint = "finite and > 0"  # type: ignore[attr-defined]
+
+
+def non_negative_finite(x: float) -> bool:
+    return x >= 0 and math.isfinite(x)
+
+
+non_negative_finite.hint = "finite and >= 0"  # type: ignore[attr-defined]
 
 
 def fraction(x: float) -> bool:

@@ -216,6 +216,19 @@ def test_bad_values_name_the_key(values, key):
         resolve_config(values)
 
 
+@pytest.mark.parametrize(
+    "key",
+    ["dp-sgd-clipping-norm", "dp-sgd-noise-multiplier", "dp-sgd-target-epsilon",
+     "dp-max-epsilon", "fed-sb-init-noise-multiplier"],
+)  # fmt: skip
+@pytest.mark.parametrize("value", [float("inf"), "inf", "-inf", float("nan"), "nan"])
+def test_non_finite_dp_sgd_settings_are_refused_naming_the_key(key, value):
+    """As dp=central's clipping norm and noise multiplier are: an infinite C or z is no
+    mechanism, and an infinite target epsilon no guarantee."""
+    with pytest.raises(ConfigError, match=rf"^{key}: bad value .*finite"):
+        resolve_config({}, {"dp": "example", key: value})
+
+
 def test_unknown_keys_are_rejected():
     with pytest.raises(ConfigError, match="learning_rate"):
         resolve_config({"learning_rate": 0.1})

@@ -11,9 +11,11 @@ from flower_app.config_checks import (
     at_least_one,
     fraction,
     non_negative,
+    non_negative_finite,
     one_of,
     open_unit_interval,
     positive,
+    positive_finite,
     zero_or_below_one,
 )
 from flower_app.settings import MODEL, setting
@@ -96,7 +98,7 @@ class FederationSettings:
         "with probability fed-sb-init-examples / n, noise std z0 C on the sum), one release "
         "composed into the client's epsilon before training; 1.0 as dp-sgd-noise-multiplier: "
         "larger costs less epsilon and gives a noisier, more random B and A",
-        check=positive,
+        check=positive_finite,
         affects=(),
     )
 
@@ -247,21 +249,21 @@ class PrivacySettings:
         1.0,
         "dp=example: L2 bound C on each example's gradient of everything a client trains "
         "(adapter and head jointly)",
-        check=positive,
+        check=positive_finite,
         affects=(),
     )
     dp_sgd_noise_multiplier: float = setting(
         1.0,
         "dp=example: noise multiplier z of every local step (noise std z C on the clipped "
         "sum); unused where dp-sgd-target-epsilon is set",
-        check=positive,
+        check=positive_finite,
         affects=(),
     )
     dp_sgd_target_epsilon: float = setting(
         0.0,
         "dp=example: each client's z is calibrated to end the run at this epsilon if it trains "
         "in every round (0: use dp-sgd-noise-multiplier)",
-        check=non_negative,
+        check=non_negative_finite,
         affects=(),
     )
     dp_sgd_delta: float = setting(
@@ -274,7 +276,7 @@ class PrivacySettings:
         0.0,
         "dp=example: a client whose epsilon would exceed this after a round refuses to train "
         "in it, a failed reply (0: no limit)",
-        check=non_negative,
+        check=non_negative_finite,
         affects=(),
     )
     dp_unnoised_metrics: str = setting(

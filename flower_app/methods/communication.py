@@ -1,0 +1,115 @@
+"""Exact per-round communication of every method, counted as the paper counts it (parameters).
+
+Per adapted layer with W0 of shape d_out x d_in, k = min(d_in, d_out), rank r, and a
+task head of H parameters (trained and FedAvg-ed by every method), each participating
+client sends up and receives down per round the method's shared parts
+(``Method.adapter_params``):
+
+    FLoRG adapter, A shared      r k              (up and down)
+    LoRA adapter, B and A        r (d_out + d_in) (up and down)
+    LoRA adapter, B only         r d_out          (A frozen and seeded)
+    LoRA adapter, A only         r d_in           (B kept on the client)
+
+plus H each way, plus whatever else a method sends down (``Method.extra_down_params``,
+which may depend on N, the number of clients aggregated in the round, and on the
+``fedex-residual`` transport setting passed as ``residual_mode``; only in the rounds
+``Method.extra_down_in_round`` names).  Bytes are parameters times ``bytes_per_param`` (4:
+arrays travel as float32).
+
+    LoRA-SB adapter, R only      r^2              (up and down; B, A fixed, sent once)
+
+Round 0 (``server_round=0``) is the initial model's evaluation: nothing travels, except for
+a method that initialises its adapter from its clients first (``Method.init_round_params``:
+the clients' gradient estimates of every adapted W0, d_out d_in each, up).
+
+A method that trains some shared parts only in some rounds (``Method.trained_parts``: one
+that alternates B and A, or one whose server re-factorises A after training B) sends up
+those parts only (``Method.up_adapter_params``, which takes the round), and receives every
+shared part down.
+
+Clients of different rank (``client_communication``): a client of rank r_n sends
+up the formula at r_n and receives down the formula at the rank it was sent, r_n once the
+server knows its rank, the run's largest rank r_max before (its first round).  The
+strategy counts the same from the arrays that travelled (``up-params-r<r>``,
+``down-params-r<r>``, ``up-params-per-client``, ``down-params-per-client`` in the metrics
+rows of a round with mixed ranks; tests/test_client_ranks.py holds the two equal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from flower_app.methods.registry import get_method
+
+
+@dataclass(frozen=True)
+class RoundCommunication:
+    """Parameters and bytes one client sends up and receives down in one round."""
+
+    up_params: int
+    down_params: int
+    bytes_per_param: int = 4
+
+    @property
+    def up_bytes(self) -> int:
+        return self.up_params * self.bytes_per_param
+
+    @property
+    def down_bytes(self) -> int:
+        return self.down_params * self.bytes_per_param
+
+    @property
+    def total_params(self) -> int:
+        return self.up_params + self.down_params
+
+
+def round_communication(
+    method: str,
+    layer_shapes: Mapping[str, tuple[int, int]],
+    r: int,
+    head_params: int,
+    num_clients: int = 1,
+    residual_mode: str = "dense",
+    bytes_per_param: int = 4,
+    server_round: int = 1,
+) -> RoundCommunication:
+    """Per-client communication in round ``server_round``; ``layer_shapes`` maps names to
+    (d_out, d_in)."""
+    spec = get_method(method)
+    if r < 1 or num_clients < 1 or head_params < 0:
+        raise ValueError(
+            f"need r >= 1, num_clients >= 1, head_params >= 0; "
+            f"got r={r}, num_clients={num_clients}, head_params={head_params}"
+        )
+    if server_round == 0:  # before training: only a method with a round 0 sends anything
+        init = [spec.init_round_params(o, i, r) for o, i in layer_shapes.values()]
+        up0, down0 = sum(u for u, _ in init), sum(d for _, d in init)
+        return RoundCommunication(up0, down0, bytes_per_param)
+    down = sum(spec.adapter_params(o, i, r) for o, i in layer_shapes.values())
+    up = sum(spec.up_adapter_params(o, i, r, server_round) for o, i in layer_shapes.values())
+    extra = sum(
+        spec.extra_down_params(o, i, r, num_clients, residual_mode)
+        for o, i in layer_shapes.values()
+        if spec.extra_down_in_round(server_round)
+    )
+    return RoundCommunication(up + head_params, down + head_params + extra, bytes_per_param)
+
+
+def client_communication(
+    method: str,
+    layer_shapes: Mapping[str, tuple[int, int]],
+    rank: int,
+    head_params: int,
+    sent_rank: int | None = None,
+    bytes_per_param: int = 4,
+) -> RoundCommunication:
+    """One client's round at ``rank`` (r_n) that was sent the state at ``sent_rank``
+    (default r_n; r_max in the node's first round): up at r_n, down at the rank sent."""
+    if not get_method(method).heterogeneous_ranks and sent_rank not in (None, rank):
+        raise ValueError(f"method {method!r} sends every client one rank")
+    up = round_communication(method, layer_shapes, rank, head_params, 1, "dense", bytes_per_param)
+    down = round_communication(
+        method, layer_shapes, sent_rank or rank, head_params, 1, "dense", bytes_per_param
+    )
+    return RoundCommunication(up.up_params, down.down_params, bytes_per_param)

@@ -1,0 +1,264 @@
+"""What a federated method is to the core: its client side, its server side and its flags,
+in one object. The core reads methods only through this contract and the registry
+(``registry.py``); it never imports a method.
+
+Each method is one folder, ``strategies/<name>/``, registered by one line of
+``strategies/registry.py``: ``method.py`` creates its methods (``METHODS = (...)``, objects
+of ``strategies.shared.base_method.BaseMethod``, which adds the server side the methods
+share to this contract),
+``rule.py`` holds its server rule as a float64 numpy reference, and, where the common
+strategy does not suffice, ``strategy.py`` its own Flower strategy and further modules its
+batched or private paths. A method declares
+
+- **client side**: which adapter its clients train (``adapter``: ``florg`` is the paper's
+  ``W = W0 + s L AᵀA R``, ``lora`` is PEFT's ``W = W0 + s B A``, ``lora-sb`` is
+  ``W = W0 + s B R A`` with B, A fixed and only the r x r R trained), which of its parts
+  travel every round (``shared``), which stay on the client between rounds (``local``:
+  personal parts, so the global model alone is evaluated with them at their zero
+  initialisation and the clients evaluate by default), which are frozen at their seeded
+  initialisation (``frozen``), the LoRA initialisation it needs, and hooks for anything
+  else a client or the server's evaluator must do with a received message;
+- **server side**: its Flower strategy (``build_strategy``) and its rule (``aggregate``),
+  run by that strategy; only the server calls these hooks;
+- **flags** the common strategy and the settings' checks read, never a method's name:
+  ``heterogeneous_ranks``, ``dp_mechanism`` (with ``dp_refusal`` when None),
+  ``dp_initial_releases`` (its releases under dp=central before round 1),
+  ``example_dp_refusal`` (why DP-SGD on the clients, ``dp=example``, cannot run it; '' when
+  it can) and ``writes_base_weights``;
+- **central differential privacy** (``dp=central``, docs/privacy.md): its mechanism
+  (``aggregate_private``; by default the mean mechanism of
+  ``strategies.server.central_dp``);
+- **communication**: derived from the shared parts (the paper counts parameters), plus
+  whatever else the method sends down (``extra_down_params``, in the rounds
+  ``extra_down_in_round`` names) and a round 0 before training where it has one
+  (``init_round_params``; its clients answer a query message, ``answer_query``).
+
+The settings a method needs checked beyond each value's own check (``check_settings``,
+run by ``flower_app.config.resolve_config``, before anything is built) raise a ValueError
+naming the key (``BaseMethod`` adds dp=central's). Method modules import nothing heavy at
+module level (torch, PEFT, Flower are imported inside the hooks), so reading the registry
+costs nothing: the run-config validation uses it.
+
+Settings and methods depend one way: flower_app/config.py reads the registry (the values
+the ``method`` setting may take), and no method imports flower_app.config,
+not even for annotations. A method is handed the run's ``RunConfig`` (``config``) and
+reads the settings it needs from it by name: the strategy is built from it
+(``build_strategy``; the arguments every method shares: ``BaseMethod.strategy_settings``),
+and so are the settings a method derives (``evaluates_on_clients``, ``lora_init``). A new strategy
+option of one method is a ``RunConfig`` setting plus its use in that method's module
+(docs/adding-a-strategy-option.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from flower_app.adapter_kinds import AdapterKind, adapter_kind_names, get_adapter_kind
+
+if TYPE_CHECKING:
+    from flwr.serverapp.strategy import Strategy
+
+# A run's settings, flower_app.config.RunConfig, and the model carrying a method's adapter,
+# flower_app.adapted.AdaptedModel (built from them): methods read their attributes by name
+# and import neither module (the dependency runs config -> methods only).
+RunSettings = Any
+AdaptedModel = Any
+
+
+@dataclass(frozen=True)
+class Method:
+    """One federated method; subclass it to override a hook (see the module docstring)."""
+
+    name: str
+    summary: str
+    adapter: str
+    shared: tuple[str, ...]
+    local: tuple[str, ...] = ()
+    frozen: tuple[str, ...] = ()
+    # -- flags the common strategy and the settings' checks read ----------------------
+    # Whether its clients may train at different ranks (``client-ranks``, a node's
+    # ``rank``); its rule then aggregates them.
+    heterogeneous_ranks: bool = False
+    # Its central-DP mechanism ('mean', 'product-mean', 'gram'; docs/privacy.md), which
+    # ``aggregate_private`` implements; None: dp=central is refused, with ``dp_refusal``.
+    dp_mechanism: str | None = None
+    dp_refusal: str = ""
+    # Releases under dp=central before round 1 (a round 0 whose replies the server noises,
+    # such as a federated initialisation), at the run's q: a run of T rounds composes
+    # T + this many in its accountant, which a z sized for a target epsilon must count.
+    dp_initial_releases: int = 0
+    # Why dp=example (DP-SGD on each client) cannot run it; '' (every method so far): it can,
+    # since DP-SGD protects whatever the client computes from its trained parameters.
+    example_dp_refusal: str = ""
+    # Whether it writes into the frozen base weights W0 during the run (e.g. a
+    # residual fold): refused with a half-precision or quantised W0.
+    writes_base_weights: bool = False
+
+    def __post_init__(self) -> None:
+        if self.adapter not in adapter_kind_names():
+            raise ValueError(f"method {self.name!r}: adapter must be one of {adapter_kind_names()}")
+        self.kind.check_method(self)
+        if set(self.shared) & (set(self.local) | set(self.frozen)):
+            raise ValueError(f"method {self.name!r}: a shared part cannot be local or frozen")
+
+    @property
+    def kind(self) -> AdapterKind:
+        """Its adapter kind (``flower_app/adapter_kinds/``): parts, shapes, the model side."""
+        return get_adapter_kind(self.adapter)
+
+    # -- client side --------------------------------------------------------------------
+    def trained_parts(self, server_round: int) -> tuple[str, ...]:
+        """The shared parts its clients train and send up in round ``server_round`` (all of
+        ``shared`` for most methods; an alternating method trains one part a round, and a
+        method whose server re-factorises a part sends it down without training it). The
+        other shared parts still travel down: a client may have missed the last round."""
+        return self.shared
+
+    def uplink(
+        self, state: Mapping[str, np.ndarray], server_round: int
+    ) -> Mapping[str, np.ndarray]:
+        """What of a state (a client's or the global one) travels up in ``server_round``: the
+        head and the ``trained_parts``; ``state`` itself when every shared part trains."""
+        parts = self.trained_parts(server_round)
+        if set(parts) == set(self.shared):
+            return state
+        left_out = tuple(f".{self.kind.part_key(p)}" for p in self.shared if p not in parts)
+        return {k: v for k, v in state.items() if not k.endswith(left_out)}
+
+    @property
+    def personal(self) -> bool:
+        """Whether clients keep parts of their own (then they evaluate by default)."""
+        return bool(self.local)
+
+    def evaluates_on_clients(self, config: RunSettings) -> bool:
+        """Whether clients evaluate every round (``client-eval``: 'on', 'off', or 'auto':
+        when the method has personal parts)."""
+        return config.client_eval == "on" or (config.client_eval == "auto" and self.personal)
+
+    def lora_init(self, config: RunSettings) -> str:
+        """The LoRA initialisation its clients use (``flower_app/adapters/lora.py``)."""
+        return "default"
+
+    def adapter_alpha(self, config: RunSettings) -> float:
+        """The scaling numerator of its adapter, s = alpha / rank: the ``alpha`` setting,
+        unless the method's authors fix the scale (LoRA-SB's: s = 1)."""
+        return float(config.alpha)
+
+    def florg_signs(self, rank: int) -> tuple[float, ...] | None:
+        """A FLoRG adapter's row signs D in ``s L AᵀDA R`` (None: the paper's D = I)."""
+        return None
+
+    def prepare_model(self, adapted: AdaptedModel) -> None:
+        """Called once after the adapter is injected (e.g. to keep a copy of W0)."""
+
+    def receive_on_client(self, msg: Any, context: Any, adapted: AdaptedModel) -> dict[str, float]:
+        """Called on the client after the global arrays are loaded, before training or
+        evaluating; returns metrics to add to the reply."""
+        return {}
+
+    def receive_on_server(self, adapted: AdaptedModel, strategy: Strategy) -> None:
+        """Called by the server's evaluator after it loads the global arrays."""
+
+    def answer_query(
+        self, config: RunSettings, adapted: AdaptedModel, batches: Any, accountant: Any = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """The client's reply (arrays, metrics) to a query message, which only a method whose
+        strategy runs a round 0 before training sends (``init_round_params``); ``batches``:
+        the client's data (``flower_app.client.round.LocalBatches``); ``accountant``: under
+        ``dp=example`` the node's DP-SGD ledger (``flower_app.dp_sgd.ClientAccountant``),
+        into which the reply's release must be composed (the caller keeps it), else None."""
+        raise NotImplementedError(f"method {self.name!r} sends no query to its clients")
+
+    # -- settings -----------------------------------------------------------------------
+    def check_settings(self, config: RunSettings) -> None:
+        """The checks of the run's settings that depend on the method, each ValueError
+        naming its key (``resolve_config`` raises it as a ConfigError): with
+        ``client-ranks``, a method whose clients may train at different ranks and no
+        dp=central; its adapter kind's checks (``AdapterKind.check_settings``); with
+        ``dp=example``, a method that does not refuse it. A method adds its own
+        (``strategies.shared.base_method`` adds dp=central's)."""
+        if config.client_ranks.strip():
+            if not self.heterogeneous_ranks:
+                raise ValueError(
+                    f"client-ranks: method {self.name!r} aggregates one common rank; "
+                    "per-client ranks need a method that aggregates them (heterogeneous_ranks; "
+                    "docs/architecture.md lists them)"
+                )
+            if config.dp == "central":
+                raise ValueError("client-ranks: dp=central needs one common rank")
+        self.kind.check_settings(config, self)
+        if config.dp == "example" and self.example_dp_refusal:
+            raise ValueError(
+                f"dp: dp=example refused for method {self.name!r}: {self.example_dp_refusal}"
+            )
+
+    # -- server side --------------------------------------------------------------------
+    def build_strategy(
+        self,
+        config: RunSettings,
+        initial_state: Mapping[str, np.ndarray],
+        *,
+        fingerprint: int | None = None,
+        run_dir: Path | None = None,
+    ) -> Strategy:
+        """The method's Flower strategy for a run with the settings ``config``, starting
+        from ``initial_state``. ``fingerprint``: the L/R fingerprint of the server's model
+        (FLoRG checks the clients' against it); ``run_dir``: the run folder
+        (``save-client-updates`` writes there). The methods of ``strategies/`` build the
+        common strategy by default (``strategies.shared.base_method.BaseMethod``)."""
+        raise NotImplementedError(f"method {self.name!r} builds no strategy")
+
+    def aggregate(
+        self,
+        sent: Mapping[str, np.ndarray],
+        payloads: list[dict[str, np.ndarray]],
+        weights: np.ndarray,
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """The method's server rule: the new adapter arrays (the head is FedAvg'd by the
+        strategy) and the round's diagnostics, from the global state ``sent`` (float64) and
+        the checked replies ``payloads`` with their normalised ``weights``."""
+        raise NotImplementedError(f"method {self.name!r} has no server rule")
+
+    # -- communication (parameters per client, round and adapted layer) -----------------
+    def adapter_params(self, d_out: int, d_in: int, r: int) -> int:
+        """The shared adapter parameters of one layer: received down every round."""
+        return self.kind.part_params(self.shared, d_out, d_in, r)
+
+    def up_adapter_params(self, d_out: int, d_in: int, r: int, server_round: int = 1) -> int:
+        """The adapter parameters of one layer a client sends up in ``server_round``: its
+        trained parts (``trained_parts``)."""
+        return self.kind.part_params(self.trained_parts(server_round), d_out, d_in, r)
+
+    def extra_down_params(
+        self, d_out: int, d_in: int, r: int, num_clients: int, residual_mode: str
+    ) -> int:
+        """Whatever else one layer sends down per client and round (0 for most methods)."""
+        return 0
+
+    def extra_down_in_round(self, server_round: int) -> bool:
+        """Whether ``extra_down_params`` travels in ``server_round`` (every round for most
+        methods; a method that sends a node something once, with its first training
+        message, counts it in round 1, when every node of a full-participation run gets it)."""
+        return True
+
+    def init_round_params(self, d_out: int, d_in: int, r: int) -> tuple[int, int]:
+        """(up, down) parameters of one layer per client in round 0, before training: (0, 0)
+        for most methods, whose round 0 only evaluates the initial model."""
+        return 0, 0
+
+
+def adapter_layers(state: Mapping[str, np.ndarray]) -> list[str]:
+    """The adapted layers of a state, in its order (``flower_app.records.split_state``)."""
+    from flower_app.records import split_state
+
+    return list(split_state(state)[0])
+
+
+def stacked(payloads: list[dict[str, np.ndarray]], key: str) -> list[np.ndarray]:
+    """Every client's array ``key``, in float64, in the order of ``payloads``."""
+    return [np.asarray(p[key], np.float64) for p in payloads]
