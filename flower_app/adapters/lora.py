@@ -1,4 +1,4 @@
-"""PEFT LoRA adapters for the five baselines, with seeded initialisation and named state.
+"""PEFT LoRA adapters for the LoRA methods, with seeded initialisation and named state.
 
 Each targeted W0 (d_out x d_in) gets lora_B (d_out x r) and lora_A (r x d_in) with
 update s * B A, s = alpha / r (PEFT's ``LoraConfig``/``get_peft_model``).
