@@ -20,4 +20,7 @@ Numbers and where they are published: ``docs/benchmarks.md``.
 
 from pathlib import Path
 
+# the benchmarks resolve run configs and build methods: every method registers first
+import strategies.registry  # noqa: F401, E402
+
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,7 @@
 """The ClientApp: train the method's adapter on this node's partition and send the payload.
 
-Everything method-specific comes from the method registry (strategies/). State a
+Everything method-specific comes from the method registry (flower_app/methods/registry.py),
+which the method folders of strategies/ fill when this module imports strategies.registry. State a
 node keeps between rounds lives in its Flower ``Context`` (per run): a method's personal
 parts (``Method.local``) and whatever its hook keeps (``receive_on_client``). A
 resumed run (flower_app/server/checkpoint.py) is a new Flower run with fresh contexts:
@@ -19,6 +20,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log as flwr_log
 
+import strategies.registry  # noqa: F401  (every method registers with the core's registry)
 from flower_app.client.dp_state import load_accountant, save_accountant
 from flower_app.client.faults import inject_faults
 from flower_app.client.node_config import use_node_data

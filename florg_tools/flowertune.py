@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
 from flower_app.config import ConfigError, RunConfig, resolve_config
 from flower_app.leaderboard import (
     BUDGET_MB,

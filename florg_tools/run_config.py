@@ -19,6 +19,8 @@ from typing import Any
 
 import tomli_w  # a dependency of flwr
 
+import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
+
 __all__ = [
     "ConfigValidationError",
     "RunConfigValue",

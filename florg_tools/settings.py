@@ -25,6 +25,7 @@ from pathlib import Path
 
 import tomli_w
 
+import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
 from flower_app.config import SCHEMA
 
 __all__ = [
@@ -133,7 +134,7 @@ def method_table() -> list[str]:
     """The values of ``method``, one row per registered method (strategies/registry.py):
     its adapter, what travels, whether clients may differ in rank, its central-DP
     mechanism."""
-    from strategies.registry import get_method, method_names
+    from flower_app.methods.registry import get_method, method_names
 
     lines = [
         "## Methods (the values of `method`)",

@@ -2,7 +2,7 @@
 alone (the model is built on the meta device: no weights are read or allocated).
 
 Per round, each sampled client receives and sends its method's shared parts
-(``strategies.communication.round_communication``, every registered method read
+(``flower_app.methods.communication.round_communication``, every registered method read
 generically); the clients sampled per round are Flower's FedAvg's,
 max(⌊N · fraction-train⌋, min-train-nodes) of the N SuperNodes; the run is
 ``num-server-rounds`` such rounds, after a round 0 where a method has one (its clients'
@@ -97,8 +97,8 @@ def project(
 ) -> list[Projection]:
     """Each of ``methods`` (default: every registered one) at the run's rank, sampling,
     rounds and FedEx residual transport. A method the shapes do not admit is left out."""
-    from strategies.communication import round_communication
-    from strategies.registry import method_names
+    from flower_app.methods.communication import round_communication
+    from flower_app.methods.registry import method_names
 
     clients = clients_per_round(config, num_supernodes)
     out: list[Projection] = []

@@ -30,14 +30,15 @@ Unknown keys and bad values raise ``ConfigError`` naming the key, before any mod
 built or any client trains (the value checks and the coercion: flower_app/config_checks.py).
 
 Settings and methods depend one way, this module -> the method registry
-(strategies/): the values ``method`` may take are the registered names (the
-registry's check ``RegisteredMethod``), and ``resolve_config`` is the one validation every
-caller runs (the apps, the launcher, the grids, the benchmarks), so it has to know them.
-The registry never imports this module, not even for annotations: a method is handed a
-``RunConfig`` and reads the settings it needs by name, and what a method derives from the
-settings lives with the method (``Method.evaluates_on_clients``, ``Method.lora_init``,
-``Method.build_strategy``). The other way round, with the check outside ``resolve_config``,
-a run with a misspelt method would pass every caller that only resolves settings.
+(flower_app/methods/registry.py, filled by strategies/registry.py): the values ``method``
+may take are the registered names (the registry's check ``RegisteredMethod``), and
+``resolve_config`` is the one validation every caller runs (the apps, the launcher, the
+grids, the benchmarks), so it has to know them. The registry never imports this module, not
+even for annotations: a method is handed a ``RunConfig`` and reads the settings it needs by
+name, and what a method derives from the settings lives with the method
+(``Method.evaluates_on_clients``, ``Method.lora_init``, ``Method.build_strategy``). The
+other way round, with the check outside ``resolve_config``, a run with a misspelt method
+would pass every caller that only resolves settings.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from typing import Any, NamedTuple, get_type_hints
 from flower_app.config_checks import FOLDER_NAME_HINT as FOLDER_NAME_HINT  # re-exported
 from flower_app.config_checks import ConfigError, coerce
 from flower_app.config_checks import is_folder_name as is_folder_name  # re-exported
+from flower_app.methods.registry import get_method
 from flower_app.settings import DATA as DATA  # re-exported: the groups caches key on
 from flower_app.settings import GROUPS
 from flower_app.settings import MODEL as MODEL
@@ -64,7 +66,6 @@ from flower_app.settings.rounds import (
     TrainingSettings,
 )
 from flower_app.settings.run import LeaderboardSettings, OutputSettings, TestingSettings
-from strategies.registry import get_method
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # presets and grids (the tooling's)
 

@@ -28,7 +28,9 @@ Keys are SHA-256 hashes of everything the result depends on, none of it listed b
   setting must name the groups it affects, so it cannot be left out of a key);
 * the identity (name, size, mtime) of the model and data files, the library versions;
 * the source of the module that builds the result and of every module of this project it
-  imports, transitively, function-local imports included (``_code_hash``).
+  imports, transitively, function-local imports included (``_code_hash``); for a model,
+  also the code of the modules that registered the methods (their hooks build the adapter;
+  ``flower_app.methods.registry.method_sources``).
 
 The cache lives in ``$FLORG_DERIVED_CACHE``, else ``<$FLORG_CACHE or
 ~/.cache/florg>/derived``; entries are written atomically (temporary name, then rename), so
@@ -58,6 +60,7 @@ from flower_app.cache_keys import (
     _versions,
     path_identity,
 )
+from flower_app.methods.registry import method_sources
 
 __all__ = [
     "DISABLE_ENV_VAR",
@@ -285,6 +288,8 @@ def disk_cached_model(*, groups: tuple[str, ...]) -> Callable[[F], F]:
                     "num-labels": int(num_labels),
                     "args": [str(a) for a in args] + sorted(f"{k}={v}" for k, v in kwargs.items()),
                     "code": _code_hash(func.__module__),
+                    # the registered methods' code: their hooks build the adapter
+                    "methods": [_code_hash(m) for m in method_sources()],
                     "versions": _versions(),
                 },
             )

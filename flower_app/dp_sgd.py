@@ -13,7 +13,7 @@ example of one client.
 Accounting: each step is the sampled Gaussian mechanism with multiplier z at rate q, so a
 client's epsilon after S steps over all the rounds it trained in is that of S such steps
 composed, computed with the RDP accountant the server uses for central DP
-(strategies/common/dp_accounting.py: Google's dp-accounting, PoissonSampledDpEvent,
+(flower_app/dp_accounting.py: Google's dp-accounting, PoissonSampledDpEvent,
 add/remove-one), so both modes report epsilon from one accountant. Opacus' own RDP
 accountant gives the same curve (tests/test_dp_sgd.py compares them). A method whose
 clients release something computed from their data before training (a round 0) composes
@@ -41,12 +41,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from flower_app.dp_sgd_mechanism import MechanismStats
-from strategies.common.dp_accounting import (
+from flower_app.dp_accounting import (
     DpAccountant,
     noise_multiplier_after,
     noise_multiplier_for,
 )
+from flower_app.dp_sgd_mechanism import MechanismStats
 
 # the rule for dp-sgd-delta = 0: delta = 1 / (DELTA_DIVISOR n), below 1 / n as DP-SGD needs
 DELTA_DIVISOR = 10
@@ -256,14 +256,13 @@ def round_generators(
 
 def check_trainable_modules(model: nn.Module) -> None:
     """Opacus refuses a trained module that holds buffers (BatchNorm's running statistics
-    would leak the data unnoised). FLoRGLinear holds buffers fixed before any data is seen
-    (L, R, signs, the initial A), LoRASBLinear the B and A every node receives from the
-    server (post-processing of round 0's releases) and training never changes: public, so
-    allowed; any other is refused."""
-    from flower_app.adapters.florg_layer import FLoRGLinear
-    from flower_app.adapters.lora_sb import LoRASBLinear
+    would leak the data unnoised). The project's own adapter layers (``AdapterLinear``:
+    FLoRG's, LoRA-SB's) hold buffers fixed before any data is seen (FLoRG's L, R, signs and
+    initial A) or received from the server (LoRA-SB's B and A, post-processing of round 0's
+    releases), which training never changes: public, so allowed; any other is refused."""
+    from flower_app.adapters.custom_adapter import AdapterLinear
 
-    fixed = {id(m) for m in model.modules() if isinstance(m, FLoRGLinear | LoRASBLinear)}
+    fixed = {id(m) for m in model.modules() if isinstance(m, AdapterLinear)}
     bad = [
         name
         for name, module in model.named_modules()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flower_app.config import ConfigError, RunConfig
-from strategies.registry import get_method
+from flower_app.methods.registry import get_method
 
 TEMPLATE_REPO = "flwrlabs/flower"
 TEMPLATE_COMMIT = "59d77930cdd9fe91dce975df243b571db85c3fd9"

@@ -29,8 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from flower_app.config import ConfigError, RunConfig
-from strategies.method import SUBTRACT_INIT_NEEDS_ONE_RANK
-from strategies.registry import get_method
+from flower_app.methods.registry import get_method
 
 __all__ = [
     "NODE_RANK",
@@ -77,8 +76,10 @@ def node_rank(config: RunConfig, node_config: Mapping[str, Any], partition_id: i
                 f"node-config rank={r} exceeds the run's largest rank {r_max} "
                 "(max of 'rank' and 'client-ranks'): list it in client-ranks or raise rank"
             )
-        if r != r_max and config.subtract_init and get_method(config.method).adapter == "florg":
-            raise ConfigError(f"node-config rank={r}: {SUBTRACT_INIT_NEEDS_ONE_RANK}")
+        try:  # what the adapter kind allows (FLoRG: subtract-init needs one common rank)
+            get_method(config.method).kind.check_node_rank(config, r, r_max)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         return r
     ranks = parse_client_ranks(config.client_ranks)
     if ranks:

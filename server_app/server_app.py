@@ -15,6 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
+import strategies.registry  # noqa: F401  (every method registers with the core's registry)
 from flower_app.config import ConfigError, RunConfig, resolve_config
 from flower_app.launch_checks import check_names
 from flower_app.modeling import pick_device, resolve_model_source
@@ -34,7 +35,7 @@ from flower_app.server.recorder import INFO, RunRecorder, make_run_dir
 from flower_app.server.submission import write_submission
 from flower_app.task_data import load_task_data, load_test_data
 from flower_app.task_eval import evaluate_task
-from strategies.common.strategy import AdapterStrategy
+from strategies.server.strategy import AdapterStrategy
 
 app = ServerApp()
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+import strategies.registry  # noqa: F401  (every method registers with the core's registry)
 from florg_tools import synthetic
 
 pytest_plugins = ["pytester"]  # tests/test_integration_guard.py

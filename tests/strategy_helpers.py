@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from flower_app.config import RunConfig, resolve_config
-from strategies.registry import build_strategy
+from flower_app.methods.registry import build_strategy
 
 
 def run_settings(method: str = "florg", **settings: Any) -> RunConfig:

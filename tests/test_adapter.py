@@ -300,8 +300,8 @@ def test_federa_svd_init_keeps_output_and_uses_principal_directions():
 def test_fedex_fold_sets_w0_plus_scaled_residual_and_restores_w0():
     """FedEx-LoRA's hook: W0 <- W0_pristine + s * cumulative residual; {} restores W0."""
     from flower_app.config import resolve_config
-    from strategies.common.folds import fold_residual
     from strategies.fedex_lora.method import FEDEX_LORA
+    from strategies.shared.folds import fold_residual
 
     PRISTINE = FEDEX_LORA.pristine_key
     assert PRISTINE == "fedex-pristine-W0"  # the key its published runs' processes used

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks.centralised import adapter_growth as growth
+from flower_app.adapter_kinds import get_adapter_kind
 from flower_app.adapters.florg_model import florg_layers, inject_florg
 from flower_app.adapters.lora import LoRAConfig, inject_lora, lora_layers
 from tests.test_adapter import TARGETS, florg_config, perturb_As, tiny_bert
@@ -18,7 +19,7 @@ from tests.test_adapter import TARGETS, florg_config, perturb_As, tiny_bert
 def test_florg_change_is_the_scaled_change_of_the_gram_matrix():
     model = tiny_bert()
     inject_florg(model, florg_config(r=3, alpha=6.0, target_modules=TARGETS, seed=2))
-    adapted = SimpleNamespace(is_florg=True, model=model)
+    adapted = SimpleNamespace(kind=get_adapter_kind("florg"), model=model)
     layers = florg_layers(model)
     start_A = {n: layer.A.detach().double().clone() for n, layer in layers.items()}
     start = growth.effective_weights(adapted)
@@ -35,7 +36,7 @@ def test_florg_change_is_the_scaled_change_of_the_gram_matrix():
 
 def test_lora_change_is_the_scaled_product_of_its_factors():
     model = inject_lora(tiny_bert(), LoRAConfig(r=2, alpha=4.0, target_modules=TARGETS, seed=1))
-    adapted = SimpleNamespace(is_florg=False, model=model)
+    adapted = SimpleNamespace(kind=get_adapter_kind("lora"), model=model)
     start = growth.effective_weights(adapted)
     layers = lora_layers(model)
     g = torch.Generator().manual_seed(0)

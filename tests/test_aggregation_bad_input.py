@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.common.averaging import weighted_average
-from strategies.common.validation import AggregationInputError
 from strategies.federa.rule import aggregate_federa
 from strategies.fedex_lora.rule import aggregate_fedex_lora
 from strategies.fedit.rule import aggregate_fedit
 from strategies.florg.rule import aggregate_florg, aggregate_florg_reference
+from strategies.shared.averaging import weighted_average
+from strategies.shared.validation import AggregationInputError
 
 rng = np.random.default_rng(0)
 A = [rng.standard_normal((2, 6)) for _ in range(3)]

@@ -20,10 +20,10 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from flower_app.client.round import receive, train_round
 from flower_app.config import ConfigError, resolve_config
+from flower_app.methods.registry import get_method
 from flower_app.records import from_array_record, to_array_record
 from flower_app.runtime import cached_adapted_model
 from strategies.fedsvd.rule import aggregate_fedsvd, refactorise
-from strategies.registry import get_method
 from strategies.rolora.rule import aggregate_rolora, rolora_part
 from tests.strategy_helpers import strategy_for
 

@@ -171,10 +171,16 @@ def test_find_cycle_finds_a_cycle_and_accepts_a_dag():
 def test_import_graph_sees_function_local_and_from_imports():
     graph = import_graph()
     # the method builds the common strategy, which reads it through a Protocol (no import)
-    assert "strategies.method" not in import_graph(type_checking=True)["strategies.common.strategy"]
-    assert "strategies.common.strategy" in graph["strategies.method"]
-    # strategies/method.py imports AdapterStrategy for annotations under TYPE_CHECKING
-    assert "strategies.common.strategy" in import_graph(type_checking=True)["strategies.method"]
+    assert (
+        "strategies.shared.base_method"
+        not in import_graph(type_checking=True)["strategies.server.strategy"]
+    )
+    assert "strategies.server.strategy" in graph["strategies.shared.base_method"]
+    # base_method.py imports AdapterStrategy for annotations under TYPE_CHECKING
+    assert (
+        "strategies.server.strategy"
+        in import_graph(type_checking=True)["strategies.shared.base_method"]
+    )
     assert "flower_app.config" in graph["server_app.server_app"]
     # a function-local import (flower_app/disk_cache.py: cache_root)
     assert "flower_app.asset_registry" in graph["flower_app.disk_cache"]
@@ -202,13 +208,31 @@ def reachable(graph: dict[str, set[str]], start: set[str]) -> set[str]:
     return seen
 
 
+def test_the_core_never_imports_the_methods():
+    """Nothing in flower_app imports strategies/, annotations (``if TYPE_CHECKING:``) and
+    function-local imports included: the core owns the method contract and the registry
+    (flower_app/methods/), and the method folders register themselves
+    (strategies/registry.py), imported by the apps and the tooling."""
+    graph = import_graph(type_checking=True)
+    offenders = [
+        f"{module} -> {imported}"
+        for module, imports in graph.items()
+        if module.split(".")[0] == "flower_app"
+        for imported in imports
+        if imported.split(".")[0] == "strategies"
+    ]
+    assert not offenders, offenders
+    assert "strategies.registry" in graph["client_app.client_app"]
+    assert "strategies.registry" in graph["server_app.server_app"]
+
+
 def test_settings_and_methods_depend_one_way():
     """flower_app/config.py reads the method registry (the values of ``method``); nothing
-    the registry imports, annotations (``if TYPE_CHECKING:``) and function-local imports
+    a method imports, annotations (``if TYPE_CHECKING:``) and function-local imports
     included, reaches the settings (the config.py docstring says why this way)."""
     graph = import_graph(type_checking=True)
-    assert "strategies.registry" in graph["flower_app.config"]
-    methods = {"strategies.registry", "strategies.method"} | {
+    assert "flower_app.methods.registry" in graph["flower_app.config"]
+    methods = {"strategies.registry", "flower_app.methods.contract"} | {
         m for m in graph if m.startswith("strategies.") and m.endswith(".method")
     }
     assert len(methods) > 5
@@ -225,18 +249,16 @@ def test_the_runtime_caches_and_the_data_do_not_import_each_other_in_a_cycle():
     assert find_cycle(runtime) is None
 
 
-# The runtime's two sides. The ClientApp and flower_app/client/ form the client side; the
-# ServerApp, flower_app/server/, each method's Flower strategy (strategies/<m>/strategy.py)
-# and the common strategy's parts form the server side. Everything else (settings,
-# adapters, the methods' declarations and rules, task kinds, data, training, records) is
-# the core both import.
-SERVER_STRATEGY_PARTS = {
-    f"strategies.common.{name}"
-    for name in (
-        "strategy", "reply_gate", "rank_router", "ledger", "run_state", "client_evaluation",
-        "participation", "replies", "screening",
-    )
-}  # fmt: skip
+# The runtime's two sides, by folder. The ClientApp and flower_app/client/ form the client
+# side; the ServerApp, flower_app/server/, strategies/server/ (the common strategy's parts
+# and the server's DP mechanisms) and each method's Flower strategy
+# (strategies/<m>/strategy.py) form the server side. Everything else (settings, adapters,
+# the method contract and registry, the methods' declarations and rules, strategies/shared/,
+# task kinds, data, training, records) is the core both import.
+SERVER_FOLDERS = ("server_app", "flower_app.server", "strategies.server")
+# The contract's hooks only the server calls (flower_app/methods/contract.py, "server
+# side"): what they import is left out of the client side's reach.
+SERVER_HOOKS = frozenset({"build_strategy", "aggregate", "aggregate_private", "central_dp"})
 
 
 def is_client_side(module: str) -> bool:
@@ -244,18 +266,15 @@ def is_client_side(module: str) -> bool:
 
 
 def is_server_side(module: str) -> bool:
-    return (
-        module.split(".")[0] == "server_app"
-        or module.startswith("flower_app.server.")
-        or module.endswith(".strategy")
-        or module in SERVER_STRATEGY_PARTS
+    return module.endswith(".strategy") or any(
+        module == folder or module.startswith(folder + ".") for folder in SERVER_FOLDERS
     )
 
 
 def test_the_client_side_never_imports_the_server_side_and_the_reverse():
-    """Function-local imports included. A method's ``build_strategy`` is the one hook of the
-    core that reaches its Flower strategy, and only the server calls it: its imports are
-    left out of the client side's reach."""
+    """Function-local imports included. A method's server hooks (``SERVER_HOOKS``) reach its
+    Flower strategy and the server's mechanisms, and only the server calls them: their
+    imports are left out of the client side's reach."""
     graph = import_graph()
     client = {m for m in graph if is_client_side(m)}
     server = {m for m in graph if is_server_side(m)}
@@ -264,7 +283,7 @@ def test_the_client_side_never_imports_the_server_side_and_the_reverse():
     direct += [f"{a} -> {b}" for a in server for b in graph[a] if is_client_side(b)]
     assert not direct, direct
     assert not reachable(graph, server) & client
-    hooks_left_out = import_graph(skip_functions=frozenset({"build_strategy"}))
+    hooks_left_out = import_graph(skip_functions=SERVER_HOOKS)
     assert not reachable(hooks_left_out, client) & server, sorted(
         reachable(hooks_left_out, client) & server
     )

@@ -10,7 +10,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from ci.behaviour_snapshot import CASES, compare_case
-from strategies.registry import method_names
+from flower_app.methods.registry import method_names
 
 
 def test_every_registered_method_is_a_case():

@@ -20,9 +20,9 @@ from florg_tools.synthetic import make_generative_qa_task, make_tiny_causal_lm
 from flower_app.config import ConfigError, resolve_config
 from flower_app.data import sft
 from flower_app.data.tasks import TASKS
+from flower_app.methods.contract import Method
+from flower_app.methods.registry import method_names
 from flower_app.task_kinds.sft_eval import generate_answers, generation_scores, response_loss
-from strategies.method import Method
-from strategies.registry import method_names
 from tests.ray_harness import shared_ray_simulation_superlink
 
 NUM_NODES = 2

@@ -13,6 +13,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from florg_tools.run_config import load_preset, resume_run_config
 from flower_app.config import DEFAULTS, ConfigError, resolve_config
+from flower_app.methods.registry import get_method
 from flower_app.records import from_array_record, to_array_record
 from flower_app.server.checkpoint import (
     check_resumable,
@@ -22,7 +23,6 @@ from flower_app.server.checkpoint import (
     save_checkpoint,
 )
 from flower_app.server.recorder import RunRecorder
-from strategies.registry import get_method
 from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1

@@ -14,6 +14,7 @@ from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from flower_app.config import ConfigError, resolve_config
+from flower_app.methods.communication import client_communication
 from flower_app.rank_settings import (
     config_at_rank,
     largest_rank,
@@ -23,7 +24,6 @@ from flower_app.rank_settings import (
 )
 from flower_app.ranks import truncate_to_rank
 from flower_app.records import from_array_record, to_array_record
-from strategies.communication import client_communication
 from strategies.florg.ranks import aggregate_florg_ranks
 from strategies.florg.rule_torch import aggregate_florg_layers
 from tests.strategy_helpers import strategy_for

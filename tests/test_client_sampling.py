@@ -1,4 +1,4 @@
-"""Poisson client sampling (``client-sampling=poisson``; strategies/common/client_sampling.py,
+"""Poisson client sampling (``client-sampling=poisson``; strategies/server/client_sampling.py,
 docs/privacy.md): each node takes part with probability q, the accountant composes the
 Poisson-subsampled Gaussian mechanism at that q, and under dp=central the noised sum is
 divided by the expected count q N. Hand-built Flower messages and a stand-in grid, no
@@ -15,9 +15,9 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from flower_app.config import ConfigError, resolve_config
 from flower_app.records import from_array_record, to_array_record
-from strategies.common.central_dp import CentralDP, mean_mechanism, public_divisor
-from strategies.common.client_sampling import PoissonSampler
 from strategies.florg.dp import noised_gram_sum
+from strategies.server.central_dp import CentralDP, mean_mechanism, public_divisor
+from strategies.server.client_sampling import PoissonSampler
 from tests.strategy_helpers import strategy_for
 from tests.test_dp_app import client_states, initial_state, reply, uplink
 
@@ -162,7 +162,7 @@ def test_florgs_noised_gram_over_q_n_is_unbiased_too():
 
 
 def _epsilon_direct(z: float, q: float, steps: int, delta: float) -> float:
-    """epsilon from dp-accounting called here, independently of strategies/common."""
+    """epsilon from dp-accounting called here, independently of strategies/server."""
     import dp_accounting as dpa
 
     accountant = dpa.rdp.RdpAccountant(

@@ -16,9 +16,9 @@ from flower_app.adapters.lora_sb import (
     lora_sb_layers,
 )
 from flower_app.adapters.targets import adapter_layout
-from strategies.communication import round_communication
+from flower_app.methods.communication import round_communication
+from flower_app.methods.registry import method_names
 from strategies.fedex_lora.rule import aggregate_fedex_lora
-from strategies.registry import method_names
 from tests.test_adapter import florg_config
 
 METHODS = method_names()

@@ -19,7 +19,7 @@ from florg_tools.experiments.cross_device_sizing import (
     wilson_interval,
 )
 from florg_tools.experiments.grid import GRIDS_DIR, load_grid
-from strategies.common.dp_accounting import epsilon_for, noise_multiplier_for
+from flower_app.dp_accounting import epsilon_for, noise_multiplier_for
 
 
 def _run(

@@ -31,7 +31,7 @@ from flower_app.config import ConfigError, resolve_config
 from flower_app.modeling import pick_device
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, tokenized_split
-from strategies.common.participation import NodeLedger
+from strategies.server.participation import NodeLedger
 
 TaskIdentity.run_id = 1
 TaskIdentity.task_id = 1

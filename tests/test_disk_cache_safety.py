@@ -19,6 +19,7 @@ import torch
 
 from flower_app import cache_keys, disk_cache, task_data
 from flower_app.config import DATA, MODEL, SCHEMA, TOKENISATION, resolve_config, to_attr
+from flower_app.methods.registry import method_sources
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, tokenized_split
 
@@ -206,8 +207,13 @@ def test_the_real_builders_code_hashes_cover_their_modules():
     } <= model
     assert {"flower_app/data/qa_features.py", "flower_app/tokenizer.py"} <= data
     assert "flower_app/asset_registry.py" in data  # (the old hand-written list named assets.py)
-    # the method registry imports its modules by name (importlib): all of them count
-    assert "strategies/fedex_lora/method.py" in model
+    # the core imports no method; a model's key adds the code of the modules that registered
+    # the methods, and the registry imports its modules by name (importlib): all of them count
+    assert not any(f.startswith("strategies/") for f in model | data)
+    methods = {
+        str(p.relative_to(ROOT)) for source in method_sources() for p in files(source).values()
+    }
+    assert "strategies/fedex_lora/method.py" in methods
     assert not any(f.startswith(("florg_tools/", "tests/", "client_app/")) for f in model | data)
 
 
@@ -258,6 +264,7 @@ def test_a_florg_process_keys_its_cache_without_importing_peft(tiny, tmp_path):
     model, task = tiny
     probe = (
         "import sys\n"
+        "import strategies.registry\n"
         "from flower_app.config import resolve_config\n"
         "from flower_app.runtime import cached_adapted_model\n"
         "from flower_app.task_data import load_task_data, tokenized_split\n"

@@ -1,4 +1,4 @@
-"""Central DP mechanisms (strategies/common/central_dp.py, strategies/florg/dp.py and
+"""Central DP mechanisms (strategies/server/central_dp.py, strategies/florg/dp.py and
 dp_torch.py; docs/privacy.md): noise calibration, clipping, post-processing, accounting
 against the libraries, settings."""
 
@@ -11,13 +11,14 @@ import pytest
 import torch
 from scipy import stats
 
-from strategies.common import central_dp as dp
-from strategies.common import dp_accounting as accounting
-from strategies.common import dp_checks, product_mean
+from flower_app import dp_accounting as accounting
+from flower_app import dp_checks
 from strategies.federa.rule import aggregate_federa
 from strategies.florg import dp as gram_dp
 from strategies.florg.dp_torch import private_florg_layers_torch
 from strategies.florg.rule import aggregate_florg_reference
+from strategies.server import central_dp as dp
+from strategies.server import product_mean
 
 ALPHA = 1e-6  # two-sided level of the chi-square checks (the seeds are fixed anyway)
 
@@ -359,7 +360,7 @@ def test_noise_multiplier_for_meets_the_target():
 def test_bad_settings_name_their_key(kwargs, key):
     settings = {**dict(clipping_norm=1.0, noise_multiplier=1.0, delta=1e-5), **kwargs}
     with pytest.raises(ValueError, match=key):
-        dp.check_dp_settings(**settings)
+        dp_checks.check_dp_settings(**settings)
 
 
 def test_mechanisms_and_accounting_name_the_bad_setting():
@@ -382,17 +383,17 @@ def test_mechanisms_and_accounting_name_the_bad_setting():
     with pytest.raises(ValueError, match="dp must be one of"):
         dp_checks.check_dp_mode("local")
     assert dp_checks.check_dp_mode("central") == "central"
-    dp.check_dp_settings(clipping_norm=0.5, noise_multiplier=1, delta=1e-6)
+    dp_checks.check_dp_settings(clipping_norm=0.5, noise_multiplier=1, delta=1e-6)
 
 
 def test_fedex_is_refused_with_the_reason():
-    from strategies.method import Method
-    from strategies.registry import get_method
+    from flower_app.methods.registry import get_method
+    from strategies.shared.base_method import BaseMethod
 
     with pytest.raises(ValueError, match="fedex-lora") as err:
         get_method("fedex-lora").check_dp_supported()
     assert "quadratic" in str(err.value) and "W0" in str(err.value)
-    made_up = Method(name="made-up", summary="", adapter="lora", shared=("A",))
+    made_up = BaseMethod(name="made-up", summary="", adapter="lora", shared=("A",))
     with pytest.raises(ValueError, match="no differential-privacy mechanism"):
         made_up.check_dp_supported()
     assert get_method("florg").check_dp_supported() == "gram"

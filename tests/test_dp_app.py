@@ -1,6 +1,6 @@
 """Central differential privacy wired into the app (issue 29; docs/privacy.md): the settings
 and their refusals, each method's mechanism as its strategy runs it (z = 0 equals the
-mechanism of strategies/common/central_dp.py on the clipped inputs; z > 0 differs, with noise that
+mechanism of strategies/server/central_dp.py on the clipped inputs; z > 0 differs, with noise that
 no setting reproduces), the accountant in the metrics and the checkpoint. Hand-built Flower
 messages, no simulation (the runs: tests/test_app_e2e.py)."""
 
@@ -15,17 +15,17 @@ from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from flower_app.config import ConfigError, resolve_config
+from flower_app.dp_accounting import epsilon_for
+from flower_app.methods.registry import get_method, method_names
 from flower_app.records import from_array_record, to_array_record
 from flower_app.server.recorder import RunRecorder
-from strategies.common.central_dp import CentralDP, clip_update
-from strategies.common.dp_accounting import epsilon_for
-from strategies.common.product_mean import product_update, refactor_noised_product
 from strategies.fedex_lora.method import FEDEX_REFUSAL
 from strategies.fedsvd.rule import refactorise
 from strategies.flora.method import FLORA_REFUSAL
 from strategies.florg.dp import clip_florg_with_head, private_florg_layers
 from strategies.florg_signed.rule import sign_blocks
-from strategies.registry import get_method, method_names
+from strategies.server.central_dp import CentralDP, clip_update
+from strategies.server.product_mean import product_update, refactor_noised_product
 from tests.strategy_helpers import strategy_for
 
 # Each method's central-DP mechanism, as docs/privacy.md derives it (the methods declare it
@@ -195,9 +195,9 @@ def test_fedex_lora_is_refused_with_its_reason_and_the_others_declare_their_mech
 
 
 def test_a_method_without_a_declared_mechanism_is_refused():
-    from strategies.method import Method
+    from strategies.shared.base_method import BaseMethod
 
-    toy = Method(name="toy", summary="", adapter="lora", shared=("A",))
+    toy = BaseMethod(name="toy", summary="", adapter="lora", shared=("A",))
     with pytest.raises(ValueError, match="^dp: .*'toy'"):
         toy.check_settings(resolve_config({}, {"dp": "central"}))
 
@@ -207,7 +207,7 @@ def test_a_method_without_a_declared_mechanism_is_refused():
 
 @pytest.mark.parametrize("method", DP_METHODS)
 def test_the_strategys_private_round_is_the_mechanism_on_the_clipped_replies(method):
-    """z = 0: the strategy's release equals strategies/common/central_dp.py's mechanism on the
+    """z = 0: the strategy's release equals strategies/server/central_dp.py's mechanism on the
     clipped replies (clipping active: C below most update norms), divided by the m clients sampled
     (4, one of them silent); z > 0: it differs, and two runs of the same settings differ."""
     rng = np.random.default_rng(1)
@@ -271,8 +271,8 @@ def test_an_outlier_is_clipped_not_screened_and_a_round_without_replies_still_re
 
 def test_the_strategy_refuses_what_the_settings_refuse():
     rng = np.random.default_rng(3)
-    from strategies.common.strategy import AdapterStrategy
     from strategies.fedex_lora.strategy import FedExLoRAStrategy
+    from strategies.server.strategy import AdapterStrategy
 
     lora = initial_state("fedit", rng)
     fedit = get_method("fedit")

@@ -198,7 +198,7 @@ def test_a_target_epsilon_is_calibrated_after_a_release_already_in_the_ledger():
     1e-3, never above), which the old calibration would overshoot; an empty ledger takes
     ``noise_multiplier_for`` exactly as before (equality); a release that alone reaches the
     target is refused naming dp-sgd-target-epsilon."""
-    from strategies.common.dp_accounting import (
+    from flower_app.dp_accounting import (
         DpAccountant,
         epsilon_for,
         noise_multiplier_after,
@@ -331,7 +331,7 @@ def test_dp_example_refuses_bad_settings_naming_the_key(overrides, key):
 def test_every_registered_method_takes_dp_example_and_a_refusal_names_method_and_reason():
     from dataclasses import replace
 
-    from strategies.registry import get_method, method_names
+    from flower_app.methods.registry import get_method, method_names
 
     config = dp_config()
     for name in method_names():  # Fed-SB too: its round 0 is private (test_fed_sb.py)
@@ -351,14 +351,14 @@ def test_the_causal_lm_kind_is_refused_with_its_reason():
 
 def test_off_leaves_the_round_untouched():
     """dp=off builds no record and no accountant: the strategy's round 0 row is as before."""
-    from strategies.common.example_dp import example_dp_record
+    from strategies.server.example_dp import example_dp_record
 
     assert example_dp_record(resolve_config({})) is None
     assert example_dp_record(dp_config()) is not None
 
 
 def test_the_server_record_keeps_the_largest_epsilon_and_bounds_a_lost_ledger():
-    from strategies.common.example_dp import ExampleDpRecord
+    from strategies.server.example_dp import ExampleDpRecord
 
     record = ExampleDpRecord(target=2.0)
     record._take(1, 0, 1.0)
@@ -452,7 +452,7 @@ def test_the_server_row_aggregates_the_clients_mechanism_over_successful_replies
     coordinates) over the replies that carry them; a round without them has no key."""
     from flwr.app import MetricRecord, RecordDict
 
-    from strategies.common.example_dp import ExampleDpRecord
+    from strategies.server.example_dp import ExampleDpRecord
 
     class Reply:  # what the record reads of a Flower reply: its error flag and content
         def __init__(self, content: RecordDict) -> None:

@@ -75,7 +75,7 @@ def test_two_rounds_with_dp_sgd_report_epsilon_in_every_row(
     for row in rows[1:]:
         assert row["dp-sgd-clients"] == NUM_NODES and row["failures"] == 0
         assert row["dp-sgd-over-target"] == 0  # no target set
-        # what the clients' DP-SGD did (strategies/common/example_dp.py): z C / B with
+        # what the clients' DP-SGD did (strategies/server/example_dp.py): z C / B with
         # z = C = 1 and B = the batch size (each partition holds more than 8 examples)
         assert 0 <= row["dp-sgd-clipped-fraction"] <= 1
         assert row["dp-sgd-grad-norm-median"] > 0 and row["dp-sgd-clipped-mean-norm"] > 0

@@ -33,12 +33,11 @@ from flower_app.adapters.lora_sb import (
 )
 from flower_app.client.round import local_batches
 from flower_app.config import ConfigError, resolve_config
+from flower_app.dp_accounting import epsilon_for
 from flower_app.dp_sgd import ClientAccountant, DpBudgetExceeded
+from flower_app.methods.registry import get_method
 from flower_app.records import from_array_record, to_array_record
 from flower_app.runtime import cached_adapted_model
-from strategies.common.central_dp import CentralDP, clip_update
-from strategies.common.dp_accounting import epsilon_for
-from strategies.common.example_dp import ExampleDpRecord
 from strategies.fed_sb.gradient import gradient_key
 from strategies.fed_sb.keys import BASIS, BASIS_CONTEXT, BASIS_HELD
 from strategies.fed_sb.private_gradient import (
@@ -47,7 +46,8 @@ from strategies.fed_sb.private_gradient import (
     private_gradient_sum,
 )
 from strategies.fed_sb.rule import aggregate_fed_sb, initial_factors
-from strategies.registry import get_method
+from strategies.server.central_dp import CentralDP, clip_update
+from strategies.server.example_dp import ExampleDpRecord
 from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1

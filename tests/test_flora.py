@@ -14,12 +14,12 @@ from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from flower_app.config import resolve_config
+from flower_app.methods.registry import get_method
 from flower_app.records import to_array_record
 from flower_app.runtime import cached_adapted_model
-from strategies.common.fold_messages import residuals_record
-from strategies.common.folds import read_base, read_residuals
 from strategies.flora.rule import stack_flora
-from strategies.registry import get_method
+from strategies.server.fold_messages import residuals_record
+from strategies.shared.folds import read_base, read_residuals
 from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1
@@ -187,7 +187,7 @@ def test_a_client_folds_every_update_it_missed_once_and_the_merged_export_holds_
     adapted, tmp_path
 ):
     from flower_app.adapters.lora import lora_layers
-    from strategies.common.folds import Residual
+    from strategies.shared.folds import Residual
 
     method = get_method("flora")
     layers = lora_layers(adapted.model)

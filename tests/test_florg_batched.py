@@ -8,7 +8,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strategies.common.validation import AggregationInputError
 from strategies.florg.device import batched_eigh
 from strategies.florg.rule import aggregate_florg
 from strategies.florg.rule_torch import (
@@ -17,6 +16,7 @@ from strategies.florg.rule_torch import (
     aggregate_layers_torch,
     resolve_server_device,
 )
+from strategies.shared.validation import AggregationInputError
 
 TOL = 1e-12
 ALL_MODES = [(True, "procrustes"), (True, "truncate"), (False, "procrustes")]

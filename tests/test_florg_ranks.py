@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strategies.common.validation import AggregationInputError
 from strategies.florg.ranks import aggregate_florg_ranks
 from strategies.florg.ranks_torch import aggregate_florg_ranks_layers
 from strategies.florg.rule import aggregate_florg
+from strategies.shared.validation import AggregationInputError
 
 TOL = 1e-12
 MODES = [(True, "truncate"), (True, "procrustes"), (False, "truncate")]

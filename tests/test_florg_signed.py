@@ -14,11 +14,11 @@ from peft import PeftModel
 from flower_app.adapters.florg_layer import FLoRGLinear
 from flower_app.adapters.florg_model import export_peft_lora, inject_florg
 from flower_app.adapters.projections import make_projections
+from flower_app.methods.communication import round_communication
+from flower_app.methods.registry import get_method
 from flower_app.records import from_array_record, to_array_record
-from strategies.communication import round_communication
 from strategies.florg.rule import aggregate_florg
 from strategies.florg_signed.rule import aggregate_florg_signed, row_signs, sign_blocks
-from strategies.registry import get_method
 from tests.strategy_helpers import strategy_for
 from tests.test_adapter import TARGETS, florg_config, perturb_As, tiny_bert, tokens
 

@@ -17,11 +17,11 @@ import pytest
 from flwr.app import Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-import strategies.common.folds as folds_module
+import strategies.shared.folds as folds_module
+from flower_app.methods.registry import get_method
 from flower_app.records import from_array_record, record_params
-from strategies.common.fold_messages import residuals_record
-from strategies.common.folds import Residual
-from strategies.registry import get_method
+from strategies.server.fold_messages import residuals_record
+from strategies.shared.folds import Residual
 from tests.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1  # a Message needs them outside a Flower app (as tests/test_flora.py)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from flower_app.ranks import truncate_to_rank
-from strategies.common.validation import AggregationInputError
 from strategies.federa.rule import aggregate_federa
 from strategies.fedit.rule import aggregate_fedit
 from strategies.flexlora.rule import aggregate_flexlora
 from strategies.hetlora.rule import aggregate_hetlora
+from strategies.shared.validation import AggregationInputError
 
 D_OUT, D_IN = 7, 9
 

@@ -14,7 +14,8 @@ import pytest
 from florg_tools.flwr_cli import run_flower_app
 from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
 from flower_app.config import ConfigError, resolve_config
-from strategies.registry import Method, get_method, method_names, register_method
+from flower_app.methods.contract import Method
+from flower_app.methods.registry import get_method, method_names, register_method
 from tests.app_copy import ROOT, app_with_method_folder, changed_files
 from tests.flower_harness import local_simulation_superlink
 from tests.strategy_helpers import strategy_for
@@ -42,10 +43,11 @@ def half_step(sent, clients, weights):
     "method.py": '''
 """The toy method: LoRA, both factors shared, clients of any rank."""
 
-from strategies.method import Method, adapter_layers, stacked
+from flower_app.methods.contract import adapter_layers, stacked
+from strategies.shared.base_method import BaseMethod
 
 
-class ToyHalfStep(Method):
+class ToyHalfStep(BaseMethod):
     def aggregate(self, sent, payloads, weights):
         from strategies.toy_half_step.rule import half_step
 
@@ -58,7 +60,7 @@ class ToyHalfStep(Method):
 
     def aggregate_private(self, dp, sent, payloads, num_sampled):
         """The mean mechanism, then the half step (post-processing)."""
-        from strategies.common.central_dp import mean_mechanism
+        from strategies.server.central_dp import mean_mechanism
 
         state, info = mean_mechanism(dp, sent, payloads, num_sampled)
         half = {k: sent[k] + 0.5 * (v - sent[k]) for k, v in state.items()}
@@ -76,9 +78,10 @@ METHODS = (
 # Run in the copy: the toy's strategy from the run settings, its rule and its mechanism.
 CHECK_TOY = """
 import numpy as np
+import strategies.registry
 from flower_app.config import resolve_config
-from strategies.common.central_dp import CentralDP
-from strategies.registry import build_strategy
+from strategies.server.central_dp import CentralDP
+from flower_app.methods.registry import build_strategy
 
 rng = np.random.default_rng(0)
 sent = {"l.lora_A": rng.standard_normal((2, 3)), "l.lora_B": rng.standard_normal((4, 2))}
@@ -117,7 +120,7 @@ def test_unknown_methods_and_bad_declarations_are_refused():
     with pytest.raises(ConfigError, match="method: bad value 'fedavg'.*fedex-lora"):
         resolve_config({"method": "fedavg"})
     with pytest.raises(ValueError, match="registered already"):
-        register_method(get_method("fedit"))
+        register_method(get_method("fedit"), source=__name__)
     with pytest.raises(ValueError, match="parts of a florg adapter"):
         Method(name="x", summary="", adapter="florg", shared=("B",))
     with pytest.raises(ValueError, match="adapter must be one of"):
@@ -161,8 +164,9 @@ NEW_USE = (
 )
 CHECK_NEW_OPTION = """
 import numpy as np
+import strategies.registry
 from flower_app.config import resolve_config
-from strategies.registry import build_strategy
+from flower_app.methods.registry import build_strategy
 
 state = {"l.A": np.eye(2)}
 on = build_strategy(resolve_config({}), state, fingerprint=7)

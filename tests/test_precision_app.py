@@ -16,11 +16,11 @@ import torch
 from florg_tools.synthetic import make_generative_qa_task, make_tiny_causal_lm
 from flower_app.client.round import local_batches, train_round
 from flower_app.config import ConfigError, resolve_config
+from flower_app.methods.registry import get_method, method_names
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data
 from flower_app.task_eval import evaluate_task
 from flower_app.training import is_adapter_parameter
-from strategies.registry import get_method, method_names
 from tests.test_causal_lm import causal_settings
 
 

@@ -10,9 +10,9 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from flower_app.methods.registry import get_method, method_names
 from flower_app.records import from_array_record, to_array_record
 from strategies.florg.rule import aggregate_florg
-from strategies.registry import get_method, method_names
 from tests.strategy_helpers import strategy_for
 
 METHODS = method_names()
@@ -170,8 +170,8 @@ def test_replies_are_aggregated_in_partition_order_whatever_the_arrival_order():
 
 
 def test_kappa_below_one_is_refused():
-    from strategies.common.strategy import AdapterStrategy
-    from strategies.registry import get_method
+    from flower_app.methods.registry import get_method
+    from strategies.server.strategy import AdapterStrategy
 
     with pytest.raises(ValueError, match="screen-kappa"):
         strategy_for("fedit", {"l.lora_A": np.zeros((1, 2))}, screen_kappa=0.5)
@@ -184,8 +184,8 @@ def test_kappa_below_one_is_refused():
 def test_every_round_reports_the_update_norms_that_dp_clips():
     """``update-norm-median`` / ``update-norm-max``: ||reply - start|| over all arrays (adapter
     and head jointly), the unit dp=central clips to C (docs/privacy.md, "Choosing C")."""
-    from strategies.common.replies import Reply
-    from strategies.common.screening import screen
+    from strategies.server.replies import Reply
+    from strategies.server.screening import screen
 
     rng = np.random.default_rng(3)
     prev = florg_state(rng)

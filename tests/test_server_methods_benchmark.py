@@ -17,8 +17,8 @@ from benchmarks.core.server_methods import (
     run,
     table,
 )
-from strategies.method import adapter_layers, stacked
-from strategies.registry import method_names
+from flower_app.methods.contract import adapter_layers, stacked
+from flower_app.methods.registry import method_names
 
 
 def rule_reference(case: Case) -> dict[str, np.ndarray]:

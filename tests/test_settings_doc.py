@@ -7,7 +7,7 @@ from pathlib import Path
 
 from florg_tools import settings as settings_tool
 from flower_app.config import SCHEMA
-from strategies.registry import method_names
+from flower_app.methods.registry import method_names
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "settings.md"

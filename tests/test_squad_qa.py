@@ -24,8 +24,8 @@ from flower_app.data.qa_features import (
 )
 from flower_app.data.qa_loading import TITLE_BUCKET, TITLE_BUCKETS, load_qa_splits
 from flower_app.data.tasks import resolve_task
+from flower_app.methods.registry import method_names
 from flower_app.task_kinds.qa_eval import best_span, postprocess_predictions
-from strategies.registry import method_names
 
 # The span head through the simulation: the methods whose round touches the task kind beyond
 # the shared arrays -- FLoRG (its Gram step carries the trained head, the PEFT export),

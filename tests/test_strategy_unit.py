@@ -72,8 +72,8 @@ def test_florg_strategy_passes_device_and_rank_policy(rank_mismatch):
     assert metrics["rank"] == 4
     with pytest.raises(ValueError, match="rank-mismatch"):
         strategy_for("florg", state, rank_mismatch="svd")
+    from flower_app.methods.registry import get_method
     from strategies.florg.strategy import FLoRGStrategy
-    from strategies.registry import get_method
 
     with pytest.raises(ValueError, match="rank_mismatch"):
         FLoRGStrategy(state, method=get_method("florg"), rank_mismatch="svd")

@@ -105,6 +105,7 @@ KINDS = (Parity(),)
 # In the copy: the toy kind's data, partitions, model, one client round, evaluation and a
 # metrics row, through the app's own modules.
 RUN_TOY_IN_PROCESS = """
+import strategies.registry
 import json, sys
 import torch
 from flower_app.client.round import train_round

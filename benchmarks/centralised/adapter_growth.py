@@ -62,20 +62,10 @@ def effective_weights(adapted: object) -> dict[str, tuple[object, object]]:
     """{layer: (W0, W_eff)} for every adapted linear layer, detached float64 copies."""
     import torch
 
-    from flower_app.adapters.florg_model import florg_layers
-    from flower_app.adapters.lora import lora_layers
-
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     with torch.no_grad():
-        if adapted.is_florg:
-            for name, layer in florg_layers(adapted.model).items():
-                w0 = layer.base_layer.weight.detach().to(torch.float64)
-                out[name] = (w0, w0 + layer.delta_weight().to(torch.float64))
-        else:
-            for name, layer in lora_layers(adapted.model).items():
-                w0 = layer.base_layer.weight.detach().to(torch.float64)
-                delta = layer.get_delta_weight("default").to(torch.float64)
-                out[name] = (w0, w0 + delta)
+        for name, (w0, delta) in adapted.kind.delta_weights(adapted.model).items():
+            out[name] = (w0, w0 + delta)
     return out
 
 

@@ -118,7 +118,7 @@ class Case:
     """One method's round: its strategy, the clients' payloads and weights."""
 
     name: str
-    method: Any  # strategies.method.Method
+    method: Any  # flower_app.methods.contract.Method
     strategy: Any  # the method's AdapterStrategy
     payloads: list[dict[str, np.ndarray]]
     weights: np.ndarray
@@ -141,9 +141,8 @@ def build_case(name: str, shape: ServerShape, layers: int, device: str, seed: in
     """``name``'s strategy as the ServerApp builds it and its clients' seeded round-1
     payloads at ``shape`` with ``layers`` adapted layers (ValueError: unknown method)."""
     from flower_app.config import resolve_config
-    from strategies.common.validation import normalize_weights
-    from strategies.method import PART_KEYS, PART_SHAPES
-    from strategies.registry import get_method
+    from flower_app.methods.registry import get_method
+    from strategies.shared.validation import normalize_weights
 
     method = get_method(name)
     k, r, n = shape.k, shape.rank, shape.clients
@@ -152,8 +151,8 @@ def build_case(name: str, shape: ServerShape, layers: int, device: str, seed: in
     state: dict[str, np.ndarray] = {}
     for layer in layer_names(layers):
         for part in method.shared:
-            key = f"{layer}.{PART_KEYS[method.adapter][part]}"
-            state[key] = 0.02 * rng.standard_normal(PART_SHAPES[method.adapter][part](k, k, r))
+            key = f"{layer}.{method.kind.part_key(part)}"
+            state[key] = 0.02 * rng.standard_normal(method.kind.parts[part].shape(k, k, r))
     config = resolve_config({}, {"method": name, "rank": r, "server-device": device})
     flwr_log = logging.getLogger("flwr")
     level = flwr_log.level
@@ -188,8 +187,8 @@ def rule_alone(case: Case) -> Callable[[], Any] | None:
             return None
         return lambda: strategy.server_step(payloads, w, strategy.rank_mismatch)
     if case.name == "fedex-lora":
+        from flower_app.methods.contract import stacked
         from strategies.fedex_lora.rule import aggregate_fedex_lora
-        from strategies.method import stacked
 
         def fedex() -> dict[str, Any]:
             return {
@@ -204,8 +203,8 @@ def rule_alone(case: Case) -> Callable[[], Any] | None:
 
         return fedex
     if case.name == "flora":
+        from flower_app.methods.contract import stacked
         from strategies.flora.rule import stack_flora
-        from strategies.method import stacked
 
         def flora() -> dict[str, Any]:
             return {
@@ -290,7 +289,7 @@ def run(
 ) -> dict[str, Any]:
     """Time every method's round (and rule alone) at ``shape_name``; the result as a dict
     (``table`` formats it). ValueError: unknown shape or method, CUDA asked for without it."""
-    from strategies.registry import get_method, method_names
+    from flower_app.methods.registry import get_method, method_names
 
     if shape_name not in SHAPES:
         raise ValueError(f"unknown shape {shape_name!r}; shapes: {', '.join(SHAPES)}")

@@ -61,7 +61,7 @@ def run_loop(
     from flower_app.runtime import cached_adapted_model
     from flower_app.task_data import load_task_data, make_loader, tokenized_split
     from flower_app.training import evaluate
-    from strategies.common.replies import Reply
+    from strategies.server.replies import Reply
 
     import_s = time.perf_counter() - t_import0
     n = sizes.clients

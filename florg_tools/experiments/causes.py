@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
 from florg_tools.experiments.communication import load_metrics
 from florg_tools.experiments.runs import finished_run, finished_runs_under
 from florg_tools.experiments.stats import mean_interval, paired_difference
@@ -107,8 +108,6 @@ def final_updates(folder: Path) -> tuple[Any, dict[str, Update]]:
     clients."""
     import torch
 
-    from flower_app.adapters.florg_model import florg_layers
-    from flower_app.adapters.lora import lora_layers
     from flower_app.runtime import cached_adapted_model
     from flower_app.server.checkpoint import load_checkpoint
     from flower_app.task_data import load_task_data
@@ -125,30 +124,24 @@ def final_updates(folder: Path) -> tuple[Any, dict[str, Update]]:
     if adapted.method.personal:
         raise ValueError(f"{folder}: {config.method} keeps its update on the clients")
     out: dict[str, Update] = {}
+    kind = adapted.kind
     with torch.no_grad():
-        if adapted.is_florg:
-            start = {n: layer.delta_weight().double().numpy() for n, layer in
-                     florg_layers(adapted.model).items()}  # fmt: skip
-            adapted.load_shared_state(checkpoint.arrays)
-            for name, layer in florg_layers(adapted.model).items():
-                w0 = layer.base_layer.weight.double().numpy()
-                delta, delta0 = layer.delta_weight().double().numpy(), start[name]
-                if layer.subtract_init:  # the frozen weight is W0 - ΔW⁰: ΔW = Δ - ΔW⁰
-                    w0, delta, delta0 = w0 + delta0, delta - delta0, 0.0 * delta0
-                out[name] = (delta, w0, delta0)
-            return config, out
+        start = kind.delta_weights(adapted.model)
         adapted.load_shared_state(checkpoint.arrays)
+        # a folding method's residuals, folded into W0 over the rounds (s x their sum)
+        s = adapted.method.adapter_alpha(config) / config.rank
         cumulative = {
             key[len("fedex/cumulative/") :]: np.asarray(value, np.float64)
             for key, value in checkpoint.strategy_arrays.items()
             if key.startswith("fedex/cumulative/")
         }
-        for name, layer in lora_layers(adapted.model).items():
-            s = float(layer.scaling["default"])
-            B = layer.lora_B["default"].weight.double().numpy()
-            A = layer.lora_A["default"].weight.double().numpy()
-            delta = s * B @ A + s * cumulative.get(name, 0.0)
-            out[name] = (delta, layer.base_layer.weight.double().numpy(), 0.0 * delta)
+        for name, (frozen, final) in kind.delta_weights(adapted.model).items():
+            w0, delta, delta0 = frozen.numpy(), final.numpy(), start[name][1].numpy()
+            delta = delta + s * cumulative.get(name, 0.0)
+            if kind.subtracts_initial_update(config, adapted.method):
+                # the frozen weight is W0 - ΔW⁰: the update over W0 is Δ - ΔW⁰
+                w0, delta, delta0 = w0 + delta0, delta - delta0, 0.0 * delta0
+            out[name] = (delta, w0, delta0)
     return config, out
 
 

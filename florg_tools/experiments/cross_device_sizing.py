@@ -46,11 +46,12 @@ from typing import Any
 import numpy as np
 import yaml
 
+import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
 from florg_tools.experiments.clipping import RunNorms, clipping_norms, run_norms
 from florg_tools.experiments.communication import load_metrics
 from florg_tools.experiments.runs import finished_run
-from strategies.common.dp_accounting import noise_multiplier_for
-from strategies.registry import get_method
+from flower_app.dp_accounting import noise_multiplier_for
+from flower_app.methods.registry import get_method
 
 __all__ = [
     "PilotRun",
@@ -271,7 +272,7 @@ def private_grid(
             "# arms have learned. C per method: the median over the pilot's rounds of the",
             "# round's median client update norm. z per method and epsilon: the smallest whose",
             "# releases of the Poisson-subsampled Gaussian mechanism at the pilot's q end at",
-            "# epsilon, delta (strategies/common/dp_accounting.noise_multiplier_for): T, plus",
+            "# epsilon, delta (flower_app/dp_accounting.noise_multiplier_for): T, plus",
             "# the method's releases before round 1 (Method.dp_initial_releases: Fed-SB's",
             "# round 0); rounded up at 4 significant digits so that no run exceeds its epsilon.",
             "# Run: bash scripts/evidence_privacy.sh ROOT (resumes); PUBLISH_ONLY=1 to publish.",

@@ -554,7 +554,7 @@ RANK_COMMUNICATION_PREFIXES = ("up-params-", "down-params-")
 
 def _is_rank_communication(key: str) -> bool:
     """A per-client communication key of a round with mixed ranks
-    (``strategies.common.strategy.LoRAStrategyBase.rank_communication``)."""
+    (``strategies.server.strategy.LoRAStrategyBase.rank_communication``)."""
     return key.startswith(RANK_COMMUNICATION_PREFIXES)
 
 

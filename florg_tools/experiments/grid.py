@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
 from flower_app.config import CONF_DIR, DEFAULTS, ConfigError, resolve_config
 
 __all__ = ["Grid", "GridError", "GridRun", "Tuning", "load_grid"]

@@ -79,7 +79,7 @@ MECHANISM_KEYS = {
 }
 
 
-# dp=example's keys (strategies/common/example_dp.py): the clients' clipped fraction, the
+# dp=example's keys (strategies/server/example_dp.py): the clients' clipped fraction, the
 # per-example gradient norm, the clipped mean gradient's norm against the noise on it
 EXAMPLE_MECHANISM_KEYS = {
     "clients": "clients",

@@ -38,11 +38,12 @@ from pathlib import Path
 import torch
 from safetensors.numpy import load_file
 
+import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
 from flower_app.config import SCHEMA, RunConfig, resolve_config
+from flower_app.methods.contract import Method
 from flower_app.modeling import pick_device
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, make_loader, tokenized_split
-from strategies.method import Method
 
 HEADER = (
     "| run | round | federated head, test | refitted head, test | refit − federated |\n"

@@ -8,7 +8,7 @@ operator sets ``$FLORG_NODE_STATE_DIR`` (flower_app/client/node_state.py), the f
 every trained round and read back by a fresh context, so a resumed run (a new Flower run)
 continues the count. Without that folder a resumed run's clients count from zero again; the
 server notices a count that went down and reports the sum of the two counts, an upper bound
-by basic composition (strategies/common/example_dp.py).
+by basic composition (strategies/server/example_dp.py).
 """
 
 from __future__ import annotations

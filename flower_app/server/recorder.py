@@ -24,13 +24,13 @@ from flwr.common.logger import log as flwr_log
 from flower_app.config import RunConfig
 from flower_app.environment import describe_environment
 from flower_app.leaderboard import BUDGET_MB, megabytes
+from flower_app.methods.registry import get_method
 from flower_app.paths import run_folder
 from flower_app.server.tracking import open_tracker
 from flower_app.task_kinds import TaskKind, get_kind
-from strategies.registry import get_method
 
 INFO = 20
-# dp=example: what the clients' DP-SGD did in a round (strategies/common/example_dp.py)
+# dp=example: what the clients' DP-SGD did in a round (strategies/server/example_dp.py)
 MECHANISM_KEYS = (
     "dp-sgd-clipped-fraction", "dp-sgd-grad-norm-median", "dp-sgd-clipped-mean-norm",
     "dp-sgd-noise-std", "dp-sgd-noise-norm",

@@ -108,8 +108,9 @@ def write_submission(
 ) -> Path | None:
     """Write ``<run_dir>/submission/`` for a run in a track (module docstring); None for a
     run in none. ``adapted`` holds the final global model; ``base_model`` is where the
-    checkpoint's base is loaded from; a FLoRG run's ``<run_dir>/peft_lora`` export, when
-    the ServerApp wrote one, is copied instead of exported again."""
+    checkpoint's base is loaded from; the run's own ``<run_dir>/peft_lora`` export (FLoRG,
+    LoRA-SB: ``AdaptedModel.export_peft``), when the ServerApp wrote one, is copied instead
+    of exported again."""
     track = get_track(config)
     if track is None:
         return None
@@ -122,7 +123,7 @@ def write_submission(
         if peft.exists():
             shutil.rmtree(peft)
         exported = run_dir / "peft_lora"
-        if adapted.is_florg and (exported / "adapter_config.json").is_file():
+        if (exported / "adapter_config.json").is_file():  # the run's own export (export_peft)
             shutil.copytree(exported, peft)
         else:
             adapted.save_peft(peft, base_model)

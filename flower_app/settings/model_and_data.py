@@ -11,8 +11,8 @@ from flower_app.config_checks import (
     positive,
     rank_list,
 )
+from flower_app.methods.registry import RegisteredMethod
 from flower_app.settings import DATA, MODEL, TOKENISATION, setting
-from strategies.registry import RegisteredMethod
 
 
 @dataclass(frozen=True)

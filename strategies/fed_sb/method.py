@@ -17,11 +17,12 @@ the client's DP-SGD ledger before its training rounds, so its epsilon covers rou
 
 from __future__ import annotations
 
+from flower_app.methods.contract import adapter_layers, stacked
 from strategies.fed_sb.keys import BASIS, BASIS_CONTEXT, BASIS_HELD
-from strategies.method import Method, adapter_layers, stacked
+from strategies.shared.base_method import BaseMethod
 
 
-class FedSB(Method):
+class FedSB(BaseMethod):
     def aggregate(self, sent, payloads, weights):
         from strategies.fed_sb.rule import aggregate_fed_sb
 

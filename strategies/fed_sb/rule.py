@@ -31,8 +31,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.common.averaging import weighted_average
-from strategies.common.validation import AggregationInputError
+from strategies.shared.averaging import weighted_average
+from strategies.shared.validation import AggregationInputError
 
 
 def aggregate_fed_sb(

@@ -41,11 +41,11 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from flower_app.records import declared_params, from_array_record, record_params, to_array_record
-from strategies.common.central_dp import noise_std_mean, noised_mean
-from strategies.common.strategy import AdapterStrategy
 from strategies.fed_sb.gradient import gradient_key
 from strategies.fed_sb.keys import BASIS, BASIS_HELD
 from strategies.fed_sb.rule import initial_factors
+from strategies.server.central_dp import noise_std_mean, noised_mean
+from strategies.server.strategy import AdapterStrategy
 
 log = logging.getLogger("flwr.florg")
 PREFIX = "fed-sb"  # the checkpoint's keys: 'fed-sb/B/<layer>', 'fed-sb/A/<layer>'

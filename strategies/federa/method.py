@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.method import Method, adapter_layers, stacked
+from flower_app.methods.contract import adapter_layers, stacked
+from strategies.shared.base_method import BaseMethod
 
 
-class FeDeRA(Method):
+class FeDeRA(BaseMethod):
     def lora_init(self, config):
         return config.lora_init
 
@@ -26,7 +27,7 @@ class FeDeRA(Method):
         return new, {"trunc_rel_error": float(np.mean(errors))}
 
     def aggregate_private(self, dp, sent, payloads, num_sampled):
-        from strategies.common.product_mean import product_mean_mechanism
+        from strategies.server.product_mean import product_mean_mechanism
 
         return product_mean_mechanism(dp, sent, payloads, num_sampled)
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.common.low_rank import stacked_lora_factors, truncated_product_svd
+from strategies.shared.low_rank import stacked_lora_factors, truncated_product_svd
 
 
 def aggregate_federa(

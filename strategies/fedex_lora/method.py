@@ -2,13 +2,13 @@
 ``Σ wₙBₙAₙ − B̄Ā`` that every client folds into its frozen W0 (``strategies/fedex_lora/rule.py``).
 
 How a residual reaches every client and is folded into W0, and how the server's evaluator
-folds it: ``strategies/common/folds.py``. The residual travels dense (the paper's version) or
+folds it: ``strategies/shared/folds.py``. The residual travels dense (the paper's version) or
 as exact factors of rank ≤ (N + 1) r (``fedex-residual=factored``, ours).
 """
 
 from __future__ import annotations
 
-from strategies.common.folds import FoldsIntoW0
+from strategies.shared.folds import FoldsIntoW0
 
 # Why dp=central is refused rather than noised. The round's result is (avg B, avg A,
 # residual) with residual = sum_n w_n B_n A_n - avg(B) avg(A), folded into W0 so that the

@@ -9,7 +9,7 @@ Our improvement sends it as exact factors of rank <= (N + 1) r:
 
     residual = P Q,   P = [B_s, -avg(B)]  (d_out x (N+1) r),   Q = [A_s; avg(A)]  ((N+1) r x d_in)
 
-with B_s, A_s the sqrt(w)-weighted stacks of strategies.common.low_rank.
+with B_s, A_s the sqrt(w)-weighted stacks of strategies.shared.low_rank.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Literal
 
 import numpy as np
 
-from strategies.common.averaging import weighted_average
-from strategies.common.folds import Residual
-from strategies.common.low_rank import stacked_lora_factors
+from strategies.shared.averaging import weighted_average
+from strategies.shared.folds import Residual
+from strategies.shared.low_rank import stacked_lora_factors
 
 ResidualMode = Literal["dense", "factored"]
 RESIDUAL_MODES: tuple[str, ...] = ("dense", "factored")

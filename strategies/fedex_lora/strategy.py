@@ -1,14 +1,14 @@
 """FedExLoRAStrategy: average B and A, and ship the exact residual so clients fold it into W0
-(the folds' bookkeeping, resend and checkpoint: ``strategies/common/folding_strategy.py``)."""
+(the folds' bookkeeping, resend and checkpoint: ``strategies/server/folding_strategy.py``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from strategies.common.folding_strategy import FoldingStrategy
-from strategies.common.folds import Residual
+from flower_app.methods.contract import stacked
 from strategies.fedex_lora.rule import aggregate_fedex_lora
-from strategies.method import stacked
+from strategies.server.folding_strategy import FoldingStrategy
+from strategies.shared.folds import Residual
 
 
 class FedExLoRAStrategy(FoldingStrategy):

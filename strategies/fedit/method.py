@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from strategies.method import Method, adapter_layers, stacked
+from flower_app.methods.contract import adapter_layers, stacked
+from strategies.shared.base_method import BaseMethod
 
 
-class FedIT(Method):
+class FedIT(BaseMethod):
     def aggregate(self, sent, payloads, weights):
         from strategies.fedit.rule import aggregate_fedit
 

@@ -5,10 +5,11 @@ with B = 0 and the clients evaluate their personalised models."""
 
 from __future__ import annotations
 
-from strategies.method import Method, adapter_layers, stacked
+from flower_app.methods.contract import adapter_layers, stacked
+from strategies.shared.base_method import BaseMethod
 
 
-class FedSALoRA(Method):
+class FedSALoRA(BaseMethod):
     def aggregate(self, sent, payloads, weights):
         from strategies.fedsa_lora.rule import aggregate_fedsa_lora
 

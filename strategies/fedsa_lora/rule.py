@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.common.averaging import weighted_average
+from strategies.shared.averaging import weighted_average
 
 
 def aggregate_fedsa_lora(

@@ -4,10 +4,11 @@ B after every round (``strategies/fedsvd/rule.py``). Up: B; down: A and B."""
 
 from __future__ import annotations
 
-from strategies.method import Method, adapter_layers, stacked
+from flower_app.methods.contract import adapter_layers, stacked
+from strategies.shared.base_method import BaseMethod
 
 
-class FedSVD(Method):
+class FedSVD(BaseMethod):
     def trained_parts(self, server_round):
         return ("B",)
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.common.averaging import weighted_average
+from strategies.shared.averaging import weighted_average
 
 
 def refactorise(B: np.ndarray, A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

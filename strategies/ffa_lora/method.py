@@ -3,10 +3,11 @@ travels and is averaged (``strategies/ffa_lora/rule.py``)."""
 
 from __future__ import annotations
 
-from strategies.method import Method, adapter_layers, stacked
+from flower_app.methods.contract import adapter_layers, stacked
+from strategies.shared.base_method import BaseMethod
 
 
-class FFALoRA(Method):
+class FFALoRA(BaseMethod):
     def aggregate(self, sent, payloads, weights):
         from strategies.ffa_lora.rule import aggregate_ffa_lora
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.method import Method, adapter_layers, stacked
+from flower_app.methods.contract import adapter_layers, stacked
+from strategies.shared.base_method import BaseMethod
 
 
-class FlexLoRA(Method):
+class FlexLoRA(BaseMethod):
     def aggregate(self, sent, payloads, weights):
         """Each node is then sent the first r_n singular directions, its own truncated SVD
         (the common strategy's ``sent_state``: the top r_n rows of A and columns of B)."""
@@ -29,7 +30,7 @@ class FlexLoRA(Method):
     def aggregate_private(self, dp, sent, payloads, num_sampled):
         """With one common rank (dp=central refuses client-ranks) the rule is linear in the
         products: the product-mean mechanism."""
-        from strategies.common.product_mean import product_mean_mechanism
+        from strategies.server.product_mean import product_mean_mechanism
 
         return product_mean_mechanism(dp, sent, payloads, num_sampled)
 

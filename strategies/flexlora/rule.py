@@ -8,7 +8,7 @@ Per layer, client n sends B_n (d_out x r_n) and A_n (r_n x d_in):
                                            A_s = [sqrt(w_1) A_1; ...; sqrt(w_N) A_N]  (R x d_in)
 
 with R = sum_n r_n.  Delta (d_out x d_in) is never formed: thin QR of B_s and A_s^T and
-the SVD of the small R x R core (``strategies.common.low_rank.truncated_product_svd``) give
+the SVD of the small R x R core (``strategies.shared.low_rank.truncated_product_svd``) give
 Delta = U S V^T.  The factors of rank r split the singular values symmetrically,
 
     B_r = U_r S_r^{1/2},   A_r = S_r^{1/2} V_r^T,
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.common.low_rank import truncated_product_svd
-from strategies.common.validation import (
+from strategies.shared.low_rank import truncated_product_svd
+from strategies.shared.validation import (
     AggregationInputError,
     check_mixed_rank_pairs,
     normalize_weights,

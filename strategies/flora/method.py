@@ -1,12 +1,12 @@
 """FLoRA: clients train a fresh LoRA every round; the server stacks their factors into the
 exact update sum_n w_n B_n A_n (``strategies/flora/rule.py``), which every client and the
-server's evaluator fold into W0 (``strategies/common/folds.py``), and sends the next round's
+server's evaluator fold into W0 (``strategies/shared/folds.py``), and sends the next round's
 fresh LoRA. Up: B and A; down: the fresh B and A, plus the last round's stacked factors,
 N r (d_out + d_in) per layer, growing with the number of clients."""
 
 from __future__ import annotations
 
-from strategies.common.folds import FoldsIntoW0
+from strategies.shared.folds import FoldsIntoW0
 
 # Why dp=central is refused rather than noised. FLoRA's round releases the dense product
 # sum_n w_n B_n A_n and folds it into W0 whole, with no truncation afterwards. A Gaussian

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.common.folds import Residual
-from strategies.common.validation import AggregationInputError, normalize_weights
+from strategies.shared.folds import Residual
+from strategies.shared.validation import AggregationInputError, normalize_weights
 
 
 def stack_flora(

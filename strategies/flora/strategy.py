@@ -1,15 +1,15 @@
 """FLoRAStrategy: stack the clients' factors into the round's exact update, keep it as the
 round's fold into W0 (sent to every client with its next training message, in the checkpoint:
-``strategies/common/folding_strategy.py``) and send a fresh LoRA for the next round."""
+``strategies/server/folding_strategy.py``) and send a fresh LoRA for the next round."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from strategies.common.folding_strategy import FoldingStrategy
-from strategies.common.folds import Residual
+from flower_app.methods.contract import stacked
 from strategies.flora.rule import fresh_lora, stack_flora
-from strategies.method import stacked
+from strategies.server.folding_strategy import FoldingStrategy
+from strategies.shared.folds import Residual
 
 
 class FLoRAStrategy(FoldingStrategy):

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from strategies.common.validation import AggregationInputError
+from strategies.shared.validation import AggregationInputError
 
 SERVER_DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 F64 = torch.float64

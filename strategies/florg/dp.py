@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from strategies.common.central_dp import (
+from strategies.florg.rule import _canonical_signs, procrustes_rotation
+from strategies.server.central_dp import (
     EPS64,
     Arrays,
     _check_clipped,
@@ -22,8 +23,7 @@ from strategies.common.central_dp import (
     check_noise_multiplier,
     public_divisor,
 )
-from strategies.common.validation import as_float64_matrix
-from strategies.florg.rule import _canonical_signs, procrustes_rotation
+from strategies.shared.validation import as_float64_matrix
 
 
 def _layers(A: Any) -> tuple[bool, list[tuple[Any, np.ndarray]]]:

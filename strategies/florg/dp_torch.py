@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from strategies.common.central_dp import EPS64
 from strategies.florg.device import F64, STAGING, resolve_server_device, stack_layers
 from strategies.florg.dp import _florg_inputs, florg_sensitivity, layer_noise
 from strategies.florg.rule_torch import _canonical_signs, _polar
+from strategies.server.central_dp import EPS64
 
 # Layers per batched call are capped so that the noised Gram matrices stay below this.
 MAX_GRAM_BYTES = 1 << 30

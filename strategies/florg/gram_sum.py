@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from strategies.common.validation import AggregationInputError
 from strategies.florg.device import F64
+from strategies.shared.validation import AggregationInputError
 
 
 def clients_per_block(r: int, k: int) -> int:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies.method import Method
+from strategies.shared.base_method import BaseMethod
 
 
 @dataclass(frozen=True)
-class FLoRG(Method):
+class FLoRG(BaseMethod):
     procrustes: bool = True
 
     def strategy_class(self) -> type:

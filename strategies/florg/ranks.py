@@ -69,7 +69,6 @@ from typing import Any
 
 import numpy as np
 
-from strategies.common.validation import AggregationInputError, as_float64_matrix, normalize_weights
 from strategies.florg.rule import (
     RankInfo,
     check_rank_mismatch,
@@ -78,6 +77,7 @@ from strategies.florg.rule import (
     factor_for_rank,
     stack_weighted,
 )
+from strategies.shared.validation import AggregationInputError, as_float64_matrix, normalize_weights
 
 log = logging.getLogger(__name__)
 

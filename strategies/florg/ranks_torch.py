@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from strategies.common.validation import AggregationInputError, check_layer_sets, normalize_weights
 from strategies.florg.device import F64, gram_and_cross, resolve_server_device, times_stack
 from strategies.florg.ranks import RankInfo, validated_rank_inputs
 from strategies.florg.rule import check_rank_mismatch, default_rtol
 from strategies.florg.rule_torch import _descending_eigh, _from_factor, _index_mask, _numerical_rank
+from strategies.shared.validation import AggregationInputError, check_layer_sets, normalize_weights
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from strategies.common.validation import (
+from strategies.shared.validation import (
     AggregationInputError,
     as_float64_matrix,
     check_client_matrices,

@@ -48,7 +48,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from strategies.common.validation import AggregationInputError, check_layer_sets, normalize_weights
 from strategies.florg.device import (
     F64,
     STAGING,
@@ -60,6 +59,7 @@ from strategies.florg.device import (
 )
 from strategies.florg.gram_sum import gram_sum
 from strategies.florg.rule import check_rank_mismatch, default_rtol
+from strategies.shared.validation import AggregationInputError, check_layer_sets, normalize_weights
 
 log = logging.getLogger(__name__)
 

@@ -43,14 +43,14 @@ import numpy as np
 
 from flower_app.ranks import rank_of
 from flower_app.records import split_state
-from strategies.common.central_dp import noised_mean
-from strategies.common.replies import Reply, ReplyRejected, metric_number
-from strategies.common.strategy import AdapterStrategy
 from strategies.florg.dp import clip_florg_with_head, florg_sensitivity
 from strategies.florg.dp_torch import private_florg_layers_torch
 from strategies.florg.ranks_torch import aggregate_florg_ranks_layers
 from strategies.florg.rule import RANK_MISMATCH_POLICIES, check_rank_mismatch
 from strategies.florg.rule_torch import aggregate_florg_layers
+from strategies.server.central_dp import noised_mean
+from strategies.server.replies import Reply, ReplyRejected, metric_number
+from strategies.server.strategy import AdapterStrategy
 
 FEDAVG_GAP_CHOICES = ("both", "own", "off")
 

@@ -5,10 +5,11 @@ weighted means of A and B."""
 
 from __future__ import annotations
 
-from strategies.method import Method, adapter_layers, stacked
+from flower_app.methods.contract import adapter_layers, stacked
+from strategies.shared.base_method import BaseMethod
 
 
-class HetLoRA(Method):
+class HetLoRA(BaseMethod):
     def aggregate(self, sent, payloads, weights):
         """Each node is then sent the top r_n of the result (the common strategy's
         ``sent_state``)."""

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.common.validation import (
+from strategies.shared.validation import (
     AggregationInputError,
     check_mixed_rank_pairs,
     normalize_weights,

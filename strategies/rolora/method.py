@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.method import Method, adapter_layers, stacked
+from flower_app.methods.contract import adapter_layers, stacked
+from strategies.shared.base_method import BaseMethod
 
 
-class RoLoRA(Method):
+class RoLoRA(BaseMethod):
     def trained_parts(self, server_round):
         from strategies.rolora.rule import rolora_part
 

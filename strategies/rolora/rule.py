@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.common.averaging import weighted_average
+from strategies.shared.averaging import weighted_average
 
 
 def rolora_part(server_round: int) -> str:

@@ -1,0 +1,142 @@
+"""The server side every method of this package shares unless it overrides it: the common
+Flower strategy (``strategies/server/strategy.py``) built from the run's settings, central
+differential privacy's mean mechanism and its settings' checks.
+
+Each method folder's ``method.py`` defines its methods as ``BaseMethod`` objects (or of a
+subclass); the contract itself, what the core reads of a method, is
+``flower_app/methods/contract.py``. The server-side hooks below import the server's parts
+inside themselves: a ClientApp loads this module (its methods' client hooks) and never
+runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from flower_app.dp_checks import check_dp_settings
+from flower_app.methods.contract import Method, RunSettings
+
+if TYPE_CHECKING:
+    from strategies.server.strategy import AdapterStrategy
+
+
+class BaseMethod(Method):
+    """A method run by the common strategy, with the mean mechanism under dp=central."""
+
+    # -- settings -----------------------------------------------------------------------
+    def check_settings(self, config: RunSettings) -> None:
+        """The contract's checks, and with ``dp=central``: a method with a mechanism
+        (``dp_mechanism``), C > 0, z > 0, 0 < delta < 1, uniform weights
+        (``flower_app.dp_checks.check_dp_settings``), no saved client updates, and the
+        accountant's package installed."""
+        super().check_settings(config)
+        if config.dp != "central":
+            return
+        from importlib.util import find_spec
+
+        self.check_dp_supported()
+        check_dp_settings(
+            clipping_norm=config.dp_clipping_norm,
+            noise_multiplier=config.dp_noise_multiplier,
+            delta=config.dp_delta,
+            aggregation_weights=config.aggregation_weights,
+        )
+        if config.save_client_updates:
+            raise ValueError(
+                "save-client-updates: refused under dp=central (the files would hold every "
+                "client's update before clipping and noise; docs/privacy.md)"
+            )
+        if find_spec("dp_accounting") is None:
+            raise ValueError('dp: dp=central needs dp-accounting: pip install "flwr[dp]"')
+
+    def check_dp_supported(self) -> str:
+        """The mechanism's name, or ValueError saying why the method has none."""
+        if self.dp_mechanism is None:
+            raise ValueError(
+                self.dp_refusal
+                or f"dp: dp=central is not supported for method {self.name!r}: it declares no "
+                "differential-privacy mechanism (docs/privacy.md)"
+            )
+        return self.dp_mechanism
+
+    def central_dp(self, config: RunSettings) -> Any:
+        """The strategy's ``dp`` (a ``strategies.server.central_dp.CentralDP``, noise from OS
+        entropy), or None with ``dp=off``."""
+        if config.dp != "central":
+            return None
+        from strategies.server.central_dp import CentralDP
+
+        return CentralDP(
+            self.check_dp_supported(),
+            config.dp_clipping_norm,
+            config.dp_noise_multiplier,
+            config.dp_delta,
+            # Poisson sampling at q = fraction-train is what amplification assumes; a fixed
+            # sample size is accounted at q = 1 (strategies/server/client_sampling.py)
+            sample_rate=config.fraction_train if config.client_sampling == "poisson" else 1.0,
+        )
+
+    # -- server side --------------------------------------------------------------------
+    def build_strategy(
+        self,
+        config: RunSettings,
+        initial_state: Mapping[str, np.ndarray],
+        *,
+        fingerprint: int | None = None,
+        run_dir: Path | None = None,
+    ) -> AdapterStrategy:
+        """The common strategy running this method's ``aggregate`` and ``aggregate_private``
+        (a method with a strategy of its own overrides this and adds its own options, each
+        read from ``config``); the arguments as the contract's."""
+        from strategies.server.strategy import AdapterStrategy
+
+        return AdapterStrategy(
+            initial_state, method=self, **self.strategy_settings(config, run_dir=run_dir)
+        )
+
+    def aggregate_private(
+        self,
+        dp: Any,
+        sent: Mapping[str, np.ndarray],
+        payloads: list[dict[str, np.ndarray]],
+        num_sampled: float,
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """One round under dp=central (``dp``: a ``strategies.server.central_dp.CentralDP``):
+        the whole new state and the round's metrics; ``num_sampled`` is the public divisor
+        m (the count sampled, an int, or q N under Poisson sampling, a float). By default
+        the mean mechanism, right for every method whose rule averages the shared arrays."""
+        from strategies.server.central_dp import mean_mechanism
+
+        # the parts the clients trained this round (``trained_parts``); the others stay
+        uplink = {k: v for k, v in sent.items() if k in payloads[0]}
+        new_state, info = mean_mechanism(dp, uplink, payloads, num_sampled)
+        return {**sent, **new_state}, info
+
+    def strategy_settings(
+        self, config: RunSettings, *, run_dir: Path | None = None
+    ) -> dict[str, Any]:
+        """The ``AdapterStrategy`` arguments every method takes from the settings:
+        sampling (fixed-size or Poisson, seeded from the run's ``seed`` without DP),
+        weighting, whether clients evaluate, where client updates are saved,
+        screening, central differential privacy."""
+        from strategies.server.example_dp import example_dp_record
+
+        save = run_dir is not None and config.save_client_updates
+        return {
+            "fraction_train": config.fraction_train,
+            "min_train_nodes": config.min_train_nodes,
+            "min_available_nodes": config.min_available_nodes,
+            "weighting": config.aggregation_weights,
+            "clients_evaluate": self.evaluates_on_clients(config),
+            "updates_dir": Path(run_dir) / "updates" if save else None,
+            "screen_updates": config.screen_updates,
+            "screen_kappa": config.screen_kappa,
+            "dp": self.central_dp(config),
+            "example_dp": example_dp_record(config),
+            "client_sampling": config.client_sampling,
+            "sampling_seed": config.seed,
+        }
