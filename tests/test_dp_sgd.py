@@ -20,7 +20,7 @@ import torch
 from flower_app.adapters.florg_layer import FLoRGLinear
 from flower_app.adapters.florg_model import FLoRGConfig, florg_layers, inject_florg
 from flower_app.adapters.lora import LoRAConfig, inject_lora, lora_layers
-from flower_app.config import resolve_config
+from flower_app.config import ConfigError, resolve_config
 from flower_app.dp_sgd import (
     ClientAccountant,
     DpSgd,
@@ -347,6 +347,29 @@ def test_the_causal_lm_kind_is_refused_with_its_reason():
 
     assert "per-example" in get_kind("causal-lm").example_dp_refusal
     assert get_kind("classification").example_dp_refusal == ""
+
+
+def test_extractive_qa_is_refused_before_launch_the_unit_would_be_a_window(tmp_path):
+    """A SQuAD-style question whose context is longer than one window trains as several
+    windows: DP-SGD would protect a window, not the question, so dp=example is refused
+    before launch (the launcher's and the ServerApp's check) with that reason."""
+    from flower_app.launch_checks import check_names
+    from flower_app.task_kinds import get_kind
+
+    assert "window" in get_kind("extractive-qa").example_dp_refusal
+    task = tmp_path / "qa"
+    task.mkdir()
+    row = {
+        "question": "q?",
+        "context": "a context",
+        "answers": {"text": ["a"], "answer_start": [0]},
+    }
+    for split in ("train", "validation"):
+        (task / f"{split}.jsonl").write_text(json.dumps(row) + "\n")
+    settings = {"task": "local", "data-path": str(task), "text-fields": "question,context",
+                "task-kind": "extractive-qa", "model": str(tmp_path / "none")}  # fmt: skip
+    with pytest.raises(ConfigError, match="dp=example refused for task kind 'extractive-qa'"):
+        check_names(resolve_config({}, {**settings, "dp": "example"}))
 
 
 def test_off_leaves_the_round_untouched():

@@ -95,6 +95,14 @@ def qa_eval_set(data: SplitView) -> QAEvalSet:
 
 class ExtractiveQA(TaskKind):
     name = "extractive-qa"
+    # DP-SGD's unit would be a window, not a question: a long context becomes several
+    # training windows (qa_features.py), which DP-SGD would sample, clip and count one by
+    # one, so a question of k windows would have group privacy k.
+    example_dp_refusal = (
+        "its training examples are context windows, several for a long context, so DP-SGD "
+        "would sample, clip and count windows and one question of k windows would be "
+        "protected only k times less (group privacy); DP-SGD per question is not built"
+    )
     score_metric = "f1"
     metric_names = ("exact-match", "f1")
 
