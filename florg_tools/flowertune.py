@@ -140,7 +140,7 @@ def _build_parser() -> argparse.ArgumentParser:
     from florg_tools.run_config import add_set_argument
 
     parser = argparse.ArgumentParser(
-        prog="python -m florg_tools.flowertune",
+        prog="florg flowertune",
         description="FlowerTune LLM leaderboard tooling (docs/flowertune.md).",
     )
     sub = parser.add_subparsers(dest="command", required=True)

@@ -38,6 +38,7 @@ from typing import IO, Any
 from florg_tools.app_stage import stage_app
 from florg_tools.flwr_home import CONFIG_FILE_NAME, default_flwr_home, read_flower_config
 from florg_tools.processes import terminate_tree
+from florg_tools.provenance import checkout_commit
 from florg_tools.run_config import (
     app_run_config,
     check_run_config_keys,
@@ -45,6 +46,9 @@ from florg_tools.run_config import (
     flatten_run_config,
     write_run_config_toml,
 )
+
+# The run setting that records the commit of the app's checkout (florg_tools/provenance.py).
+PROVENANCE_KEY = "app-commit"
 
 __all__ = [
     "STATUS_COMPLETED",
@@ -310,6 +314,10 @@ def run_flower_app(
     flwr_home = Path(flwr_home).expanduser().resolve()
     sink: IO[str] | None = sys.stdout if stream is True else (stream or None)
     overrides = flatten_run_config(run_config or {})
+    # Provenance: this app's runs record the commit they ran at (its config.json).
+    with contextlib.suppress(OSError, ValueError, KeyError):  # not an app: validation says so
+        if PROVENANCE_KEY not in overrides and PROVENANCE_KEY in app_run_config(app_dir):
+            overrides[PROVENANCE_KEY] = checkout_commit(app_dir)
 
     # 1. Validate before launching.
     validate_run_config(app_dir, overrides, validate, check_keys=check_keys)

@@ -11,14 +11,16 @@ Command line::
     python -m florg_tools.launch [--connection local-simulation] [--app .]
         [--run-config-file F.toml] [--preset NAME] [--set key=value ...]
         [--flwr-home DIR] [--timeout S] [--validate-with MODULE:FUNCTION]
-        [--ephemeral-superlink] [--resume RUN_DIR] [--quiet]
+        [--ephemeral-superlink] [--resume RUN_DIR | --rerun RUN_DIR] [--quiet]
 
 Overrides are layered file < ``--preset`` < ``--set`` (``florg_tools.run_config``). A run
 in a FlowerTune LLM leaderboard track (``flowertune-track``) is checked against the
 track's rules and its communication projected first (``florg_tools.flowertune``).
 ``--resume RUN_DIR`` submits the settings of ``RUN_DIR/config.json`` with
 ``resume=RUN_DIR`` (the ServerApp continues from the last checkpointed round; ``--set`` may
-still change e.g. ``num-server-rounds``).
+still change e.g. ``num-server-rounds``). ``--rerun RUN_DIR`` runs that run again from the
+start as a new run (``florg_tools.run_config.rerun_run_config``), a published run's
+``config.json`` included.
 
 Exit status: 0 finished:completed; 1 the run failed, was stopped or its status is
 unknown; 2 bad usage or run config; 3 timed out (the run is stopped); 130 interrupted.
@@ -106,7 +108,7 @@ def _load_validator(spec: str) -> Callable[[dict[str, Any]], None]:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m florg_tools.launch",
+        prog="florg launch",
         description="Run the Flower App with `flwr run` and fail unless the run completes.",
     )
     parser.add_argument(
@@ -156,6 +158,15 @@ def _build_parser() -> argparse.ArgumentParser:
         "its config.json is submitted with resume=RUN_DIR (--set may change "
         "num-server-rounds; docs/faults.md)",
     )
+    parser.add_argument(
+        "--rerun",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="run the run whose folder is RUN_DIR again from the start, with the settings of "
+        "its config.json (a published run's too) as a new run named <its run-name>-rerun; "
+        "--set overrides them",
+    )
     parser.add_argument("--quiet", action="store_true", help="do not echo the run's log")
     return parser
 
@@ -189,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    args = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.resume is not None and args.rerun is not None:
+        parser.error("--resume continues a run and --rerun starts it again: give one")
     flwr_home = resolve_flwr_home(args.flwr_home)
     sink = None if args.quiet else sys.stdout
     try:

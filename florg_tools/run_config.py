@@ -34,6 +34,7 @@ __all__ = [
     "parse_set_value",
     "preset_path",
     "resolve_layers",
+    "rerun_run_config",
     "resume_run_config",
     "write_run_config_toml",
 ]
@@ -160,6 +161,40 @@ def resume_run_config(run_dir: Path, overrides: Mapping[str, Any] | None = None)
     return config
 
 
+# Settings of a finished run that a rerun does not take over: where and under which name
+# it wrote, what it resumed, the commit it ran at (the rerun records its own).
+NOT_RERUN = ("output-dir", "resume", "app-commit")
+
+
+def rerun_run_config(run_dir: Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The run config that runs the run in ``run_dir`` again from the start: the settings of
+    its ``config.json`` (those that differ from today's defaults) but ``NOT_RERUN``, its
+    ``run-name`` with ``-rerun`` appended (a timestamped one where it had none), then
+    ``overrides``. A key today's app does not know is refused, naming it; a key the old
+    config lacks takes today's default."""
+    from flower_app.config import DEFAULTS
+
+    path = Path(run_dir).expanduser().resolve() / "config.json"
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigValidationError(f"--rerun: cannot read {path}: {err}") from err
+    if not isinstance(saved, dict):
+        raise ConfigValidationError(f"--rerun: {path} is not a run's config.json")
+    unknown = sorted(set(saved) - set(DEFAULTS))
+    if unknown:
+        raise ConfigValidationError(
+            f"--rerun: {path} has settings this app does not know: {', '.join(unknown)} "
+            "(a run of another version; rerun it at its app-commit)"
+        )
+    saved["preset"] = ""  # every value is resolved already
+    config = {k: v for k, v in saved.items() if k not in NOT_RERUN and v != DEFAULTS[k]}
+    if config.get("run-name"):
+        config["run-name"] = f"{config['run-name']}-rerun"
+    config.update(overrides or {})
+    return config
+
+
 def preset_path(name: str, app_dir: Path | None = None) -> Path:
     """``<app>/conf/<name>.toml`` (this app's by default), or ``name`` itself when it is a
     path ending in ``.toml``."""
@@ -196,7 +231,7 @@ def load_preset(name: str, app_dir: Path | None = None) -> dict[str, Any]:
 
 
 def collect_run_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The launcher's overrides from its parsed arguments: ``--resume``, or
+    """The launcher's overrides from its parsed arguments: ``--resume``, ``--rerun``, or
     ``--run-config-file`` < ``--preset`` (the app's ``conf/NAME.toml``, or a ``.toml`` path:
     the file plain ``flwr run --run-config`` takes) < ``--set``, merged here, so the apps
     receive plain values (flower_app/config.py); validated with ``resolve_layers`` when
@@ -212,6 +247,8 @@ def collect_run_config(args: argparse.Namespace) -> dict[str, Any]:
     config: dict[str, Any] = {}
     if getattr(args, "resume", None) is not None:
         return resume_run_config(args.resume, parse_sets(args.sets))
+    if getattr(args, "rerun", None) is not None:
+        return resolve_layers(rerun_run_config(args.rerun, parse_sets(args.sets)))
     if args.run_config_file is not None:
         config.update(toml_layer(args.run_config_file, "--run-config-file"))
     if args.preset is not None:

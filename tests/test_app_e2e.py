@@ -127,6 +127,27 @@ def test_every_method_runs_end_to_end(tiny_assets, clean_run, method):
         assert summary["final-test-score"] == history[2]["test-score"]
 
 
+def test_a_run_records_its_commit_and_its_rerun_repeats_it(tiny_superlink, tiny_assets, clean_run):
+    """The run's config.json names the commit of this checkout (app-commit, set by the
+    launcher's run_flower_app); ``florg launch --rerun RUN_DIR``'s run config (from that
+    config.json alone) runs it again to the same rows and adapter, bit for bit."""
+    from ci.behaviour_snapshot import compare_case
+    from florg_tools.flwr_cli import run_flower_app
+    from florg_tools.provenance import checkout_commit
+    from florg_tools.run_config import rerun_run_config
+
+    outcome, run_dir = clean_run("florg")
+    assert outcome.ok, outcome.message
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["app-commit"] == checkout_commit(ROOT) and len(config["app-commit"]) >= 40
+    home, connection = tiny_superlink
+    rerun = rerun_run_config(run_dir, {"output-dir": str(run_dir.parent)})
+    assert rerun["run-name"] == "e2e-florg-rerun" and "app-commit" not in rerun
+    again = run_flower_app(ROOT, connection, rerun, home, timeout=600, stream=None)
+    assert again.ok, f"{again.message}\n{again.log_text[-3000:]}"
+    assert compare_case(run_dir, run_dir.parent / "e2e-florg-rerun") == []
+
+
 # Issue 29's command, `florg launch --set dp=central --set dp-noise-multiplier=1.0
 # --set dp-clipping-norm=1.0 --set method=M --set num-server-rounds=2`, on the tiny model.
 DP = {"dp": "central", "dp-noise-multiplier": 1.0, "dp-clipping-norm": 1.0}

@@ -16,14 +16,15 @@ from florg_tools.cli import COMMANDS
 ROOT = Path(__file__).resolve().parent.parent
 FLORG = Path(sys.executable).parent / "florg"  # the installed script, next to this python
 
-# subcommand -> its module's usage line and an option only that parser has
+# subcommand -> its usage line (florg's, whichever way it is run) and an option only that
+# parser has
 PARSERS = {
-    "launch": ("usage: python -m florg_tools.launch", "--ephemeral-superlink"),
-    "deploy": ("usage: python -m florg_tools.deploy", "superlink,node,connection"),
-    "experiments": ("usage: python -m florg_tools.experiments", "run,report,list,evidence"),
-    "assets": ("usage: python -m florg_tools.assets", "{fetch}"),
-    "flwr-home": ("usage: python -m florg_tools.flwr_home", "{setup}"),
-    "flowertune": ("usage: python -m florg_tools.flowertune", "{projection}"),
+    "launch": ("usage: florg launch", "--ephemeral-superlink"),
+    "deploy": ("usage: florg deploy", "superlink,node,connection"),
+    "experiments": ("usage: florg experiments", "run,report,list,evidence"),
+    "assets": ("usage: florg assets", "{fetch}"),
+    "flwr-home": ("usage: florg flwr-home", "{setup}"),
+    "flowertune": ("usage: florg flowertune", "{projection}"),
 }
 
 
@@ -65,7 +66,7 @@ def test_every_subcommand_prints_its_module_help(name, monkeypatch, capsys):
     script = _run(FLORG, name, "--help")
     assert script.returncode == 0, script.stderr
     module = COMMANDS[name][0]
-    assert PARSERS[name][0] == "usage: python -m " + module.removesuffix(".__main__")
+    assert PARSERS[name][0] == f"usage: florg {name}"  # the command users type
     with pytest.raises(SystemExit) as exited:
         importlib.import_module(module).main(["--help"])
     assert exited.value.code == 0

@@ -151,7 +151,7 @@ def fetch(
 def main(argv: Sequence[str] | None = None, description: str | None = None) -> int:
     """The command line; ``description`` is its --help text (the package's docstring)."""
     parser = argparse.ArgumentParser(
-        prog="python -m florg_tools.assets",
+        prog="florg assets",
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -209,7 +209,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m florg_tools.deploy", description=__doc__.split("\n")[0]
+        prog="florg deploy", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("certs", help="generate a demo CA, server certificate and node keys")

@@ -100,7 +100,7 @@ def publish_evidence(
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m florg_tools.experiments")
+    parser = argparse.ArgumentParser(prog="florg experiments")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (
         ("run", "run the grid's unfinished runs, then write the report"),

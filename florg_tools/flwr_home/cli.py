@@ -99,7 +99,7 @@ def detect_defaults(num_supernodes: int | None = None) -> dict[str, Any]:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m florg_tools.flwr_home",
+        prog="florg flwr-home",
         description="Create or update the Flower CLI home (config.toml) for this project.",
     )
     sub = parser.add_subparsers(dest="command", required=True)

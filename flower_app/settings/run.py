@@ -40,6 +40,13 @@ class OutputSettings:
     tensorboard: str = setting(
         "auto", "<run>/tensorboard/ events", check=one_of("auto", "on", "off"), affects=()
     )
+    app_commit: str = setting(
+        "",
+        "provenance, recorded in config.json: the git commit of the app's checkout, with "
+        "'+modified' when its tree had changes (set by the florg tooling when it launches a "
+        "run; '' when unknown, e.g. plain flwr run); changes nothing in the run",
+        affects=(),
+    )
 
 
 @dataclass(frozen=True)
