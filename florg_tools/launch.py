@@ -3,8 +3,11 @@ and fail unless the run completes.
 
 ``flwr run --stream`` exits 0 even when the ServerApp crashes, so the launcher submits the
 run, streams its log and reads its final status (``florg_tools.flwr_cli.run_flower_app``).
-With ``--ephemeral-superlink`` it runs on a private simulation SuperLink on a free port,
-stopped afterwards together with every process it spawned (``florg_tools.superlink``).
+With ``--ephemeral-superlink``, and always for a local simulation connection (address
+``:local:``, whose SuperLink ``flwr run`` would start detached and leave running), it runs
+on a private simulation SuperLink on a free port, stopped afterwards together with every
+process it spawned (``florg_tools.superlink``): a launch, a resume included, leaves no
+Flower process behind.
 
 Command line::
 
@@ -147,7 +150,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--ephemeral-superlink",
         action="store_true",
         help="start a private simulation SuperLink on a free port for this run and stop "
-        "it (and Ray) afterwards, instead of flwr's detached one for ':local:' connections",
+        "it (and Ray) afterwards (always done for a ':local:' connection, whose SuperLink "
+        "flwr would start detached and leave running)",
     )
     parser.add_argument(
         "--resume",
@@ -186,6 +190,20 @@ def _ephemeral_connection(flwr_home: Path, connection: str | None) -> tuple[str,
     return name, conn
 
 
+def _is_local_simulation(flwr_home: Path, connection: str | None) -> bool:
+    """Whether ``connection`` (the default one when None) of ``flwr_home`` is a local
+    simulation whose SuperLink `flwr run` would start detached (address ':local:')."""
+    try:
+        names, default = connection_names(flwr_home)
+        name = connection or default
+        if name not in names:
+            return False
+        conn = read_flower_config(flwr_home)["superlink"][name]
+    except (OSError, ValueError, KeyError, TypeError, LaunchError):
+        return False  # run_flower_app reports a missing or bad connection
+    return conn.get("address") == LOCAL_SUPERLINK_ADDRESS
+
+
 def main(argv: list[str] | None = None) -> int:
     with signals_interrupt() as received:
         try:
@@ -216,7 +234,10 @@ def _main(argv: list[str] | None) -> int:
             leaderboard_gate(run_config, flwr_home, args.connection)
         # refused before anything starts (no SuperLink, no run folder)
         validate_run_config(args.app, run_config, validate)
-        if args.ephemeral_superlink:
+        # A local simulation connection (':local:') makes `flwr run` start Flower's detached
+        # SuperLink, which outlives the run (and every resume would add one): the launcher
+        # runs its own for it instead, and stops it with everything it spawned.
+        if args.ephemeral_superlink or _is_local_simulation(flwr_home, args.connection):
             with tempfile.TemporaryDirectory(prefix="flwr-home-") as tmp:
                 name, conn = _ephemeral_connection(flwr_home, args.connection)
                 # A Ray cluster address recorded in the connection reaches flwr-simulation

@@ -208,9 +208,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="florg deploy", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="florg deploy", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("certs", help="generate a demo CA, server certificate and node keys")
 
