@@ -137,8 +137,8 @@ def global_state(rng) -> dict[str, np.ndarray]:
     }
 
 
-def reply(state: dict[str, np.ndarray], pid: int) -> Message:
-    metrics = {"num-examples": 10, "train-loss": 1.0, "partition-id": pid}
+def reply(state: dict[str, np.ndarray], pid: int, n: int = 10) -> Message:
+    metrics = {"num-examples": n, "train-loss": 1.0, "partition-id": pid}
     content = RecordDict({"arrays": to_array_record(state), "metrics": MetricRecord(metrics)})
     return Message(content=content, dst_node_id=1, message_type=MessageType.TRAIN)
 
@@ -188,6 +188,31 @@ def test_a_fedsvd_round_takes_b_alone_and_sends_back_the_refactorised_pair():
             new["l.lora_B"] @ new["l.lora_A"], mean_B @ start["l.lora_A"], rtol=0, atol=1e-10
         )
         np.testing.assert_allclose(new["l.lora_A"] @ new["l.lora_A"].T, np.eye(R), atol=1e-12)
+
+
+def test_fedsvd_with_num_examples_weights_is_the_authors_dataset_size_weighting():
+    """seanie12/fed-svd averages the clients' B by their dataset sizes (n_k / sum n) before
+    ``reinit_lora``; ``aggregation-weights=num-examples`` is that, uniform (our protocol's
+    default) is not, with unequal sizes."""
+    rng = np.random.default_rng(7)
+    sent = global_state(rng)
+    sizes = [10, 30, 160]
+    ups = [moved(sent, rng, ["l.lora_B", HEAD]) for _ in sizes]
+    ratio = np.array(sizes) / sum(sizes)
+    mean_B = sum(
+        p * np.float32(u["l.lora_B"]).astype(np.float64) for p, u in zip(ratio, ups, strict=True)
+    )
+    theirs_B, theirs_A = authors_reinit_lora(mean_B, sent["l.lora_A"])
+    products = {}
+    for weighting in ("num-examples", "uniform"):
+        strategy = strategy_for("fedsvd", sent, screen_updates=False,
+                                aggregation_weights=weighting)  # fmt: skip
+        replies = [reply(u, i, n) for i, (u, n) in enumerate(zip(ups, sizes, strict=True))]
+        strategy.aggregate_train(1, replies)
+        new = strategy.global_state
+        products[weighting] = new["l.lora_B"] @ new["l.lora_A"]
+    np.testing.assert_allclose(products["num-examples"], theirs_B @ theirs_A, atol=1e-10)
+    assert not np.allclose(products["uniform"], theirs_B @ theirs_A, atol=1e-3)
 
 
 # --------------------------------------------------------------------------- a client's round

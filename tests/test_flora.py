@@ -96,8 +96,8 @@ def initial(rng):
     }
 
 
-def reply(state, pid, rank=R):
-    metrics = {"num-examples": 10, "train-loss": 1.0, "partition-id": pid, "rank": rank}
+def reply(state, pid, rank=R, n=10):
+    metrics = {"num-examples": n, "train-loss": 1.0, "partition-id": pid, "rank": rank}
     content = RecordDict({"arrays": to_array_record(state), "metrics": MetricRecord(metrics)})
     return Message(content=content, dst_node_id=1, message_type=MessageType.TRAIN)
 
@@ -147,6 +147,28 @@ def test_each_round_folds_the_exact_update_and_starts_a_fresh_lora():
     (h, base), got = read_base(record), read_residuals(record)
     assert h == 1 and got.keys() == {2}
     np.testing.assert_allclose(base["l"] + got[2]["l"], cumulative, atol=1e-5)
+
+
+def test_flora_with_num_examples_weights_is_the_authors_dataset_size_weighting():
+    """The authors weight each client's A_n by its dataset size, ratio_n = n_k / sum n
+    (``_agg_flora``'s ratio); ``aggregation-weights=num-examples`` folds exactly that,
+    uniform (our protocol's default) does not, with unequal sizes."""
+    rng = np.random.default_rng(5)
+    sent = initial(rng)
+    sizes = [10, 30, 160]
+    ups = [trained(sent, rng) for _ in sizes]
+    Bs = [f64(u["l.lora_B"]) for u in ups]
+    As = [f64(u["l.lora_A"]) for u in ups]
+    theirs = authors_agg_flora(np.zeros((D_OUT, D_IN)), Bs, As, np.array(sizes) / sum(sizes), 1.0)
+    folds = {}
+    for weighting in ("num-examples", "uniform"):
+        strategy = strategy_for("flora", sent, screen_updates=False, seed=3,
+                                aggregation_weights=weighting)  # fmt: skip
+        replies = [reply(u, i, n=n) for i, (u, n) in enumerate(zip(ups, sizes, strict=True))]
+        strategy.aggregate_train(1, replies)
+        folds[weighting] = strategy.cumulative["l"]
+    np.testing.assert_allclose(folds["num-examples"], theirs, rtol=0, atol=1e-10)
+    assert not np.allclose(folds["uniform"], theirs, atol=1e-3)
 
 
 def test_clients_of_different_rank_stack_as_they_are():

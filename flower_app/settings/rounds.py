@@ -47,7 +47,8 @@ class FederationSettings:
     )
     aggregation_weights: str = setting(
         "uniform",
-        "client weights",
+        "client weights: 'uniform', or 'num-examples' (each client's reported example count, "
+        "the dataset-size weighting some methods' authors use: docs/architecture.md)",
         check=one_of("uniform", "num-examples"),
         affects=(),
     )

@@ -1,6 +1,11 @@
 """FedSVD: clients train only B against the global A, which they receive but do not train;
 the server averages B and re-factorises B A by SVD into a new orthonormal A and the matching
-B after every round (``strategies/fedsvd/rule.py``). Up: B; down: A and B."""
+B after every round (``strategies/fedsvd/rule.py``). Up: B; down: A and B.
+
+Client weights: its authors average B by dataset size (n_k / sum n);
+``aggregation-weights=num-examples`` reproduces that, the default ``uniform`` is the
+evidence protocol's rule for every method (docs/architecture.md).
+"""
 
 from __future__ import annotations
 

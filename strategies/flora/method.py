@@ -2,7 +2,12 @@
 exact update sum_n w_n B_n A_n (``strategies/flora/rule.py``), which every client and the
 server's evaluator fold into W0 (``strategies/shared/folds.py``), and sends the next round's
 fresh LoRA. Up: B and A; down: the fresh B and A, plus the last round's stacked factors,
-N r (d_out + d_in) per layer, growing with the number of clients."""
+N r (d_out + d_in) per layer, growing with the number of clients.
+
+Client weights: its authors weight each client by its dataset size (n_k / sum n, their
+``_agg_flora`` ratio); ``aggregation-weights=num-examples`` reproduces that, the default
+``uniform`` is the evidence protocol's rule for every method (docs/architecture.md).
+"""
 
 from __future__ import annotations
 
