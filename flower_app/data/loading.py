@@ -55,7 +55,7 @@ def _load_raw(spec: TaskSpec) -> datasets.DatasetDict:
     except ConnectionError as exc:
         raise ConnectionError(
             f"{spec.name}: cannot load {path}/{name} from the Hugging Face "
-            f"Hub ({exc}); pass data_path= a local copy instead"
+            f"Hub ({exc}); give a local copy as data-path"
         ) from exc
 
 

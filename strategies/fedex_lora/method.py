@@ -18,17 +18,10 @@ from strategies.shared.folds import FoldsIntoW0
 # truncate to rank r after the noise, FedEx keeps the residual exactly, so full-rank noise
 # of Frobenius norm ~ sigma sqrt(d_out d_in) would enter W0 every round and never leave.
 FEDEX_REFUSAL = (
-    "dp=central is not supported for fedex-lora: its residual "
-    "sum_n w_n B_n A_n - avg(B) avg(A) is quadratic in each client's factors, so it needs "
-    "its own mechanism on the dense d_out x d_in product (sensitivity of one client's "
-    "product update B_n A_n - B A <= ||dB|| ||A||_2 + ||B||_2 ||dA|| + ||dB|| ||dA||, not "
-    "the C of the factor update), and FedEx folds that residual into the frozen W0 every "
-    "round without truncation: the full-rank noise (std z C / m on each of d_out * d_in "
-    "entries, norm ~ z C sqrt(d_out d_in) / m per layer, about 1000 x the signal bound "
-    "C / m at d = 1024, z = 1) would accumulate in W0 as a random walk. A correct variant exists "
-    "(clip (dB, dA, B_n A_n - B A) jointly, noise all three, residual by post-processing) "
-    "but it is dense-noise DP fine-tuning of W0, not FedEx's exact aggregation; use a method "
-    "with a mechanism (florg among them) with dp=central"
+    "dp: dp=central is not supported for fedex-lora: its residual is quadratic in each "
+    "client's factors and is folded into W0 whole every round, so Gaussian noise on it "
+    "would be full-rank and accumulate in W0 (docs/privacy.md, section 8); use a method "
+    "with a mechanism, florg among them"
 )
 
 

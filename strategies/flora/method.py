@@ -22,12 +22,10 @@ from strategies.shared.folds import FoldsIntoW0
 # product has no stacked factors either, so it would travel dense. That is DP fine-tuning
 # of W0, not FLoRA's exact stacking.
 FLORA_REFUSAL = (
-    "dp=central is not supported for flora: its round folds the dense product "
-    "sum_n w_n B_n A_n into W0 with no truncation, so a Gaussian mechanism would add "
-    "full-rank noise (std z C / m on each of d_out * d_in entries, norm ~ z C sqrt(d_out d_in) "
-    "/ m per layer against a signal bounded by C / m) to W0 every round, where it would "
-    "accumulate, and the noised product would travel dense instead of as stacked factors; "
-    "use a method with a mechanism (florg among them) with dp=central"
+    "dp: dp=central is not supported for flora: its round folds the dense product of the "
+    "stacked factors into W0 with no truncation, so Gaussian noise on it would be full-rank "
+    "and accumulate in W0 (docs/privacy.md, section 8); use a method with a mechanism, "
+    "florg among them"
 )
 
 
