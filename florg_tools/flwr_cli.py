@@ -248,11 +248,18 @@ def connection_names(flwr_home: Path) -> tuple[list[str], str | None]:
     return names, default if isinstance(default, str) else None
 
 
+# Lines of Flower's log that the console leaves out (the run's log_text keeps them):
+# flwr-simulation 1.42 warns of its changed default federation size in every run, even when
+# the connection sets num-supernodes, as every connection the florg tooling writes does; the
+# next line gives the real size ("Federation ... (N simulated SuperNodes)").
+NOT_ECHOED = ("default simulated SuperNodes changed from 10 to 2",)
+
+
 def _stream_process(proc: subprocess.Popen[str], sink: IO[str] | None, lines: list[str]) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line)
-        if sink is not None:
+        if sink is not None and not any(text in line for text in NOT_ECHOED):
             with contextlib.suppress(ValueError, OSError):
                 sink.write(line)
                 sink.flush()

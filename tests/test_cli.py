@@ -90,3 +90,25 @@ def test_subcommand_exit_status_is_passed_through(tmp_path):
     out = _run(FLORG, "launch", "--flwr-home", tmp_path, "--set", "no-such-key=1", "--quiet")
     assert out.returncode == 2, out.stdout + out.stderr
     assert "no-such-key" in out.stderr
+
+
+def test_the_console_leaves_out_flowers_misleading_federation_size_warning():
+    """flwr-simulation warns 'default simulated SuperNodes changed from 10 to 2' in every
+    run, whatever the connection sets; the launcher's echo drops that line (the next one
+    states the real size) and the run's log keeps it."""
+    import io
+
+    from florg_tools.flwr_cli import _stream_process
+
+    text = (
+        "WARNING :   Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.\n"
+        "INFO :      Federation `default` (5 simulated SuperNodes)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"print({text!r}, end='')"], stdout=subprocess.PIPE, text=True
+    )
+    sink, lines = io.StringIO(), []
+    _stream_process(proc, sink, lines)
+    proc.wait()
+    assert sink.getvalue() == "INFO :      Federation `default` (5 simulated SuperNodes)\n"
+    assert len(lines) == 2
