@@ -324,7 +324,7 @@ def run_flower_app(
     # Provenance: this app's runs record the commit they ran at (its config.json).
     with contextlib.suppress(OSError, ValueError, KeyError):  # not an app: validation says so
         if PROVENANCE_KEY not in overrides and PROVENANCE_KEY in app_run_config(app_dir):
-            overrides[PROVENANCE_KEY] = checkout_commit(app_dir)
+            overrides[PROVENANCE_KEY] = checkout_commit(app_dir) or ""
 
     # 1. Validate before launching.
     validate_run_config(app_dir, overrides, validate, check_keys=check_keys)

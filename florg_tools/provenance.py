@@ -1,6 +1,7 @@
 """Where a run's code came from: the git commit of the app's checkout, recorded in the run's
 ``config.json`` as ``app-commit`` (the tooling sets it when it launches a run,
-``florg_tools.flwr_cli.run_flower_app``), so a published run names the code it ran."""
+``florg_tools.flwr_cli.run_flower_app``), so a published run names the code it ran; the grid
+runner records it per run too (``florg_tools.experiments.runner``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 MODIFIED = "+modified"
 
 
-def checkout_commit(app_dir: Path) -> str:
+def checkout_commit(app_dir: Path) -> str | None:
     """``<commit>`` of the git checkout holding ``app_dir``, with ``+modified`` when its
-    tracked files differ from that commit; '' outside a git checkout (or without git)."""
+    tracked files differ from that commit (a grid file copied into a fixed worktree does);
+    None outside a git checkout (or without git)."""
 
     def git(*args: str) -> str | None:
         try:
@@ -25,6 +27,6 @@ def checkout_commit(app_dir: Path) -> str:
 
     commit = git("rev-parse", "HEAD")
     if not commit:
-        return ""
+        return None
     changes = git("status", "--porcelain", "--untracked-files=no")
     return commit + (MODIFIED if changes else "")

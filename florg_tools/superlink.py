@@ -18,10 +18,13 @@ tag once that process is gone (tests/test_orphans.py).
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -165,12 +168,27 @@ def start_local_superlink(
 
 @contextlib.contextmanager
 def local_superlink(flwr_home: Path, **kwargs: Any) -> Iterator[SuperLinkProcess]:
-    """``start_local_superlink`` as a context manager that always stops it again."""
-    superlink = start_local_superlink(flwr_home, **kwargs)
+    """``start_local_superlink`` as a context manager that always stops it again. Ray's
+    session folders (logs, sockets: megabytes a run) go to a temporary folder of its own
+    (``RAY_TMPDIR``; a short path, as Ray's Unix sockets need), removed afterwards, unless
+    the simulation joins a Ray cluster (``RAY_ADDRESS``), whose folders are the cluster's."""
+    extra_env = dict(kwargs.pop("extra_env", None) or {})
+    ray_tmp = None
+    if "RAY_ADDRESS" not in extra_env and "RAY_ADDRESS" not in os.environ:
+        ray_tmp = tempfile.mkdtemp(prefix="florg-ray-")
+        extra_env.setdefault("RAY_TMPDIR", ray_tmp)
+    try:
+        superlink = start_local_superlink(flwr_home, extra_env=extra_env, **kwargs)
+    except BaseException:
+        if ray_tmp is not None:
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+        raise
     try:
         yield superlink
     finally:
         leftovers = superlink.stop()
+        if ray_tmp is not None:
+            shutil.rmtree(ray_tmp, ignore_errors=True)
         if leftovers:
             print(
                 "[launch] warning: processes survived the SuperLink shutdown: "

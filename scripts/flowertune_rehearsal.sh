@@ -6,17 +6,21 @@
 # 2 rounds of 2 local steps over short examples; leaderboard=false lifts the checks these
 # changes break. It ends, as a leaderboard run does, with <OUT>/flowertune-rehearsal/submission/.
 #   bash scripts/flowertune_rehearsal.sh [OUT_DIR] [extra launcher arguments]
-# OUT_DIR defaults to outputs; FLOWERTUNE_FLWR_HOME (default: a fresh temporary folder)
-# holds the 20-SuperNode connection.
+# OUT_DIR defaults to outputs; FLOWERTUNE_FLWR_HOME (default: a fresh temporary folder,
+# removed at the end) holds the 20-SuperNode connection.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-outputs}"
 shift || true
 if [ -z "${VIRTUAL_ENV:-}" ] && [ -f .venv/bin/activate ]; then . .venv/bin/activate; fi
-home="${FLOWERTUNE_FLWR_HOME:-$(mktemp -d /tmp/flowertune-home-XXXXXX)}"
+home="${FLOWERTUNE_FLWR_HOME:-}"
+if [ -z "$home" ]; then
+  home="$(mktemp -d "${TMPDIR:-/tmp}/flowertune-home-XXXXXX")"
+  trap 'rm -rf "$home"' EXIT  # nothing of the rehearsal is left in the temporary folder
+fi
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 python -m florg_tools.flwr_home setup --flwr-home "$home" --num-supernodes 20 >/dev/null
-exec python -m florg_tools.launch --flwr-home "$home" --ephemeral-superlink \
+python -m florg_tools.launch --flwr-home "$home" --ephemeral-superlink \
     --preset flowertune-general-nlp \
     --set leaderboard=false --set model=SmolLM2-135M \
     --set data-path="$PWD/scripts/data/alpaca-rehearsal.jsonl" \

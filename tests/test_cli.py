@@ -112,3 +112,34 @@ def test_the_console_leaves_out_flowers_misleading_federation_size_warning():
     proc.wait()
     assert sink.getvalue() == "INFO :      Federation `default` (5 simulated SuperNodes)\n"
     assert len(lines) == 2
+
+
+def test_the_launchers_superlink_keeps_rays_session_folders_in_a_folder_it_removes(
+    monkeypatch,
+):
+    """``local_superlink`` (the launcher's and the grid runner's) hands the SuperLink a
+    RAY_TMPDIR of its own and removes it once the SuperLink is stopped; with a Ray cluster
+    (RAY_ADDRESS) it leaves Ray's folders to the cluster."""
+    from pathlib import Path
+
+    from florg_tools import superlink as module
+
+    seen = []
+
+    class Stopped:
+        def stop(self):
+            return []
+
+    def fake_start(flwr_home, *, extra_env=None, **kwargs):
+        seen.append(dict(extra_env or {}))
+        return Stopped()
+
+    monkeypatch.setattr(module, "start_local_superlink", fake_start)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with module.local_superlink(Path("unused")):
+        folder = Path(seen[-1]["RAY_TMPDIR"])
+        assert folder.is_dir() and folder.name.startswith("florg-ray-")
+        assert len(str(folder)) < 40  # Ray's Unix socket paths must stay under 107 bytes
+    assert not folder.exists()
+    with module.local_superlink(Path("unused"), extra_env={"RAY_ADDRESS": "10.0.0.1:6379"}):
+        assert "RAY_TMPDIR" not in seen[-1]

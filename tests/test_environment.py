@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from florg_tools.experiments.aggregate import run_machines
-from florg_tools.experiments.runner import checkout_commit
+from florg_tools.provenance import checkout_commit
 from flower_app.environment import (
     KERNEL_FLAGS,
     _cpu_model_and_flags,

@@ -19,8 +19,9 @@ from florg_tools.experiments.aggregate import (
     markdown_report,
 )
 from florg_tools.experiments.grid import GridError, GridRun, load_grid
-from florg_tools.experiments.runner import APP_DIR, checkout_commit, run_grid
+from florg_tools.experiments.runner import APP_DIR, run_grid
 from florg_tools.experiments.runs import is_finished, run_dir
+from florg_tools.provenance import checkout_commit
 from florg_tools.synthetic import make_sentiment_task
 from flower_app.environment import describe_environment, environment_label
 

@@ -1,43 +1,20 @@
-"""Provenance and reruns: a run's app-commit (florg_tools/provenance.py) and the run config
-of ``florg launch --rerun RUN_DIR`` (florg_tools/run_config.py), from a published run's
-config.json. The rerun through the simulation: tests/test_app_e2e.py."""
+"""Reruns: the run config of ``florg launch --rerun RUN_DIR`` (florg_tools/run_config.py),
+from a published run's config.json. The rerun through the simulation, and the app-commit a
+run records: tests/test_app_e2e.py; the commit itself: tests/test_environment.py."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from florg_tools.launch import main as launch_main
-from florg_tools.provenance import MODIFIED, checkout_commit
 from florg_tools.run_config import ConfigValidationError, rerun_run_config
 from flower_app.config import DEFAULTS, resolve_config
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = sorted((ROOT / "evidence").glob("evidence-v2-exact/runs/*/*/config.json"))[0].parent
-
-
-def test_the_commit_of_a_checkout_and_whether_it_was_modified(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-
-    def git(*args):
-        return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                              text=True).stdout.strip()  # fmt: skip
-
-    git("init", "-q")
-    (repo / "a.py").write_text("x = 1\n")
-    git("add", "a.py")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
-    head = git("rev-parse", "HEAD")
-    assert checkout_commit(repo) == head
-    (repo / "new.txt").write_text("untracked files do not count\n")
-    assert checkout_commit(repo) == head
-    (repo / "a.py").write_text("x = 2\n")
-    assert checkout_commit(repo) == head + MODIFIED
-    assert checkout_commit(tmp_path) == ""  # not a checkout
 
 
 def test_a_published_runs_config_becomes_a_new_runs_config():

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,9 +34,10 @@ from florg_tools.experiments.runs import is_finished, run_dir
 from florg_tools.experiments.tuning import tuned_grid
 from florg_tools.flwr_cli import run_flower_app
 from florg_tools.flwr_home import CONFIG_FILE_NAME, simulation_connection
+from florg_tools.provenance import checkout_commit
 from florg_tools.superlink import local_superlink
 
-__all__ = ["GridOutcome", "checkout_commit", "run_grid"]
+__all__ = ["GridOutcome", "run_grid"]
 
 APP_DIR = Path(__file__).resolve().parents[2]
 CONNECTION = "grid-simulation"
@@ -79,26 +79,6 @@ def _write_connection(flwr_home: Path, address: str, grid: Grid) -> None:
     )
     document = {"superlink": {"default": CONNECTION, CONNECTION: connection}}
     (flwr_home / CONFIG_FILE_NAME).write_text(tomli_w.dumps(document), encoding="utf-8")
-
-
-def checkout_commit(app_dir: Path) -> str | None:
-    """The git commit the app's checkout is at, with ``+modified`` when tracked files differ
-    from it (a grid file copied into a fixed worktree does); None outside a git checkout."""
-
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(
-                ["git", "-C", str(app_dir), *args], capture_output=True, text=True, timeout=60
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    if not commit:
-        return None
-    changes = git("status", "--porcelain", "--untracked-files=no")
-    return commit + ("+modified" if changes else "")
 
 
 def _record(
