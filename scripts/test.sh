@@ -54,8 +54,9 @@ DEPLOYMENT_TESTS=(
 # 35 min against the deployment tests' 20-23, and a simulation run keeps about one core
 # busy, so the second core idled once the deployment tests ended (docs/testing.md). Moving
 # two more CPU-heavy modules here did not shorten the simulations (docs/testing.md); the
-# tiny decoder's and the span head's runs (7 and 4) balance the two processes.
-SIDE_SIMULATIONS=(tests/test_causal_lm.py tests/test_squad_qa.py)
+# tiny decoder's and the span head's runs (7 and 4) balance the two processes; the
+# launcher's process check starts SuperLinks and waits on them, as the deployment tests do.
+SIDE_SIMULATIONS=(tests/test_causal_lm.py tests/test_squad_qa.py tests/test_launcher_processes.py)
 SIDE_TESTS=("${DEPLOYMENT_TESTS[@]}" "${SIDE_SIMULATIONS[@]}")
 
 # Runs one set (a marker expression, then pytest arguments) and reports its exit status.

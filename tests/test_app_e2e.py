@@ -148,59 +148,6 @@ def test_a_run_records_its_commit_and_its_rerun_repeats_it(tiny_superlink, tiny_
     assert compare_case(run_dir, run_dir.parent / "e2e-florg-rerun") == []
 
 
-def _flower_processes_of(home: Path) -> list:
-    """The running flower-superlink / flower-superexec processes started for ``home``
-    (their environment's FLWR_HOME)."""
-    import psutil
-
-    found = []
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        try:
-            words = " ".join(proc.info["cmdline"] or [proc.info["name"] or ""])
-            ours = "flower-superlink" in words or "flower-superexec" in words
-            if ours and proc.environ().get("FLWR_HOME") == str(home):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
-def test_the_documented_resume_command_leaves_no_flower_process(tiny_assets, clean_run, tmp_path):
-    """docs/faults.md's `python -m florg_tools.launch --resume outputs/my-run` on the
-    quickstart's local-simulation connection (':local:'), extending a finished run by a
-    round: it completes, and no SuperLink or SuperExec started for that Flower home is left
-    running (flwr's detached one would be: the launcher runs its own and stops it)."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
-    outcome, run_dir = clean_run("fedit")
-    assert outcome.ok, outcome.message
-    copy = run_dir.parent / "e2e-fedit-resumed-by-command"
-    shutil.copytree(run_dir, copy)
-    home = tmp_path / "flwr-home"
-    subprocess.run(
-        [sys.executable, "-m", "florg_tools.flwr_home", "setup", "--flwr-home", str(home),
-         "--num-supernodes", str(NUM_NODES), "--num-cpus", "1"],
-        cwd=ROOT, check=True, capture_output=True,
-    )  # fmt: skip
-    env = {**os.environ, "FLWR_HOME": str(home), "FLORG_OUTPUT_ROOT": str(tiny_assets[2]),
-           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}  # fmt: skip
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "florg_tools.launch", "--resume", str(copy),
-             "--set", "num-server-rounds=3", "--quiet"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert [r["round"] for r in rows(copy)][-2:] == [2, 3]
-        assert _flower_processes_of(home) == []
-    finally:
-        for proc in _flower_processes_of(home):  # what a failing launcher left behind
-            proc.kill()
-
-
 # Issue 29's command, `florg launch --set dp=central --set dp-noise-multiplier=1.0
 # --set dp-clipping-norm=1.0 --set method=M --set num-server-rounds=2`, on the tiny model.
 DP = {"dp": "central", "dp-noise-multiplier": 1.0, "dp-clipping-norm": 1.0}
