@@ -200,3 +200,21 @@ def test_a_new_adapter_kind_is_one_module_plus_one_registry_line(tmp_path):
     assert min(result["moved"]) > 0  # the client trained g
     assert max(result["mean-is-2x"]) < 1e-6  # the common strategy averaged the replies
     assert result["up"] == 12  # the kind's part shapes: g is d_out
+
+
+def test_injecting_and_exporting_a_peft_lora_prints_no_library_future_warning(tmp_path):
+    """PEFT reads transformers' deprecated ``is_gradient_checkpointing`` in get_peft_model;
+    the app silences that one warning where it calls PEFT (``quiet_get_peft_model``), so a
+    run's console carries none."""
+    import warnings
+
+    from transformers import BertForSequenceClassification
+
+    from florg_tools.synthetic import tiny_bert_config
+    from flower_app.adapters.lora import LoRAConfig, inject_lora
+
+    model = BertForSequenceClassification(tiny_bert_config(num_labels=2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        inject_lora(model, LoRAConfig(r=2, target_modules=("query", "value")))
+    assert [w for w in caught if issubclass(w.category, FutureWarning)] == []

@@ -6,7 +6,7 @@ own layers and injection, so it uses none of this.
   per-token products run in (``compute_dtype``).
 - The layer: ``AdapterLinear`` wraps a frozen nn.Linear and adds s times a low-rank update
   that the subclass computes, in the output's dtype.
-- The adapter on a model: ``AdapterKind`` (one per adapter: its layer type, the part that
+- The adapter on a model: ``CustomLayers`` (one per adapter: its layer type, the part that
   trains) injects it (finds the targeted Linears outside the task head, checks the rank
   against each, freezes the model, puts a layer in each place, unfreezes the head), lists
   its layers, gets and sets what travels, and strips a copy back to the base model.
@@ -35,6 +35,19 @@ from flower_app.adapters.targets import (
     find_head_modules,
     find_target_linears,
 )
+
+
+def quiet_get_peft_model(model: nn.Module, config: Any) -> nn.Module:
+    """PEFT's ``get_peft_model`` without the FutureWarning transformers raises when PEFT reads
+    its deprecated ``is_gradient_checkpointing`` (PEFT's call, not ours: it would print in
+    every run's console and tells a user of this app nothing they can change)."""
+    import warnings
+
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
+        return get_peft_model(model, config)
 
 
 def adapter_dtype(base_dtype: torch.dtype) -> torch.dtype:
@@ -117,7 +130,7 @@ def replace_module(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 @dataclass(frozen=True)
-class AdapterKind(Generic[LayerT]):
+class CustomLayers(Generic[LayerT]):
     """One custom adapter as a model carries it: its layer type, the attribute of each layer
     that trains and travels (``part``: '<module>.<part>' in the state), and the ``prefix`` of
     the two model attributes injection sets, ``<prefix>_config`` (the adapter's settings) and
@@ -229,12 +242,12 @@ def save_peft_lora(
     config_file: str,
     config: Any,
 ) -> Path:
-    """Write ``base`` (a stripped copy, ``AdapterKind.strip``) with a PEFT LoRA of ``rank`` and
+    """Write ``base`` (a stripped copy, ``CustomLayers.strip``) with a PEFT LoRA of ``rank`` and
     ``lora_alpha`` ``alpha`` on every module of ``factors``, whose (lora_B, lora_A) it holds,
     the head through ``modules_to_save``; the adapter's own ``config`` (a dataclass) goes
     beside it as ``config_file``. ``PeftModel.from_pretrained(base_model, out_dir)`` then
     loads it."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig
 
     lora_config = LoraConfig(
         r=rank,
@@ -246,7 +259,7 @@ def save_peft_lora(
         base_model_name_or_path=base_model_name_or_path,
         task_type=peft_task_type(base),
     )
-    peft_model = get_peft_model(base, lora_config)
+    peft_model = quiet_get_peft_model(base, lora_config)
     peft_modules = dict(peft_model.base_model.model.named_modules())
     with torch.no_grad():
         for name, (B, A) in factors.items():

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flower_app.adapters.custom_adapter import AdapterKind, adapter_dtype, save_peft_lora
+from flower_app.adapters.custom_adapter import CustomLayers, adapter_dtype, save_peft_lora
 from flower_app.adapters.florg_layer import FLoRGLinear, FLoRGProjections, form_pass_factors
 from flower_app.adapters.projections import (
     PROJECTION_INITS,
@@ -83,7 +83,7 @@ class FLoRGConfig:
 
 # FLoRG on a model: FLoRGLinear layers whose A trains and travels, the settings and the head
 # recorded as ``model.florg_config`` and ``model.florg_heads``.
-FLORG = AdapterKind(FLoRGLinear, part="A", label="FLoRG", prefix="florg")
+FLORG = CustomLayers(FLoRGLinear, part="A", label="FLoRG", prefix="florg")
 
 
 def inject_florg(model: nn.Module, config: FLoRGConfig) -> dict[str, FLoRGLinear]:

@@ -62,7 +62,9 @@ class LoRAConfig:
 
 def inject_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
     """Wrap ``model`` with PEFT LoRA on the targeted Linears; returns the PeftModel."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig
+
+    from flower_app.adapters.custom_adapter import quiet_get_peft_model
 
     heads = find_head_modules(model, config.head_modules)
     targets = find_target_linears(model, config.target_modules, exclude=heads)
@@ -81,7 +83,7 @@ def inject_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
         modules_to_save=heads or None,
         init_lora_weights="pissa" if config.init == "federa-svd" else True,
     )
-    peft_model = get_peft_model(model, peft_config)
+    peft_model = quiet_get_peft_model(model, peft_config)
     layers = lora_layers(peft_model)
     with torch.no_grad():
         for name, layer in layers.items():

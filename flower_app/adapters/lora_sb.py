@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from flower_app.adapters.custom_adapter import (
-    AdapterKind,
     AdapterLinear,
+    CustomLayers,
     adapter_dtype,
     save_peft_lora,
 )
@@ -106,7 +106,7 @@ class LoRASBLinear(AdapterLinear):
 
 # LoRA-SB on a model: LoRASBLinear layers whose R trains and travels, the settings and the
 # head recorded as ``model.lora_sb_config`` and ``model.lora_sb_heads``.
-LORA_SB = AdapterKind(LoRASBLinear, part="R", label="LoRA-SB", prefix="lora_sb")
+LORA_SB = CustomLayers(LoRASBLinear, part="R", label="LoRA-SB", prefix="lora_sb")
 
 
 def inject_lora_sb(model: nn.Module, config: LoRASBConfig) -> dict[str, LoRASBLinear]:
