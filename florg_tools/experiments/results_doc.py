@@ -799,6 +799,29 @@ def long_budget(ev: Evidence) -> str:
     )
 
 
+def federa_fedit(ev: Evidence) -> str:
+    """docs/results.md's advice names FeDeRA and FedIT together: their paired difference,
+    FeDeRA − FedIT, on protocol v2's final-round test scores per task and on the long
+    budget's at round 160 (the chosen runs of florg_tools/experiments/long_budget.py)."""
+    from florg_tools.experiments import long_budget as lb
+
+    rows = []
+    for task, name in TASKS.items():
+        entries = ev.entries(V2, task)
+        found = paired(entries["federa"], entries["fedit"])
+        rows.append([f"protocol v2, {name}", str(found.seeds), found.text(),
+                     f"{found.ahead} / {found.behind}"])  # fmt: skip
+    runs = lb.chosen_runs(ev.root / LONG)
+    federa, fedit = (lb.scores_at(runs[m], 160) for m in ("federa", "fedit"))
+    common = sorted(set(federa) & set(fedit))
+    found = paired_difference([federa[s] for s in common], [fedit[s] for s in common])
+    rows.append(["long budget, SNLI, round 160", str(len(common)),
+                 f"{interval(found.difference, sign=True)} {verdict(found.difference)}",
+                 f"{found.wins} / {found.losses}"])  # fmt: skip
+    head = ["evidence", "seeds", "FeDeRA − FedIT (test score)", "seeds FeDeRA ahead / behind"]
+    return "\n".join(_table(head, rows))
+
+
 def long_budget_figure(ev: Evidence, path: Path) -> None:
     from florg_tools.experiments import long_budget as lb
 
@@ -900,6 +923,8 @@ BLOCKS = (
       for regime in ("cross-silo", "cross-device")),
     Block(RESULTS, "LONG-BUDGET", (LONG + "/tuning.json", RUNS_OF + LONG + "/runs", V2),
           long_budget),
+    Block(RESULTS, "FEDERA-FEDIT", (V2, LONG + "/tuning.json", METRICS_OF + LONG + "/runs"),
+          federa_fedit),
     Block(RESULTS, "COMM-TO-TARGET-LONG-SNLI",
           (LONG + "/tuning.json", METRICS_OF + LONG + "/runs"), comm_to_target_long),
     Block(RESULTS, "HETERO-TABLE", (HETERO, RUNS_OF + "evidence/hetero/runs"), hetero_table),
