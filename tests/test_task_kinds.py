@@ -172,7 +172,7 @@ def test_unknown_kinds_and_specs_a_kind_refuses_are_config_errors(tmp_path):
     assert task_spec(resolve_config({}, local)).kind == "classification"
     with pytest.raises(ConfigError, match="task-kind: unknown task kind 'ranking'"):
         task_spec(resolve_config({}, {**local, "task-kind": "ranking"}))
-    with pytest.raises(ConfigError, match=r"task: .*extractive QA needs text_fields"):
+    with pytest.raises(ConfigError, match=r"task: .*extractive QA needs text-fields"):
         task_spec(resolve_config({}, {**local, "task-kind": "extractive-qa"}))
 
 

@@ -55,7 +55,7 @@ class TaskSpec:
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.text_fields) <= 2:
-            raise ValueError(f"{self.name}: text_fields must name one or two columns")
+            raise ValueError(f"{self.name}: text-fields must name one or two columns")
         if self.test_from not in (None, "train", "eval"):
             raise ValueError(f"{self.name}: test_from must be 'train' or 'eval'")
         if self.test_split is not None and self.test_from is not None:
@@ -200,7 +200,9 @@ def _local_spec(
         raise ValueError(f"{path}: unsupported file type; use one of {', '.join(FILE_FORMATS)}")
     fields = text_fields or (base.text_fields if base else None)
     if not fields:
-        raise ValueError(f"{path}: pass text_fields=(column,) or (column_a, column_b)")
+        raise ValueError(
+            f"{path}: set text-fields to its text column, or two: text-fields=column_a,column_b"
+        )
     location: dict[str, object] = (
         {"local_dir": str(path)} if path.is_dir() else {"data_file": str(path)}
     )

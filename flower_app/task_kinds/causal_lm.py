@@ -117,7 +117,7 @@ class CausalLM(TaskKind):
 
     def check_spec(self, spec: TaskSpec) -> None:
         if source_format(spec) == SQUAD and len(spec.text_fields) != 2:
-            raise ValueError(f"{spec.name}: SQuAD-style data needs text_fields=(question, context)")
+            raise ValueError(f"{spec.name}: SQuAD-style data needs text-fields=question,context")
 
     def load_splits(
         self, spec: TaskSpec, *, max_train: int | None, max_eval: int | None, seed: int

@@ -108,7 +108,7 @@ class ExtractiveQA(TaskKind):
 
     def check_spec(self, spec: TaskSpec) -> None:
         if len(spec.text_fields) != 2:
-            raise ValueError(f"{spec.name}: extractive QA needs text_fields=(question, context)")
+            raise ValueError(f"{spec.name}: extractive QA needs text-fields=question,context")
 
     def load_splits(
         self, spec: TaskSpec, *, max_train: int | None, max_eval: int | None, seed: int
