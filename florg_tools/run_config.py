@@ -145,17 +145,17 @@ def resume_run_config(run_dir: Path, overrides: Mapping[str, Any] | None = None)
     """The run config that continues the run in ``run_dir``: the settings of its
     ``config.json`` (those that differ from the defaults), ``resume`` = the folder's absolute
     path, then ``overrides``."""
-    from flower_app.config import DEFAULTS
+    from flower_app.config import defaults
 
     path = Path(run_dir).expanduser().resolve() / "config.json"
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise ConfigValidationError(f"--resume: cannot read {path}: {err}") from err
-    if not isinstance(saved, dict) or set(saved) - set(DEFAULTS):
+    if not isinstance(saved, dict) or set(saved) - set(defaults()):
         raise ConfigValidationError(f"--resume: {path} is not a run's config.json")
     saved["preset"] = ""  # every value is resolved already
-    config = {k: v for k, v in saved.items() if v != DEFAULTS[k]}
+    config = {k: v for k, v in saved.items() if v != defaults()[k]}
     config["resume"] = str(path.parent)
     config.update(overrides or {})
     return config
@@ -172,7 +172,7 @@ def rerun_run_config(run_dir: Path, overrides: Mapping[str, Any] | None = None) 
     ``run-name`` with ``-rerun`` appended (a timestamped one where it had none), then
     ``overrides``. A key today's app does not know is refused, naming it; a key the old
     config lacks takes today's default."""
-    from flower_app.config import DEFAULTS
+    from flower_app.config import defaults
 
     path = Path(run_dir).expanduser().resolve() / "config.json"
     try:
@@ -181,14 +181,14 @@ def rerun_run_config(run_dir: Path, overrides: Mapping[str, Any] | None = None) 
         raise ConfigValidationError(f"--rerun: cannot read {path}: {err}") from err
     if not isinstance(saved, dict):
         raise ConfigValidationError(f"--rerun: {path} is not a run's config.json")
-    unknown = sorted(set(saved) - set(DEFAULTS))
+    unknown = sorted(set(saved) - set(defaults()))
     if unknown:
         raise ConfigValidationError(
             f"--rerun: {path} has settings this app does not know: {', '.join(unknown)} "
             "(a run of another version; rerun it at its app-commit)"
         )
     saved["preset"] = ""  # every value is resolved already
-    config = {k: v for k, v in saved.items() if k not in NOT_RERUN and v != DEFAULTS[k]}
+    config = {k: v for k, v in saved.items() if k not in NOT_RERUN and v != defaults()[k]}
     if config.get("run-name"):
         config["run-name"] = f"{config['run-name']}-rerun"
     config.update(overrides or {})
@@ -284,10 +284,10 @@ def parse_sets(items: Iterable[str]) -> dict[str, RunConfigValue]:
 def is_this_app(app_dir: Path) -> bool:
     """Whether ``app_dir`` declares this project's run settings (then they are resolved
     and validated with flower_app.config before launching)."""
-    from flower_app.config import DEFAULTS
+    from flower_app.config import defaults
 
     try:
-        return set(app_run_config(app_dir)) == set(DEFAULTS)
+        return set(app_run_config(app_dir)) == set(defaults())
     except (OSError, ValueError, KeyError):
         return False
 

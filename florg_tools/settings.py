@@ -26,7 +26,7 @@ from pathlib import Path
 import tomli_w
 
 import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
-from flower_app.config import SCHEMA
+from flower_app.config import schema
 
 __all__ = [
     "DOC",
@@ -48,17 +48,41 @@ def _literal(key: str, value: object) -> str:
     return tomli_w.dumps({key: value}).strip()
 
 
+def key_sections() -> tuple[tuple[str, list[str]], ...]:
+    """The keys in the order both generated files list them, by section: the core's run
+    settings (schema order), the methods' own, then the testing-only keys."""
+    from flower_app.config import method_setting_owners
+
+    owners = method_setting_owners()
+    return (
+        ("core", [k for k in schema() if k not in owners and not is_testing_only(k)]),
+        ("methods", list(owners)),
+        ("testing", [k for k in schema() if is_testing_only(k)]),
+    )
+
+
+TABLE_SECTION_NOTES = {
+    "methods": "# Methods' own settings (strategies/<method>/settings.py)",
+    "testing": "# Testing only: fault injection (docs/faults.md); never set in a real run",
+}
+
+
 def generated_table() -> str:
     """The table's text: header, a note, then ``key = value  # help [groups]`` per key."""
     lines = [
         HEADER,
-        "# Generated from flower_app/config.py (RunConfig) by `python -m florg_tools.settings",
-        "# --write`; edit the schema there, not here. [groups]: the cached artefacts a key",
-        "# changes (flower_app/disk_cache.py keys on them). Override with --run-config.",
+        "# Generated from the run settings (flower_app/settings/ and each method's",
+        "# strategies/<method>/settings.py) by `python -m florg_tools.settings --write`; edit",
+        "# them there, not here. [groups]: the cached artefacts a key changes",
+        "# (flower_app/disk_cache.py keys on them). Override with --run-config.",
     ]
-    for key, spec in SCHEMA.items():
-        groups = f" [{', '.join(sorted(spec.affects))}]" if spec.affects else ""
-        lines.append(f"{_literal(key, spec.default)}  # {spec.help}{groups}")
+    for section, keys in key_sections():
+        if section in TABLE_SECTION_NOTES:
+            lines.append(TABLE_SECTION_NOTES[section])
+        for key in keys:
+            spec = schema()[key]
+            groups = f" [{', '.join(sorted(spec.affects))}]" if spec.affects else ""
+            lines.append(f"{_literal(key, spec.default)}  # {spec.help}{groups}")
     return "\n".join(lines) + "\n"
 
 
@@ -69,9 +93,11 @@ DOC_PREAMBLE = """\
 `python -m florg_tools.settings --write`; edit the schema (or this preamble,
 florg_tools/settings.py) there, not here. -->
 
-Every run setting is one field of `RunConfig` (`flower_app/config.py`), declared in the group
-of its concern in `flower_app/settings/`: its default, the check of its values, its help and
-the cached artefacts it affects. This page and the
+Every run setting is declared once: the core's as fields of `RunConfig`
+(`flower_app/config.py`), each in the group of its concern in `flower_app/settings/`; a
+method's own in its folder, `strategies/<method>/settings.py` (the section "Methods' own
+settings" below). A declaration holds the setting's default, the check of its values, its
+help and the cached artefacts it affects. This page and the
 `[tool.flwr.app.config]` table of `pyproject.toml` are generated from it by
 `python -m florg_tools.settings --write`; `python -m florg_tools.settings --check` (and
 `tests/test_settings_doc.py`, `tests/test_config.py`) fail when either is out of date.
@@ -102,30 +128,36 @@ def _cell(text: str) -> str:
 
 def is_testing_only(key: str) -> bool:
     """A key for the tests only (fault injection): its help starts with 'testing:'."""
-    return SCHEMA[key].help.startswith("testing:")
+    return schema()[key].help.startswith("testing:")
 
 
 def generated_doc() -> str:
     """docs/settings.md: the preamble, then ``| key | default | help | affects |`` rows: the
-    run settings in schema order (grouped by concern in flower_app/config.py), then the
-    testing-only keys in a section of their own, then the values of ``method``
-    (``method_table``)."""
+    core's run settings in schema order (grouped by concern in flower_app/settings/), the
+    methods' own (each row naming the methods that read it), the testing-only keys, then
+    the values of ``method`` (``method_table``)."""
+    from flower_app.config import method_setting_owners
+
     lines = [DOC_PREAMBLE.rstrip("\n")]
-    sections = (
-        ("## Run settings (schema order)", [k for k in SCHEMA if not is_testing_only(k)]),
-        (
-            "## Testing only\n\nFault injection for the tests and the poisoning benchmark "
-            "([faults.md](faults.md)); never set in a real run.",
-            [k for k in SCHEMA if is_testing_only(k)],
-        ),
-    )
-    for title, keys in sections:
+    owners = method_setting_owners()
+    titles = {
+        "core": "## Run settings (schema order)",
+        "methods": "## Methods' own settings\n\nDeclared in each method's folder "
+        "(`strategies/<method>/settings.py`); any run may set them, and only the methods "
+        "named before the help read them.",
+        "testing": "## Testing only\n\nFault injection for the tests and the poisoning "
+        "benchmark ([faults.md](faults.md)); never set in a real run.",
+    }
+    for section, keys in key_sections():
+        title = titles[section]
         lines += ["", title, "", "| key | default | help | affects |", "|---|---|---|---|"]
         for key in keys:
-            spec = SCHEMA[key]
+            spec = schema()[key]
             default = tomli_w.dumps({"v": spec.default}).strip().removeprefix("v = ")
             affects = ", ".join(sorted(spec.affects)) or "–"
-            lines.append(f"| `{key}` | `{_cell(default)}` | {_cell(spec.help)} | {affects} |")
+            readers = ", ".join(f"`{m}`" for m in owners.get(key, ()))
+            text = f"{readers}: {_cell(spec.help)}" if readers else _cell(spec.help)
+            lines.append(f"| `{key}` | `{_cell(default)}` | {text} | {affects} |")
     lines += ["", *method_table()]
     return "\n".join(lines) + "\n"
 

@@ -96,7 +96,8 @@ def project(
     methods: tuple[str, ...] | None = None,
 ) -> list[Projection]:
     """Each of ``methods`` (default: every registered one) at the run's rank, sampling,
-    rounds and FedEx residual transport. A method the shapes do not admit is left out."""
+    rounds and the methods' own settings (what a method sends down may depend on them). A
+    method the shapes do not admit is left out."""
     from flower_app.methods.communication import round_communication
     from flower_app.methods.registry import method_names
 
@@ -112,7 +113,7 @@ def project(
                     config.rank,
                     0,
                     max(clients, 1),
-                    residual_mode=config.fedex_residual,
+                    config=config,
                     server_round=t,
                 )  # fmt: skip
                 for t in range(max(rounds, 1) + 1)  # round 0 (a method's initialisation),

@@ -21,7 +21,7 @@ from typing import Any
 
 import datasets
 
-from flower_app.config import DATA, DEFAULTS, TOKENISATION, ConfigError, RunConfig
+from flower_app.config import DATA, TOKENISATION, ConfigError, RunConfig, defaults
 from flower_app.data.batching import make_loader, trim_collate
 from flower_app.data.partition import partition_dataset
 from flower_app.data.tasks import TASKS, TaskSpec, resolve_task
@@ -72,7 +72,7 @@ def task_spec(config: RunConfig) -> TaskSpec:
     if config.task_kind:
         overrides["kind"] = config.task_kind
     overrides["prompt_format"] = config.prompt_format
-    if config.task in TASKS and label_field == DEFAULTS["label-field"]:
+    if config.task in TASKS and label_field == defaults()["label-field"]:
         label_field = None  # a known task keeps its target column unless label-field names another
     try:
         spec = resolve_task(

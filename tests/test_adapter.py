@@ -31,7 +31,7 @@ from flower_app.adapters.lora import (
 )
 from flower_app.adapters.projections import fingerprint, make_projections, projection_key
 from flower_app.adapters.targets import adapter_layout
-from flower_app.config import DEFAULTS, ConfigError, resolve_config
+from flower_app.config import ConfigError, defaults, resolve_config
 
 # The shared tiny BERT with 3 labels and an intermediate size of 48:
 # query/value are 32x32; intermediate.dense is 48x32 and output.dense 32x48 (both ways).
@@ -42,7 +42,7 @@ TARGETS = ("query", "value", "intermediate.dense", "output.dense")
 def florg_config(**fields) -> FLoRGConfig:
     """A FLoRGConfig with the run setting's default ``a-init-std`` unless given (the
     adapter declares no default of its own)."""
-    return FLoRGConfig(**{"a_init_std": DEFAULTS["a-init-std"], **fields})
+    return FLoRGConfig(**{"a_init_std": defaults()["a-init-std"], **fields})
 
 
 def tiny_bert(seed: int = 0) -> BertForSequenceClassification:
@@ -285,7 +285,7 @@ def test_ffa_freezes_A_and_fedsa_state_excludes_B():
 
 def test_federa_svd_init_keeps_output_and_uses_principal_directions():
     x = tokens()
-    model = inject_lora(tiny_bert(), LoRAConfig(r=2, target_modules=TARGETS, init="federa-svd"))
+    model = inject_lora(tiny_bert(), LoRAConfig(r=2, target_modules=TARGETS, init="svd"))
     torch.testing.assert_close(model(x).logits, tiny_bert()(x).logits, rtol=0, atol=1e-4)
     name = "bert.encoder.layer.0.attention.self.query"
     W0 = tiny_bert().bert.encoder.layer[0].attention.self.query.weight.detach().double().numpy()

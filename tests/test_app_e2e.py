@@ -73,9 +73,7 @@ def expected_params(method: str, model_dir: Path, n: int, server_round: int = 1)
 
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
     shapes, head = adapter_layout(model, ("query", "value"), None)
-    c = round_communication(
-        method, shapes, RANK, head, num_clients=n, residual_mode="dense", server_round=server_round
-    )
+    c = round_communication(method, shapes, RANK, head, num_clients=n, server_round=server_round)
     return n * c.up_params, n * c.down_params
 
 

@@ -227,9 +227,12 @@ def test_the_core_never_imports_the_methods():
 
 
 def test_settings_and_methods_depend_one_way():
-    """flower_app/config.py reads the method registry (the values of ``method``); nothing
-    a method imports, annotations (``if TYPE_CHECKING:``) and function-local imports
-    included, reaches the settings (the config.py docstring says why this way)."""
+    """flower_app/config.py reads the method registry (the values of ``method``, the
+    methods' own settings); nothing a method imports, annotations (``if TYPE_CHECKING:``)
+    and function-local imports included, reaches the run config that composes them (the
+    config.py docstring says why this way). A method declares its settings with the
+    declaration's tools only, ``flower_app.settings`` and ``flower_app.config_checks``,
+    which import nothing of the app."""
     graph = import_graph(type_checking=True)
     assert "flower_app.methods.registry" in graph["flower_app.config"]
     methods = {"strategies.registry", "flower_app.methods.contract"} | {
@@ -237,7 +240,9 @@ def test_settings_and_methods_depend_one_way():
     }
     assert len(methods) > 5
     reached = reachable(graph, methods)
-    assert not reached & {"flower_app.config", "flower_app.config_checks", "flower_app.adapted"}
+    assert not reached & {"flower_app.config", "flower_app.adapted"}
+    for tool in ("flower_app.settings", "flower_app.config_checks"):
+        assert not {m for m in graph[tool] if m.split(".")[0] in {"flower_app", "strategies"}}
 
 
 def test_the_runtime_caches_and_the_data_do_not_import_each_other_in_a_cycle():
@@ -317,16 +322,6 @@ def test_no_runtime_module_is_longer_than_400_lines():
     assert not long, long
 
 
-# Method names that are also the names of users' settings and values, kept as they are so
-# that commands and published run configs keep working: the FedEx residual's transport and
-# FeDeRA's LoRA initialisation, Fed-SB's round-0 settings.
-SETTING_NAMES = (
-    "fedex-residual", "fedex_residual", "federa-svd", "FedEx residual transport",
-    "fed-sb-init-examples", "fed_sb_init_examples", "fed-sb-init-lr", "fed_sb_init_lr",
-    "fed-sb-init-noise-multiplier", "fed_sb_init_noise_multiplier",
-)  # fmt: skip
-
-
 def test_a_method_is_named_only_in_its_own_folder_and_the_registry():
     """Everything else reads a method's flags and hooks from its ``Method``."""
     from strategies.registry import METHOD_FOLDERS
@@ -349,8 +344,6 @@ def test_a_method_is_named_only_in_its_own_folder_and_the_registry():
                 ):
                     continue
                 text = path.read_text()
-                for name in SETTING_NAMES:
-                    text = text.replace(name, "")
                 offenders += [f"{relative}: {m.group(0)}" for m in pattern.finditer(text)]
     assert not offenders, offenders
 

@@ -12,7 +12,7 @@ from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from florg_tools.run_config import load_preset, resume_run_config
-from flower_app.config import DEFAULTS, ConfigError, resolve_config
+from flower_app.config import ConfigError, defaults, resolve_config
 from flower_app.methods.registry import get_method
 from flower_app.records import from_array_record, to_array_record
 from flower_app.server.checkpoint import (
@@ -174,4 +174,4 @@ def test_launcher_resume_settings_come_from_the_run_folder(tmp_path):
         "num-server-rounds": 9,
     }
     assert resolve_config(settings).resume == str(run_dir.resolve())
-    assert set(settings) <= set(DEFAULTS)
+    assert set(settings) <= set(defaults())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +18,7 @@ from flower_app.adapters.lora_sb import (
     lora_sb_layers,
 )
 from flower_app.adapters.targets import adapter_layout
+from flower_app.config import resolve_config
 from flower_app.methods.communication import round_communication
 from flower_app.methods.registry import method_names
 from strategies.fedex_lora.rule import aggregate_fedex_lora
@@ -116,11 +119,17 @@ def test_fedex_residual_counted_dense_and_factored(layout):
         dense_total += aggregate_fedex_lora(Bs, As, None, "dense")[2].num_params
         fact_total += aggregate_fedex_lora(Bs, As, None, "factored")[2].num_params
     base = round_communication("fedit", shapes, r, head).down_params
-    dense = round_communication("fedex-lora", shapes, r, head, n, "dense")
-    fact = round_communication("fedex-lora", shapes, r, head, n, "factored")
+    dense = round_communication("fedex-lora", shapes, r, head, n, factored(False))
+    fact = round_communication("fedex-lora", shapes, r, head, n, factored(True))
+    assert round_communication("fedex-lora", shapes, r, head, n) == dense  # the default
     assert dense.down_params == base + dense_total
     assert fact.down_params == base + fact_total
     assert dense.up_params == fact.up_params == base
+
+
+def factored(yes: bool):
+    """The run's settings with FedEx-LoRA's residual transport (``fedex-residual``)."""
+    return resolve_config({"fedex-residual": "factored" if yes else "dense"})
 
 
 def test_florg_sends_less_than_half_of_fedit_on_square_layers():
@@ -133,7 +142,8 @@ def test_florg_sends_less_than_half_of_fedit_on_square_layers():
 def test_bad_input():
     with pytest.raises(ValueError, match="unknown method"):
         round_communication("fedavg", {"a": (2, 2)}, 1, 0)
-    with pytest.raises(ValueError, match="residual_mode"):
-        round_communication("fedex-lora", {"a": (2, 2)}, 1, 0, residual_mode="sparse")
+    with pytest.raises(ValueError, match="fedex-residual"):  # a config that skipped its check
+        unchecked = SimpleNamespace(fedex_residual="x")
+        round_communication("fedex-lora", {"a": (2, 2)}, 1, 0, config=unchecked)
     with pytest.raises(ValueError, match="r >= 1"):
         round_communication("florg", {"a": (2, 2)}, 0, 0)

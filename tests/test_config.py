@@ -5,6 +5,7 @@ name the key."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import tomllib
 from pathlib import Path
 
@@ -17,14 +18,18 @@ from florg_tools.run_config import collect_run_config, load_preset, write_run_co
 from flower_app.config import (
     CONF_DIR,
     DATA,
-    DEFAULTS,
     MODEL,
-    SCHEMA,
     TOKENISATION,
     ConfigError,
     RunConfig,
+    composed_run_config,
+    defaults,
     keys_affecting,
+    method_setting_owners,
+    method_settings_classes,
     resolve_config,
+    run_config_class,
+    schema,
     settings_for,
     to_attr,
 )
@@ -37,8 +42,10 @@ PRESETS = sorted(p.stem for p in CONF_DIR.glob("*.toml"))
 
 def test_pyproject_config_equals_schema_defaults():
     app_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
-    assert app_config["config"] == DEFAULTS
-    assert list(app_config["config"]) == list(SCHEMA)
+    assert app_config["config"] == defaults()
+    # the core's keys, the methods' own, the testing-only ones: every key once
+    ordered = [key for _, keys in settings_tool.key_sections() for key in keys]
+    assert list(app_config["config"]) == ordered and sorted(ordered) == sorted(schema())
     assert app_config["components"]["serverapp"] == "server_app.server_app:app"
     assert app_config["components"]["clientapp"] == "client_app.client_app:app"
 
@@ -62,14 +69,43 @@ def test_settings_check_fails_and_write_repairs_a_stale_table(tmp_path, capsys):
 
 
 def test_the_schema_is_derived_from_the_runconfig_fields():
-    fields = dataclasses.fields(RunConfig)
-    assert [to_attr(key) for key in SCHEMA] == [f.name for f in fields]
-    assert RunConfig() == resolve_config({})  # the field defaults are the defaults
-    assert SCHEMA["rank"].kind is int and SCHEMA["alpha"].kind is float
-    assert SCHEMA["train-head"].kind is bool and SCHEMA["method"].kind is str
-    assert "florg" in SCHEMA["method"].check.options
+    fields = dataclasses.fields(run_config_class())
+    assert [to_attr(key) for key in schema()] == [f.name for f in fields]
+    assert run_config_class()() == resolve_config({})  # the field defaults are the defaults
+    core = [f.name for f in dataclasses.fields(RunConfig)]
+    assert [f.name for f in fields][: len(core)] == core  # the core's keys first
+    assert schema()["rank"].kind is int and schema()["alpha"].kind is float
+    assert schema()["train-head"].kind is bool and schema()["method"].kind is str
+    assert "florg" in schema()["method"].check.options
     with pytest.raises(ValueError, match="unknown setting group"):
         setting(1, "x", affects=("optimizer",))
+
+
+def test_a_methods_own_settings_are_declared_in_its_folder_and_join_the_run_config():
+    """Every method-declared key comes from a settings class in its method's folder, is
+    set and read like a core key, and pickles (the apps hand configs to worker
+    processes); a key declared twice is refused."""
+    owners = method_setting_owners()
+    assert {"fedex-residual", "lora-init", "fed-sb-init-examples", "rank-mismatch"} <= set(owners)
+    for declared in method_settings_classes():
+        assert declared.__module__.startswith("strategies.") and declared.__module__.endswith(
+            ".settings"
+        ), declared
+    assert owners["fed-sb-init-examples"] == ("fed-sb",)
+    assert set(owners["rank-mismatch"]) >= {"florg", "florg-no-procrustes", "florg-signed"}
+    config = resolve_config({"fed-sb-init-examples": 32, "fedex-residual": "factored"})
+    assert config.fed_sb_init_examples == 32 and config.fedex_residual == "factored"
+    assert config.as_dict()["fed-sb-init-examples"] == 32
+    assert pickle.loads(pickle.dumps(config)) == config
+    with pytest.raises(ConfigError, match="fedex-residual"):
+        resolve_config({"fedex-residual": "sparse"})
+
+    @dataclasses.dataclass(frozen=True)
+    class Clashing:
+        rank: int = setting(4, "a second rank", affects=())
+
+    with pytest.raises(TypeError, match="'rank' .* declared by the core already"):
+        composed_run_config((Clashing,))
 
 
 def test_cache_groups_cover_what_the_hand_written_lists_did():
@@ -88,7 +124,7 @@ def test_cache_groups_cover_what_the_hand_written_lists_did():
     }  # fmt: skip
     config = resolve_config({}, {"rank": 8, "learning-rate": 0.1})
     assert settings_for(config, MODEL)["rank"] == 8
-    assert "learning-rate" not in settings_for(config, *SCHEMA["rank"].affects)
+    assert "learning-rate" not in settings_for(config, *schema()["rank"].affects)
     with pytest.raises(ValueError, match="unknown setting group"):
         keys_affecting("optimizer")
 

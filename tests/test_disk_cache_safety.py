@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from flower_app import cache_keys, disk_cache, task_data
-from flower_app.config import DATA, MODEL, SCHEMA, TOKENISATION, resolve_config, to_attr
+from flower_app.config import DATA, MODEL, TOKENISATION, resolve_config, schema, to_attr
 from flower_app.methods.registry import method_sources
 from flower_app.runtime import cached_adapted_model
 from flower_app.task_data import load_task_data, tokenized_split
@@ -112,7 +112,7 @@ def test_a_planted_pickle_is_never_executed(tiny, tmp_path, monkeypatch):
 
 def _other_value(key: str, value: object) -> object:
     """A different value of the setting's type (the key is computed, never validated)."""
-    spec = SCHEMA[key]
+    spec = schema()[key]
     options = getattr(spec.check, "options", None)
     if options:
         return next(o for o in options if o != value)
@@ -143,7 +143,7 @@ def _captured_keys(monkeypatch, tiny, tmp_path):
     return keys_of
 
 
-@pytest.mark.parametrize("key", list(SCHEMA))
+@pytest.mark.parametrize("key", list(schema()))
 def test_a_cache_key_changes_exactly_with_the_settings_of_its_groups(
     tiny, tmp_path, monkeypatch, key
 ):
@@ -153,7 +153,7 @@ def test_a_cache_key_changes_exactly_with_the_settings_of_its_groups(
         config, **{to_attr(key): _other_value(key, config.as_dict()[key])}
     )
     (model, data), (model2, data2) = keys_of(config), keys_of(changed)
-    affects = SCHEMA[key].affects
+    affects = schema()[key].affects
     assert (model != model2) == (MODEL in affects), affects
     assert (data != data2) == bool(affects & {DATA, TOKENISATION}), affects
 

@@ -179,16 +179,17 @@ print(on.fingerprint, off.fingerprint, build_strategy(signed, state, fingerprint
 """
 
 
-def test_a_new_strategy_option_is_one_setting_plus_its_use_in_the_method_module(tmp_path):
-    """In a copy of the app, a FLoRG option added as one RunConfig field and one line of
-    strategies/florg/method.py reaches FLoRG's strategy (and florg-signed's, which builds
-    its strategy as FLoRG does), from the run settings, with no other file touched."""
+def test_a_new_strategy_option_is_one_setting_plus_its_use_in_the_method_folder(tmp_path):
+    """In a copy of the app, a FLoRG option added as one field of FLoRG's settings
+    (strategies/florg/settings.py) and one line of strategies/florg/method.py reaches
+    FLoRG's strategy (and florg-signed's, which builds its strategy as FLoRG does), from the
+    run settings, with no file outside FLoRG's folder touched."""
     app = tmp_path / "app"
     for part in ("flower_app", "strategies"):
         shutil.copytree(ROOT / part, app / part, ignore=shutil.ignore_patterns("__pycache__"))
-    config_py = app / "flower_app" / "settings" / "model_and_data.py"
+    config_py = app / "strategies" / "florg" / "settings.py"
     text = config_py.read_text()
-    anchor = "    lora_init: str = setting(\n"
+    anchor = "    server_device: str = setting(\n"
     assert text.count(anchor) == 1
     config_py.write_text(text.replace(anchor, NEW_SETTING + anchor))
     florg_py = app / "strategies" / "florg" / "method.py"
@@ -200,7 +201,7 @@ def test_a_new_strategy_option_is_one_setting_plus_its_use_in_the_method_module(
         for path in app.rglob("*.py")
         if path.read_text() != (ROOT / path.relative_to(app)).read_text()
     )
-    assert changed == ["flower_app/settings/model_and_data.py", "strategies/florg/method.py"]
+    assert changed == ["strategies/florg/method.py", "strategies/florg/settings.py"]
     out = subprocess.run(
         [sys.executable, "-c", CHECK_NEW_OPTION], cwd=app, capture_output=True, text=True
     )

@@ -27,7 +27,7 @@ from flower_app.adapters.florg_layer import FLoRGLinear
 from flower_app.adapters.florg_model import FLoRGConfig, florg_layers, inject_florg
 from flower_app.adapters.lora import LoRAConfig, inject_lora, lora_layers
 from flower_app.adapters.projections import make_projections
-from flower_app.config import DEFAULTS, SCHEMA, resolve_config
+from flower_app.config import defaults, resolve_config, schema
 from flower_app.config_checks import ConfigError
 from flower_app.precision import (
     MixedPrecision,
@@ -73,9 +73,9 @@ def lm_batch(seed: int = 0, batch: int = 2, length: int = 12) -> dict[str, torch
 
 
 def test_settings_defaults_and_values():
-    assert DEFAULTS["precision"] == "fp32"
-    assert DEFAULTS["gradient-checkpointing"] is False
-    assert DEFAULTS["quantization"] == "none"
+    assert defaults()["precision"] == "fp32"
+    assert defaults()["gradient-checkpointing"] is False
+    assert defaults()["quantization"] == "none"
     config = resolve_config(
         {}, {"precision": "bf16", "gradient-checkpointing": "true", "quantization": "none"}
     )
@@ -83,7 +83,7 @@ def test_settings_defaults_and_values():
     for key, bad in (("precision", "fp8"), ("quantization", "2bit")):
         with pytest.raises(ConfigError, match=f"{key}: bad value"):
             resolve_config({}, {key: bad})
-    assert "dtype of the frozen base" in SCHEMA["precision"].help
+    assert "dtype of the frozen base" in schema()["precision"].help
 
 
 def test_quantization_on_cpu_device_is_refused_at_resolution():

@@ -11,7 +11,7 @@ import pytest
 
 from florg_tools.launch import main as launch_main
 from florg_tools.run_config import ConfigValidationError, rerun_run_config
-from flower_app.config import DEFAULTS, resolve_config
+from flower_app.config import defaults, resolve_config
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = sorted((ROOT / "evidence").glob("evidence-v2-exact/runs/*/*/config.json"))[0].parent
@@ -33,7 +33,7 @@ def test_a_published_runs_config_becomes_a_new_runs_config():
 def test_a_config_of_another_version_or_no_config_is_refused(tmp_path):
     with pytest.raises(ConfigValidationError, match="--rerun: cannot read"):
         rerun_run_config(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({**DEFAULTS, "old-key": 1}))
+    (tmp_path / "config.json").write_text(json.dumps({**defaults(), "old-key": 1}))
     with pytest.raises(ConfigValidationError, match="does not know: old-key"):
         rerun_run_config(tmp_path)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from florg_tools import settings as settings_tool
-from flower_app.config import SCHEMA
+from flower_app.config import schema
 from flower_app.methods.registry import method_names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,16 +19,22 @@ def test_the_settings_page_is_the_generated_one():
 
 
 def test_the_page_has_one_row_per_key_with_default_help_and_groups():
-    settings, methods = settings_tool.generated_doc().split("## Methods")
+    settings, own, methods = settings_tool.generated_doc().split("## Methods")
     rows = [line for line in settings.splitlines() if line.startswith("| `")]
-    assert [row.split("`")[1] for row in rows] == list(SCHEMA)
+    own_rows = [line for line in own.splitlines() if line.startswith("| `")]
+    ordered = [key for _, keys in settings_tool.key_sections() for key in keys]
+    assert [row.split("`")[1] for row in rows + own_rows] == ordered
+    assert sorted(ordered) == sorted(schema())
+    # a method's own key names the methods that read it
+    fedex = next(row for row in own_rows if row.startswith("| `fedex-residual` |"))
+    assert "| `fedex-lora`: " in fedex
     # then one row per registered method, from its declaration
     method_rows = [line for line in methods.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in method_rows] == list(method_names())
     rolora = next(row for row in method_rows if row.startswith("| `rolora` |"))
     assert "up in rounds 1 / 2: B / A" in rolora and rolora.endswith("| no | mean |")
     rank = next(row for row in rows if row.startswith("| `rank` |"))
-    assert rank == f"| `rank` | `4` | {SCHEMA['rank'].help} | model |"
+    assert rank == f"| `rank` | `4` | {schema()['rank'].help} | model |"
     rounds = next(row for row in rows if row.startswith("| `num-server-rounds` |"))
     assert rounds.endswith("| – |")  # affects no cached artefact
 

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from florg_tools.flwr_cli import run_flower_app
     from florg_tools.superlink import local_simulation_superlink
-    from flower_app.config import DEFAULTS
+    from flower_app.config import defaults
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="florg-poisoning-"))
     work = work.resolve()
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             if case.startswith("clean"):
                 extra = {k: v for k, v in extra.items() if not k.startswith("fault")}
             if screen:  # named, so a kept run of another kappa is not reused
-                extra = {**extra, "screen-kappa": args.kappa or DEFAULTS["screen-kappa"]}
+                extra = {**extra, "screen-kappa": args.kappa or defaults()["screen-kappa"]}
             name = case.replace(" ", "-").replace(",", "").replace(".", "")
             name = f"{name}-screen-{screen}"
             wanted = settings(args, name, extra)
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         a = a_matrices(Path(row["run-dir"]))
         row["a-distance"] = float(np.linalg.norm(a - reference) / np.linalg.norm(reference))
     total = time.monotonic() - t_all
-    kappa = args.kappa or DEFAULTS["screen-kappa"]
+    kappa = args.kappa or defaults()["screen-kappa"]
     print()
     print(
         f"FLoRG, {args.model}, {args.task}, {NODES} clients (IID), {args.rounds} rounds, "

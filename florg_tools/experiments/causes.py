@@ -92,10 +92,10 @@ def init_share(delta: np.ndarray, delta0: np.ndarray) -> tuple[float, float, flo
 
 
 def _run_config(folder: Path) -> Any:
-    from flower_app.config import SCHEMA, resolve_config
+    from flower_app.config import resolve_config, schema
 
     values = json.loads((folder / "config.json").read_text())
-    return resolve_config({}, {k: v for k, v in values.items() if k in SCHEMA})
+    return resolve_config({}, {k: v for k, v in values.items() if k in schema()})
 
 
 Update = tuple[np.ndarray, np.ndarray, np.ndarray]  # (final ΔW, original W0, start ΔW⁰)

@@ -41,7 +41,7 @@ from florg_tools.experiments.grid import MAIN_BLOCK, Grid
 from florg_tools.experiments.runs import is_finished, run_dir
 from florg_tools.experiments.stats import mean_interval, paired_difference, verdict
 from florg_tools.experiments.tuning import tuning_markdown
-from flower_app.config import DEFAULTS
+from flower_app.config import defaults
 
 __all__ = ["REFERENCE", "MethodRuns", "collect_methods", "evidence_summary", "write_evidence"]
 
@@ -165,9 +165,9 @@ def method_label(overrides: dict[str, Any]) -> str:
     """The method, plus the FLoRG variant an ablation sets (``florg rank-mismatch=truncate``,
     ``florg subtract-init=True``); a variant setting pinned at its default (the evidence
     grids pin them) adds nothing."""
-    label = str(overrides.get("method", DEFAULTS["method"]))
+    label = str(overrides.get("method", defaults()["method"]))
     for key in VARIANT_KEYS:
-        if key in overrides and overrides[key] != DEFAULTS[key]:
+        if key in overrides and overrides[key] != defaults()[key]:
             label += f" {key}={overrides[key]}"
     return label
 

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
-from flower_app.config import CONF_DIR, DEFAULTS, ConfigError, resolve_config
+from flower_app.config import CONF_DIR, ConfigError, defaults, resolve_config
 
 __all__ = ["Grid", "GridError", "GridRun", "Tuning", "load_grid"]
 
@@ -92,7 +92,7 @@ class GridRun:
 
     def setting(self, key: str) -> Any:
         """The effective value of a run-config key for this run."""
-        return self.overrides.get(key, DEFAULTS[key])
+        return self.overrides.get(key, defaults()[key])
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def _axes(block: Any, where: str) -> dict[str, list[Any]]:
         raise GridError(f"{where}: expected a mapping of run-config key -> list of values")
     axes: dict[str, list[Any]] = {}
     for key, values in block.items():
-        if key not in DEFAULTS or key in _RUNNER_KEYS:
+        if key not in defaults() or key in _RUNNER_KEYS:
             raise GridError(f"{where}: '{key}' is not a run-config key the grid may vary")
         values = list(values) if isinstance(values, list | tuple) else [values]
         if not values:
@@ -212,7 +212,7 @@ def _tuning(raw: Any, blocks: dict[str, dict[str, list[Any]]], base: dict, path:
         raise GridError(f"{where}: missing {', '.join(missing)}")
     key, per = str(raw["key"]), tuple(str(p) for p in raw["per"])
     values = tuple(raw["values"]) if isinstance(raw["values"], list | tuple) else ()
-    if key not in DEFAULTS or key in _RUNNER_KEYS or key == "seed":
+    if key not in defaults() or key in _RUNNER_KEYS or key == "seed":
         raise GridError(f"{where}.key: '{key}' is not a run-config key that can be tuned")
     if not values:
         raise GridError(f"{where}.values: give a non-empty list")
@@ -243,7 +243,7 @@ def _tuned_blocks(
     choice; also the combinations still waiting and the run count once all are made."""
     main = blocks.pop(MAIN_BLOCK)
     per_axes = {k: main[k] for k in tuning.per}
-    seeds = main.get("seed", [DEFAULTS["seed"]])
+    seeds = main.get("seed", [defaults()["seed"]])
     tuned: dict[str, dict[str, list[Any]]] = {}
     pending, expected = [], 0
     shared = 1 if tuning.seed in seeds else 0
@@ -321,7 +321,7 @@ def load_grid(
 
     base = dict(raw.get("base") or {})
     for key in base:
-        if key not in DEFAULTS or key in _RUNNER_KEYS:
+        if key not in defaults() or key in _RUNNER_KEYS:
             raise GridError(f"{path}: base: '{key}' is not a run-config key a grid may set")
     blocks: dict[str, dict[str, list[Any]]] = {}
     if raw.get("grid") is not None:

@@ -39,7 +39,7 @@ import torch
 from safetensors.numpy import load_file
 
 import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
-from flower_app.config import SCHEMA, RunConfig, resolve_config
+from flower_app.config import RunConfig, resolve_config, schema
 from flower_app.methods.contract import Method
 from flower_app.modeling import pick_device
 from flower_app.runtime import cached_adapted_model
@@ -62,7 +62,7 @@ def _run_config(folder: Path) -> RunConfig:
         saved = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ProbeError(f"{folder}: no readable config.json ({err})") from err
-    return resolve_config({}, {k: v for k, v in saved.items() if k in SCHEMA})
+    return resolve_config({}, {k: v for k, v in saved.items() if k in schema()})
 
 
 def regenerate_hint(folder: Path) -> str:

@@ -71,8 +71,8 @@ class LoRAKind(AdapterKind):
         }  # fmt: skip
 
     def subtracts_initial_update(self, config, method) -> bool:
-        """The SVD initialisation (lora-init=federa-svd, PEFT's PiSSA) freezes W0 - s B A."""
-        return method.lora_init(config) == "federa-svd"
+        """The SVD initialisation (PEFT's PiSSA) freezes W0 - s B A."""
+        return method.lora_init(config) == "svd"
 
     def save_peft(self, model, out_dir: Path, base_model: str) -> Path:
         """PEFT's ``save_pretrained``, its config naming the base and, for a causal LM,

@@ -7,7 +7,7 @@ Initialisations:
 - ``default``: B = 0 and A ~ U(-1/sqrt(d_in), 1/sqrt(d_in)) (PEFT's kaiming-uniform
   bound) drawn from (seed, module name), so every node holds the same A without
   any broadcast; a method that freezes A (``Method.frozen``) freezes exactly this A.
-- ``federa-svd``: the SVD initialisation of Yan et al. (2024): start from the principal
+- ``svd``: the SVD initialisation (Yan et al. 2024): start from the principal
   singular triplets of W0, B = U_r sqrt(S_r / s), A = sqrt(S_r / s) V_r^T, and freeze
   the residual W0 - s B A so the model's output is unchanged at the start.  This is
   PEFT's ``init_lora_weights="pissa"``; the SVD is deterministic given W0.
@@ -34,7 +34,7 @@ from flower_app.adapters.targets import (
     find_target_linears,
 )
 
-LORA_INITS: tuple[str, ...] = ("default", "federa-svd")
+LORA_INITS: tuple[str, ...] = ("default", "svd")
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def inject_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
         lora_dropout=0.0,
         bias="none",
         modules_to_save=heads or None,
-        init_lora_weights="pissa" if config.init == "federa-svd" else True,
+        init_lora_weights="pissa" if config.init == "svd" else True,
     )
     peft_model = quiet_get_peft_model(model, peft_config)
     layers = lora_layers(peft_model)

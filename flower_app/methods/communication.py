@@ -11,9 +11,9 @@ client sends up and receives down per round the method's shared parts
     LoRA adapter, A only         r d_in           (B kept on the client)
 
 plus H each way, plus whatever else a method sends down (``Method.extra_down_params``,
-which may depend on N, the number of clients aggregated in the round, and on the
-``fedex-residual`` transport setting passed as ``residual_mode``; only in the rounds
-``Method.extra_down_in_round`` names).  Bytes are parameters times ``bytes_per_param`` (4:
+which may depend on N, the number of clients aggregated in the round, and on the method's
+own settings in the run's ``config``; only in the rounds ``Method.extra_down_in_round``
+names).  Bytes are parameters times ``bytes_per_param`` (4:
 arrays travel as float32).
 
     LoRA-SB adapter, R only      r^2              (up and down; B, A fixed, sent once)
@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from flower_app.methods.contract import RunSettings
 from flower_app.methods.registry import get_method
 
 
@@ -70,12 +71,13 @@ def round_communication(
     r: int,
     head_params: int,
     num_clients: int = 1,
-    residual_mode: str = "dense",
+    config: RunSettings | None = None,
     bytes_per_param: int = 4,
     server_round: int = 1,
 ) -> RoundCommunication:
     """Per-client communication in round ``server_round``; ``layer_shapes`` maps names to
-    (d_out, d_in)."""
+    (d_out, d_in); ``config``: the run's settings, which a method's extra down may read
+    (None: its own settings at their defaults)."""
     spec = get_method(method)
     if r < 1 or num_clients < 1 or head_params < 0:
         raise ValueError(
@@ -89,7 +91,7 @@ def round_communication(
     down = sum(spec.adapter_params(o, i, r) for o, i in layer_shapes.values())
     up = sum(spec.up_adapter_params(o, i, r, server_round) for o, i in layer_shapes.values())
     extra = sum(
-        spec.extra_down_params(o, i, r, num_clients, residual_mode)
+        spec.extra_down_params(o, i, r, num_clients, config)
         for o, i in layer_shapes.values()
         if spec.extra_down_in_round(server_round)
     )
@@ -108,8 +110,8 @@ def client_communication(
     (default r_n; r_max in the node's first round): up at r_n, down at the rank sent."""
     if not get_method(method).heterogeneous_ranks and sent_rank not in (None, rank):
         raise ValueError(f"method {method!r} sends every client one rank")
-    up = round_communication(method, layer_shapes, rank, head_params, 1, "dense", bytes_per_param)
+    up = round_communication(method, layer_shapes, rank, head_params, 1, None, bytes_per_param)
     down = round_communication(
-        method, layer_shapes, sent_rank or rank, head_params, 1, "dense", bytes_per_param
+        method, layer_shapes, sent_rank or rank, head_params, 1, None, bytes_per_param
     )
     return RoundCommunication(up.up_params, down.down_params, bytes_per_param)

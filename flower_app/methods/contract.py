@@ -33,7 +33,11 @@ batched or private paths. A method declares
   ``extra_down_in_round`` names) and a round 0 before training where it has one
   (``init_round_params``; its clients answer a query message, ``answer_query``).
 
-The settings a method needs checked beyond each value's own check (``check_settings``,
+A method's own run settings (``settings``: a frozen dataclass of
+``flower_app.settings.setting`` fields, in ``strategies/<name>/settings.py``; several
+methods may share one) join the core's in the run config (``flower_app.config``); their
+keys, defaults, help and checks are declared there and nowhere else. The settings a method
+needs checked beyond each value's own check (``check_settings``,
 run by ``flower_app.config.resolve_config``, before anything is built) raise a ValueError
 naming the key (``BaseMethod`` adds dp=central's). Method modules import nothing heavy at
 module level (torch, PEFT, Flower are imported inside the hooks), so reading the registry
@@ -44,15 +48,15 @@ the ``method`` setting may take), and no method imports flower_app.config,
 not even for annotations. A method is handed the run's ``RunConfig`` (``config``) and
 reads the settings it needs from it by name: the strategy is built from it
 (``build_strategy``; the arguments every method shares: ``BaseMethod.strategy_settings``),
-and so are the settings a method derives (``evaluates_on_clients``, ``lora_init``). A new strategy
-option of one method is a ``RunConfig`` setting plus its use in that method's module
-(docs/adding-a-strategy-option.md).
+and so are the settings a method derives (``evaluates_on_clients``, ``lora_init``). A new
+strategy option of one method is a field of its settings class plus its use in that
+method's module (docs/adding-a-strategy-option.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +84,9 @@ class Method:
     shared: tuple[str, ...]
     local: tuple[str, ...] = ()
     frozen: tuple[str, ...] = ()
+    # Its own run settings: a frozen dataclass of ``setting(...)`` fields (None: it has
+    # none); the run config reads them as attributes, ``config.<field>``.
+    settings: type | None = None
     # -- flags the common strategy and the settings' checks read ----------------------
     # Whether its clients may train at different ranks (``client-ranks``, a node's
     # ``rank``); its rule then aggregates them.
@@ -105,6 +112,10 @@ class Method:
         self.kind.check_method(self)
         if set(self.shared) & (set(self.local) | set(self.frozen)):
             raise ValueError(f"method {self.name!r}: a shared part cannot be local or frozen")
+        if self.settings is not None and not (
+            is_dataclass(self.settings) and self.settings.__dataclass_params__.frozen
+        ):
+            raise TypeError(f"method {self.name!r}: settings must be a frozen dataclass")
 
     @property
     def kind(self) -> AdapterKind:
@@ -141,7 +152,8 @@ class Method:
         return config.client_eval == "on" or (config.client_eval == "auto" and self.personal)
 
     def lora_init(self, config: RunSettings) -> str:
-        """The LoRA initialisation its clients use (``flower_app/adapters/lora.py``)."""
+        """The LoRA initialisation its clients use, one of ``LORA_INITS``
+        (``flower_app/adapters/lora.py``): 'default' or 'svd'."""
         return "default"
 
     def adapter_alpha(self, config: RunSettings) -> float:
@@ -235,9 +247,10 @@ class Method:
         return self.kind.part_params(self.trained_parts(server_round), d_out, d_in, r)
 
     def extra_down_params(
-        self, d_out: int, d_in: int, r: int, num_clients: int, residual_mode: str
+        self, d_out: int, d_in: int, r: int, num_clients: int, config: RunSettings | None
     ) -> int:
-        """Whatever else one layer sends down per client and round (0 for most methods)."""
+        """Whatever else one layer sends down per client and round (0 for most methods);
+        ``config``: the run's settings (None: the method's own at their defaults)."""
         return 0
 
     def extra_down_in_round(self, server_round: int) -> bool:

@@ -169,9 +169,3 @@ class AdapterSettings:
         check=one_of("shape", "module"),
         affects=(MODEL,),
     )
-    lora_init: str = setting(
-        "default",
-        "LoRA baselines' init",
-        check=one_of("default", "federa-svd"),
-        affects=(MODEL,),
-    )

@@ -23,7 +23,7 @@ from flower_app.settings import MODEL, setting
 
 @dataclass(frozen=True)
 class FederationSettings:
-    """Settings: the federation: rounds, sampling, weighting and the methods' server options."""
+    """Settings: the federation: rounds, sampling and weighting."""
 
     num_server_rounds: int = setting(5, "federated rounds", check=positive, affects=())
     fraction_train: float = setting(
@@ -50,56 +50,6 @@ class FederationSettings:
         "client weights: 'uniform', or 'num-examples' (each client's reported example count, "
         "the dataset-size weighting some methods' authors use: docs/architecture.md)",
         check=one_of("uniform", "num-examples"),
-        affects=(),
-    )
-    server_device: str = setting(
-        "auto",
-        "FLoRG server step device",
-        check=one_of("auto", "cpu", "cuda"),
-        affects=(),
-    )
-    rank_mismatch: str = setting(
-        "procrustes",
-        "FLoRG when r' > r: Procrustes over all r' rows, or top-r eigenpairs then Procrustes",
-        check=one_of("procrustes", "truncate"),
-        affects=(),
-    )
-    fedavg_gap: str = setting(
-        "both",
-        "FLoRG's per-round diagnostic fedavg_gap_<policy> (how far the server step lands from "
-        "FedAvg on A): 'both' rank-mismatch policies (runs the step a second time), 'own' "
-        "(the run's policy only) or 'off'; no effect on the model",
-        check=one_of("both", "own", "off"),
-        affects=(),
-    )
-    fedex_residual: str = setting(
-        "dense",
-        "FedEx residual transport",
-        check=one_of("dense", "factored"),
-        affects=(MODEL,),
-    )
-    fed_sb_init_examples: int = setting(
-        64,
-        "LoRA-SB's round 0: each client's training examples whose summed gradient of every "
-        "adapted W0 sets the fixed B and A",
-        check=positive,
-        affects=(),
-    )
-    fed_sb_init_lr: float = setting(
-        0.0,
-        "LoRA-SB's round 0: lr of the sign step -lr sign(G) that B R A starts as the rank-r "
-        "truncation of (0 = learning-rate)",
-        check=non_negative,
-        affects=(),
-    )
-    fed_sb_init_noise_multiplier: float = setting(
-        1.0,
-        "LoRA-SB's round 0 under dp=example: noise multiplier z0 of each client's gradient "
-        "estimate (per-example gradients clipped to dp-sgd-clipping-norm C, each example in "
-        "with probability fed-sb-init-examples / n, noise std z0 C on the sum), one release "
-        "composed into the client's epsilon before training; 1.0 as dp-sgd-noise-multiplier: "
-        "larger costs less epsilon and gives a noisier, more random B and A",
-        check=positive_finite,
         affects=(),
     )
 

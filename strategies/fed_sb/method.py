@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from flower_app.methods.contract import adapter_layers, stacked
 from strategies.fed_sb.keys import BASIS, BASIS_CONTEXT, BASIS_HELD
+from strategies.fed_sb.settings import FedSBSettings
 from strategies.shared.base_method import BaseMethod
 
 
@@ -101,7 +102,7 @@ class FedSB(BaseMethod):
             set_lora_sb_basis(adapted.model, basis)
 
     # -- communication ----------------------------------------------------------------------
-    def extra_down_params(self, d_out, d_in, r, num_clients, residual_mode):
+    def extra_down_params(self, d_out, d_in, r, num_clients, config):
         """B and A, r (d_out + d_in), once per node: with its first training message."""
         return r * (d_out + d_in)
 
@@ -119,6 +120,7 @@ FED_SB = FedSB(
     summary="LoRA-SB: fixed B, A from round 0's gradients; train and average the r x r R",
     adapter="lora-sb",
     shared=("R",),
+    settings=FedSBSettings,
     dp_mechanism="mean",  # clip reply - sent over R and the head; noised mean; round 0 too
     dp_initial_releases=1,  # round 0's noised gradient estimate (strategy.py)
 )

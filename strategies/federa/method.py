@@ -7,12 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 from flower_app.methods.contract import adapter_layers, stacked
+from strategies.federa.settings import FeDeRASettings
 from strategies.shared.base_method import BaseMethod
 
 
 class FeDeRA(BaseMethod):
     def lora_init(self, config):
-        return config.lora_init
+        """``lora-init=federa-svd``: the adapter's SVD initialisation; 'default': PEFT's."""
+        return "svd" if config.lora_init == "federa-svd" else "default"
 
     def aggregate(self, sent, payloads, weights):
         from strategies.federa.rule import aggregate_federa
@@ -37,6 +39,7 @@ FEDERA = FeDeRA(
     summary="average the products B A, re-factor by truncated SVD",
     adapter="lora",
     shared=("A", "B"),
+    settings=FeDeRASettings,
     # clip the product updates B A - B_sent A_sent with the head; noised mean product
     dp_mechanism="product-mean",
 )

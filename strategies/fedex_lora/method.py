@@ -8,6 +8,7 @@ as exact factors of rank ≤ (N + 1) r (``fedex-residual=factored``, ours).
 
 from __future__ import annotations
 
+from strategies.fedex_lora.settings import FedExLoRASettings
 from strategies.shared.folds import FoldsIntoW0
 
 # Why dp=central is refused rather than noised. The round's result is (avg B, avg A,
@@ -38,16 +39,15 @@ class FedExLoRA(FoldsIntoW0):
             **self.strategy_settings(config, run_dir=run_dir),
         )
 
-    def extra_down_params(self, d_out, d_in, r, num_clients, residual_mode):
-        """The residual sent down: d_out d_in (dense, the paper's version) or
-        (N + 1) r (d_out + d_in) (its exact factors)."""
+    def extra_down_params(self, d_out, d_in, r, num_clients, config):
+        """The residual sent down (``fedex-residual``): d_out d_in (dense, the paper's
+        version) or (N + 1) r (d_out + d_in) (its exact factors)."""
         from strategies.fedex_lora.rule import RESIDUAL_MODES
 
-        if residual_mode not in RESIDUAL_MODES:
-            raise ValueError(
-                f"residual_mode {residual_mode!r} unknown; choose one of {RESIDUAL_MODES}"
-            )
-        if residual_mode == "dense":
+        mode = FedExLoRASettings.fedex_residual if config is None else config.fedex_residual
+        if mode not in RESIDUAL_MODES:
+            raise ValueError(f"fedex-residual {mode!r} unknown; choose one of {RESIDUAL_MODES}")
+        if mode == "dense":
             return d_out * d_in
         return (num_clients + 1) * r * (d_out + d_in)
 
@@ -57,6 +57,7 @@ FEDEX_LORA = FedExLoRA(
     summary="average A and B, clients fold the exact residual into W0",
     adapter="lora",
     shared=("A", "B"),
+    settings=FedExLoRASettings,
     dp_refusal=FEDEX_REFUSAL,
     writes_base_weights=True,  # the residual fold
 )

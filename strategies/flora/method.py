@@ -42,7 +42,7 @@ class FLoRA(FoldsIntoW0):
             **self.strategy_settings(config, run_dir=run_dir),
         )
 
-    def extra_down_params(self, d_out, d_in, r, num_clients, residual_mode):
+    def extra_down_params(self, d_out, d_in, r, num_clients, config):
         """The last round's stacked factors: N r (d_out + d_in), r_n summed over clients of
         different rank."""
         return num_clients * r * (d_out + d_in)

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from strategies.florg.settings import FLoRGSettings
 from strategies.shared.base_method import BaseMethod
 
 
 @dataclass(frozen=True)
 class FLoRG(BaseMethod):
     procrustes: bool = True
+    # FLoRG's server-step settings, read by every method built on this class
+    settings: type | None = FLoRGSettings
 
     def strategy_class(self) -> type:
         """The strategy ``build_strategy`` calls (a variant may return its own)."""

@@ -1,0 +1,153 @@
+"""The checks across run settings that ``resolve_config`` (flower_app/config.py) runs after
+each value's own check, in order (``CROSS_CHECKS``): each raises a ``ConfigError`` naming
+its key, before any model is built or any client trains; a method adds its own through
+``Method.check_settings``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flower_app.config_checks import ConfigError
+from flower_app.methods.registry import get_method
+
+if TYPE_CHECKING:
+    from flower_app.config import RunConfig
+
+
+def _check_targets(config: RunConfig) -> None:
+    """'' leaves the modules to the task kind; a value given must name one."""
+    if config.target_modules.strip() and not config.targets:
+        raise ConfigError("target-modules: name at least one module, or '' for the task's own")
+
+
+def _check_lr_schedule(config: RunConfig) -> None:
+    if config.lr_schedule == "cosine" and config.min_learning_rate > config.learning_rate:
+        raise ConfigError(
+            f"min-learning-rate: {config.min_learning_rate} is above learning-rate "
+            f"{config.learning_rate}; cosine decays from learning-rate to min-learning-rate"
+        )
+
+
+def _check_method_settings(config: RunConfig) -> None:
+    """The checks the method adds (``Method.check_settings``: dp=central's among them),
+    each ValueError naming its key."""
+    try:
+        get_method(config.method).check_settings(config)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _check_half_precision_writes(config: RunConfig) -> None:
+    """``precision`` bf16 / fp16 holds W0 in a half dtype, and two settings write into W0:
+    ``subtract-init`` (W0 - s L A1^T A1 R, so that the start is a zero update) and a method
+    that writes into W0 during the run (``Method.writes_base_weights``). A write into a
+    half-precision W0 rounds every entry to 8 (bf16) or 11 (fp16) significant bits, an error
+    of up to 2^-9 |W0| per entry, the size of what is written: the start would not be zero
+    and what the method adds would be lost."""
+    p = config.precision
+    if p == "fp32":
+        return
+    if config.subtract_init:
+        raise ConfigError(
+            f"subtract-init=true writes s L A1^T A1 R into W0, which precision={p!r} holds in "
+            f"{p}: the write rounds W0 by about as much as it subtracts; set subtract-init=false "
+            "or precision=fp32"
+        )
+    if get_method(config.method).writes_base_weights:
+        raise ConfigError(
+            f"method={config.method!r} writes into W0 every round, which precision={p!r} "
+            f"holds in {p}: the write rounds W0 by about as much as it adds; use "
+            "precision=fp32"
+        )
+
+
+def _check_quantization_settings(config: RunConfig) -> None:
+    """The machine-independent refusals of ``quantization`` (this machine's CUDA and
+    bitsandbytes are checked where the model is loaded, by
+    ``flower_app.precision.check_quantization_supported``): it needs a GPU, and a 4-bit /
+    8-bit W0 cannot be written to, which ``subtract-init`` and a method that writes W0 do."""
+    q = config.quantization
+    if q == "none":
+        return
+    if config.device == "cpu":
+        raise ConfigError(
+            f"quantization={q!r} needs a CUDA GPU but device='cpu'; "
+            "set quantization=none or device=auto / cuda"
+        )
+    if config.subtract_init:
+        raise ConfigError(
+            f"subtract-init=true writes s L A1^T A1 R into W0, which quantization={q!r} "
+            "stores in bitsandbytes' packed format; set subtract-init=false or quantization=none"
+        )
+    if get_method(config.method).writes_base_weights:
+        raise ConfigError(
+            f"method={config.method!r} writes into W0 every round, which "
+            f"quantization={q!r} stores in bitsandbytes' packed format; use quantization=none"
+        )
+
+
+def _check_example_dp(config: RunConfig) -> None:
+    """``dp=example`` (DP-SGD with Opacus, flower_app/dp_sgd.py): Opacus' hooks record each
+    module's input in the forward and compute per-example gradients in the backward, so a
+    checkpointed block (whose forward runs twice) would record it twice; its noise and
+    clipping run on float32 gradients, not a GradScaler's scaled ones, nor a quantised base's.
+    A limit below the target could never be reached by a client that trains every round."""
+    if config.dp != "example":
+        return
+    if config.gradient_checkpointing:
+        raise ConfigError(
+            "gradient-checkpointing: refused with dp=example (Opacus' per-example gradients "
+            "record each block's input once per forward; checkpointing runs it twice)"
+        )
+    if config.precision != "fp32" or config.quantization != "none":
+        key = "precision" if config.precision != "fp32" else "quantization"
+        raise ConfigError(
+            f"{key}: dp=example trains in float32 only (precision=fp32, quantization=none)"
+        )
+    target, limit = config.dp_sgd_target_epsilon, config.dp_max_epsilon
+    if target > 0 and limit > 0 and limit < target:
+        raise ConfigError(
+            f"dp-max-epsilon: {limit} is below dp-sgd-target-epsilon {target}; a client "
+            "calibrated to the target would refuse the run's last rounds"
+        )
+
+
+def _check_unnoised_metrics(config: RunConfig) -> None:
+    """``dp-unnoised-metrics=withhold`` keeps the clients' unnoised metrics on the nodes
+    (flower_app/client/round.py): it means something only with DP on, and client
+    evaluation, which sends each node's scores on its own data, would undo it."""
+    if config.dp_unnoised_metrics != "withhold":
+        return
+    if config.dp == "off":
+        raise ConfigError(
+            "dp-unnoised-metrics: 'withhold' keeps metrics outside a DP guarantee on the "
+            "nodes, and dp='off' gives none; set dp=central or dp=example, or "
+            "dp-unnoised-metrics=send"
+        )
+    method = get_method(config.method)
+    if method.evaluates_on_clients(config):
+        why = "client-eval=on" if config.client_eval == "on" else (
+            f"method={config.method!r} has personal parts, so client-eval=auto evaluates on "
+            "the clients"
+        )  # fmt: skip
+        raise ConfigError(
+            f"client-eval: dp-unnoised-metrics=withhold refuses client evaluation ({why}), "
+            "which sends each node's unnoised scores on its own data; set client-eval=off"
+        )
+
+
+# The one validation pipeline of ``resolve_config``: the checks across settings, in order,
+# each raising a ConfigError that names its key; a method adds its own through
+# ``Method.check_settings``. (Each value's own check runs first, in ``coerce_setting``; the
+# names a run refers to are checked once before launch, flower_app/launch_checks.py.)
+CROSS_CHECKS = (
+    _check_targets,
+    _check_quantization_settings,
+    _check_half_precision_writes,
+    _check_lr_schedule,
+    _check_example_dp,
+    _check_unnoised_metrics,
+    _check_method_settings,
+)

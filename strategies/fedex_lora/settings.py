@@ -1,0 +1,20 @@
+"""FedEx-LoRA's own run setting: how its residual travels down (``FedExLoRASettings``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flower_app.config_checks import one_of
+from flower_app.settings import MODEL, setting
+
+
+@dataclass(frozen=True)
+class FedExLoRASettings:
+    """Settings: FedEx-LoRA's residual transport (``FedExLoRA.build_strategy``)."""
+
+    fedex_residual: str = setting(
+        "dense",
+        "FedEx residual transport",
+        check=one_of("dense", "factored"),
+        affects=(MODEL,),
+    )
