@@ -4,8 +4,8 @@
                            (= python -m florg_tools.launch)
     florg deploy ...       SuperLink + SuperNodes with TLS and node auth
                            (= python -m florg_tools.deploy)
-    florg experiments ...  experiment grids: run, report, list, evidence
-                           (= python -m florg_tools.experiments)
+    florg experiments ...  experiment grids: run, report, list, evidence (the lab's,
+                           lab/: pip install -e lab; = python -m florg_lab)
     florg assets ...       fetch / check the offline models and datasets
                            (= python -m florg_tools.assets)
     florg flwr-home ...    write $FLWR_HOME/config.toml connections
@@ -26,6 +26,14 @@ from collections.abc import Sequence
 
 __all__ = ["COMMANDS", "main"]
 
+# The experiment grids, their tools and the published evidence are the lab's, a package
+# of its own beside the app (lab/README.md); the app installs without it.
+LAB_PACKAGE = "florg_lab"
+LAB_MISSING = (
+    "florg experiments: the lab (florg_lab, the experiment grids and their tools) is not "
+    "installed; from a clone of the repository: pip install -e lab"
+)
+
 # name -> (module with main(argv) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "launch": (
@@ -37,8 +45,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "start a SuperLink / SuperNodes (TLS, node auth), write connections, make certificates",
     ),
     "experiments": (
-        "florg_tools.experiments.__main__",
-        "experiment grids: run, report, list, evidence",
+        "florg_lab.__main__",
+        "experiment grids: run, report, list, evidence (the lab, lab/; pip install -e lab)",
     ),
     "assets": ("florg_tools.assets", "fetch or check the offline models and datasets"),
     "flwr-home": ("florg_tools.flwr_home", "write simulation connections into $FLWR_HOME"),
@@ -72,8 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.parse_args(args)  # exits: 0 after --help, 2 for anything else
         return 2
     module, _ = COMMANDS[args[0]]
-    result = importlib.import_module(module).main(args[1:])
-    return int(result or 0)
+    try:
+        command = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if (err.name or "").split(".")[0] != LAB_PACKAGE:  # not a missing lab: re-raise
+            raise
+        print(LAB_MISSING, file=sys.stderr)
+        return 2
+    return int(command.main(args[1:]) or 0)
 
 
 if __name__ == "__main__":

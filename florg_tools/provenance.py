@@ -1,7 +1,7 @@
 """Where a run's code came from: the git commit of the app's checkout, recorded in the run's
 ``config.json`` as ``app-commit`` (the tooling sets it when it launches a run,
 ``florg_tools.flwr_cli.run_flower_app``), so a published run names the code it ran; the grid
-runner records it per run too (``florg_tools.experiments.runner``)."""
+runner records it per run too (``florg_lab.runner``)."""
 
 from __future__ import annotations
 

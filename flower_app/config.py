@@ -74,7 +74,7 @@ from flower_app.settings.rounds import (
 )
 from flower_app.settings.run import LeaderboardSettings, OutputSettings, TestingSettings
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # presets and grids (the tooling's)
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the presets (the tooling's)
 
 
 # The groups in reverse: a dataclass lists its bases' fields from the last base on, so the

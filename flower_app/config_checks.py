@@ -64,7 +64,7 @@ def zero_or_below_one(x: float) -> bool:
 zero_or_below_one.hint = "0 (the default rule) or strictly between 0 and 1"  # type: ignore[attr-defined]
 
 
-# Grid run ids look like "method=florg,seed=0,task=snli" (florg_tools/experiments/grid.py).
+# Grid run ids look like "method=florg,seed=0,task=snli" (lab/florg_lab/grid.py).
 _FOLDER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+:@%~-]{0,254}")
 FOLDER_NAME_HINT = (
     "a plain folder name: letters, digits and . _ = , + : @ % ~ -, starting with a letter "

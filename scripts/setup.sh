@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine: a virtual environment in .venv with the CPU build of
 # PyTorch installed first (so nothing pulls the CUDA wheels), then this project (with
-# flwr[simulation,dp] 1.42, pyproject.toml; the dp extra is the privacy accountant).
+# flwr[simulation,dp] 1.42, pyproject.toml; the dp extra is the privacy accountant) and
+# the lab beside it (lab/pyproject.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3.11}"
@@ -13,4 +14,7 @@ fi
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[test,tracking]"
+# The lab (lab/README.md: the experiment grids, their tools, the published evidence), a
+# package of its own beside the app; the tests cover it too.
+python -m pip install -q -e lab
 echo "setup: done ($(python -c 'import torch, flwr; print("torch", torch.__version__, "flwr", flwr.__version__)'))"

@@ -97,7 +97,7 @@ def tiny_superlink(tiny_assets):
 SERVER_PROGRAMS = frozenset(
     {"flower-superlink", "flower-supernode", "flower-simulation", "flwr", "ray", "dockerd"}
 )
-SERVER_MODULES = ("flwr", "ray", "florg_tools.launch", "florg_tools.experiments")
+SERVER_MODULES = ("flwr", "ray", "florg_tools.launch", "florg_lab")
 # ``florg COMMAND`` (florg_tools/cli.py) subcommands that start servers or runs.
 SERVER_COMMANDS = frozenset({"launch", "experiments", "deploy"})
 

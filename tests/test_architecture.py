@@ -1,5 +1,6 @@
-"""The code's layering: the FAB carries the runtime only, and the runtime never imports
-the tooling (florg_tools: launcher, deploy, experiments, asset fetcher, flwr-home writer)."""
+"""The code's layering: the FAB carries the runtime only, the runtime never imports the
+tooling (florg_tools: launcher, deploy, asset fetcher, flwr-home writer), and neither
+imports the lab (lab/florg_lab: the experiment grids and their tools, a package of its own)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_PACKAGES = ("flower_app", "client_app", "server_app", "strategies")
 TOOLING = "florg_tools"
+LAB = "florg_lab"  # lab/florg_lab, installed apart (lab/pyproject.toml)
 
 
 def _modules(package: str) -> list[Path]:
@@ -42,6 +44,23 @@ def test_no_runtime_module_imports_the_tooling():
     assert not offenders, offenders
 
 
+def test_neither_the_runtime_nor_the_tooling_imports_the_lab():
+    """``pip install .`` gives the app and its tooling without the lab: nothing there
+    imports it (``florg experiments`` names it as a string, loaded when it runs), and the
+    root package's setuptools selection leaves it out."""
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for package in (*RUNTIME_PACKAGES, TOOLING)
+        for path in _modules(package)
+        for name in _imported_names(path)
+        if name.split(".")[0] == LAB
+    ]
+    assert not offenders, offenders
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert not [p for p in found["packages"]["find"]["include"] if p.startswith(LAB)]
+    assert (ROOT / "lab" / LAB / "__init__.py").is_file() and not (ROOT / LAB).exists()
+
+
 def test_the_tooling_never_imports_the_test_machinery():
     """The test machinery (the ``ci`` package at the repository root, the harnesses in
     ``tests``) builds on the tooling, never the other way: neither is installed with the
@@ -55,10 +74,10 @@ def test_the_tooling_never_imports_the_test_machinery():
     assert not offenders, offenders
 
 
-def test_importing_both_apps_loads_no_tooling_module():
+def test_importing_both_apps_loads_no_tooling_or_lab_module():
     code = (
         "import sys, client_app.client_app, server_app.server_app; "
-        f"print(sorted(m for m in sys.modules if m.split('.')[0] == {TOOLING!r}))"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {(TOOLING, LAB)!r}))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True

@@ -1,4 +1,4 @@
-"""The cause measurements of issue 27 (florg_tools/experiments/causes.py): the reachable
+"""The cause measurements of issue 27 (lab/florg_lab/causes.py): the reachable
 fraction of an update in FLoRG's PSD set, ΔW⁰'s share, the FedAvg gap rows, the head-lr
 contrast; and ``final_updates`` on a real checkpoint of a tiny model."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from florg_tools.experiments.causes import (
+from florg_lab.causes import (
     _folders,
     fedavg_gap_rows,
     final_updates,
@@ -121,7 +121,7 @@ def test_a_run_without_checkpoint_is_skipped_with_the_command_to_rerun(tmp_path)
     (run / "config.json").write_text(json.dumps({"method": "florg"}))
     (run / "summary.json").write_text(json.dumps({"status": "finished"}))
     (row,) = reachable_rows([run])
-    assert "no checkpoint" in row["skipped"] and "experiments run" in row["skipped"]
+    assert "no checkpoint" in row["skipped"] and "florg_lab run" in row["skipped"]
 
 
 def _finished(root, name, method, lr, seed, score):

@@ -75,6 +75,16 @@ def test_every_subcommand_prints_its_module_help(name, monkeypatch, capsys):
     assert script.stdout == direct
 
 
+def test_florg_experiments_without_the_lab_says_how_to_install_it(monkeypatch, capsys):
+    """The app installs without the lab (lab/): its command then names the install."""
+    from florg_tools import cli
+
+    monkeypatch.setitem(sys.modules, "florg_lab", None)  # import florg_lab now fails
+    monkeypatch.setitem(sys.modules, "florg_lab.__main__", None)
+    assert cli.main(["experiments", "list", "evidence-v2"]) == 2
+    assert "pip install -e lab" in capsys.readouterr().err
+
+
 def test_unknown_subcommand_and_bare_florg_are_usage_errors():
     bad = _run(FLORG, "no-such-command")
     assert bad.returncode == 2

@@ -1,4 +1,4 @@
-"""florg_tools.experiments.clipping: C for the private grid from non-private runs' rows."""
+"""florg_lab.clipping: C for the private grid from non-private runs' rows."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.experiments.clipping import clipping_norms, main, run_norms
+from florg_lab.clipping import clipping_norms, main, run_norms
 
 
 def _run(root: Path, name: str, method: str, medians: list[float | None], maxes=None) -> Path:

@@ -1,4 +1,4 @@
-"""Communication to a target score (florg_tools/experiments/comm_to_target.py), on small
+"""Communication to a target score (lab/florg_lab/comm_to_target.py), on small
 synthetic run folders whose numbers are known: the parameters counted per client, the
 first test round where the seed-mean score reaches FedIT's final score, the not-reached
 case, the per-seed counts, which runs are chosen, and the methods not published yet.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.experiments import comm_to_target as ctt
+from florg_lab import comm_to_target as ctt
 
 ROUNDS = 20
 CLIENTS = 6

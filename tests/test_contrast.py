@@ -1,4 +1,4 @@
-"""florg_tools.experiments.contrast: the same arms and seeds across values of one key."""
+"""florg_lab.contrast: the same arms and seeds across values of one key."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.experiments.contrast import collect, main, parse_arm, report
+from florg_lab.contrast import collect, main, parse_arm, report
 
 KEY = "dirichlet-alpha"
 FLORG = "method=florg,learning-rate=1e-3"

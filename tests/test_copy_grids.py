@@ -1,4 +1,4 @@
-"""scripts/fixed_worktree.sh's ``copy_grids``: the runs already published go into a fresh
+"""lab/scripts/fixed_worktree.sh's ``copy_grids``: the runs already published go into a fresh
 worktree's results, wherever the grid publishes them (``PUBLISHED/runs/GRID``, or a report
 folder's ``PUBLISHED/GRID/runs`` as the decoder check does), so a fresh machine does not
 rerun them; a run the worktree already holds is left as it is."""
@@ -16,7 +16,7 @@ def copy_grids(worktree: Path, published: Path, *grids: str) -> None:
         [
             "bash",
             "-c",
-            '. scripts/fixed_worktree.sh; copy_grids "$@"',
+            '. lab/scripts/fixed_worktree.sh; copy_grids "$@"',
             "copy-test",
             str(worktree),
             str(published),
@@ -54,5 +54,5 @@ def test_published_runs_reach_the_worktree_from_either_layout(tmp_path):
     assert (results / "decoder-check/runs/method=florg,seed=0/summary.json").read_text() == "mine"
     for grid in ("decoder-check", "evidence-v2-exact"):
         assert (worktree / "conf" / "grids" / f"{grid}.yaml").read_bytes() == (
-            ROOT / "conf" / "grids" / f"{grid}.yaml"
+            ROOT / "lab" / "grids" / f"{grid}.yaml"
         ).read_bytes()

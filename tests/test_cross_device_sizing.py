@@ -1,4 +1,4 @@
-"""florg_tools.experiments.cross_device_sizing: T, C and z for the cross-device private grid
+"""florg_lab.cross_device_sizing: T, C and z for the cross-device private grid
 from its non-private pilot's rows."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import binomtest
 
-from florg_tools.experiments.cross_device_sizing import (
+from florg_lab.cross_device_sizing import (
     ScoredRound,
     first_round_above,
     load_pilot,
@@ -18,7 +18,7 @@ from florg_tools.experiments.cross_device_sizing import (
     round_up,
     wilson_interval,
 )
-from florg_tools.experiments.grid import GRIDS_DIR, load_grid
+from florg_lab.grid import GRIDS_DIR, load_grid
 from flower_app.dp_accounting import epsilon_for, noise_multiplier_for
 
 
@@ -211,10 +211,10 @@ def test_the_committed_private_grids_are_what_their_commands_write(
     """Each committed cross-device grid is the file its header's command writes from the
     published pilot, byte for byte: regenerated, never edited."""
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the command's paths: the repo's
-    path = f"conf/grids/{grid_name}.yaml"
+    path = f"lab/grids/{grid_name}.yaml"
     committed = Path(path).read_text()
     command = committed.splitlines()[1].removeprefix("#   ").split()
-    assert command[:3] == ["python", "-m", "florg_tools.experiments.cross_device_sizing"]
+    assert command[:3] == ["python", "-m", "florg_lab.cross_device_sizing"]
     argv = command[3:]
     assert argv[argv.index("--write-grid") + 1] == path
     written = tmp_path / f"{grid_name}.yaml"

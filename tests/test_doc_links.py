@@ -16,9 +16,10 @@ FENCE = re.compile(r"```.*?```", re.S)
 
 
 def _pages() -> list[Path]:
-    """README.md, docs/**/*.md and evidence/**/*.md outside the per-run folders."""
-    found = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
-    found += [p for p in (ROOT / "evidence").rglob("*.md") if "runs" not in p.parts]
+    """README.md, docs/**/*.md, lab/README.md and lab/evidence/**/*.md outside the per-run
+    folders."""
+    found = [ROOT / "README.md", ROOT / "lab" / "README.md", *(ROOT / "docs").rglob("*.md")]
+    found += [p for p in (ROOT / "lab" / "evidence").rglob("*.md") if "runs" not in p.parts]
     return sorted(found)
 
 

@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from florg_tools.experiments.aggregate import run_machines
+from florg_lab.aggregate import run_machines
 from florg_tools.provenance import checkout_commit
 from flower_app.environment import (
     KERNEL_FLAGS,

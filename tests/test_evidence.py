@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.experiments.evidence import collect_methods, write_evidence
-from florg_tools.experiments.grid import GRIDS_DIR, TUNING_BLOCK, GridError, load_grid
-from florg_tools.experiments.runs import is_finished, run_dir
-from florg_tools.experiments.tuning import (
+from florg_lab.evidence import collect_methods, write_evidence
+from florg_lab.grid import GRIDS_DIR, TUNING_BLOCK, GridError, load_grid
+from florg_lab.runs import is_finished, run_dir
+from florg_lab.tuning import (
     choose_tuned,
     load_choices,
     selection_score,
@@ -242,7 +242,7 @@ def test_one_report_over_two_tasks_grids_names_both_settings_and_tunes_each_apar
     assert tasks["snli"]["methods"]["fedit"]["test_final"] == [0.6, 0.6, 0.6]
     assert "| FLoRG beats fedit | snli | test final, 3 seeds |" in report
     # through the CLI, repeated --with flags add up (publish_evidence_v2.sh passes three)
-    from florg_tools.experiments.__main__ import _parser
+    from florg_lab.__main__ import _parser
 
     args = _parser().parse_args(
         ["evidence", "ev", "--with", f"{snli_path}={snli_out}", "--with", "b", "c"]
@@ -333,7 +333,7 @@ def test_the_shipped_evidence_grids_label_their_runs_by_method():
     """The grids pin rank-mismatch and projection-sharing at their defaults: the labels (and
     so the reference FLoRG of the verdict table) stay the method names; an ablation's
     non-default variant is named."""
-    from florg_tools.experiments.evidence import REFERENCE, method_label
+    from florg_lab.evidence import REFERENCE, method_label
 
     for name in ("evidence", "evidence-snli"):
         grid = load_grid(GRIDS_DIR / f"{name}.yaml")
@@ -364,7 +364,7 @@ def _fake_personal_run(out: Path, run, val: list[float], test: list[float]) -> N
 
 
 def test_a_method_from_another_grid_folder_joins_the_report_with_its_reported_keys(tmp_path):
-    from florg_tools.experiments.__main__ import main
+    from florg_lab.__main__ import main
 
     main_path, fedsa_path = tmp_path / "ev.yaml", tmp_path / "ev-fedsa.yaml"
     main_path.write_text(GRID)
@@ -408,7 +408,7 @@ def test_a_method_from_another_grid_folder_joins_the_report_with_its_reported_ke
 
 
 def test_each_paired_difference_is_named_by_the_claim_it_decides():
-    from florg_tools.experiments.evidence import _claim
+    from florg_lab.evidence import _claim
 
     assert _claim("fedit") == "FLoRG beats fedit"
     assert _claim("florg-no-procrustes") == "Procrustes helps (FLoRG − no Procrustes)"
@@ -535,7 +535,7 @@ def test_a_report_label_with_a_pipe_is_refused(tmp_path):
 
 
 def test_a_generative_task_has_no_chance_level_and_its_report_says_so():
-    from florg_tools.experiments.evidence import (
+    from florg_lab.evidence import (
         MethodRuns,
         _chance,
         _learning_lines,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from florg_tools.experiments.communication import (
+from florg_lab.communication import (
     communication_table,
     format_params,
     load_metrics,

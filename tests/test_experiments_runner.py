@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.experiments.__main__ import main as grid_cli
-from florg_tools.experiments.__main__ import write_report
-from florg_tools.experiments.aggregate import (
+from florg_lab.__main__ import main as grid_cli
+from florg_lab.__main__ import write_report
+from florg_lab.aggregate import (
     RunResult,
     collect,
     communication_lines,
     markdown_report,
 )
-from florg_tools.experiments.grid import GridError, GridRun, load_grid
-from florg_tools.experiments.runner import APP_DIR, run_grid
-from florg_tools.experiments.runs import is_finished, run_dir
+from florg_lab.grid import GridError, GridRun, load_grid
+from florg_lab.runner import APP_DIR, run_grid
+from florg_lab.runs import is_finished, run_dir
 from florg_tools.provenance import checkout_commit
 from florg_tools.synthetic import make_sentiment_task
 from flower_app.environment import describe_environment, environment_label
@@ -88,7 +88,7 @@ def test_missing_grid_file_lists_the_known_grids(tmp_path):
 
 
 def test_shipped_grids_load():
-    grids = sorted((Path(__file__).resolve().parent.parent / "conf" / "grids").glob("*.yaml"))
+    grids = sorted((Path(__file__).resolve().parent.parent / "lab" / "grids").glob("*.yaml"))
     assert grids
     for path in grids:
         grid = load_grid(path)

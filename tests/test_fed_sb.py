@@ -368,7 +368,7 @@ def test_round_0_under_poisson_sampling_queries_the_poisson_sample_and_divides_b
     """client-sampling=poisson: round 0 queries the round's Poisson sample (as a training
     round would: the accountant's q holds for it), divides the noised sum by q N, and
     records one release at q: Method.dp_initial_releases, which the cross-device sizing
-    counts (florg_tools/experiments/cross_device_sizing.py)."""
+    counts (lab/florg_lab/cross_device_sizing.py)."""
     rng = np.random.default_rng(3)
     answers = {
         100 + i: (gradients(rng, scale=3.0), {"num-examples": 5, "partition-id": i})

@@ -1,4 +1,4 @@
-"""scripts/fixed_worktree.sh's ``hold_grid_lock``: one evidence runner at a time under a
+"""lab/scripts/fixed_worktree.sh's ``hold_grid_lock``: one evidence runner at a time under a
 root (two side by side on the 2 cores each ran about 3x slower); the runners a queue starts
 inherit its lock; a second runner exits 3 naming the holder's pid."""
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def bash(script: str, root: Path, **env: str) -> subprocess.Popen:
     return subprocess.Popen(
-        ["bash", "-c", f". scripts/fixed_worktree.sh; {script}", "lock-test", str(root)],
+        ["bash", "-c", f". lab/scripts/fixed_worktree.sh; {script}", "lock-test", str(root)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

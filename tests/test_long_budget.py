@@ -1,4 +1,4 @@
-"""The long-budget verdict as a curve (florg_tools/experiments/long_budget.py), on a
+"""The long-budget verdict as a curve (lab/florg_lab/long_budget.py), on a
 synthetic grid folder whose numbers are known: the chosen runs, the curve's intervals and
 paired differences, the convergence slopes, the markdown and the plot."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.experiments import long_budget
-from florg_tools.experiments.stats import mean_interval, paired_difference
+from florg_lab import long_budget
+from florg_lab.stats import mean_interval, paired_difference
 
 ROUNDS = 40
 
@@ -148,7 +148,7 @@ def test_the_readme_headline_row_sorts_the_baselines_by_their_verdict_at_the_las
     """README's HEADLINE row for the long budget (results_doc): FedIT ahead of FLoRG by about
     0.1 on every seed (does not hold), FeDeRA ahead on one seed and behind on another
     (inconclusive)."""
-    from florg_tools.experiments import results_doc
+    from florg_lab import results_doc
 
     grid = tmp_path / results_doc.LONG
     grid.mkdir(parents=True)

@@ -96,10 +96,10 @@ def test_default_root_is_the_working_directory(tmp_path, monkeypatch):
 def test_every_shipped_grid_run_id_is_an_accepted_run_name():
     from pathlib import Path
 
-    from florg_tools.experiments.grid import load_grid
+    from florg_lab.grid import load_grid
     from flower_app.config import is_folder_name
 
-    grids = sorted((Path(__file__).resolve().parent.parent / "conf" / "grids").glob("*.yaml"))
+    grids = sorted((Path(__file__).resolve().parent.parent / "lab" / "grids").glob("*.yaml"))
     for path in grids:
         for run in load_grid(path).runs:
             assert is_folder_name(run.run_id), (path.name, run.run_id)

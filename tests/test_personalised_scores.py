@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from florg_tools.experiments.tuning import selection_score
+from florg_lab.tuning import selection_score
 from flower_app.config import resolve_config
 from flower_app.server.recorder import RunRecorder
 from tests.strategy_helpers import strategy_for

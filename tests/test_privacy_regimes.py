@@ -1,4 +1,4 @@
-"""florg_tools/experiments/privacy_regimes.py and its verdict-page blocks: runs of the
+"""lab/florg_lab/privacy_regimes.py and its verdict-page blocks: runs of the
 cross-silo grid (dp=example) and the cross-device one (dp=central, Poisson sampling),
 written as the grids publish them, grouped into levels, paired by seed with ε = ∞."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.experiments import results_doc
-from florg_tools.experiments.privacy import Level
-from florg_tools.experiments.privacy_regimes import REGIMES, collect_regime, markdown
-from florg_tools.experiments.stats import paired_difference
+from florg_lab import results_doc
+from florg_lab.privacy import Level
+from florg_lab.privacy_regimes import REGIMES, collect_regime, markdown
+from florg_lab.stats import paired_difference
 
 SILO, DEVICE = REGIMES
 NAMES = {"florg": "FLoRG", "fedit": "FedIT", "fed-sb": "Fed-SB"}
@@ -44,7 +44,7 @@ def silo_run(root: Path, method: str, lr: float, seed: int, final: float, target
     grid = "privacy-cross-silo" if target == 8 else "privacy-cross-silo-eps3"
     name = f"learning-rate={lr},method={method},seed={seed},task=movie-sentiment"
     eps = target - 0.01 * seed  # each client's delta differs: the largest is shown
-    write_run(root / "evidence/privacy-regimes/runs" / grid / name, config, final, rows,
+    write_run(root / "lab/evidence/privacy-regimes/runs" / grid / name, config, final, rows,
               **{"dp-sgd-epsilon-max": eps})  # fmt: skip
 
 
@@ -62,9 +62,9 @@ def silo(tmp_path: Path) -> Path:
     evidence-v2 runs at a rate v2 did not choose (not ε = ∞)."""
     v2 = {"tasks": {"movie-sentiment": {"chance": 0.49, "methods": {
         m: {"lr": lr} for m, lr in V2_LR.items()}}}}  # fmt: skip
-    (tmp_path / "evidence/evidence-v2").mkdir(parents=True)
-    (tmp_path / "evidence/evidence-v2/summary.json").write_text(json.dumps(v2))
-    v2_runs = tmp_path / "evidence/evidence-v2/runs/evidence-v2"
+    (tmp_path / "lab/evidence/evidence-v2").mkdir(parents=True)
+    (tmp_path / "lab/evidence/evidence-v2/summary.json").write_text(json.dumps(v2))
+    v2_runs = tmp_path / "lab/evidence/evidence-v2/runs/evidence-v2"
     for method, levels in SILO_SCORES.items():
         for seed, score in enumerate(levels["inf"]):
             config = {"method": method, "task": "movie-sentiment", "seed": seed, "dp": "off",
@@ -77,7 +77,7 @@ def silo(tmp_path: Path) -> Path:
                 silo_run(tmp_path, method, CHOSEN[method], seed, score, target)
         silo_run(tmp_path, method, CHOSEN[method] * 4, 0, 0.2, 8)  # tuning, not chosen
     choices = {f"method={m},task=movie-sentiment": lr for m, lr in CHOSEN.items()}
-    tuning = tmp_path / "evidence/privacy-regimes/privacy-cross-silo-tuning.json"
+    tuning = tmp_path / "lab/evidence/privacy-regimes/privacy-cross-silo-tuning.json"
     tuning.write_text(json.dumps({"choices": choices}))
     return tmp_path
 
@@ -110,7 +110,7 @@ def test_the_cross_silo_block_pairs_each_level_with_infinity_by_seed(silo):
     # the clipped fraction 0.2 r + 0.1 seed over rounds 1-2 and seeds 0-2: median 0.4
     assert float(cells[3]) == pytest.approx(0.4) and float(cells[4]) == pytest.approx(3.0)
     assert "clipped fraction (mean client)" in text
-    assert "![test score against ε, cross-silo](../evidence/privacy-regimes/cross-silo.png)" in text
+    assert "![test score against ε, cross-silo](../lab/evidence/privacy-regimes/cross-silo.png)" in text
 
 
 def test_the_figure_is_due_and_drawn_once_a_private_run_is_published(silo, tmp_path):
@@ -124,27 +124,27 @@ def test_the_figure_is_due_and_drawn_once_a_private_run_is_published(silo, tmp_p
 
 def test_an_unpublished_regime_says_so_and_counts_the_runs(silo):
     text = markdown(DEVICE, silo, NAMES, 0.36, "x.png")
-    assert text.startswith("Not yet run: conf/grids/privacy-cross-device.yaml is written from")
+    assert text.startswith("Not yet run: lab/grids/privacy-cross-device.yaml is written from")
     assert "0 of at least 27 runs published" in text
-    grid_file = silo / "conf/grids/privacy-cross-device.yaml"
+    grid_file = silo / "lab/grids/privacy-cross-device.yaml"
     grid_file.parent.mkdir(parents=True)
     grid_file.write_text("name: privacy-cross-device\n")  # once written, it is queued
     assert markdown(DEVICE, silo, NAMES, 0.36, "x.png").startswith(
-        "Not yet run: conf/grids/privacy-cross-device.yaml is queued in "
-        "`bash scripts/evidence_queue.sh`; 0 of at least 27"
+        "Not yet run: lab/grids/privacy-cross-device.yaml is queued in "
+        "`bash lab/scripts/evidence_queue.sh`; 0 of at least 27"
     )
     empty = silo / "empty"
-    (empty / "evidence/evidence-v2").mkdir(parents=True)
-    v2_summary = (silo / "evidence/evidence-v2/summary.json").read_text()
-    (empty / "evidence/evidence-v2/summary.json").write_text(v2_summary)
+    (empty / "lab/evidence/evidence-v2").mkdir(parents=True)
+    v2_summary = (silo / "lab/evidence/evidence-v2/summary.json").read_text()
+    (empty / "lab/evidence/evidence-v2/summary.json").write_text(v2_summary)
     assert markdown(SILO, empty, NAMES, 0.49, "x.png").startswith(
-        "Not yet run: conf/grids/privacy-cross-silo.yaml is queued in "
-        "`bash scripts/evidence_queue.sh`; 0 of at least 15"
+        "Not yet run: lab/grids/privacy-cross-silo.yaml is queued in "
+        "`bash lab/scripts/evidence_queue.sh`; 0 of at least 15"
     )
 
 
 def test_cross_device_levels_name_z_and_q_and_show_the_sampled_clients(tmp_path):
-    root = tmp_path / "evidence/privacy-regimes/runs/privacy-cross-device"
+    root = tmp_path / "lab/evidence/privacy-regimes/runs/privacy-cross-device"
     for method in ("florg", "fedit"):
         for seed in (0, 1):
             base = {"method": method, "task": "snli", "seed": seed, "learning-rate": 0.002,

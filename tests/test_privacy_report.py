@@ -1,4 +1,4 @@
-"""florg_tools.experiments.privacy: test score against ε, per method, paired by seed."""
+"""florg_lab.privacy: test score against ε, per method, paired by seed."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.experiments.contrast import parse_arm
-from florg_tools.experiments.privacy import Level, collect, main, report
-from florg_tools.experiments.stats import mean_interval, paired_difference
+from florg_lab.contrast import parse_arm
+from florg_lab.privacy import Level, collect, main, report
+from florg_lab.stats import mean_interval, paired_difference
 
 FLORG = "method=florg,learning-rate=0.0005"
 FEDIT = "method=fedit,learning-rate=0.004"

@@ -1,4 +1,4 @@
-"""florg_tools/experiments/probe.py on a run folder built from the tiny BERT and task."""
+"""lab/florg_lab/probe.py on a run folder built from the tiny BERT and task."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.numpy import save_file
 
-from florg_tools.experiments.probe import (
+from florg_lab.probe import (
     ProbeError,
     _checkpoint_arrays,
     probe_row,
@@ -78,8 +78,8 @@ def test_refit_separates_separable_features():
 
 def test_a_published_run_without_checkpoint_says_how_to_regenerate_it(tmp_path):
     run_id = "learning-rate=0.001,method=florg,seed=3,task=snli"
-    evidence = tmp_path / "evidence" / "evidence" / "runs" / "evidence-snli" / run_id
-    older = tmp_path / "evidence" / "main" / "runs" / "method=florg,seed=0"
+    evidence = tmp_path / "lab" / "evidence" / "evidence" / "runs" / "evidence-snli" / run_id
+    older = tmp_path / "lab" / "evidence" / "main" / "runs" / "method=florg,seed=0"
     for folder in (evidence, older):
         folder.mkdir(parents=True)
         assert _checkpoint_arrays(folder, 0) == (0, None)  # round 0 needs no checkpoint

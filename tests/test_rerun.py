@@ -14,7 +14,9 @@ from florg_tools.run_config import ConfigValidationError, rerun_run_config
 from flower_app.config import defaults, resolve_config
 
 ROOT = Path(__file__).resolve().parent.parent
-PUBLISHED = sorted((ROOT / "evidence").glob("evidence-v2-exact/runs/*/*/config.json"))[0].parent
+PUBLISHED = sorted((ROOT / "lab" / "evidence").glob("evidence-v2-exact/runs/*/*/config.json"))[
+    0
+].parent
 
 
 def test_a_published_runs_config_becomes_a_new_runs_config():

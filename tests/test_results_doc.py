@@ -1,4 +1,4 @@
-"""florg_tools/experiments/results_doc.py: the result pages' generated blocks.
+"""lab/florg_lab/results_doc.py: the result pages' generated blocks.
 
 The committed pages must be what the command writes from the published evidence (the
 check CI runs), an edited block must fail the check by page and block name, and the
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.experiments import results_doc
-from florg_tools.experiments.results_doc import (
+from florg_lab import results_doc
+from florg_lab.results_doc import (
     BLOCKS,
     COMMAND,
     check,
@@ -83,13 +83,14 @@ def _copy_pages(target: Path) -> None:
     for page in pages():
         (target / page).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / page, target / page)
-    (target / "evidence").symlink_to(ROOT / "evidence")
-    (target / "conf").symlink_to(ROOT / "conf")
+    (target / "lab").mkdir()
+    for folder in ("evidence", "grids"):
+        (target / "lab" / folder).symlink_to(ROOT / "lab" / folder)
 
 
 def test_the_committed_pages_are_what_the_command_writes():
     """CI's check: every generated block of README.md, docs/results.md and
-    docs/results-v1.md equals what the command writes from evidence/ today."""
+    docs/results-v1.md equals what the command writes from lab/evidence/ today."""
     problems = check(ROOT, ROOT)
     assert not problems, "\n".join(problems) + f"\n(run `{COMMAND}` and commit the pages)"
 
@@ -208,7 +209,7 @@ def test_published_runs_keep_config_metrics_and_summary_only():
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
     listed = subprocess.run(
-        ["git", "ls-files", "evidence"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["git", "ls-files", "lab/evidence"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.splitlines()
     in_runs = [path for path in listed if "/runs/" in path]
     assert in_runs, "no published run found"
@@ -225,9 +226,11 @@ def test_the_exact_methods_table_pairs_them_with_v2s_florg_and_fedit(tmp_path):
     the three methods not published named with the count of published runs."""
     from tests.test_comm_to_target import write_run
 
-    (tmp_path / "evidence").mkdir()
-    (tmp_path / "evidence" / "evidence-v2").symlink_to(ROOT / "evidence" / "evidence-v2")
-    exact = tmp_path / "evidence" / "evidence-v2-exact"
+    (tmp_path / "lab" / "evidence").mkdir(parents=True)
+    (tmp_path / "lab" / "evidence" / "evidence-v2").symlink_to(
+        ROOT / "lab" / "evidence" / "evidence-v2"
+    )
+    exact = tmp_path / "lab" / "evidence" / "evidence-v2-exact"
     fed_sb = [0.625, 0.5, 0.75, 0.5, 0.75]
     entry = {"lr": 0.002, "seeds": [0, 1, 2, 3, 4], "test_final": fed_sb,
              "lr_path": [0.001, 0.002, 0.004], "test_last3": fed_sb}  # fmt: skip
@@ -243,7 +246,7 @@ def test_the_exact_methods_table_pairs_them_with_v2s_florg_and_fedit(tmp_path):
              for line in text.splitlines() if line.startswith("| ")]  # fmt: skip
     rows = {row[0]: row for row in cells}
     assert set(rows) == {"method", "FLoRG", "FedIT", "Fed-SB"}
-    v2 = json.loads((ROOT / "evidence/evidence-v2/summary.json").read_text())
+    v2 = json.loads((ROOT / "lab/evidence/evidence-v2/summary.json").read_text())
     florg = v2["tasks"]["movie-sentiment"]["methods"]["florg"]
     fedit = v2["tasks"]["movie-sentiment"]["methods"]["fedit"]
     to_florg = results_doc.paired(florg, entry).text()
@@ -258,12 +261,14 @@ def test_the_exact_methods_table_pairs_them_with_v2s_florg_and_fedit(tmp_path):
 
 
 def test_the_exact_methods_table_before_any_run_is_published(tmp_path):
-    (tmp_path / "evidence").mkdir()
-    (tmp_path / "evidence" / "evidence-v2").symlink_to(ROOT / "evidence" / "evidence-v2")
+    (tmp_path / "lab" / "evidence").mkdir(parents=True)
+    (tmp_path / "lab" / "evidence" / "evidence-v2").symlink_to(
+        ROOT / "lab" / "evidence" / "evidence-v2"
+    )
     text = results_doc.exact_table("snli")(results_doc.Evidence(tmp_path))
     assert text == (
-        "RoLoRA, FedSVD, FLoRA, Fed-SB: not published yet (`conf/grids/evidence-v2-exact-snli"
-        ".yaml`, queued in `bash scripts/evidence_queue.sh`; 0 of the grid's runs published)."
+        "RoLoRA, FedSVD, FLoRA, Fed-SB: not published yet (`lab/grids/evidence-v2-exact-snli"
+        ".yaml`, queued in `bash lab/scripts/evidence_queue.sh`; 0 of the grid's runs published)."
     )
 
 
@@ -273,9 +278,11 @@ def test_the_exact_methods_table_while_a_method_has_one_seed(tmp_path):
     rather than failing the whole page (results_doc raised on it)."""
     from tests.test_comm_to_target import write_run
 
-    (tmp_path / "evidence").mkdir()
-    (tmp_path / "evidence" / "evidence-v2").symlink_to(ROOT / "evidence" / "evidence-v2")
-    exact = tmp_path / "evidence" / "evidence-v2-exact"
+    (tmp_path / "lab" / "evidence").mkdir(parents=True)
+    (tmp_path / "lab" / "evidence" / "evidence-v2").symlink_to(
+        ROOT / "lab" / "evidence" / "evidence-v2"
+    )
+    exact = tmp_path / "lab" / "evidence" / "evidence-v2-exact"
     entry = {"lr": 0.001, "seeds": [0], "test_final": [0.7], "lr_path": [0.0005, 0.001, 0.002]}
     exact.mkdir()
     summary = {"tasks": {"movie-sentiment": {"methods": {"rolora": entry}}}}
@@ -299,9 +306,11 @@ def test_the_headline_has_a_task_of_the_exact_grid_once_every_method_has_every_s
     FLoRA within 0.02 of it on every seed), so its row sorts them by the paired verdict;
     on SNLI one method has a seed missing, so that grid still runs and its task has no
     row."""
-    (tmp_path / "evidence").mkdir()
-    (tmp_path / "evidence" / "evidence-v2").symlink_to(ROOT / "evidence" / "evidence-v2")
-    v2 = json.loads((ROOT / "evidence/evidence-v2/summary.json").read_text())["tasks"]
+    (tmp_path / "lab" / "evidence").mkdir(parents=True)
+    (tmp_path / "lab" / "evidence" / "evidence-v2").symlink_to(
+        ROOT / "lab" / "evidence" / "evidence-v2"
+    )
+    v2 = json.loads((ROOT / "lab/evidence/evidence-v2/summary.json").read_text())["tasks"]
     tasks = {}
     for task, shift in (("movie-sentiment", {"rolora": 0.2, "fed-sb": -0.2}), ("snli", {})):
         florg = v2[task]["methods"]["florg"]
@@ -314,8 +323,8 @@ def test_the_headline_has_a_task_of_the_exact_grid_once_every_method_has_every_s
     snli_fed_sb = tasks["snli"]["methods"]["fed-sb"]
     for key in ("seeds", "test_final"):
         snli_fed_sb[key] = snli_fed_sb[key][:-1]
-    (tmp_path / "evidence" / "evidence-v2-exact").mkdir()
-    (tmp_path / "evidence" / "evidence-v2-exact" / "summary.json").write_text(
+    (tmp_path / "lab" / "evidence" / "evidence-v2-exact").mkdir()
+    (tmp_path / "lab" / "evidence" / "evidence-v2-exact" / "summary.json").write_text(
         json.dumps({"tasks": tasks})
     )
     rows = results_doc._exact_headline(results_doc.Evidence(tmp_path))

@@ -1,4 +1,4 @@
-"""florg_tools.experiments.retune: choosing a tuned value on the mean over several seeds."""
+"""florg_lab.retune: choosing a tuned value on the mean over several seeds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from florg_tools.experiments.retune import choose, find_runs, main
+from florg_lab.retune import choose, find_runs, main
 
 PER = ("task", "method")
 

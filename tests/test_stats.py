@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from florg_tools.experiments.stats import mean_interval, paired_difference, verdict
+from florg_lab.stats import mean_interval, paired_difference, verdict
 
 
 def test_mean_interval_matches_the_hand_computation():

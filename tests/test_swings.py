@@ -1,11 +1,11 @@
-"""florg_tools/experiments/swings.py on hand-made run folders."""
+"""lab/florg_lab/swings.py on hand-made run folders."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from florg_tools.experiments.swings import swing_table
+from florg_lab.swings import swing_table
 
 
 def _run(root: Path, name: str, lr: float, method: str, accuracy: list[float], done=True):
@@ -32,7 +32,7 @@ def test_counts_one_class_rounds_and_the_largest_swing(tmp_path):
 
 
 def test_florg_table_sets_the_server_step_against_the_drops(tmp_path):
-    from florg_tools.experiments.swings import florg_table
+    from florg_lab.swings import florg_table
 
     folder = tmp_path / "florg"
     _run(tmp_path, "florg", 0.001, "florg", [0.5, 0.7, 0.5, 0.7, 0.5])

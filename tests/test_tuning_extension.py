@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from florg_tools.experiments.grid import GridError, load_grid
-from florg_tools.experiments.tuning import (
+from florg_lab.grid import GridError, load_grid
+from florg_lab.tuning import (
     choose_tuned,
     load_candidates,
     next_candidate,
@@ -188,7 +188,7 @@ def _run_all(path, out, validation):
 
 
 def test_the_v2_summary_records_head_lr_paths_choices_and_variants(tmp_path):
-    from florg_tools.experiments.evidence import write_evidence
+    from florg_lab.evidence import write_evidence
 
     (tmp_path / "ev2.yaml").write_text(V2)
     (tmp_path / "ev2v.yaml").write_text(VARIANTS)

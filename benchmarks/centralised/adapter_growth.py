@@ -1,6 +1,6 @@
 """How far each method's adapter moves the adapted weights as centralised training runs, per
 learning rate: the diagnosis of FLoRG's stall at large learning rates
-(evidence/evidence/NOTES.md, "Why FLoRG stalls at 2e-3 on SNLI").
+(lab/evidence/evidence/NOTES.md, "Why FLoRG stalls at 2e-3 on SNLI").
 
     python -m benchmarks.centralised.adapter_growth --task snli --learning-rates 5e-4,2e-3 \
         --methods florg,fedit --steps 300 --eval-every 30

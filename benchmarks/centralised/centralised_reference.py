@@ -3,9 +3,9 @@ validation at one seed, then five seeds at the chosen rate, held-out test scores
 95% t interval.
 
     python -m benchmarks.centralised.centralised_reference --task snli --steps 600 \
-        --eval-every 60 --json evidence/evidence/centralised-reference.json
+        --eval-every 60 --json lab/evidence/evidence/centralised-reference.json
     python -m benchmarks.centralised.centralised_reference --task movie-sentiment \
-        --steps 300 --eval-every 30 --json evidence/evidence/centralised-reference.json
+        --steps 300 --eval-every 30 --json lab/evidence/evidence/centralised-reference.json
 
 One seed and one learning rate make it a single centralised run per method, which tells
 whether a model, task, learning rate and step budget learn at all (a federated run of R
@@ -28,9 +28,9 @@ needs a test split (causal LM: ``snli-gen`` or a labelled local task, not ``squa
 Without ``--json`` nothing is written. A single run is not a reference, though: one test
 score on 1,000 examples carries a standard error of about 0.015, and its learning rate is
 fixed rather than chosen. With several seeds every method gets what a grid method gets
-(``conf/grids/evidence*.yaml``): each candidate learning rate runs at the first seed, the
+(``lab/grids/evidence*.yaml``): each candidate learning rate runs at the first seed, the
 one with the best validation score averaged over the last three evaluations wins (ties go
-to the smaller rate, as in ``florg_tools.experiments.tuning``), and the chosen rate runs
+to the smaller rate, as in ``florg_lab.tuning``), and the chosen rate runs
 every seed. A seed sets the head's and the adapter's initialisation, the training subset
 and the batch order. Test scores are never used for a choice.
 
@@ -192,7 +192,7 @@ def _bounds(interval: Any) -> list[float | None]:
 
 def summarise(entry: dict[str, Any], args: argparse.Namespace) -> None:
     """Fill the per-method choice and test interval, and the task's reference."""
-    from florg_tools.experiments.stats import mean_interval, paired_difference
+    from florg_lab.stats import mean_interval, paired_difference
 
     runs = entry["runs"]
     methods = {}

@@ -2,9 +2,9 @@
 
     python -m benchmarks.centralised.head_learning_rate --task movie-sentiment \
         --steps 300 --eval-every 30 \
-        --json evidence/evidence-v2/head-learning-rate-movie-sentiment.json
+        --json lab/evidence/evidence-v2/head-learning-rate-movie-sentiment.json
     python -m benchmarks.centralised.head_learning_rate --task snli --steps 600 \
-        --eval-every 60 --json evidence/evidence-v2/head-learning-rate-snli.json
+        --eval-every 60 --json lab/evidence/evidence-v2/head-learning-rate-snli.json
 
 In protocol v1 one learning rate drove both the adapter and the head, so a method whose
 adapter needs a small rate (FLoRG) also trained its head slowly. Protocol v2 fixes the
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         centralised_settings,
         train_centralised,
     )
-    from florg_tools.experiments.tuning import best_value, next_candidate
+    from florg_lab.tuning import best_value, next_candidate
     from flower_app.config import ConfigError, resolve_config
     from flower_app.runtime import cached_adapted_model
 

@@ -22,7 +22,7 @@ the settings ``precision`` / ``gradient-checkpointing`` applied by flower_app/pr
 - ``overhead30-bf16``: SmolLM2's 30 layers at the tiny decoder's widths (hidden 64), bf16,
   batch 1 x 8: a step made of the host's per-layer work (Python, dispatch, autograd
   nodes), as an H100 step at SmolLM2 size is (0.13 s a step, the CPU time equal to the wall
-  time: evidence/gpu-h100/), measured on a CPU.
+  time: lab/evidence/gpu-h100/), measured on a CPU.
 
 Step time: both methods' models in one worker process, steps alternating between them (A B,
 B A, ...); each adjacent pair gives one ratio FLoRG / LoRA and the headline is the median

@@ -1,9 +1,9 @@
 """How label-skewed each seed's client partitions are, beside each method's test score.
 
     python -m benchmarks.evidence.partition_skew --grid evidence-snli \
-        --summary evidence/evidence/summary.json
+        --summary lab/evidence/evidence/summary.json
     python -m benchmarks.evidence.partition_skew --grid evidence \
-        --summary evidence/evidence/summary.json
+        --summary lab/evidence/evidence/summary.json
 
 A grid's seed sets the Dirichlet (rho) draw that splits the training pool over the
 clients, so two seeds of one grid federate different problems: one seed's clients may
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from florg_tools.experiments.grid import MAIN_BLOCK, Grid, GridError, load_grid
+from florg_lab.grid import MAIN_BLOCK, Grid, GridError, load_grid
 
 
 def label_balance(counts: Sequence[Sequence[int]]) -> float:
@@ -92,7 +92,7 @@ def client_label_counts(overrides: dict[str, Any], num_clients: int) -> list[lis
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--grid", required=True, help="a grid file or a name in conf/grids/")
+    parser.add_argument("--grid", required=True, help="a grid file or a name in lab/grids/")
     parser.add_argument("--summary", type=Path, help="the evidence report's summary.json")
     parser.add_argument("--json", type=Path, help="also write the table here")
     parser.add_argument(

@@ -1,0 +1,245 @@
+"""Privacy-utility in the two deployed regimes (docs/privacy.md), for the verdict page.
+
+The grids (``bash lab/scripts/evidence_privacy.sh``, published with ``PUBLISH_ONLY=1`` under
+``lab/evidence/privacy-regimes/``: ``runs/<grid>/<run>/`` holding config.json, metrics.jsonl
+and summary.json, and ``<grid>-tuning.json``):
+
+* **cross-silo** (lab/grids/privacy-cross-silo.yaml, then ``privacy-cross-silo-eps3``):
+  example-level DP-SGD on each of 6 clients (``dp=example``) at a target ε, FLoRG, FedIT
+  and Fed-SB on movie sentiment, each method's adapter rate tuned at ε = 8 on seed 0
+  (the tuning file's choice), seeds 0-2. ε = ∞ is protocol v2's published non-private
+  runs of the same setting at each method's v2-chosen rate (evidence-v2's runs; Fed-SB's
+  are the exact-aggregation grid's, evidence-v2-exact, once published);
+* **cross-device** (``privacy-cross-device`` and ``privacy-cross-device-fed-sb``, written
+  from the pilot): user-level central DP with Poisson client sampling over 1,000 SuperNodes
+  on SNLI, each method's ε = ∞ arm in its grid; a tuning file, where published, fixes each
+  method's rate.
+
+Each regime's runs are grouped into levels and reported by
+:mod:`florg_lab.privacy` (score against ε, paired by seed with ε = ∞, the
+mechanism's medians). While a regime has no published private run its block says so, with
+how many runs are published and the command that runs them, instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from florg_lab.privacy import (
+    PrivateRun,
+    _epsilon,
+    _level,
+    plot,
+    report,
+)
+from florg_lab.runs import finished_runs_under
+
+__all__ = ["Regime", "REGIMES", "collect_regime", "markdown", "published_runs", "regime_plot"]
+
+PUBLISHED = "lab/evidence/privacy-regimes"
+QUEUE = "bash lab/scripts/evidence_queue.sh"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Where a method's ε = ∞ runs lie: a grid summary (its chosen rate) and run folders."""
+
+    summary: str
+    folders: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Regime:
+    """One regime: its private grids (the first one's tuning file chooses the rates), task,
+    methods, seeds, the runs it needs at least (``planned``) and each method's ε = ∞
+    runs outside its grids (none: the grid holds its own ``dp=off`` arm)."""
+
+    name: str
+    grids: tuple[str, ...]
+    task: str
+    methods: tuple[str, ...]
+    seeds: tuple[int, ...]
+    planned: int
+    baselines: Mapping[str, Baseline]
+    queued: str = ""  # what runs first where the grid itself is not yet written
+    tuned: bool = True  # whether a tuning file chooses the rates (else: the grid's one rate)
+
+    @property
+    def grid_file(self) -> str:
+        return f"lab/grids/{self.grids[0]}.yaml"
+
+    def tuning(self, root: Path) -> Path:
+        return root / PUBLISHED / f"{self.grids[0]}-tuning.json"
+
+    def run_folders(self, root: Path) -> list[Path]:
+        return [root / PUBLISHED / "runs" / grid for grid in self.grids]
+
+
+V2 = Baseline(
+    "lab/evidence/evidence-v2/summary.json", ("lab/evidence/evidence-v2/runs/evidence-v2",)
+)
+EXACT = Baseline(
+    "lab/evidence/evidence-v2-exact/summary.json",
+    ("lab/evidence/evidence-v2-exact/runs/evidence-v2-exact",),
+)
+REGIMES = (
+    # tuning: 3 methods x at least 3 rates at seed 0, then seeds 1-2 at each chosen rate
+    Regime("cross-silo", ("privacy-cross-silo", "privacy-cross-silo-eps3"), "movie-sentiment",
+           ("florg", "fedit", "fed-sb"), (0, 1, 2), 15,
+           {"florg": V2, "fedit": V2, "fed-sb": EXACT}),
+    # 3 methods x epsilon in {inf, 8, 2} x 3 seeds
+    # (Fed-SB in a grid of its own, run at a later commit: its round 0 Poisson-sampled)
+    Regime("cross-device", ("privacy-cross-device", "privacy-cross-device-fed-sb"), "snli",
+           ("florg", "fedit", "fed-sb"), (0, 1, 2), 27, {},
+           "is written from the pilot's results (lab/grids/privacy-cross-device-pilot.yaml, "
+           "queued in `bash lab/scripts/evidence_queue.sh`) by `python -m "
+           "florg_lab.cross_device_sizing "
+           "lab/evidence/privacy-regimes/runs/privacy-cross-device-pilot --write-grid "
+           "lab/grids/privacy-cross-device.yaml`", tuned=False),
+)  # fmt: skip
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def published_runs(regime: Regime, root: Path) -> int:
+    """How many finished runs of the regime's grids are published."""
+    folders = [f for f in regime.run_folders(root) if f.is_dir()]
+    return sum(1 for _ in finished_runs_under(folders))
+
+
+def chosen_rates(regime: Regime, root: Path) -> dict[str, float]:
+    """method -> the adapter rate its tuning chose (the tuning file's ``choices``, keyed by
+    ``method=...[,task=...]``); empty while no tuning file is published."""
+    path = regime.tuning(root)
+    if not path.is_file():
+        return {}
+    chosen = {}
+    for key, value in _json(path).get("choices", {}).items():
+        settings = dict(part.split("=", 1) for part in key.split(","))
+        if settings.get("task", regime.task) == regime.task and "method" in settings:
+            chosen[settings["method"]] = float(value)
+    return chosen
+
+
+def _baseline_rates(regime: Regime, root: Path) -> dict[str, tuple[float, Baseline]]:
+    """method -> (its v2-chosen rate, where its runs lie), for the baselines published."""
+    found = {}
+    for method, baseline in regime.baselines.items():
+        path = root / baseline.summary
+        if not path.is_file():
+            continue
+        entry = _json(path)["tasks"].get(regime.task, {}).get("methods", {}).get(method)
+        if entry is not None:
+            found[method] = (float(entry["lr"]), baseline)
+    return found
+
+
+def _run(
+    label: str, folder: Path, summary: dict[str, Any], config: dict[str, Any]
+) -> PrivateRun | None:
+    """The run as :mod:`privacy` reads it; None without a final test score."""
+    if summary.get("final-test-score") is None:
+        return None
+    level, clipping_norm = _level(config, folder)
+    epsilon, delta = _epsilon(summary, level, folder)
+    final = float(summary["final-test-score"])
+    return PrivateRun(label, level, clipping_norm, int(config["seed"]), epsilon, delta, final,
+                      folder)  # fmt: skip
+
+
+def _add(found: dict[tuple[str, Any, int], PrivateRun], run: PrivateRun | None) -> None:
+    """Keep ``run`` once per (arm, level, seed); two different scores are an error."""
+    if run is None:
+        return
+    seen = found.setdefault((run.arm, run.level, run.seed), run)
+    if seen.final != run.final:
+        raise ValueError(
+            f"{seen.folder} and {run.folder} are the same run ({run.arm}, "
+            f"{run.level.label()}, seed {run.seed}) with different test scores"
+        )
+
+
+def collect_regime(regime: Regime, root: Path, names: Mapping[str, str]) -> list[PrivateRun]:
+    """The regime's runs of its methods and seeds, each labelled ``names[method]``: its
+    grids' runs (at the tuning's chosen rate where a tuning file is published), and each
+    method's ε = ∞ runs at its v2-chosen rate from the baseline folders."""
+    chosen = chosen_rates(regime, root)
+    found: dict[tuple[str, Any, int], PrivateRun] = {}
+    grids = [f for f in regime.run_folders(root) if f.is_dir()]
+    for folder, summary, config in finished_runs_under(grids):
+        method = config.get("method")
+        if method not in regime.methods or int(config.get("seed", -1)) not in regime.seeds:
+            continue
+        if config.get("task") != regime.task:
+            continue
+        if chosen and float(config.get("learning-rate", -1)) != chosen.get(method):
+            continue  # a tuning run at a rate not chosen
+        _add(found, _run(names[method], folder, summary, config))
+    for method, (lr, baseline) in _baseline_rates(regime, root).items():
+        folders = [root / f for f in baseline.folders if (root / f).is_dir()]
+        for folder, summary, config in finished_runs_under(folders):
+            if (config.get("method"), config.get("task")) != (method, regime.task):
+                continue
+            if int(config.get("seed", -1)) not in regime.seeds or config.get("dp", "off") != "off":
+                continue
+            if float(config.get("learning-rate", -1)) == lr:
+                _add(found, _run(names[method], folder, summary, config))
+    return sorted(found.values(), key=lambda r: (r.arm, r.level.label(), r.seed))
+
+
+def _arms(regime: Regime, runs: Sequence[PrivateRun], names: Mapping[str, str]) -> list[str]:
+    present = {r.arm for r in runs}
+    return [names[m] for m in regime.methods if names[m] in present]
+
+
+def markdown(
+    regime: Regime, root: Path, names: Mapping[str, str], chance: float, figure: str
+) -> str:
+    """The regime's block: the score and mechanism tables and ``figure``'s link, or the
+    line that says what is published so far."""
+    runs = collect_regime(regime, root, names)
+    published = published_runs(regime, root)
+    if not any(r.level.private for r in runs):
+        # a grid written from an earlier stage's results says how until it is written
+        written = (root / regime.grid_file).is_file()
+        queued = regime.queued if regime.queued and not written else f"is queued in `{QUEUE}`"
+        return (
+            f"Not yet run: {regime.grid_file} {queued}; {published} of at least "
+            f"{regime.planned} runs published under {PUBLISHED}/runs/."
+        )
+    text = report(runs, _arms(regime, runs, names), chance)
+    scores, _, mechanism = text.partition("\nThe mechanism, per arm and level")
+    mechanism_table = "\n".join(line for line in mechanism.splitlines() if line.startswith("|"))
+    status = f"{published} runs of {', '.join(regime.grids)} published"
+    if regime.tuned and not regime.tuning(root).is_file():
+        status += "; tuning not finished (no tuning file): every published rate is shown"
+    return "\n".join(
+        [
+            f"{status}.",
+            "",
+            scores.strip(),
+            "",
+            "What the mechanism did (medians over the training rounds of all seeds):",
+            "",
+            mechanism_table,
+            "",
+            f"![test score against ε, {regime.name}](../{figure})",
+        ]
+    )
+
+
+def regime_plot(
+    regime: Regime, root: Path, names: Mapping[str, str], chance: float, path: Path
+) -> bool:
+    """Draw the regime's figure at ``path``; False (nothing drawn) without a private run."""
+    runs = collect_regime(regime, root, names)
+    if not any(r.level.private for r in runs):
+        return False
+    plot(runs, _arms(regime, runs, names), path, chance)
+    return True
