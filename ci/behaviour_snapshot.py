@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NUM_NODES = 3
 SEEDED_NOISE = Path(__file__).resolve().parent / "seeded_noise"  # its sitecustomize.py
 
-# Every registered method (tests/test_behaviour_snapshot.py holds this list to the
+# Every registered method (tests/tooling/test_behaviour_snapshot.py holds this list to the
 # registry), plus clients of mixed rank, central DP (user level) for one mean-mechanism
 # method and for FLoRG, DP-SGD on the clients (dp=example, its sampling and noise drawn
 # from the round's seed) and Poisson client sampling.

@@ -1,5 +1,5 @@
 """Stand-ins for Flower's images, for a machine that reaches package indexes but no
-container registry (this project's CI machines): what tests/test_docker_engine.py runs
+container registry (this project's CI machines): what tests/deployment/test_docker_engine.py runs
 before the compose demo. Test machinery, not part of the tooling: on a machine that can
 pull, compose pulls Flower's official images and none of this is used.
 

@@ -10,7 +10,7 @@ When the app's ``[tool.flwr.app] fab-include`` patterns all start with a literal
 (ours: ``flower_app/**/*.py`` and the other three packages), no file outside those folders
 can enter the FAB. ``stage_app`` copies ``pyproject.toml``, ``.gitignore`` and those
 folders' files that the patterns match into a fresh folder; ``flwr run`` on it builds the
-same FAB, byte for byte (tests/test_app_stage.py checks it on this repository), from a few
+same FAB, byte for byte (tests/tooling/test_app_stage.py checks it on this repository), from a few
 hundred files. Without such patterns the app's own folder is used unchanged.
 """
 

@@ -100,8 +100,8 @@ settings" below). A declaration holds the setting's default, the check of its va
 help and the cached artefacts it affects. This page and the
 `[tool.flwr.app.config]` table of `pyproject.toml` are generated from it by
 `python -m florg_tools.settings --write`; `python -m florg_tools.settings --check` (and
-`tests/test_settings_doc.py`, `tests/test_config.py`) fail when either is out of date.
-A field `data_path` is the key `data-path`.
+`tests/tooling/test_settings_doc.py`, `tests/runtime/test_config.py`) fail when either is out of
+date. A field `data_path` is the key `data-path`.
 
 A run takes the defaults below, then a preset (a flat TOML table of settings,
 `conf/<name>.toml`), then explicit values; an explicit value always wins:

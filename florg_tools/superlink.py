@@ -6,7 +6,7 @@ is how they are found again even after they re-parent; stopping is by pid
 (``florg_tools.processes``), never by name. None of them outlives the process that started
 the SuperLink, even one killed with SIGTERM or SIGKILL: ``florg_tools.processes.spawn``
 gives the SuperLink a parent-death signal and a watchdog that stops everything carrying the
-tag once that process is gone (tests/test_orphans.py).
+tag once that process is gone (tests/deployment/test_orphans.py).
 
 * ``start_local_superlink`` / ``local_superlink``: the SuperLink alone (the caller writes a
   connection to ``SuperLinkProcess.address``);

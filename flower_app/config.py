@@ -6,7 +6,7 @@ folder (``Method.settings``, ``strategies/<method>/settings.py``). ``run_config_
 ``RunConfig`` with every registered method's settings added; the field ``data_path`` is the
 key ``data-path``. Derived from it: ``schema()`` and ``defaults()``; pyproject.toml's
 ``[tool.flwr.app.config]`` with the help as comments (written by ``python -m
-florg_tools.settings --write``; ``--check`` and tests/test_config.py fail when it
+florg_tools.settings --write``; ``--check`` and tests/runtime/test_config.py fail when it
 differs); the keys of the on-disk caches
 (flower_app/disk_cache.py hashes every setting of the groups ``DATA``, ``TOKENISATION``,
 ``MODEL`` that a cache depends on; each setting names the groups it ``affects``).

@@ -15,7 +15,7 @@ client's epsilon after S steps over all the rounds it trained in is that of S su
 composed, computed with the RDP accountant the server uses for central DP
 (flower_app/dp_accounting.py: Google's dp-accounting, PoissonSampledDpEvent,
 add/remove-one), so both modes report epsilon from one accountant. Opacus' own RDP
-accountant gives the same curve (tests/test_dp_sgd.py compares them). A method whose
+accountant gives the same curve (tests/runtime/test_dp_sgd.py compares them). A method whose
 clients release something computed from their data before training (a round 0) composes
 it into the same ledger first (``ClientAccountant.record_release``, ``check_release``), and
 a target epsilon is then calibrated for what is left (``noise_multiplier_after``). The ledger,

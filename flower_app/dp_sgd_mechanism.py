@@ -5,7 +5,7 @@ into ``p.summed_grad`` and added the noise, before the wrapped AdamW step. ``Mec
 is that hook: it reads ``p.grad_sample`` (the per-example gradients of every trained
 parameter, what Opacus clipped) and ``p.summed_grad`` (their clipped sum) and writes nothing
 back, so what is trained stays bit for bit what it was without it: no random draw, no change
-to any tensor the update reads (tests/test_dp_sgd.py holds the trained parameters to a run
+to any tensor the update reads (tests/runtime/test_dp_sgd.py holds the trained parameters to a run
 without the hook).
 
 Per step it keeps each example's gradient norm, the joint L2 norm over every trained

@@ -35,7 +35,7 @@ def rows(run_dir: Path) -> list[dict]:
 
 def main() -> int:
     from florg_tools import synthetic
-    from tests.flower_harness import run_app_in_simulation
+    from tests.harness.flower_harness import run_app_in_simulation
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the older commit")

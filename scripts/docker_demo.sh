@@ -16,7 +16,7 @@
 # On an ordinary machine compose pulls Flower's official images. On a machine that
 # reaches package indexes but no image registry, run `bash ci/docker_standin.sh`
 # first: stand-ins with the official names, and docker/wheelhouse/ for an offline build
-# (docs/deploy-docker.md); tests/test_docker_engine.py runs this script that way.
+# (docs/deploy-docker.md); tests/deployment/test_docker_engine.py runs this script that way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -38,7 +38,7 @@ for arg in "$@"; do
 done
 
 ruff check .
-# --all: the optional SmolLM2-135M too (tests/test_data.py checks it; about a minute and
+# --all: the optional SmolLM2-135M too (tests/runtime/test_data.py checks it; about a minute and
 # 540 MB the first time, nothing once fetched).
 python -m florg_tools.assets fetch --all
 
@@ -47,8 +47,8 @@ if [ "$own_marker" = 1 ]; then
 fi
 
 DEPLOYMENT_TESTS=(
-  tests/test_deploy_faults.py tests/test_deploy_loopback.py tests/test_deploy_netns.py
-  tests/test_deploy_node_loss.py tests/test_docker_engine.py
+  tests/deployment/test_deploy_faults.py tests/deployment/test_deploy_loopback.py tests/deployment/test_deploy_netns.py
+  tests/deployment/test_deploy_node_loss.py tests/deployment/test_docker_engine.py
 )
 # Simulations that run in the deployment tests' process: idle, the simulations took about
 # 35 min against the deployment tests' 20-23, and a simulation run keeps about one core
@@ -56,7 +56,7 @@ DEPLOYMENT_TESTS=(
 # two more CPU-heavy modules here did not shorten the simulations (docs/testing.md); the
 # tiny decoder's and the span head's runs (7 and 4) balance the two processes; the
 # launcher's process check starts SuperLinks and waits on them, as the deployment tests do.
-SIDE_SIMULATIONS=(tests/test_causal_lm.py tests/test_squad_qa.py tests/test_launcher_processes.py)
+SIDE_SIMULATIONS=(tests/runtime/test_causal_lm.py tests/runtime/test_squad_qa.py tests/deployment/test_launcher_processes.py)
 SIDE_TESTS=("${DEPLOYMENT_TESTS[@]}" "${SIDE_SIMULATIONS[@]}")
 
 # Runs one set (a marker expression, then pytest arguments) and reports its exit status.
@@ -90,7 +90,7 @@ if [ "$fast" = 0 ]; then
     python -m pytest -q --durations=15 -m integration --basetemp "$side/tmp" \
       "${SIDE_TESTS[@]}" >"$side/log" 2>&1 &
     side_pid=$!
-    # Interrupted: stop that pytest (it stops every server it started, tests/test_orphans.py).
+    # Interrupted: stop that pytest (it stops every server it started, tests/deployment/test_orphans.py).
     trap 'kill -TERM "$side_pid" 2>/dev/null || true' EXIT
     echo "test.sh: the deployment tests run beside the others (pid $side_pid, log $side/log)" >&2
   fi

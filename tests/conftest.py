@@ -7,11 +7,11 @@ Fixtures (session-scoped, built once per pytest process, offline):
 - ``sentiment_task_dir``: the small synthetic sentiment task (train/validation jsonl).
 
 Module-scoped, for the integration modules that run the app on those two
-(``tests.flower_harness.run_tiny_app``):
+(``tests.harness.flower_harness.run_tiny_app``):
 
 - ``tiny_assets``: (the tiny BERT, the sentiment task, a folder of the module's own);
 - ``tiny_superlink``: one SuperLink of ``TINY_NUM_NODES`` SuperNodes for all the module's
-  runs, on one private Ray cluster (tests/ray_harness.py).
+  runs, on one private Ray cluster (tests/harness/ray_harness.py).
 
 The folders are shared by every test of the session: read them, never write into them
 (a test that needs its own copy or variant calls ``florg_tools.synthetic`` itself).
@@ -34,7 +34,7 @@ import pytest
 import strategies.registry  # noqa: F401  (every method registers with the core's registry)
 from florg_tools import synthetic
 
-pytest_plugins = ["pytester"]  # tests/test_integration_guard.py
+pytest_plugins = ["pytester"]  # tests/deployment/test_integration_guard.py
 
 # --------------------------------------------------------------------------- shared assets
 
@@ -80,8 +80,8 @@ def tiny_superlink(tiny_assets):
     # Imported here: the harness brings psutil and the SuperLink tooling, which the fast
     # tests never need.
     from flower_app.client.node_state import NODE_STATE_ENV
-    from tests.flower_harness import TINY_NUM_NODES
-    from tests.ray_harness import shared_ray_simulation_superlink
+    from tests.harness.flower_harness import TINY_NUM_NODES
+    from tests.harness.ray_harness import shared_ray_simulation_superlink
 
     base = tiny_assets[2]
     env = {NODE_STATE_ENV: str(base / "node-state")}

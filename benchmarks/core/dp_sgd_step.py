@@ -136,7 +136,7 @@ class Arm:
 
 def dp_run_config(method: str, s: DpStepSettings, steps: int) -> Any:
     """The run configuration of a ``dp=example`` client of ``method`` ('florg' or 'lora'),
-    built as tests/test_dp_sgd.py builds it: one round of ``steps`` local steps at the
+    built as tests/runtime/test_dp_sgd.py builds it: one round of ``steps`` local steps at the
     shape's batch size, the noise multiplier and clipping norm of ``s``."""
     from flower_app.config import resolve_config
 

@@ -6,7 +6,7 @@ The engine dies with the process that started it, also when that process is kill
 outside (a test run ended by ``timeout``'s SIGTERM, or SIGKILL): ``dockerd`` is started
 with ``florg_tools.processes.spawn``, as the tooling starts its SuperLinks, which gives it a
 parent-death signal and a watchdog that stops it, its ``containerd`` and everything else
-carrying its environment tag once the starter is gone (tests/test_orphans.py). Only the
+carrying its environment tag once the starter is gone (tests/deployment/test_orphans.py). Only the
 command line's ``start``, which leaves the engine running for a later ``stop``, opts out.
 """
 

@@ -23,7 +23,7 @@ d_out) + k (d_in + d_out)) flops, about a LoRA layer's per-example cost, where p
 every token first (Z = X R^T, H = G L) costs n T k (d_in + d_out), k / r times more. The
 result does not depend on how the forward formed its factors
 (the pass-factor cache of florg_layer.py forms L A^T D and A R outside the layer): only x and
-g enter, and tests/test_dp_sgd.py holds it to a per-example autograd loop with the cache on.
+g enter, and tests/runtime/test_dp_sgd.py holds it to a per-example autograd loop with the cache on.
 """
 
 from __future__ import annotations

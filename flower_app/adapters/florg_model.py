@@ -170,7 +170,8 @@ def export_peft_lora(
     reproduces this model's outputs (the head is saved through ``modules_to_save``). A
     causal LM's folder has ``task_type`` ``CAUSAL_LM`` and, given
     ``base_model_name_or_path``, loads from the folder alone:
-    ``peft.AutoPeftModelForCausalLM.from_pretrained(out_dir)`` (tests/test_causal_lm_export.py).
+    ``peft.AutoPeftModelForCausalLM.from_pretrained(out_dir)``
+    (tests/runtime/test_causal_lm_export.py).
     """
     config: FLoRGConfig = model.florg_config
     layers = florg_layers(model)

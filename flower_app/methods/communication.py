@@ -32,7 +32,7 @@ up the formula at r_n and receives down the formula at the rank it was sent, r_n
 server knows its rank, the run's largest rank r_max before (its first round).  The
 strategy counts the same from the arrays that travelled (``up-params-r<r>``,
 ``down-params-r<r>``, ``up-params-per-client``, ``down-params-per-client`` in the metrics
-rows of a round with mixed ranks; tests/test_client_ranks.py holds the two equal).
+rows of a round with mixed ranks; tests/runtime/test_client_ranks.py holds the two equal).
 """
 
 from __future__ import annotations

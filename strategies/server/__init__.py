@@ -3,4 +3,4 @@ strategy (``strategy.py``) and the parts it coordinates (the reply gate, screeni
 router, the communication and node ledgers, client sampling, the run state, the clients'
 evaluation, saved updates), the folding methods' strategy and messages, and the server's
 privacy mechanisms (central DP's mean and product-mean mechanisms, the clients' DP-SGD
-record). The ClientApp never imports this folder (tests/test_architecture.py)."""
+record). The ClientApp never imports this folder (tests/runtime/test_architecture.py)."""

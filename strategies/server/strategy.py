@@ -351,8 +351,8 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
     # would not be the Gaussian mechanism on a statistic of bounded sensitivity; it would
     # also clip before this strategy's reply checks, and its accounted mode accepts only
     # FedAvg.aggregate_train. For the mean methods our mechanism equals it in distribution
-    # (tests/test_dp.py); strategies/server/central_dp.py's docstring lists why its helpers are not
-    # called.
+    # (tests/runtime/test_dp.py); strategies/server/central_dp.py's docstring lists why its helpers
+    # are not called.
     def release_private(
         self, server_round: int, payloads: list[dict[str, np.ndarray]]
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:

@@ -1,5 +1,5 @@
 """On CUDA under bf16 autocast: FLoRG's layer vs PEFT LoRA's holding the same factors
-(the twins of tests/test_precision.py), output bitwise and A's gradient by the chain rule.
+(the twins of tests/runtime/test_precision.py), output bitwise and A's gradient by the chain rule.
 
 Ran on the device (call 2) as ``PYTHONPATH=. python3 .devjob/cuda_parity.py``; this is that
 file, ruff-formatted since. From the repository root:
@@ -10,7 +10,7 @@ import json
 import torch
 
 from flower_app.precision import MixedPrecision
-from tests.test_precision import _florg_and_peft_twins
+from tests.runtime.test_precision import _florg_and_peft_twins
 
 f_layer, l_layer = _florg_and_peft_twins()
 f_layer.cuda()
