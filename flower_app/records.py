@@ -5,7 +5,10 @@ A model's shared state is a flat ``{key: array}``; a key ending in one of
 LoRA-SB's ``R``),
 every other key belongs to the task head, which every method FedAvgs (``split_state``).
 The counts (``record_params``, ``declared_params``) are the parameters a round actually
-sends and receives, reported as the ``down-params`` / ``up-params`` metrics.
+sends and receives, reported as the ``down-params`` / ``up-params`` metrics;
+``message_bytes`` is the size of a message as it travels (Flower's protobuf of the message:
+every array's bytes with its dtype, shape and name, the configs and metrics, the metadata),
+reported as ``downlink-bytes`` / ``uplink-bytes``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,16 @@ def to_array_record(state: Mapping[str, np.ndarray]) -> ArrayRecord:
 
 def from_array_record(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in record.items()}
+
+
+def message_bytes(message: Any) -> int:
+    """The size in bytes of ``message`` (a Flower ``Message``) serialised as Flower sends
+    it: its protobuf, content and metadata (``flwr.common.serde.message_to_proto``). Exact
+    by construction; it costs one serialisation (about 20 ms per MB on a 2-core CPU), as
+    the transport's own does."""
+    from flwr.common.serde import message_to_proto
+
+    return int(message_to_proto(message).ByteSize())
 
 
 def record_params(message_content: Any) -> int:

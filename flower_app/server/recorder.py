@@ -1,8 +1,12 @@
 """The run folder: resolved config, one metrics row per round, console lines, summary.
 
-A run in a FlowerTune LLM leaderboard track (``flowertune-track``) also records in every
-row its cumulative communication in the leaderboard's MB (``comm-mb``, bytes / 1024²)
-against the budget (``comm-budget-mb``).
+Each training round's row carries what travelled: the parameters (``up-params``,
+``down-params``, and ``up-bytes`` / ``down-bytes`` = 4 per parameter, the paper's count) and
+the bytes read from the serialised messages (``uplink-bytes``, ``downlink-bytes``, per
+client and the largest, with their running totals ``cum-uplink-bytes`` /
+``cum-downlink-bytes``). A run in a FlowerTune LLM leaderboard track
+(``flowertune-track``) also records its cumulative communication in the leaderboard's MB
+(``comm-mb``: the measured bytes / 1024²) against the budget (``comm-budget-mb``).
 
 Each row also goes to TensorBoard event files in ``<run>/tensorboard/`` when the optional
 ``tensorboard`` package is there (setting ``tensorboard``, flower_app/server/tracking.py).
@@ -23,11 +27,15 @@ from flwr.common.logger import log as flwr_log
 
 from flower_app.config import RunConfig
 from flower_app.environment import describe_environment
-from flower_app.leaderboard import BUDGET_MB, megabytes
+from flower_app.leaderboard import BUDGET_MB, BYTES_PER_MB
 from flower_app.methods.registry import get_method
 from flower_app.paths import run_folder
 from flower_app.server.tracking import open_tracker
 from flower_app.task_kinds import TaskKind, get_kind
+
+# The bytes a round's messages took, read from the serialised messages by the strategy
+# (strategies/server/ledger.py); the recorder adds their running totals, cum-<key>.
+MEASURED_BYTES = ("uplink-bytes", "downlink-bytes")
 
 INFO = 20
 # dp=example: what the clients' DP-SGD did in a round (strategies/server/example_dp.py)
@@ -138,16 +146,25 @@ class RunRecorder:
             "cum-down-bytes": 4 * self.totals["down-params"],
             "elapsed-seconds": time.perf_counter() - self.t0,
         }
-        if self.config.flowertune_track:  # the leaderboard's budget, in its MB
-            total = self.totals["up-params"] + self.totals["down-params"]
-            row["comm-mb"] = megabytes(total)
-            row["comm-budget-mb"] = BUDGET_MB
         for key, value in evaluation.items():
             if key in self.kind.metric_names or key.startswith("test-") or key == "eval-seconds":
                 row[key] = value
         for key, value in round_metrics.items():
             if key not in ("up-params", "down-params"):
                 row[key] = value
+        for key in MEASURED_BYTES:  # the bytes read from the serialised messages, summed
+            if key in round_metrics:
+                self.totals[key] = self.totals.get(key, 0) + int(round_metrics[key])
+                row[f"cum-{key}"] = self.totals[key]
+        if self.config.flowertune_track:  # the leaderboard's budget, in its MB
+            measured = all(key in self.totals for key in MEASURED_BYTES)
+            total = (
+                sum(self.totals[key] for key in MEASURED_BYTES)
+                if measured  # what travelled; a run resumed from before the bytes: 4 / param
+                else 4 * (self.totals["up-params"] + self.totals["down-params"])
+            )
+            row["comm-mb"] = total / BYTES_PER_MB
+            row["comm-budget-mb"] = BUDGET_MB
         if server_round == 0 and self.test_key != "test-score":
             # Before training every client's personal parts are at their zero initialisation:
             # each personalised model is the global model, scored on the same test split.

@@ -25,6 +25,7 @@ from flower_app.adapted import AdaptedModel
 from flower_app.config import RunConfig
 from flower_app.leaderboard import (
     BUDGET_MB,
+    BYTES_PER_MB,
     TEMPLATE_COMMIT,
     TEMPLATE_REPO,
     Track,
@@ -49,10 +50,11 @@ def no_checkpoint_reason(adapted: AdaptedModel) -> str | None:
 
 
 def communication_record(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's communication in the templates' MB, per round and in total."""
+    """The run's communication in the templates' MB, per round and in total: the bytes
+    that travelled (``uplink-bytes`` + ``downlink-bytes``, read from the serialised
+    messages), or, for rows from before those were recorded, the parameters at 4 bytes."""
     per_round = [
-        {"round": r["round"], "mb": megabytes(r["up-params"] + r["down-params"]),
-         "cum-mb": megabytes(r["cum-up-params"] + r["cum-down-params"])}
+        {"round": r["round"], "mb": _round_mb(r), "cum-mb": _round_mb(r, "cum-")}
         for r in rows if r["round"] > 0
     ]  # fmt: skip
     total = per_round[-1]["cum-mb"] if per_round else 0.0
@@ -65,6 +67,13 @@ def communication_record(config: RunConfig, rows: list[dict[str, Any]]) -> dict[
         "leaderboard-checks": config.leaderboard,
         "rounds": per_round,
     }
+
+
+def _round_mb(row: dict[str, Any], prefix: str = "") -> float:
+    up, down = f"{prefix}uplink-bytes", f"{prefix}downlink-bytes"
+    if up in row and down in row:
+        return (row[up] + row[down]) / BYTES_PER_MB
+    return megabytes(row[f"{prefix}up-params"] + row[f"{prefix}down-params"])
 
 
 def _readme(

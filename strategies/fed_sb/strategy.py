@@ -40,11 +40,18 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
-from flower_app.records import declared_params, from_array_record, record_params, to_array_record
+from flower_app.records import (
+    declared_params,
+    from_array_record,
+    message_bytes,
+    record_params,
+    to_array_record,
+)
 from strategies.fed_sb.gradient import gradient_key
 from strategies.fed_sb.keys import BASIS, BASIS_HELD
 from strategies.fed_sb.rule import initial_factors
 from strategies.server.central_dp import noise_std_mean, noised_mean
+from strategies.server.ledger import traffic_metrics
 from strategies.server.strategy import AdapterStrategy
 
 log = logging.getLogger("flwr.florg")
@@ -109,6 +116,7 @@ class FedSBStrategy(AdapterStrategy):
             "clients": len(grads),
             "up-params": sum(declared_params(m.content) for m in replies if not m.has_error()),
             "down-params": sum(record_params(m.content) for m in messages),
+            **traffic_metrics([message_bytes(m) for m in messages], replies),
             "examples": float(sum(sizes)),
             **self.sampling_metrics(0),
         }

@@ -1,5 +1,5 @@
-"""The communication ledger: the parameters each round actually sent down and received up,
-and the nodes sampled (m, the public count central DP divides by)."""
+"""The communication ledger: the parameters and the bytes each round actually sent down and
+received up, and the nodes sampled (m, the public count central DP divides by)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import Message
 
-from flower_app.records import record_params
+from flower_app.records import message_bytes, record_params
 from strategies.server.replies import Reply
 
 
@@ -18,16 +18,26 @@ class CommunicationLedger:
     def __init__(self) -> None:
         self.down_params: dict[int, int] = {}  # round -> parameters sent down
         self.down_by_node: dict[int, int] = {}  # node -> parameters sent this round
+        self.down_bytes: dict[int, list[int]] = {}  # round -> each message's bytes
         self.sampled: dict[int, int] = {}  # round -> nodes sent a training message
 
     def record_sent(self, server_round: int, messages: Iterable[Message]) -> None:
         messages = list(messages)
         self.down_params[server_round] = sum(record_params(m.content) for m in messages)
         self.down_by_node = {m.metadata.dst_node_id: record_params(m.content) for m in messages}
+        self.down_bytes[server_round] = [message_bytes(m) for m in messages]
         self.sampled[server_round] = len(messages)
 
     def down(self, server_round: int) -> int:
         return self.down_params.get(server_round, 0)
+
+    def bytes_metrics(self, server_round: int, replies: Iterable[Message]) -> dict[str, float]:
+        """The bytes that travelled in ``server_round``, read from the serialised messages
+        (``message_bytes``): ``downlink-bytes`` (every training message sent) and
+        ``uplink-bytes`` (every reply received, failed and rejected ones included), in
+        total and per client (``-per-client``: the mean over the messages; ``-max``: the
+        largest)."""
+        return traffic_metrics(self.down_bytes.get(server_round, []), replies)
 
     def num_sampled(self, server_round: int, replies: int) -> int:
         """m: the nodes sent a training message this round (public), at least the replies
@@ -52,3 +62,15 @@ class CommunicationLedger:
             out[f"up-params-r{rank}"] = float(np.mean([u for u, _ in mine]))
             out[f"down-params-r{rank}"] = float(np.mean([d for _, d in mine]))
         return out
+
+
+def traffic_metrics(down: list[int], replies: Iterable[Message]) -> dict[str, float]:
+    """``downlink-bytes*`` from the bytes of each message sent (``down``) and
+    ``uplink-bytes*`` from the replies, each serialised (``message_bytes``)."""
+    up = [message_bytes(m) for m in replies]
+    out: dict[str, float] = {}
+    for direction, sizes in (("downlink", down), ("uplink", up)):
+        out[f"{direction}-bytes"] = float(sum(sizes))
+        out[f"{direction}-bytes-per-client"] = float(np.mean(sizes)) if sizes else 0.0
+        out[f"{direction}-bytes-max"] = float(max(sizes, default=0))
+    return out

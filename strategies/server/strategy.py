@@ -264,7 +264,12 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
             failures=failures,
             rejected=rejected,
             up_params=up_params,
-            node_metrics={**nodes.metrics(), **example_dp, **train_time_metrics(replies)},
+            node_metrics={
+                **nodes.metrics(),
+                **example_dp,
+                **train_time_metrics(replies),
+                **self.communication.bytes_metrics(server_round, replies),
+            },
         )
 
     def aggregate_replies(

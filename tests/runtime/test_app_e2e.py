@@ -103,6 +103,15 @@ def test_every_method_runs_end_to_end(tiny_assets, clean_run, method):
     assert history[1]["down-params"] == first_down and history[2]["down-params"] == second_down
     assert history[2]["cum-up-params"] == zeroth_up + up + second_up
     assert history[2]["clients"] == NUM_NODES
+    # The bytes that travelled, read from the serialised messages: each float32 entry's 4
+    # bytes plus the messages' framing (array names, dtypes, shapes, the config, metadata).
+    for r in history[1:]:
+        for direction, params in (("uplink", r["up-params"]), ("downlink", r["down-params"])):
+            sent = r[f"{direction}-bytes"]
+            assert 4 * params < sent < 4 * params + 16_384 * NUM_NODES, (direction, r)
+            assert r[f"{direction}-bytes-per-client"] == pytest.approx(sent / NUM_NODES)
+            assert r[f"{direction}-bytes-max"] >= r[f"{direction}-bytes-per-client"]
+    assert history[2]["cum-uplink-bytes"] == sum(r.get("uplink-bytes", 0) for r in history)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final-accuracy"] == history[-1]["accuracy"]
     assert (run_dir / "adapter.safetensors").exists()
