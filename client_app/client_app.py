@@ -32,6 +32,7 @@ from flower_app.client.node_state import (
 )
 from flower_app.client.round import local_batches, receive, train_round
 from flower_app.config import resolve_config
+from flower_app.encoding import UP, decode_record, encode_record, encoding_rng
 from flower_app.modeling import pick_device
 from flower_app.rank_settings import config_at_rank, node_rank
 from flower_app.ranks import truncate_to_rank
@@ -60,7 +61,8 @@ def _prepare(msg: Message, context: Context, *, training: bool):
     data = load_task_data(config)
     adapted = cached_adapted_model(config_at_rank(config, rank), data.num_labels, data.spec.kind)
     # a state of a larger rank (the server does not know this node's rank yet): the top rows
-    shared = truncate_to_rank(from_array_record(msg.content["arrays"]), rank)
+    # downlink-encoding: the arrays as float32 before anything reads them
+    shared = truncate_to_rank(from_array_record(decode_record(msg.content["arrays"])), rank)
     local = context.state.array_records.get(LOCAL_STATE)
     state = from_array_record(local) if local is not None else None
     folder = node_state_dir(msg, partition_id) if adapted.method.personal else None
@@ -107,7 +109,11 @@ def train(msg: Message, context: Context) -> Message:
         folder = node_state_dir(msg, pid)
         if folder is not None:
             save_local_state(folder, server_round, reply.local)
-    return Message(content=reply.content(), reply_to=msg)
+    content = reply.content()
+    if config.uplink_encoding != "fp32":  # the shared arrays as uplink-encoding sends them
+        rng = encoding_rng(config.seed, server_round, UP, pid)
+        content["arrays"] = encode_record(reply.shared, config.uplink_encoding, rng)
+    return Message(content=content, reply_to=msg)
 
 
 @app.query()

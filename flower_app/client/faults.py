@@ -26,6 +26,7 @@ import numpy as np
 from flwr.app import Context, Message, MessageType
 
 from flower_app.config import resolve_config
+from flower_app.encoding import decode_record
 from flower_app.records import ADAPTER_SUFFIXES, from_array_record, to_array_record
 
 
@@ -61,7 +62,7 @@ def inject_faults(
     if kind == "claim":  # poisoning: claims fault-scale examples
         reply.content["metrics"]["num-examples"] = config.fault_scale
         return reply
-    payload = from_array_record(reply.content["arrays"])
+    payload = from_array_record(decode_record(reply.content["arrays"]))  # as fp32
     key = next(iter(payload))
     if kind == "nan":
         payload[key] = np.full_like(payload[key], np.nan)

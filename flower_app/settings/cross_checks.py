@@ -114,6 +114,23 @@ def _check_example_dp(config: RunConfig) -> None:
         )
 
 
+def _check_encodings(config: RunConfig) -> None:
+    """A method that folds into W0 (``Method.writes_base_weights``: FedEx-LoRA's residual,
+    FLoRA's update) computes the fold from the global arrays it keeps exact: nodes that
+    received them rounded would hold a model the fold no longer completes, so its
+    downlink stays fp32 (its uplink may be encoded: the server folds what it decodes)."""
+    if config.downlink_encoding == "fp32":
+        return
+    if get_method(config.method).writes_base_weights:
+        raise ConfigError(
+            f"downlink-encoding: {config.downlink_encoding!r} is refused for "
+            f"method={config.method!r}, which folds into W0 what it computes from the global "
+            "arrays it keeps exact; nodes that received them rounded would hold a model the "
+            "fold does not complete, drifting from the server's: use downlink-encoding=fp32 "
+            "(uplink-encoding may be lossy)"
+        )
+
+
 def _check_unnoised_metrics(config: RunConfig) -> None:
     """``dp-unnoised-metrics=withhold`` keeps the clients' unnoised metrics on the nodes
     (flower_app/client/round.py): it means something only with DP on, and client
@@ -149,5 +166,6 @@ CROSS_CHECKS = (
     _check_lr_schedule,
     _check_example_dp,
     _check_unnoised_metrics,
+    _check_encodings,
     _check_method_settings,
 )

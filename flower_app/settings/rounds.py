@@ -52,6 +52,23 @@ class FederationSettings:
         check=one_of("uniform", "num-examples"),
         affects=(),
     )
+    uplink_encoding: str = setting(
+        "fp32",
+        "how the arrays of the clients' training replies travel: 'fp32' (as always), 'bf16', "
+        "'fp16', or 'int8' (per-row absmax scale, unbiased stochastic rounding from the "
+        "round's seed); the server decodes them before anything reads them "
+        "(flower_app/encoding.py)",
+        check=one_of("fp32", "bf16", "fp16", "int8"),
+        affects=(),
+    )
+    downlink_encoding: str = setting(
+        "fp32",
+        "how the arrays of the server's training messages travel (as uplink-encoding; one "
+        "rounding for every node, so every node decodes the same model); what a method sends "
+        "besides them (a fold into W0, Fed-SB's B and A) travels fp32",
+        check=one_of("fp32", "bf16", "fp16", "int8"),
+        affects=(),
+    )
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,10 @@ class CommunicationLedger:
         self.down_bytes[server_round] = [message_bytes(m) for m in messages]
         self.sampled[server_round] = len(messages)
 
+    def record_wire(self, server_round: int, messages: Iterable[Message]) -> None:
+        """The round's messages as they travel (encoded): their bytes."""
+        self.down_bytes[server_round] = [message_bytes(m) for m in messages]
+
     def down(self, server_round: int) -> int:
         return self.down_params.get(server_round, 0)
 

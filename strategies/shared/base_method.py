@@ -139,4 +139,6 @@ class BaseMethod(Method):
             "example_dp": example_dp_record(config),
             "client_sampling": config.client_sampling,
             "sampling_seed": config.seed,
+            "downlink_encoding": config.downlink_encoding,
+            "encoding_seed": config.seed,
         }
