@@ -31,20 +31,28 @@ import dataclasses
 import json
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from florg_lab.aggregate import run_machines
 from florg_lab.communication import load_metrics
-from florg_lab.grid import MAIN_BLOCK, Grid
+from florg_lab.grid import MAIN_BLOCK, TUNING_FILE, Grid, GridRun, load_grid
 from florg_lab.runs import is_finished, run_dir
 from florg_lab.stats import mean_interval, paired_difference, verdict
 from florg_lab.tuning import tuning_markdown
 from flower_app.config import defaults
 
-__all__ = ["REFERENCE", "MethodRuns", "collect_methods", "evidence_summary", "write_evidence"]
+__all__ = [
+    "REFERENCE",
+    "MethodRuns",
+    "collect_methods",
+    "collect_published",
+    "evidence_summary",
+    "write_evidence",
+]
 
 REFERENCE = "florg"
 # FLoRG's per-round server diagnostics (strategies/florg/rule.py): gram_rel_error =
@@ -109,19 +117,24 @@ class MethodRuns:
     test_loss: list[float | None] = dataclasses.field(default_factory=list)
 
 
-def _tuning_document(out: Path) -> dict[str, Any]:
+def _tuning_document(path: Path) -> dict[str, Any]:
+    """A grid's tuning.json (its choices and, under protocol v2, the rates tried); empty
+    when the grid has none."""
     try:
-        return json.loads((out / "tuning.json").read_text())
+        return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
 
 
-def _runs_by_setting(grid: Grid, out: Path, block: str) -> dict[tuple[str, str], MethodRuns]:
+def _runs_by_setting(
+    grid: Grid, block: str, folder_of: Callable[[GridRun], Path], tuning: dict[str, Any]
+) -> dict[tuple[str, str], MethodRuns]:
+    """(task, method label) -> the finished runs of ``grid``'s ``block``; ``folder_of``
+    says where a run's files lie (a grid's results folder, or a published copy)."""
     found: dict[tuple[str, str], MethodRuns] = {}
-    tuning = _tuning_document(out)
     runs = sorted(grid.runs_in(block), key=lambda r: r.setting("seed"))
     for run in runs:
-        folder = run_dir(out, run)
+        folder = folder_of(run)
         if not is_finished(folder, run):
             continue
         summary = json.loads((folder / "summary.json").read_text())
@@ -177,13 +190,37 @@ def collect_methods(
     grid: Grid, out: Path, ablations: Iterable[tuple[Grid, Path]] = ()
 ) -> dict[str, dict[str, MethodRuns]]:
     """task -> method label -> its runs (the grid's main block, then the ablation grids)."""
+    sources = [
+        (source, partial(run_dir, source_out), _tuning_document(source_out / TUNING_FILE))
+        for source, source_out in [(grid, out), *ablations]
+    ]
+    return _collect(sources)
+
+
+def collect_published(target: Path, names: Iterable[str]) -> dict[str, dict[str, MethodRuns]]:
+    """:func:`collect_methods` over a published report's folder (what
+    ``florg_lab.__main__.publish_evidence`` copies to ``target``): the grids ``names``, in
+    the report's order, each read from lab/grids/ with its choices and the rates its tuning
+    tried (``<grid>-tuning.json``), its runs under ``runs/<grid>/<run id>``."""
+    sources = []
+    for name in names:
+        tuning = _tuning_document(target / f"{name}-{TUNING_FILE}")
+        grid = load_grid(name, tuning.get("choices"), tuning.get("candidates"))
+        folder = target / "runs" / grid.name
+        sources.append((grid, lambda run, folder=folder: folder / run.run_id, tuning))
+    return _collect(sources)
+
+
+def _collect(
+    sources: Iterable[tuple[Grid, Callable[[GridRun], Path], dict[str, Any]]],
+) -> dict[str, dict[str, MethodRuns]]:
+    """task -> method label -> its runs, the sources in order (a label's first wins)."""
     by_task: dict[str, dict[str, MethodRuns]] = defaultdict(dict)
-    sources = [(grid, out), *ablations]
-    for source_grid, source_out in sources:
-        for block in source_grid.blocks:
-            if source_grid.tuning is not None and block != MAIN_BLOCK:
+    for grid, folder_of, tuning in sources:
+        for block in grid.blocks:
+            if grid.tuning is not None and block != MAIN_BLOCK:
                 continue
-            for (task, label), runs in _runs_by_setting(source_grid, source_out, block).items():
+            for (task, label), runs in _runs_by_setting(grid, block, folder_of, tuning).items():
                 by_task[task].setdefault(label, runs)
     return by_task
 
