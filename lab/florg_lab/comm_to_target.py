@@ -33,11 +33,14 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from florg_lab import long_budget as lb
 from florg_lab.long_budget import Run
+from florg_lab.page_text import Evidence, method_name, task_name
+from florg_lab.page_v2 import EXACT, V2, exact_methods, task_folders
 
 __all__ = [
     "TARGET_METHOD",
@@ -351,3 +354,45 @@ def plot(
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# --- the verdict page's blocks and figures (python -m florg_lab.results_doc) -------------
+
+# The targets (fractions of FedIT's final seed-mean test score) and each task's figure
+PAGE_FRACTIONS = (1.0, 0.9)
+PAGE_FIGURE = "lab/evidence/evidence-v2/plots/comm-to-target-{task}.png"
+
+
+@cache
+def v2_curves(ev: Evidence, task: str) -> tuple[dict[str, Curve], list[str]]:
+    """Protocol v2's chosen runs of ``task``, the exact methods' grid's beside them: each
+    method's curve, and the methods not published."""
+    v2, exact = task_folders(task)
+    sources = (Source(V2, (v2,)), Source(EXACT, (exact,), exact_methods()))
+    runs, missing = chosen_runs(ev.root, sources, task)
+    return curves(runs), missing
+
+
+def page_block(task: str) -> Callable[[Evidence], str]:
+    """Protocol v2 on ``task``: the parameters each method sends to reach FedIT's final
+    score."""
+
+    def make(ev: Evidence) -> str:
+        return markdown(*v2_curves(ev, task), PAGE_FRACTIONS, method_name)
+
+    return make
+
+
+def page_figure(task: str) -> Callable[[Evidence, Path], None]:
+    def draw(ev: Evidence, path: Path) -> None:
+        title = f"protocol v2, {task_name(task)}: test score against parameters sent"
+        plot(v2_curves(ev, task)[0], path, PAGE_FRACTIONS, title, method_name)
+
+    return draw
+
+
+def long_budget_block(ev: Evidence) -> str:
+    """The long-budget grid's chosen runs (its own reader, by tuning.json), as far as they
+    are published."""
+    found = from_long_budget(ev.root / lb.PUBLISHED, lb.methods())
+    return markdown(*found, PAGE_FRACTIONS, method_name)

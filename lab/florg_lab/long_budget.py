@@ -32,13 +32,24 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+from florg_lab.grid import Grid, load_grid
+from florg_lab.page_text import TASKS, Evidence, interval, method_name, paired, table
+from florg_lab.page_v2 import V2
 from florg_lab.runs import finished_run
 from florg_lab.stats import Interval, mean_interval, paired_difference, verdict
 
 REFERENCE = "florg"
+# The verdict page's long-budget grid: its file in lab/grids/, its published runs and
+# tuning.json, the figure the page shows, and the rounds its curve reads
+GRID = "evidence-long-snli"
+PUBLISHED = "lab/evidence/long-snli"
+FIGURE = "lab/evidence/long-snli/curve.png"
+PAGE_ROUNDS = (20, 40, 80, 160)
+PAGE_LAST = 40  # the convergence check's window, in rounds
 
 
 @dataclass(frozen=True)
@@ -237,7 +248,7 @@ def _save(fig, ax, path: Path) -> None:
     plt.close(fig)
 
 
-# --- the verdict page's block and figure (lab/florg_lab/results_doc.py) -------
+# --- the verdict page's blocks and figure (python -m florg_lab.results_doc) ----
 
 
 def finished_runs(results: Path) -> list[Run]:
@@ -327,6 +338,79 @@ def progress_plot(results: Path, path: Path) -> None:
         ax.plot(list(series), list(series.values()), marker="o", label=label)
     ax.set_title("long-budget SNLI grid: tuning runs (no learning rate chosen yet)")
     _save(fig, ax, path)
+
+
+@cache
+def grid() -> Grid:
+    """The long-budget grid as its file describes it (no tuning choice applied)."""
+    return load_grid(GRID)
+
+
+def grid_runs() -> int:
+    """The grid's runs before tuning extends a rate: per method, each rate its file lists at
+    the tuning seed, plus the other seeds at the chosen rate (the grid file's count)."""
+    return grid().expected_runs
+
+
+def methods() -> tuple[str, ...]:
+    """The grid's methods, FLoRG first as its file lists them."""
+    return tuple(grid().blocks["main"]["method"])
+
+
+def page_block(ev: Evidence) -> str:
+    """docs/results.md: the long-budget grid as far as it has run (:func:`progress_markdown`
+    over the published runs), beside protocol v2's round-40 verdict on 2,400 examples."""
+    entries = ev.entries(V2, "snli")
+    baselines = methods()[1:]
+    v2 = {b: paired(entries[REFERENCE], entries[b]).text() for b in ("fedit", "federa")}
+    return "\n".join(
+        [
+            progress_markdown(ev.root / PUBLISHED, grid_runs(), PAGE_ROUNDS, baselines, PAGE_LAST),
+            "",
+            f"Protocol v2 at round 40 on 2,400 examples (SNLI), for comparison: FLoRG − FedIT "
+            f"{v2['fedit']}, FLoRG − FeDeRA {v2['federa']}.",
+        ]
+    )
+
+
+def federa_fedit(ev: Evidence) -> str:
+    """docs/results.md's advice names FeDeRA and FedIT together: their paired difference,
+    FeDeRA − FedIT, on protocol v2's final-round test scores per task and on the long
+    budget's at its last round (the chosen runs)."""
+    rows = []
+    for task, name in TASKS.items():
+        entries = ev.entries(V2, task)
+        found = paired(entries["federa"], entries["fedit"])
+        rows.append([f"protocol v2, {name}", str(found.seeds), found.text(),
+                     f"{found.ahead} / {found.behind}"])  # fmt: skip
+    last = int(grid().base["num-server-rounds"])
+    runs = chosen_runs(ev.root / PUBLISHED)
+    federa, fedit = (scores_at(runs[m], last) for m in ("federa", "fedit"))
+    common = sorted(set(federa) & set(fedit))
+    found = paired_difference([federa[s] for s in common], [fedit[s] for s in common])
+    rows.append([f"long budget, SNLI, round {last}", str(len(common)),
+                 f"{interval(found.difference, sign=True)} {verdict(found.difference)}",
+                 f"{found.wins} / {found.losses}"])  # fmt: skip
+    head = ["evidence", "seeds", "FeDeRA − FedIT (test score)", "seeds FeDeRA ahead / behind"]
+    return "\n".join(table(head, rows))
+
+
+def headline_verdicts(
+    ev: Evidence, round_: int | None = None
+) -> tuple[str, str, list[tuple[str, str]]]:
+    """README's headline row, as (evidence, task, [(baseline name, verdict)]): FLoRG − each
+    baseline paired by seed at ``round_`` (default: the grid's last), as on the curve."""
+    round_ = int(grid().base["num-server-rounds"]) if round_ is None else round_
+    baselines = methods()[1:]
+    (entry,) = curve(chosen_runs(ev.root / PUBLISHED), (round_,), baselines)
+    verdicts = [(method_name(b), verdict(entry["differences"][b].difference)) for b in baselines]
+    (task,) = grid().blocks["main"]["task"]
+    return f"long budget (`{grid().name}`, round {round_})", task, verdicts
+
+
+def page_figure(ev: Evidence, path: Path) -> None:
+    """The page's figure: :func:`progress_plot` of the published runs."""
+    progress_plot(ev.root / PUBLISHED, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,20 +19,28 @@ Each regime's runs are grouped into levels and reported by
 :mod:`florg_lab.privacy` (score against ε, paired by seed with ε = ∞, the
 mechanism's medians). While a regime has no published private run its block says so, with
 how many runs are published and the command that runs them, instead of failing.
+
+The verdict page's privacy blocks and figures live here too (``privacy_table``,
+``privacy_mechanism``, ``privacy_regime`` and their figures): the privacy grid's
+(lab/grids/privacy.yaml, FLoRG against FedIT at ε in {∞, ~8, ~2}) and each regime's.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from florg_lab import page_v2
+from florg_lab.contrast import Arm
+from florg_lab.page_text import NAMES, REFERENCE, Evidence, rate
 from florg_lab.privacy import (
     PrivateRun,
     _epsilon,
     _level,
+    collect,
     plot,
     report,
 )
@@ -243,3 +251,93 @@ def regime_plot(
         return False
     plot(runs, _arms(regime, runs, names), path, chance)
     return True
+
+
+# --- the verdict page's blocks and figures (python -m florg_lab.results_doc) -------------
+
+# The privacy grid (lab/grids/privacy.yaml): FLoRG and FedIT at protocol v2's
+# movie-sentiment rates; its ε = ∞ arm reuses evidence-v2's runs
+PRIVACY_RUNS = ("lab/evidence/privacy/runs", page_v2.V2_RUNS[0])
+PRIVACY_FIGURE = "lab/evidence/privacy/privacy-utility.png"
+PRIVACY_SEEDS = (0, 1, 2)  # lab/grids/privacy.yaml's private seeds
+# The regimes: one block and figure each
+REGIMES_FIGURE = "lab/evidence/privacy-regimes/{regime}.png"
+REGIMES_SOURCES = (
+    "the runs' summary.json and metrics.jsonl under lab/evidence/privacy-regimes/runs",
+    "lab/evidence/privacy-regimes/*-tuning.json",
+    page_v2.V2,
+    page_v2.EXACT,
+    f"the ε = ∞ runs under {page_v2.V2_RUNS[0]}, {page_v2.EXACT_RUNS[0]}",
+)
+
+
+def _privacy(ev: Evidence) -> tuple[list[PrivateRun], list[str], float]:
+    """The privacy grid's runs of FLoRG and FedIT at protocol v2's movie-sentiment rates
+    (the arms), with that task's chance level."""
+    task_entry = ev.summary(page_v2.V2)["tasks"]["movie-sentiment"]
+    arms = []
+    for method in (REFERENCE, "fedit"):
+        lr = task_entry["methods"][method]["lr"]
+        label = f"{NAMES[method]} (adapter {rate(lr)})"
+        arms.append(Arm(label, (("method", method), ("learning-rate", f"{lr:g}"))))
+    runs = collect([ev.root / p for p in PRIVACY_RUNS], arms, PRIVACY_SEEDS)
+    return runs, [arm.label for arm in arms], float(task_entry["chance"])
+
+
+def _privacy_parts(ev: Evidence) -> tuple[str, str]:
+    """:func:`florg_lab.privacy.report`'s two parts: the score table, the mechanism's."""
+    runs, labels, chance = _privacy(ev)
+    scores, _, mechanism = report(runs, labels, chance).partition(
+        "\nThe mechanism, per arm and level"
+    )
+    mechanism = "\n".join(line for line in mechanism.splitlines() if line.startswith("|"))
+    return scores.strip(), mechanism
+
+
+def privacy_table(ev: Evidence) -> str:
+    return _privacy_parts(ev)[0]
+
+
+def privacy_mechanism(ev: Evidence) -> str:
+    return _privacy_parts(ev)[1]
+
+
+def privacy_figure(ev: Evidence, path: Path) -> None:
+    runs, labels, chance = _privacy(ev)
+    plot(runs, labels, path, chance)
+
+
+def _regime(name: str) -> Regime:
+    return next(regime for regime in REGIMES if regime.name == name)
+
+
+def _chance(ev: Evidence, regime: Regime) -> float:
+    return float(ev.summary(page_v2.V2)["tasks"][regime.task]["chance"])
+
+
+def privacy_regime(name: str) -> Callable[[Evidence], str]:
+    """The regime's score and mechanism tables with its figure, or what is queued."""
+
+    def make(ev: Evidence) -> str:
+        regime = _regime(name)
+        figure = REGIMES_FIGURE.format(regime=name)
+        return markdown(regime, ev.root, NAMES, _chance(ev, regime), figure)
+
+    return make
+
+
+def privacy_regime_figure(name: str) -> Callable[[Evidence, Path], bool]:
+    def draw(ev: Evidence, path: Path) -> bool:
+        regime = _regime(name)
+        return regime_plot(regime, ev.root, NAMES, _chance(ev, regime), path)
+
+    return draw
+
+
+def privacy_regime_drawn(name: str) -> Callable[[Evidence], bool]:
+    """Whether the regime's figure is due: a private run of it is published."""
+
+    def due(ev: Evidence) -> bool:
+        return any(run.level.private for run in collect_regime(_regime(name), ev.root, NAMES))
+
+    return due

@@ -145,14 +145,15 @@ def test_the_planned_count_adds_the_rates_tuning_extended_past_an_end(grid):
 def test_the_readme_headline_row_sorts_the_baselines_by_their_verdict_at_the_last_round(
     tmp_path,
 ):
-    """README's HEADLINE row for the long budget (results_doc): FedIT ahead of FLoRG by about
+    """README's HEADLINE row for the long budget (page_headline): FedIT ahead of FLoRG by about
     0.1 on every seed (does not hold), FeDeRA ahead on one seed and behind on another
     (inconclusive)."""
-    from florg_lab import results_doc
+    from florg_lab.page_headline import verdict_cells
+    from florg_lab.page_text import Evidence
 
-    grid = tmp_path / results_doc.LONG
+    grid = tmp_path / long_budget.PUBLISHED
     grid.mkdir(parents=True)
-    choices = {f"method={m},task=snli": 0.001 for m in results_doc.LONG_METHODS}
+    choices = {f"method={m},task=snli": 0.001 for m in long_budget.methods()}
     (grid / "tuning.json").write_text(json.dumps({"key": "learning-rate", "choices": choices}))
     federa_offsets = (-0.05, 0.0, 0.06)
     for seed in range(3):
@@ -160,5 +161,6 @@ def test_the_readme_headline_row_sorts_the_baselines_by_their_verdict_at_the_las
         write_run(grid, "fedit", 0.001, seed, lambda t, s=seed: 0.6 + 0.01 * s + 0.001 * s * s)
         write_run(grid, "federa", 0.001, seed,
                   lambda t, s=seed: 0.5 + 0.01 * s + federa_offsets[s])  # fmt: skip
-    evidence = results_doc.Evidence(tmp_path)
-    assert results_doc._long_budget_headline(evidence, ROUNDS) == ["–", "FedIT", "FeDeRA"]
+    what, task, verdicts = long_budget.headline_verdicts(Evidence(tmp_path), ROUNDS)
+    assert (what, task) == (f"long budget (`evidence-long-snli`, round {ROUNDS})", "snli")
+    assert verdict_cells(verdicts) == ["–", "FedIT", "FeDeRA"]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from florg_lab import results_doc
+from florg_lab import privacy_regimes
+from florg_lab.page_text import Evidence
 from florg_lab.privacy import Level
 from florg_lab.privacy_regimes import REGIMES, collect_regime, markdown
 from florg_lab.stats import paired_difference
@@ -95,8 +96,8 @@ def test_cross_silo_runs_group_by_target_epsilon_with_v2s_runs_at_infinity(silo)
 
 
 def test_the_cross_silo_block_pairs_each_level_with_infinity_by_seed(silo):
-    ev = results_doc.Evidence(silo)
-    text = results_doc.privacy_regime("cross-silo")(ev)
+    ev = Evidence(silo)
+    text = privacy_regimes.privacy_regime("cross-silo")(ev)
     rows = [line for line in text.splitlines() if line.startswith("| FLoRG | DP-SGD")]
     # least private first; the level's epsilon is the largest client's over the seeds
     assert [row.split(" | ")[2] for row in rows] == ["8.00", "3.00"]
@@ -115,11 +116,11 @@ def test_the_cross_silo_block_pairs_each_level_with_infinity_by_seed(silo):
 
 
 def test_the_figure_is_due_and_drawn_once_a_private_run_is_published(silo, tmp_path):
-    ev = results_doc.Evidence(silo)
-    assert results_doc.privacy_regime_drawn("cross-silo")(ev)
-    assert not results_doc.privacy_regime_drawn("cross-device")(ev)
+    ev = Evidence(silo)
+    assert privacy_regimes.privacy_regime_drawn("cross-silo")(ev)
+    assert not privacy_regimes.privacy_regime_drawn("cross-device")(ev)
     path = tmp_path / "out.png"
-    assert results_doc.privacy_regime_figure("cross-silo")(ev, path)
+    assert privacy_regimes.privacy_regime_figure("cross-silo")(ev, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -13,68 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from florg_lab import results_doc
-from florg_lab.results_doc import (
-    BLOCKS,
-    COMMAND,
-    check,
-    fill,
-    main,
-    pages,
-    report_parts,
-    signed,
-    write,
-)
+from florg_lab import page_text, page_v1, page_v2, results_doc
+from florg_lab.page_headline import verdict_cells
+from florg_lab.page_text import signed
+from florg_lab.results_doc import BLOCKS, COMMAND, check, fill, main, pages, write
 
 ROOT = Path(__file__).resolve().parents[2]
 V1_PAGE = ROOT / "docs" / "results-v1.md"
-
-REPORT = """# Evidence: ev
-
-## Tuning of `ev` (validation score, seed 0)
-
-| combination | lr = 1 | chosen |
-|---|---|---|
-| method=florg | 0.7 | 1 |
-
-## Test scores
-
-### movie-sentiment
-
-Chance (majority class of the 40 test examples): 0.5100; centralised reference: 0.7750
-
-| method | lr |
-|---|---|
-| florg | 0.001 |
-
-Test score per tested round, mean over seeds:
-
-| method | round 0 |
-|---|---|
-| florg | 0.500 |
-
-## Verdicts
-
-| claim | verdict |
-|---|---|
-| FLoRG beats fedit | holds |
-
-## Learning
-
-| task | what | above chance, mean [95% CI] | bar | met |
-|---|---|---|---|---|
-| movie-sentiment | florg | +0.2000 [+0.1000, +0.3000] | mean ≥ 0.15 | yes |
-
-## FLoRG's server step
-
-### movie-sentiment
-
-| variant | seeds | Gram error, mean over rounds |
-|---|---|---|
-| florg | 2 | 0.0500 [0.0400, 0.0600] |
-
-![plot](plots/x.png)
-"""
 
 
 def _copy_pages(target: Path) -> None:
@@ -158,28 +103,84 @@ def test_the_verdict_table_pairs_seeds_and_decides():
         "florg": {"seeds": [0, 1, 2], "test_final": [0.5, 0.6, 0.7]},
         "fedit": {"seeds": [2, 1, 0], "test_final": [0.9, 0.8, 0.7]},
     }
-    found = results_doc.paired(entries["florg"], entries["fedit"])
+    found = page_text.paired(entries["florg"], entries["fedit"])
     assert found.seeds == 3 and found.ahead == 0 and found.behind == 3
     assert found.verdict == "does not hold"
     assert found.text().startswith("−0.200 [")
 
 
-def test_report_parts_copy_each_table_and_fill_replaces_an_earlier_copy():
-    parts = report_parts(REPORT)
-    assert parts["VERDICTS"] == "| claim | verdict |\n|---|---|\n| FLoRG beats fedit | holds |"
-    assert "#### movie-sentiment" in parts["TESTS"] and "| florg | 0.001 |" in parts["TESTS"]
-    assert (
-        "Test score per tested round, mean over seeds:\n\n| method | round 0 |" in (parts["TESTS"])
-    )
-    assert parts["TUNING"].startswith("`ev`:\n\n| combination | lr = 1 | chosen |")
-    assert parts["SERVER"].endswith("| florg | 2 | 0.0500 [0.0400, 0.0600] |")
-    assert "plots/x.png" not in "".join(parts.values())
+def test_the_v1_tables_are_its_reports_rendered_from_its_runs_and_fill_replaces_a_copy():
+    """Protocol v1's blocks are rendered from the report's published runs with the report's
+    own table functions, not cut out of it: each table is the report's, per-task headings
+    one level down, no plot links."""
+    parts = page_v1.tables(page_text.Evidence(ROOT))
+    report = (ROOT / page_v1.V1_REPORT).read_text()
+    assert set(parts) == set(page_v1.MARKERS)
+    assert parts["VERDICTS"].startswith("| claim | task | measure | interval (95%) | verdict |")
+    assert parts["VERDICTS"] in report and parts["LEARNING"] in report
+    assert "#### movie-sentiment" in parts["TESTS"]
+    assert "Test score per tested round, mean over seeds:\n\n| method | round 0 |" in parts["TESTS"]
+    assert parts["TESTS"].replace("#### ", "### ") in report
+    assert parts["TUNING"].startswith("`evidence`:\n\n| combination | learning-rate = 0.0005 |")
+    assert all(table in report for table in parts["TUNING"].split("\n\n")[1::2])
+    assert parts["SERVER"].replace("#### ", "### ") in report
+    assert parts["SERVER"].endswith("|")
+    assert "plots/" not in "".join(parts.values())
     doc = "# Results\n\n<!-- VERDICTS -->\n\n## Appendix\n"
     once = fill(doc, "VERDICTS", "first")
     assert "<!-- VERDICTS -->\nfirst\n<!-- /VERDICTS -->" in once
     twice = fill(once, "VERDICTS", "second")
     assert twice.count("<!-- VERDICTS -->") == 1 and "first" not in twice
     assert twice.endswith("## Appendix\n")
+
+
+def test_no_block_is_cut_out_of_another_page():
+    """The renderers read summaries, tuning files and runs: none searches a published
+    report's text for a section."""
+    from florg_lab import comm_to_target, long_budget, page_hetero, page_sft, privacy_regimes
+
+    for module in (page_v1, page_v2, page_hetero, page_sft, long_budget, comm_to_target,
+                   privacy_regimes, results_doc):  # fmt: skip
+        source = Path(module.__file__).read_text()
+        assert "import re\n" not in source and "_section(" not in source, module.__name__
+        assert 'README.md").read_text' not in source, module.__name__
+
+
+def test_the_long_budget_run_count_is_its_grid_files_and_tuning_jsons():
+    """The long-budget block's planned runs come from lab/grids/evidence-long-snli.yaml
+    (per method: each listed rate at the tuning seed, then the other seeds) and the rates
+    tuning.json says tuning added, never from a number typed into the code."""
+    from florg_lab import long_budget
+    from florg_lab.grid import load_grid
+
+    grid = load_grid(long_budget.GRID)
+    main, tuning = grid.blocks["main"], grid.tuning
+    per_method = len(tuning.values) + len(main["seed"]) - (tuning.seed in main["seed"])
+    assert long_budget.grid_runs() == len(main["method"]) * len(main["task"]) * per_method
+    published = ROOT / long_budget.PUBLISHED
+    document = json.loads((published / "tuning.json").read_text())
+    tuned = load_grid(long_budget.GRID, document["choices"], document.get("candidates"))
+    planned = long_budget.planned_runs(published, long_budget.grid_runs())
+    assert planned == tuned.expected_runs
+    assert f"runs finished, of {planned} planned" in (ROOT / "docs" / "results.md").read_text()
+    assert not hasattr(results_doc, "LONG_RUNS")
+
+
+def test_the_block_engine_imports_no_grid_module():
+    """florg_lab.pages finds, fills and checks blocks: it imports the standard library
+    only, nothing of the lab's grids or renderers."""
+    import ast
+
+    from florg_lab import pages as engine
+
+    tree = ast.parse(Path(engine.__file__).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}  # fmt: skip
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not any(name.split(".")[0] in ("florg_lab", "flower_app", "strategies")
+                   for name in imported), imported  # fmt: skip
+    assert imported <= {"__future__", "argparse", "re", "collections.abc", "dataclasses",
+                        "pathlib", "typing"}  # fmt: skip
 
 
 def test_a_missing_marker_is_an_error():
@@ -241,7 +242,7 @@ def test_the_exact_methods_table_pairs_them_with_v2s_florg_and_fedit(tmp_path):
         scores = [0.5, 0.5, 0.5, 0.5, fed_sb[seed]]
         write_run(exact / "runs" / "evidence-v2-exact", "fed-sb", seed, 0.002, scores, 16)
 
-    text = results_doc.exact_table("movie-sentiment")(results_doc.Evidence(tmp_path))
+    text = page_v2.exact_table("movie-sentiment")(page_text.Evidence(tmp_path))
     cells = [[c.strip() for c in line.strip("|").split("|")]
              for line in text.splitlines() if line.startswith("| ")]  # fmt: skip
     rows = {row[0]: row for row in cells}
@@ -249,13 +250,13 @@ def test_the_exact_methods_table_pairs_them_with_v2s_florg_and_fedit(tmp_path):
     v2 = json.loads((ROOT / "lab/evidence/evidence-v2/summary.json").read_text())
     florg = v2["tasks"]["movie-sentiment"]["methods"]["florg"]
     fedit = v2["tasks"]["movie-sentiment"]["methods"]["fedit"]
-    to_florg = results_doc.paired(florg, entry).text()
-    to_fedit = results_doc.paired(entry, fedit).text()
+    to_florg = page_text.paired(florg, entry).text()
+    to_fedit = page_text.paired(entry, fedit).text()
     assert rows["Fed-SB"][1:3] == ["2e-3 (tried 1e-3 to 4e-3)", "5"]
     assert rows["Fed-SB"][3].startswith("0.625 [")  # the seed mean
     assert rows["Fed-SB"][4:] == [to_florg, to_fedit, "32"]
     assert rows["FLoRG"][4] == "–" and rows["FedIT"][5] == "–"
-    assert rows["FedIT"][4] == results_doc.paired(florg, fedit).text()
+    assert rows["FedIT"][4] == page_text.paired(florg, fedit).text()
     assert "RoLoRA, FedSVD, FLoRA: not published yet" in text
     assert "5 of the grid's runs published" in text
 
@@ -265,7 +266,7 @@ def test_the_exact_methods_table_before_any_run_is_published(tmp_path):
     (tmp_path / "lab" / "evidence" / "evidence-v2").symlink_to(
         ROOT / "lab" / "evidence" / "evidence-v2"
     )
-    text = results_doc.exact_table("snli")(results_doc.Evidence(tmp_path))
+    text = page_v2.exact_table("snli")(page_text.Evidence(tmp_path))
     assert text == (
         "RoLoRA, FedSVD, FLoRA, Fed-SB: not published yet (`lab/grids/evidence-v2-exact-snli"
         ".yaml`, queued in `bash lab/scripts/evidence_queue.sh`; 0 of the grid's runs published)."
@@ -289,7 +290,7 @@ def test_the_exact_methods_table_while_a_method_has_one_seed(tmp_path):
     (exact / "summary.json").write_text(json.dumps(summary))
     write_run(exact / "runs" / "evidence-v2-exact", "rolora", 0, 0.001, [0.5] * 4 + [0.7], 16)
 
-    text = results_doc.exact_table("movie-sentiment")(results_doc.Evidence(tmp_path))
+    text = page_v2.exact_table("movie-sentiment")(page_text.Evidence(tmp_path))
     rows = {row[0]: row for row in (
         [c.strip() for c in line.strip("|").split("|")]
         for line in text.splitlines() if line.startswith("| ")
@@ -315,7 +316,7 @@ def test_the_headline_has_a_task_of_the_exact_grid_once_every_method_has_every_s
     for task, shift in (("movie-sentiment", {"rolora": 0.2, "fed-sb": -0.2}), ("snli", {})):
         florg = v2[task]["methods"]["florg"]
         methods = {}
-        for m in results_doc.EXACT_METHODS:
+        for m in page_v2.exact_methods():
             scores = [s + shift.get(m, 0.0) + 0.02 * (-1) ** i
                       for i, s in enumerate(florg["test_final"])]  # fmt: skip
             methods[m] = {"lr": 1e-3, "seeds": list(florg["seeds"]), "test_final": scores}
@@ -327,6 +328,9 @@ def test_the_headline_has_a_task_of_the_exact_grid_once_every_method_has_every_s
     (tmp_path / "lab" / "evidence" / "evidence-v2-exact" / "summary.json").write_text(
         json.dumps({"tasks": tasks})
     )
-    rows = results_doc._exact_headline(results_doc.Evidence(tmp_path))
+    rows = [
+        [what, page_text.task_name(task), *verdict_cells(verdicts)]
+        for what, task, verdicts in page_v2.exact_headline(page_text.Evidence(tmp_path))
+    ]
     assert rows == [["exact methods (`evidence-v2-exact`), protocol v2", "movie sentiment",
                      "Fed-SB", "RoLoRA", "FedSVD, FLoRA"]]  # fmt: skip
