@@ -62,7 +62,8 @@ def _prepare(msg: Message, context: Context, *, training: bool):
     adapted = cached_adapted_model(config_at_rank(config, rank), data.num_labels, data.spec.kind)
     # a state of a larger rank (the server does not know this node's rank yet): the top rows
     # downlink-encoding: the arrays as float32 before anything reads them
-    shared = truncate_to_rank(from_array_record(decode_record(msg.content["arrays"])), rank)
+    received = decode_record(msg.content["arrays"], config.downlink_encoding)
+    shared = truncate_to_rank(from_array_record(received), rank)
     local = context.state.array_records.get(LOCAL_STATE)
     state = from_array_record(local) if local is not None else None
     folder = node_state_dir(msg, partition_id) if adapted.method.personal else None

@@ -15,10 +15,11 @@ replies) and ``downlink-encoding`` (the server's training messages), each one of
   ``<name>@int8`` with the float32 scales (one per row; a 1-D array is one row) under
   ``<name>@int8-scale``.
 
-The receiver decodes before anything else reads the arrays (``decode_record``: float32
-arrays under their own names), so every method's rule, the server's reply checks,
-screening and DP clipping see arrays as before, only rounded. ``decode_record`` of a
-float32 record is the record itself.
+The receiver decodes before anything else reads the arrays (``decode_record``, given the
+run's encoding: float32 arrays under their own names), so every method's rule, the
+server's reply checks, screening and DP clipping see arrays as before, only rounded; what
+the run's encoding does not produce is left for those checks to refuse. ``decode_record``
+of a float32 record is the record itself.
 """
 
 from __future__ import annotations
@@ -73,28 +74,32 @@ def encode_record(
     return ArrayRecord(array_dict=arrays)
 
 
-def decode_record(record: ArrayRecord) -> ArrayRecord:
-    """``record`` with every encoded array back as float32 under its own name; a float32
-    record (``fp32``) is returned as it is."""
-    if all(a.dtype == "float32" and "@" not in k for k, a in record.items()):
+def decode_record(record: ArrayRecord, encoding: str) -> ArrayRecord:
+    """``record``, sent under ``encoding``, with its encoded arrays back as float32 under
+    their own names; under ``fp32`` (or with nothing encoded) the record itself. Only the
+    forms ``encoding`` produces are decoded: anything else is left as it came, for the
+    receiver's checks to refuse (a float16 array in an fp32 run stays float16)."""
+    if encoding == "fp32" or all(a.dtype == "float32" and "@" not in k for k, a in record.items()):
         return record
+    if encoding not in ENCODINGS:
+        raise ValueError(f"unknown encoding {encoding!r}; choose one of {ENCODINGS}")
     arrays = {k: v.numpy() for k, v in record.items()}
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Array] = {}
     for key, value in arrays.items():
-        if key.endswith(INT8_SCALE):
+        if encoding == "int8" and key.endswith(INT8_SCALE):
             continue
-        if key.endswith(BF16):
-            out[key.removesuffix(BF16)] = from_bf16_bits(value)
-        elif key.endswith(INT8):
+        if encoding == "bf16" and key.endswith(BF16) and value.dtype == np.uint16:
+            out[key.removesuffix(BF16)] = Array(from_bf16_bits(value))
+        elif encoding == "int8" and key.endswith(INT8) and value.dtype == np.int8:
             name = key.removesuffix(INT8)
             if name + INT8_SCALE not in arrays:
                 raise ValueError(f"int8 array {name!r} arrived without its scales")
-            out[name] = from_int8(value, arrays[name + INT8_SCALE])
-        elif value.dtype == np.float16:
-            out[key] = value.astype(np.float32)
-        else:
-            out[key] = value
-    return to_array_record(out)
+            out[name] = Array(from_int8(value, arrays[name + INT8_SCALE]))
+        elif encoding == "fp16" and value.dtype == np.float16:
+            out[key] = Array(value.astype(np.float32))
+        else:  # not this encoding's form: as it came, for the receiver's checks
+            out[key] = Array(np.ascontiguousarray(value))
+    return ArrayRecord(array_dict=out)
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:

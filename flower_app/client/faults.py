@@ -62,7 +62,8 @@ def inject_faults(
     if kind == "claim":  # poisoning: claims fault-scale examples
         reply.content["metrics"]["num-examples"] = config.fault_scale
         return reply
-    payload = from_array_record(decode_record(reply.content["arrays"]))  # as fp32
+    # the faulty reply travels float32 whatever uplink-encoding (the server takes that too)
+    payload = from_array_record(decode_record(reply.content["arrays"], config.uplink_encoding))
     key = next(iter(payload))
     if kind == "nan":
         payload[key] = np.full_like(payload[key], np.nan)

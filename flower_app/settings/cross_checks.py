@@ -115,10 +115,10 @@ def _check_example_dp(config: RunConfig) -> None:
 
 
 def _check_encodings(config: RunConfig) -> None:
-    """A method that folds into W0 (``Method.writes_base_weights``: FedEx-LoRA's residual,
-    FLoRA's update) computes the fold from the global arrays it keeps exact: nodes that
-    received them rounded would hold a model the fold no longer completes, so its
-    downlink stays fp32 (its uplink may be encoded: the server folds what it decodes)."""
+    """A method that folds into W0 (``Method.writes_base_weights``) computes the fold from
+    the global arrays it keeps exact: nodes that received them rounded would hold a model
+    the fold no longer completes, so its downlink stays fp32 (its uplink may be encoded:
+    the server folds what it decodes)."""
     if config.downlink_encoding == "fp32":
         return
     if get_method(config.method).writes_base_weights:

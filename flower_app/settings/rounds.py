@@ -65,7 +65,7 @@ class FederationSettings:
         "fp32",
         "how the arrays of the server's training messages travel (as uplink-encoding; one "
         "rounding for every node, so every node decodes the same model); what a method sends "
-        "besides them (a fold into W0, Fed-SB's B and A) travels fp32",
+        "besides them (its folds into W0, its fixed bases) travels fp32",
         check=one_of("fp32", "bf16", "fp16", "int8"),
         affects=(),
     )

@@ -46,12 +46,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from flower_app.encoding import DOWN, decode_record, encode_record, encoding_rng
 from flower_app.ranks import truncate_to_rank
-from flower_app.records import declared_params, from_array_record, split_state, to_array_record
+from flower_app.records import declared_params, split_state, to_array_record
 from strategies.server.central_dp import CentralDP
 from strategies.server.client_evaluation import personalised_metrics
 from strategies.server.client_sampling import SampledRounds
+from strategies.server.encoded_messages import decode_reply, encode_downlink
 from strategies.server.example_dp import ExampleDpRecord
 from strategies.server.ledger import CommunicationLedger
 from strategies.server.participation import NodeLedger
@@ -118,6 +118,7 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
         example_dp: ExampleDpRecord | None = None,
         client_sampling: str = "fixed",
         sampling_seed: int | None = None,
+        uplink_encoding: str = "fp32",
         downlink_encoding: str = "fp32",
         encoding_seed: int = 0,
     ) -> None:
@@ -144,7 +145,8 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
         }
         self.updates_dir = Path(updates_dir) if updates_dir else None
         # how the training messages' arrays travel (flower_app/encoding.py)
-        self.downlink_encoding, self.encoding_seed = downlink_encoding, encoding_seed
+        self.uplink_encoding, self.downlink_encoding = uplink_encoding, downlink_encoding
+        self.encoding_seed = encoding_seed
         self.round_metrics: dict[int, dict[str, float]] = {}
         if dp is not None or example_dp is not None:  # the initial state is public
             self.round_metrics[0] = example_dp.metrics() if example_dp else {"dp-epsilon": 0.0}
@@ -181,29 +183,10 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
             for m in super().configure_train(server_round, arrays, config, grid)
         ]
         self.communication.record_sent(server_round, messages)  # the parameters
-        self.encode_downlink(server_round, messages)
+        encode_downlink(messages, self.downlink_encoding, self.encoding_seed, server_round)
         self.communication.record_wire(server_round, messages)  # the bytes, as they travel
         self.ledger.sent(server_round, messages)
         return messages
-
-    def encode_downlink(self, server_round: int, messages: list[Message]) -> None:
-        """Each message's global arrays as ``downlink-encoding`` sends them, in place: one
-        rounding stream for every node, so equal arrays are encoded, and decoded by every
-        node, alike; what a method adds beside them (its folds, its fixed bases) stays
-        float32. Messages may share one content (Flower's FedAvg sends one record to every
-        node): each record is encoded once."""
-        if self.downlink_encoding == "fp32":
-            return
-        encoded: dict[int, tuple[ArrayRecord, ArrayRecord]] = {}  # id -> (record, encoded)
-        for message in messages:
-            record = message.content["arrays"]
-            if id(record) not in encoded:
-                rng = encoding_rng(self.encoding_seed, server_round, DOWN)
-                state = from_array_record(record)
-                new = encode_record(state, self.downlink_encoding, rng)
-                encoded[id(record)] = (record, new)
-                encoded[id(new)] = (new, new)  # a shared content already holds it
-            message.content["arrays"] = encoded[id(record)][1]
 
     def extend_train_message(self, server_round: int, message: Message) -> Message:
         """Hook for methods that send more than the global arrays."""
@@ -255,22 +238,18 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
         replies = list(replies)
         traffic = self.communication.bytes_metrics(server_round, replies)  # as they travelled
         for msg in replies:  # uplink-encoding: decoded before anything reads the arrays
-            decode_reply(msg)
+            decode_reply(msg, self.uplink_encoding)
         nodes = self.ledger.settle(server_round, replies)
         checked: list[Reply] = []
-        failures = rejected = 0
-        up_params = 0
+        failures = rejected = up_params = 0
         for msg in replies:
             node = msg.metadata.src_node_id
             if msg.has_error():
                 failures += 1
                 log.warning(
                     "round %d: node %s (partition %s) failed, reply dropped: %s",
-                    server_round,
-                    node,
-                    self.ledger.partition_of(node),
-                    msg.error.reason,
-                )
+                    server_round, node, self.ledger.partition_of(node), msg.error.reason,
+                )  # fmt: skip
                 continue
             up_params += declared_params(msg.content)
             try:
@@ -281,24 +260,17 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
                 rejected += 1
                 log.warning(
                     "round %d: rejected update from partition %s (node %s): %s",
-                    server_round,
-                    self.ledger.partition_of(node),
-                    node,
-                    err,
-                )
+                    server_round, self.ledger.partition_of(node), node, err,
+                )  # fmt: skip
         example_dp = self.example_dp.observe(server_round, replies) if self.example_dp else {}
+        node_metrics = {**nodes.metrics(), **example_dp, **train_time_metrics(replies)}
         return self.aggregate_replies(
             server_round,
             checked,
             failures=failures,
             rejected=rejected,
             up_params=up_params,
-            node_metrics={
-                **nodes.metrics(),
-                **example_dp,
-                **train_time_metrics(replies),
-                **traffic,
-            },
+            node_metrics={**node_metrics, **traffic},
         )
 
     def aggregate_replies(
@@ -426,15 +398,3 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
     # -- helpers for subclasses -----------------------------------------------------------
     def layers(self) -> dict[str, dict[str, np.ndarray]]:
         return split_state(self.global_state)[0]
-
-
-def decode_reply(message: Message) -> None:
-    """A reply's arrays back to float32 under their own names (``uplink-encoding``), in
-    place, before anything reads them; a reply that cannot be decoded is left as it came,
-    and the reply checks reject it (its arrays are not the ones sent)."""
-    if message.has_error() or "arrays" not in message.content.array_records:
-        return
-    try:
-        message.content["arrays"] = decode_record(message.content["arrays"])
-    except (ValueError, TypeError):
-        return

@@ -139,6 +139,7 @@ class BaseMethod(Method):
             "example_dp": example_dp_record(config),
             "client_sampling": config.client_sampling,
             "sampling_seed": config.seed,
+            "uplink_encoding": config.uplink_encoding,
             "downlink_encoding": config.downlink_encoding,
             "encoding_seed": config.seed,
         }

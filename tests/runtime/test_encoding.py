@@ -34,7 +34,7 @@ STATE = {
 
 def roundtrip(encoding: str, seed: int = 0) -> dict[str, np.ndarray]:
     record = encode_record(STATE, encoding, np.random.default_rng(seed))
-    return {k: v.numpy() for k, v in decode_record(record).items()}
+    return {k: v.numpy() for k, v in decode_record(record, encoding).items()}
 
 
 def test_the_setting_offers_the_modules_encodings():
@@ -46,7 +46,13 @@ def test_the_setting_offers_the_modules_encodings():
 
 def test_fp32_is_the_record_as_always_and_decodes_to_itself():
     record = encode_record(STATE, "fp32")
-    assert decode_record(record) is record
+    assert decode_record(record, "fp32") is record
+    # only the run's own encoding is decoded: a float16 array in an fp32 run stays float16
+    half = encode_record(STATE, "fp16")
+    assert (
+        decode_record(half, "fp32") is half
+        and decode_record(half, "int8")["l.A"].dtype == "float16"
+    )
     for key, value in STATE.items():
         assert np.array_equal(record[key].numpy(), value)
 
@@ -108,8 +114,8 @@ def test_bad_input_is_refused():
     record = encode_record(STATE, "int8", np.random.default_rng(0))
     del record["l.A@int8-scale"]
     with pytest.raises(ValueError, match="without its scales"):
-        decode_record(record)
-    assert decode_record(to_array_record({})) is not None
+        decode_record(record, "int8")
+    assert decode_record(to_array_record({}), "int8") is not None
     with pytest.raises(ConfigError, match="uplink-encoding"):
         resolve_config({"uplink-encoding": "int4"})
 

@@ -1,0 +1,156 @@
+"""What the message encodings cost the server, against what it spends aggregating the same
+round (``uplink-encoding`` / ``downlink-encoding``, flower_app/encoding.py).
+
+    python -m benchmarks.core.encoding_cost       # the 7B shape: 32 layers, q and v, r = 16
+    python -m benchmarks.core.encoding_cost --methods florg --clients 4 --repeats 3
+    python -m benchmarks.core.encoding_cost --quick           # a tiny shape (the test's)
+
+For each method the round is built as ``benchmarks.core.server_methods`` builds it (the
+strategy the ServerApp builds, N clients' seeded round-1 replies at the shape, float32).
+Side by side, every encoding once per repeat, the median of ``--repeats`` after a warm-up:
+
+- **aggregation**: ``strategy.aggregate_adapter`` over the N replies (the round's
+  ``agg-seconds`` less the head's FedAvg);
+- **server codec**: what an encoding adds to the server's round: decoding the N replies
+  (``decode_record``) and encoding the one global state it sends down (``encode_record``,
+  the same record for every node);
+- **client codec**: what it adds to one client's round: encoding its reply and decoding
+  the state it was sent.
+
+Each row prints the server codec's share of the aggregation (the goal: at most 5%) and the
+bytes a reply's content takes on the wire (its serialised Flower RecordDict; the message
+adds a few hundred bytes of metadata). fp32 is the
+baseline: its records are built as every round builds them, and decoding them is free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from benchmarks.core.server_methods import Case, build_case, set_blas_threads
+from benchmarks.core.settings import ServerShape
+
+# The issue's 7B shape: 32 decoder layers, q and v adapted (64 layers), k = 4096, r = 16.
+SHAPE_7B = ServerShape("7b-r16", layers=64, k=4096, clients=10, rank=16, dense_reference=False)
+SHAPE_QUICK = ServerShape("quick", layers=4, k=96, clients=3, rank=4, dense_reference=False)
+ENCODINGS = ("fp32", "bf16", "fp16", "int8")
+
+
+@dataclass
+class Row:
+    method: str
+    encoding: str
+    aggregation_s: float
+    server_codec_s: float
+    client_codec_s: float
+    reply_bytes: int
+
+    @property
+    def share(self) -> float:
+        return self.server_codec_s / self.aggregation_s
+
+
+def _median(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def codec_rows(case: Case, repeats: int) -> list[Row]:
+    """Every encoding of ``case``'s round, with the aggregation timed in the same pass."""
+    import numpy as np
+    from flwr.app import RecordDict
+    from flwr.common.serde import recorddict_to_proto
+
+    from flower_app.encoding import decode_record, encode_record
+
+    global_state = {k: np.asarray(v, np.float32) for k, v in case.strategy.global_state.items()}
+    rows = []
+    for encoding in ENCODINGS:
+        rng = np.random.default_rng(0)
+        replies = [encode_record(p, encoding, rng) for p in case.payloads]
+
+        def server(replies=replies, encoding=encoding, rng=rng) -> None:
+            for record in replies:
+                decode_record(record, encoding)
+            encode_record(global_state, encoding, rng)
+
+        def client(encoding=encoding, rng=rng) -> None:
+            sent = encode_record(global_state, encoding, rng)
+            decode_record(sent, encoding)
+            encode_record(case.payloads[0], encoding, rng)
+
+        aggregation = _median(case.round, repeats)
+        content = recorddict_to_proto(RecordDict({"arrays": replies[0]}))
+        rows.append(
+            Row(
+                case.name,
+                encoding,
+                aggregation,
+                _median(server, repeats),
+                _median(client, repeats),
+                content.ByteSize(),
+            )
+        )
+    return rows
+
+
+def table(rows: Sequence[Row], shape: ServerShape) -> str:
+    lines = [
+        f"shape {shape.name}: {shape.layers} adapted layers, k = {shape.k}, r = {shape.rank}, "
+        f"{shape.clients} clients; medians",
+        "",
+        "| method | encoding | aggregation s | server codec s | codec / aggregation | "
+        "client codec s | reply bytes | vs fp32 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    fp32 = {r.method: r.reply_bytes for r in rows if r.encoding == "fp32"}
+    for r in rows:
+        lines.append(
+            f"| {r.method} | {r.encoding} | {r.aggregation_s:.3f} | {r.server_codec_s:.3f} | "
+            f"{r.share:.1%} | {r.client_codec_s:.3f} | {r.reply_bytes:,} | "
+            f"{r.reply_bytes / fp32[r.method]:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.core.encoding_cost", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--methods", default="florg,fedit,rolora")
+    parser.add_argument("--clients", type=int, default=None, help="N (default: the shape's)")
+    parser.add_argument("--layers", type=int, default=None, help="adapted layers (default 64)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a tiny shape, for the tests")
+    args = parser.parse_args(argv)
+    import strategies.registry  # noqa: F401  (the methods register)
+
+    shape = SHAPE_QUICK if args.quick else SHAPE_7B
+    if args.clients is not None or args.layers is not None:
+        shape = ServerShape(
+            shape.name, args.layers or shape.layers, shape.k, args.clients or shape.clients,
+            shape.rank, False,
+        )  # fmt: skip
+    set_blas_threads(1)  # as the server-step benchmark: steady timings on a shared machine
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    rows: list[Row] = []
+    for name in args.methods.split(","):
+        case = build_case(name.strip(), shape, shape.layers, "cpu")
+        rows += codec_rows(case, args.repeats)
+        del case
+    print(table(rows, shape))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

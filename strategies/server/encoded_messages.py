@@ -1,0 +1,43 @@
+"""The training messages' arrays as the run's encodings send them (``uplink-encoding``,
+``downlink-encoding``; the encodings: flower_app/encoding.py): the server encodes what it
+sends down and decodes what comes up, before anything reads it."""
+
+from __future__ import annotations
+
+from flwr.app import ArrayRecord, Message
+
+from flower_app.encoding import DOWN, decode_record, encode_record, encoding_rng
+from flower_app.records import from_array_record
+
+
+def encode_downlink(messages: list[Message], encoding: str, seed: int, server_round: int) -> None:
+    """Each message's global arrays as ``encoding`` sends them, in place: one rounding
+    stream for every node, so equal arrays are encoded, and decoded by every node, alike;
+    what a method adds beside them (its folds, its fixed bases) stays float32. Messages may
+    share one content (Flower's FedAvg sends one record to every node): each record is
+    encoded once."""
+    if encoding == "fp32":
+        return
+    encoded: dict[int, tuple[ArrayRecord, ArrayRecord]] = {}  # id -> (record, encoded)
+    for message in messages:
+        record = message.content["arrays"]
+        if id(record) not in encoded:
+            rng = encoding_rng(seed, server_round, DOWN)
+            new = encode_record(from_array_record(record), encoding, rng)
+            encoded[id(record)] = (record, new)
+            encoded[id(new)] = (new, new)  # a shared content already holds it
+        message.content["arrays"] = encoded[id(record)][1]
+
+
+def decode_reply(message: Message, encoding: str) -> None:
+    """A reply's arrays back to float32 under their own names, in place, before anything
+    reads them; a reply that cannot be decoded is left as it came, and the reply checks
+    reject it (its arrays are not the ones the round expects)."""
+    if encoding == "fp32" or message.has_error():
+        return
+    if "arrays" not in message.content.array_records:
+        return
+    try:
+        message.content["arrays"] = decode_record(message.content["arrays"], encoding)
+    except (ValueError, TypeError):
+        return

@@ -1,0 +1,21 @@
+"""benchmarks/core/encoding_cost.py on the tiny shape: one row per encoding, the server's
+codec and the aggregation timed side by side, the replies' bytes against fp32's."""
+
+from __future__ import annotations
+
+from benchmarks.core import encoding_cost
+
+
+def test_every_encoding_has_a_row_and_fewer_bytes_than_fp32(capsys):
+    assert encoding_cost.main(["--quick", "--methods", "florg,fedit", "--repeats", "1"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()]
+    rows = [[c.strip() for c in r] for r in rows if r and r[0].strip() in ("florg", "fedit")]
+    assert [(r[0], r[1]) for r in rows] == [
+        (m, e) for m in ("florg", "fedit") for e in ("fp32", "bf16", "fp16", "int8")
+    ]
+    for method, encoding, agg, codec, share, _client, _size, ratio in rows:
+        assert float(agg) >= 0 and float(codec) >= 0 and share.endswith("%")
+        if encoding == "fp32":
+            assert float(ratio) == 1.0
+        else:  # half (16-bit) or about a quarter plus scales (int8) of the payload
+            assert float(ratio) < 0.7, (method, encoding)
