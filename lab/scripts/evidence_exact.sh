@@ -43,14 +43,14 @@ if [ -n "${PUBLISH_ONLY:-}" ]; then
   done
   [ ${#v2_grids[@]} -eq 0 ] || publish_grids "$dir" "$PUBLISHED" "${v2_grids[@]}"
   if [ -n "$decoder" ] && finished_in decoder-check; then
-    python -m florg_lab report decoder-check --out "$results/decoder-check" \
+    python -m "$(grid_runner)" report decoder-check --out "$results/decoder-check" \
       --publish "$PUBLISHED/decoder-check"
   fi
   if finished_in evidence-v2-exact; then
     with=()
     ! finished_in evidence-v2-exact-snli \
       || with=(--with "evidence-v2-exact-snli=$results/evidence-v2-exact-snli")
-    python -m florg_lab evidence evidence-v2-exact \
+    python -m "$(grid_runner)" evidence evidence-v2-exact \
       --out "$results/evidence-v2-exact" "${with[@]}" --publish "$PUBLISHED"
   fi
   exit 0

@@ -25,9 +25,9 @@ EVIDENCE_OLD=f8959ae
 EVIDENCE_NEW=4f4c5b1
 GRIDS=(
   "evidence $EVIDENCE_OLD flower_app.experiments"
-  "evidence-fedsa $EVIDENCE_NEW florg_lab"
+  "evidence-fedsa $EVIDENCE_NEW florg_tools.experiments"
   "evidence-ablations $EVIDENCE_OLD flower_app.experiments"
-  "evidence-snli $EVIDENCE_NEW florg_lab"
+  "evidence-snli $EVIDENCE_NEW florg_tools.experiments"
 )
 ROOT="${1:-../florg-evidence}"
 PUBLISHED=lab/evidence/evidence

@@ -49,9 +49,9 @@ done
 enter_worktree "$dir"
 python -m florg_tools.assets fetch
 # the references: every run reused (a run the grid still lists as missing runs here)
-python -m florg_lab run hetero-references --no-report
+python -m "$(grid_runner)" run hetero-references --no-report
 for method in florg hetlora flexlora; do
-  python -m florg_lab run hetero --no-report --only "method=$method,"
+  python -m "$(grid_runner)" run hetero --no-report --only "method=$method,"
 done
 [ -n "${DIAGNOSTICS:-}" ] || exit 0
 
@@ -62,4 +62,4 @@ for seed in 0 1; do
   target="$diag/projection-init=semi-orthogonal,rank-mismatch=procrustes,seed=$seed"
   [ -d "$target" ] || cp -r "$dir/results/hetero/runs/learning-rate=0.0005,method=florg,seed=$seed,task=movie-sentiment" "$target"
 done
-python -m florg_lab run hetero-diagnostics --no-report
+python -m "$(grid_runner)" run hetero-diagnostics --no-report

@@ -44,5 +44,5 @@ mkdir -p "$out/runs"
 hold_grid_lock "$ROOT"
 enter_worktree "$dir"
 python -m florg_tools.assets fetch
-python -m florg_lab run "$GRID" --no-report --only method=florg, method=fedit,
-python -m florg_lab run "$GRID" --no-report
+python -m "$(grid_runner)" run "$GRID" --no-report --only method=florg, method=fedit,
+python -m "$(grid_runner)" run "$GRID" --no-report

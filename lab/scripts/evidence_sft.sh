@@ -52,5 +52,5 @@ if [ ! -f "$reference" ]; then
   mv "$reference.partial" "$reference"
 fi
 for method in florg fedit; do
-  python -m florg_lab run sft-cpu --no-report --only "method=$method,"
+  python -m "$(grid_runner)" run sft-cpu --no-report --only "method=$method,"
 done

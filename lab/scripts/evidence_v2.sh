@@ -52,18 +52,18 @@ for task in $TASKS; do
   read -r main variants <<<"$(grids_of "$task")"
   enter_worktree "$dir"
   python -m florg_tools.assets fetch
-  python -m florg_lab run "$main" --no-report --only method=florg, method=fedit,
+  python -m "$(grid_runner)" run "$main" --no-report --only method=florg, method=fedit,
   # plain FLoRG's finished runs have the variants grid's ids and settings: reuse them
   for run in results/"$main"/runs/*method=florg,*; do
     [ -d "$run" ] && [ ! -e "results/$variants/runs/$(basename "$run")" ] \
       && cp -r "$run" "results/$variants/runs/"
   done
-  python -m florg_lab run "$variants" --no-report
+  python -m "$(grid_runner)" run "$variants" --no-report
   # one baseline at a time, its tuning then its seeds, so that each verdict row completes in turn
   for method in florg-signed federa fedex-lora ffa-lora fedsa-lora; do
-    python -m florg_lab run "$main" --no-report --only "method=$method,"
+    python -m "$(grid_runner)" run "$main" --no-report --only "method=$method,"
   done
-  python -m florg_lab run "$main" --no-report
+  python -m "$(grid_runner)" run "$main" --no-report
   deactivate
   cd "$home"
 done

@@ -9,6 +9,7 @@
 #   publish_grids DIR PUBLISHED GRID...  # DIR's finished runs into PUBLISHED
 #   run_grid_set DIR COMMIT PUBLISHED GRID...  # all of it, by PUBLISH_ONLY / PREPARE_ONLY
 #   hold_grid_lock ROOT         # one runner at a time under ROOT, or exit 3 naming the holder
+#   grid_runner                 # the grid runner's module in the current directory's checkout
 
 # hold_grid_lock ROOT: the grids each take the whole machine (one Ray actor per core), so two
 # runners side by side on the 2 cores made each run about 3x slower, not 2x (measured
@@ -25,6 +26,13 @@ hold_grid_lock() {
   fi
   echo $$ > "$lock.pid"
   export FLORG_GRID_LOCK_HELD=1
+}
+
+# grid_runner: the module of the grid runner in the checkout of the current directory:
+# florg_lab (lab/florg_lab, where the lab lives since it moved out of the app) or, in a
+# worktree at a commit from before, florg_tools.experiments.
+grid_runner() {
+  if [ -d lab/florg_lab ]; then echo florg_lab; else echo florg_tools.experiments; fi
 }
 
 fixed_worktree() {
@@ -102,6 +110,6 @@ run_grid_set() {
   # minute the first time on a machine, nothing after).
   python -m florg_tools.assets fetch --all
   for grid in "$@"; do
-    python -m florg_lab run "$grid" --no-report
+    python -m "$(grid_runner)" run "$grid" --no-report
   done
 }

@@ -56,3 +56,19 @@ def test_published_runs_reach_the_worktree_from_either_layout(tmp_path):
         assert (worktree / "conf" / "grids" / f"{grid}.yaml").read_bytes() == (
             ROOT / "lab" / "grids" / f"{grid}.yaml"
         ).read_bytes()
+
+
+def test_the_grid_runner_is_the_checkouts_own(tmp_path):
+    """A worktree at a commit from before the lab moved runs florg_tools.experiments; this
+    checkout (and any later) runs florg_lab."""
+
+    def runner(folder: Path) -> str:
+        out = subprocess.run(
+            ["bash", "-c", f'. "{ROOT}/lab/scripts/fixed_worktree.sh"; cd "$1"; grid_runner',
+             "runner", str(folder)],
+            check=True, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        return out.stdout.strip()
+
+    assert runner(ROOT) == "florg_lab"
+    assert runner(tmp_path) == "florg_tools.experiments"
