@@ -48,11 +48,12 @@ def test_the_general_nlp_rehearsal_runs_two_rounds_and_writes_the_submission(tmp
     assert [r["round"] for r in rows] == [0, 1, 2]
     assert all(r["comm-budget-mb"] == 200_000 for r in rows)
     assert 0 == rows[0]["comm-mb"] < rows[1]["comm-mb"] < rows[2]["comm-mb"]
-    # what travelled is what was projected before launch: 2 clients, both ways, 2 rounds
+    # what travelled is what was projected before launch (2 clients, both ways, 2 rounds,
+    # 4 bytes a parameter), plus the messages' framing the projection leaves out (names,
+    # dtypes, shapes, configs, metadata: comm-mb counts the serialised messages' bytes)
     projected = next(line for line in log.splitlines() if "<- this run" in line)
-    assert float(projected.split()[2].replace(",", "")) == pytest.approx(
-        rows[2]["comm-mb"], abs=0.05
-    )
+    projected_mb = float(projected.split()[2].replace(",", ""))
+    assert projected_mb <= rows[2]["comm-mb"] <= 1.01 * projected_mb
 
     folder = run_dir / "submission"
     settings = json.loads((folder / "config.json").read_text())
