@@ -15,9 +15,9 @@ def encode_downlink(messages: list[Message], encoding: str, seed: int, server_ro
     stream for every node, so equal arrays are encoded, and decoded by every node, alike;
     what a method adds beside them (its folds, its fixed bases) stays float32. Messages may
     share one content (Flower's FedAvg sends one record to every node): each record is
-    encoded once."""
+    encoded once. Whether anything was encoded (fp32: nothing, the messages as they are)."""
     if encoding == "fp32":
-        return
+        return False
     encoded: dict[int, tuple[ArrayRecord, ArrayRecord]] = {}  # id -> (record, encoded)
     for message in messages:
         record = message.content["arrays"]
@@ -27,6 +27,7 @@ def encode_downlink(messages: list[Message], encoding: str, seed: int, server_ro
             encoded[id(record)] = (record, new)
             encoded[id(new)] = (new, new)  # a shared content already holds it
         message.content["arrays"] = encoded[id(record)][1]
+    return True
 
 
 def decode_reply(message: Message, encoding: str) -> None:

@@ -182,9 +182,9 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
             self.extend_train_message(server_round, self.at_node_rank(server_round, m))
             for m in super().configure_train(server_round, arrays, config, grid)
         ]
-        self.communication.record_sent(server_round, messages)  # the parameters
-        encode_downlink(messages, self.downlink_encoding, self.encoding_seed, server_round)
-        self.communication.record_wire(server_round, messages)  # the bytes, as they travel
+        self.communication.record_sent(server_round, messages)  # parameters and fp32 bytes
+        if encode_downlink(messages, self.downlink_encoding, self.encoding_seed, server_round):
+            self.communication.record_wire(server_round, messages)  # the bytes, encoded
         self.ledger.sent(server_round, messages)
         return messages
 
