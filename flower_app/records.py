@@ -6,9 +6,9 @@ LoRA-SB's ``R``),
 every other key belongs to the task head, which every method FedAvgs (``split_state``).
 The counts (``record_params``, ``declared_params``) are the parameters a round actually
 sends and receives, reported as the ``down-params`` / ``up-params`` metrics;
-``message_bytes`` is the size of a message as it travels (Flower's protobuf of the message:
-every array's bytes with its dtype, shape and name, the configs and metrics, the metadata),
-reported as ``downlink-bytes`` / ``uplink-bytes``.
+``message_bytes`` is the size of a message's content as it travels (Flower's protobuf of
+its RecordDict: every array's bytes with its dtype, shape and name, the configs and
+metrics), reported as ``downlink-bytes`` / ``uplink-bytes``.
 """
 
 from __future__ import annotations
@@ -34,13 +34,18 @@ def from_array_record(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def message_bytes(message: Any) -> int:
-    """The size in bytes of ``message`` (a Flower ``Message``) serialised as Flower sends
-    it: its protobuf, content and metadata (``flwr.common.serde.message_to_proto``). Exact
-    by construction; it costs one serialisation (about 20 ms per MB on a 2-core CPU), as
-    the transport's own does."""
-    from flwr.common.serde import message_to_proto
+    """The size in bytes of ``message``'s content (a Flower ``Message``'s RecordDict)
+    serialised as Flower sends it (``flwr.common.serde.recorddict_to_proto``). The routing
+    metadata (about 100 bytes of ids and timestamps) is left out: its ids are random
+    varints whose length differs between runs, and a rerun must count the same bytes.
+    A failed reply counts its error (code and reason). Exact for the content by
+    construction; it costs one serialisation (about 20 ms per MB on a 2-core CPU), as the
+    transport's own does."""
+    from flwr.common.serde import error_to_proto, recorddict_to_proto
 
-    return int(message_to_proto(message).ByteSize())
+    if message.has_error():
+        return int(error_to_proto(message.error).ByteSize())
+    return int(recorddict_to_proto(message.content).ByteSize())
 
 
 def record_params(message_content: Any) -> int:
