@@ -3,7 +3,7 @@ level with (the paired verdict FLoRG − baseline: holds, does not hold, inconcl
 
 The rows come from each grid's published ``summary.json`` (protocol v1 and v2, the causal
 LM, clients of different rank), the exact methods' grid once a task of it is complete
-(:func:`florg_lab.page_v2.exact_headline`) and the long-budget grid at its last round
+(:func:`florg_lab.page_exact.exact_headline`) and the long-budget grid at its last round
 (:func:`florg_lab.long_budget.headline_verdicts`).
 """
 
@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from florg_lab import long_budget
+from florg_lab.page_exact import exact_headline
 from florg_lab.page_hetero import HETERO
 from florg_lab.page_sft import SFT
 from florg_lab.page_text import REFERENCE, Evidence, method_name, paired, table, task_name
 from florg_lab.page_v1 import V1
-from florg_lab.page_v2 import V2, exact_headline
+from florg_lab.page_v2 import V2
 
 # (what the row says, the grid's published summary), in the table's order
 SOURCES = (

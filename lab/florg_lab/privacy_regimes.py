@@ -35,6 +35,7 @@ from typing import Any
 
 from florg_lab import page_v2
 from florg_lab.contrast import Arm
+from florg_lab.grid import load_grid
 from florg_lab.page_text import NAMES, REFERENCE, Evidence, rate
 from florg_lab.privacy import (
     PrivateRun,
@@ -259,7 +260,7 @@ def regime_plot(
 # movie-sentiment rates; its ε = ∞ arm reuses evidence-v2's runs
 PRIVACY_RUNS = ("lab/evidence/privacy/runs", page_v2.V2_RUNS[0])
 PRIVACY_FIGURE = "lab/evidence/privacy/privacy-utility.png"
-PRIVACY_SEEDS = (0, 1, 2)  # lab/grids/privacy.yaml's private seeds
+PRIVACY_GRID = "privacy"  # lab/grids/privacy.yaml: its private blocks' seeds are the page's
 # The regimes: one block and figure each
 REGIMES_FIGURE = "lab/evidence/privacy-regimes/{regime}.png"
 REGIMES_SOURCES = (
@@ -271,6 +272,12 @@ REGIMES_SOURCES = (
 )
 
 
+def private_seeds(grid_name: str) -> tuple[int, ...]:
+    """The seeds a grid's private runs (``dp`` set, not ``off``) ran, read from its file."""
+    grid = load_grid(grid_name)
+    return tuple(sorted({int(r.setting("seed")) for r in grid.runs if r.setting("dp") != "off"}))
+
+
 def _privacy(ev: Evidence) -> tuple[list[PrivateRun], list[str], float]:
     """The privacy grid's runs of FLoRG and FedIT at protocol v2's movie-sentiment rates
     (the arms), with that task's chance level."""
@@ -280,7 +287,7 @@ def _privacy(ev: Evidence) -> tuple[list[PrivateRun], list[str], float]:
         lr = task_entry["methods"][method]["lr"]
         label = f"{NAMES[method]} (adapter {rate(lr)})"
         arms.append(Arm(label, (("method", method), ("learning-rate", f"{lr:g}"))))
-    runs = collect([ev.root / p for p in PRIVACY_RUNS], arms, PRIVACY_SEEDS)
+    runs = collect([ev.root / p for p in PRIVACY_RUNS], arms, private_seeds(PRIVACY_GRID))
     return runs, [arm.label for arm in arms], float(task_entry["chance"])
 
 

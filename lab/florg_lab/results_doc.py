@@ -11,7 +11,8 @@ reads what ``florg experiments evidence ... --publish`` (and the grids' publish 
 put under ``lab/evidence/``:
 
 - README's headline: :mod:`florg_lab.page_headline`;
-- protocol v2, its variants and the exact-aggregation methods: :mod:`florg_lab.page_v2`;
+- protocol v2 and its variants: :mod:`florg_lab.page_v2`; the exact-aggregation methods:
+  :mod:`florg_lab.page_exact`;
 - communication to a target score: :mod:`florg_lab.comm_to_target`;
 - the privacy grid and the two privacy regimes: :mod:`florg_lab.privacy_regimes`;
 - the long-budget SNLI grid: :mod:`florg_lab.long_budget`;
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from florg_lab import comm_to_target as ctt
 from florg_lab import long_budget as lb
+from florg_lab import page_exact
 from florg_lab import page_hetero as hetero
 from florg_lab import page_sft as sft
 from florg_lab import page_v1 as v1
@@ -69,7 +71,7 @@ BLOCKS = (
     Block(RESULTS, "VERDICT-TABLE", (v1.V1, v2.V2), v2.verdict_table),
     *(Block(RESULTS, f"V2-{task.upper()}", (v2.V2, RUNS_OF + v2.task_folders(task)[0]),
             v2.v2_methods_table(task)) for task in TASKS),
-    *(Block(RESULTS, f"EXACT-{task.upper()}", _task_metrics(task), v2.exact_table(task))
+    *(Block(RESULTS, f"EXACT-{task.upper()}", _task_metrics(task), page_exact.exact_table(task))
       for task in TASKS),
     *(Block(RESULTS, f"COMM-TO-TARGET-{task.upper()}", _task_metrics(task), ctt.page_block(task))
       for task in TASKS),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from florg_lab import page_text, page_v1, page_v2, results_doc
+from florg_lab import page_exact, page_text, page_v1, page_v2, results_doc
 from florg_lab.page_headline import verdict_cells
 from florg_lab.page_text import signed
 from florg_lab.results_doc import BLOCKS, COMMAND, check, fill, main, pages, write
@@ -139,7 +139,7 @@ def test_no_block_is_cut_out_of_another_page():
     report's text for a section."""
     from florg_lab import comm_to_target, long_budget, page_hetero, page_sft, privacy_regimes
 
-    for module in (page_v1, page_v2, page_hetero, page_sft, long_budget, comm_to_target,
+    for module in (page_v1, page_v2, page_exact, page_hetero, page_sft, long_budget, comm_to_target,
                    privacy_regimes, results_doc):  # fmt: skip
         source = Path(module.__file__).read_text()
         assert "import re\n" not in source and "_section(" not in source, module.__name__
@@ -242,7 +242,7 @@ def test_the_exact_methods_table_pairs_them_with_v2s_florg_and_fedit(tmp_path):
         scores = [0.5, 0.5, 0.5, 0.5, fed_sb[seed]]
         write_run(exact / "runs" / "evidence-v2-exact", "fed-sb", seed, 0.002, scores, 16)
 
-    text = page_v2.exact_table("movie-sentiment")(page_text.Evidence(tmp_path))
+    text = page_exact.exact_table("movie-sentiment")(page_text.Evidence(tmp_path))
     cells = [[c.strip() for c in line.strip("|").split("|")]
              for line in text.splitlines() if line.startswith("| ")]  # fmt: skip
     rows = {row[0]: row for row in cells}
@@ -266,7 +266,7 @@ def test_the_exact_methods_table_before_any_run_is_published(tmp_path):
     (tmp_path / "lab" / "evidence" / "evidence-v2").symlink_to(
         ROOT / "lab" / "evidence" / "evidence-v2"
     )
-    text = page_v2.exact_table("snli")(page_text.Evidence(tmp_path))
+    text = page_exact.exact_table("snli")(page_text.Evidence(tmp_path))
     assert text == (
         "RoLoRA, FedSVD, FLoRA, Fed-SB: not published yet (`lab/grids/evidence-v2-exact-snli"
         ".yaml`, queued in `bash lab/scripts/evidence_queue.sh`; 0 of the grid's runs published)."
@@ -290,7 +290,7 @@ def test_the_exact_methods_table_while_a_method_has_one_seed(tmp_path):
     (exact / "summary.json").write_text(json.dumps(summary))
     write_run(exact / "runs" / "evidence-v2-exact", "rolora", 0, 0.001, [0.5] * 4 + [0.7], 16)
 
-    text = page_v2.exact_table("movie-sentiment")(page_text.Evidence(tmp_path))
+    text = page_exact.exact_table("movie-sentiment")(page_text.Evidence(tmp_path))
     rows = {row[0]: row for row in (
         [c.strip() for c in line.strip("|").split("|")]
         for line in text.splitlines() if line.startswith("| ")
@@ -330,7 +330,7 @@ def test_the_headline_has_a_task_of_the_exact_grid_once_every_method_has_every_s
     )
     rows = [
         [what, page_text.task_name(task), *verdict_cells(verdicts)]
-        for what, task, verdicts in page_v2.exact_headline(page_text.Evidence(tmp_path))
+        for what, task, verdicts in page_exact.exact_headline(page_text.Evidence(tmp_path))
     ]
     assert rows == [["exact methods (`evidence-v2-exact`), protocol v2", "movie sentiment",
                      "Fed-SB", "RoLoRA", "FedSVD, FLoRA"]]  # fmt: skip
