@@ -16,6 +16,8 @@ flower_app/client/faults.py, attached here.
 
 from __future__ import annotations
 
+import time
+
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log as flwr_log
@@ -23,7 +25,7 @@ from flwr.common.logger import log as flwr_log
 import strategies.registry  # noqa: F401  (every method registers with the core's registry)
 from flower_app.client.dp_state import load_accountant, save_accountant
 from flower_app.client.faults import inject_faults
-from flower_app.client.node_config import use_node_data
+from flower_app.client.node_config import node_slowdown, use_node_data
 from flower_app.client.node_state import (
     load_local_state,
     message_config,
@@ -82,7 +84,9 @@ def _prepare(msg: Message, context: Context, *, training: bool):
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """One training round (flower_app/client/round.py); the node keeps its own parts."""
+    """One training round (flower_app/client/round.py); the node keeps its own parts. A
+    straggler (``slowdown`` > 1, flower_app/client/node_config.py) then waits (slowdown - 1)
+    times its local steps' time before replying."""
     config, pid, num_partitions, adapted, rank = _prepare(msg, context, training=True)
     server_round = int(msg.content["config"].get("server-round", 0))
     metrics: dict[str, float] = {
@@ -94,6 +98,7 @@ def train(msg: Message, context: Context) -> Message:
     # dp=example: the node's DP-SGD ledger (flower_app/client/dp_state.py); a client past
     # dp-max-epsilon raises DpBudgetExceeded, which Flower returns as a failed reply
     accountant = load_accountant(context, msg, pid) if config.dp == "example" else None
+    started = time.perf_counter()
     reply = train_round(
         config,
         adapted,
@@ -103,6 +108,8 @@ def train(msg: Message, context: Context) -> Message:
         metrics=metrics,
         accountant=accountant,
     )
+    # its training's time: the local steps' (train-seconds), else the whole round's
+    trained = float(reply.metrics.get("train-seconds", time.perf_counter() - started))
     if accountant is not None:
         save_accountant(context, msg, pid, accountant)
     if reply.local:
@@ -114,6 +121,9 @@ def train(msg: Message, context: Context) -> Message:
     if config.uplink_encoding != "fp32":  # the shared arrays as uplink-encoding sends them
         rng = encoding_rng(config.seed, server_round, UP, pid)
         content["arrays"] = encode_record(reply.shared, config.uplink_encoding, rng)
+    slowdown = node_slowdown(config, context.node_config, pid)
+    if slowdown > 1:
+        time.sleep((slowdown - 1) * trained)
     return Message(content=content, reply_to=msg)
 
 

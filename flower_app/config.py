@@ -65,6 +65,7 @@ from flower_app.settings import TOKENISATION as TOKENISATION
 from flower_app.settings.cross_checks import CROSS_CHECKS
 from flower_app.settings.model_and_data import AdapterSettings, DataSettings, LocalData, WhatRuns
 from flower_app.settings.rounds import (
+    AsyncRoundSettings,
     EvaluationSettings,
     FederationSettings,
     PrecisionSettings,
@@ -89,6 +90,7 @@ class RunConfig(
     EvaluationSettings,
     PrecisionSettings,
     TrainingSettings,
+    AsyncRoundSettings,
     FederationSettings,
     AdapterSettings,
     DataSettings,

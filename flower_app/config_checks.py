@@ -50,6 +50,13 @@ def at_least_one(x: float) -> bool:
     return x >= 1
 
 
+def at_least_one_finite(x: float) -> bool:
+    return x >= 1 and math.isfinite(x)
+
+
+at_least_one_finite.hint = "finite and >= 1"  # type: ignore[attr-defined]
+
+
 def open_unit_interval(x: float) -> bool:
     return 0 < x < 1
 
@@ -108,6 +115,15 @@ def rank_list(x: str) -> bool:
 
 
 rank_list.hint = "'' or a comma list of positive integer ranks, e.g. '2,4,8'"  # type: ignore[attr-defined]
+
+
+def partition_list(x: str) -> bool:
+    """'' or a comma list of partition ids, integers >= 0 ('0,3,7')."""
+    parts = [p.strip() for p in x.split(",")] if x.strip() else []
+    return all(p.isdigit() for p in parts)
+
+
+partition_list.hint = "'' or a comma list of partition ids (integers >= 0), e.g. '0,3,7'"  # type: ignore[attr-defined]
 
 
 def one_of(*options: str) -> Callable[[str], bool]:

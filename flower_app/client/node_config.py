@@ -6,10 +6,14 @@ on (the run's ``data-path``/``task``, split IID or Dirichlet like in simulation)
 files or one json/jsonl/csv/parquet file, read with the run's ``text-fields`` and
 ``label-field``): the node then trains on all of it (no further split) and still
 reports its ``partition-id``, which names it in the server's log and metrics.
+``slowdown`` makes the node a straggler: it takes that many times its training time
+(``node_slowdown``; a simulation sets it with the run settings ``slow-partitions`` and
+``slowdown``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -17,9 +21,10 @@ from typing import Any
 
 from flower_app.config import ConfigError, RunConfig
 
-__all__ = ["NODE_DATA_PATH", "use_node_data"]
+__all__ = ["NODE_DATA_PATH", "NODE_SLOWDOWN", "node_slowdown", "use_node_data"]
 
 NODE_DATA_PATH = "data-path"
+NODE_SLOWDOWN = "slowdown"
 
 
 def use_node_data(
@@ -37,3 +42,22 @@ def use_node_data(
             f"(partition-id {node_config.get('partition-id', '?')})"
         )
     return replace(config, data_path=str(local.resolve())), 1
+
+
+def node_slowdown(config: RunConfig, node_config: Mapping[str, Any], partition_id: int) -> float:
+    """How many times its training time this node takes: its node-config ``slowdown``, else
+    the run's ``slowdown`` for a partition in ``slow-partitions``, else 1."""
+    value = node_config.get(NODE_SLOWDOWN)
+    if value is not None and str(value) != "":
+        try:
+            slowdown = float(value)
+        except (TypeError, ValueError):
+            slowdown = float("nan")
+        if not (math.isfinite(slowdown) and slowdown >= 1):
+            raise ConfigError(
+                f"node-config slowdown: {value!r} must be a finite number >= 1 "
+                f"(partition-id {partition_id})"
+            )
+        return slowdown
+    slow = {int(p) for p in config.slow_partitions.split(",") if p.strip()}
+    return config.slowdown if partition_id in slow else 1.0

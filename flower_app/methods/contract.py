@@ -24,7 +24,8 @@ batched or private paths. A method declares
   ``heterogeneous_ranks``, ``dp_mechanism`` (with ``dp_refusal`` when None),
   ``dp_initial_releases`` (its releases under dp=central before round 1),
   ``example_dp_refusal`` (why DP-SGD on the clients, ``dp=example``, cannot run it; '' when
-  it can) and ``writes_base_weights``;
+  it can), ``writes_base_weights`` and ``async_update`` (with ``async_refusal`` when None:
+  how a buffered asynchronous update takes a stale reply);
 - **central differential privacy** (``dp=central``, docs/privacy.md): its mechanism
   (``aggregate_private``; by default the mean mechanism of
   ``strategies.server.central_dp``);
@@ -105,6 +106,13 @@ class Method:
     # Whether it writes into the frozen base weights W0 during the run (e.g. a
     # residual fold): refused with a half-precision or quantised W0.
     writes_base_weights: bool = False
+    # How a buffered asynchronous update (``round-mode=async``) takes replies trained from
+    # an older model (strategies/server/buffered_rounds.py): 'mean' (its rule is a weighted
+    # mean of each shared part, so the update is the current model plus the mean of the
+    # replies' staleness-scaled deltas), 'gram' (FLoRG's Gram average, moved by each
+    # reply's Aₙᵀ Aₙ − A_τᵀ A_τ); None: refused, with ``async_refusal``.
+    async_update: str | None = None
+    async_refusal: str = ""
 
     def __post_init__(self) -> None:
         if self.adapter not in adapter_kind_names():

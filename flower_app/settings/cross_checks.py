@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from flower_app.config_checks import ConfigError
-from flower_app.methods.registry import get_method
+from flower_app.methods.registry import get_method, method_names
 
 if TYPE_CHECKING:
     from flower_app.config import RunConfig
@@ -155,6 +155,59 @@ def _check_unnoised_metrics(config: RunConfig) -> None:
         )
 
 
+def _check_async_rounds(config: RunConfig) -> None:
+    """``round-mode=async`` (strategies/server/buffered_rounds.py) runs a method whose rule
+    takes a reply trained from an older model exactly (``Method.async_update``), with the
+    settings its buffer keeps apart from: no DP (central DP's accountant counts releases of
+    a uniform sample, and a buffer holds the clients that were fastest, not a sample; a
+    client's DP-SGD noise is calibrated for num-server-rounds rounds, and a fast client
+    trains more tasks than that), a fixed sample (no Poisson), clients of one rank, no
+    client evaluation rounds, and a buffer no larger than the clients in flight."""
+    if config.round_mode != "async":
+        if config.async_concurrency or config.async_buffer_size:
+            raise ConfigError(
+                "async-concurrency / async-buffer-size: set only with round-mode=async"
+            )
+        return
+    method = get_method(config.method)
+    if method.async_update is None:
+        able = ", ".join(n for n in method_names() if get_method(n).async_update)
+        why = method.async_refusal or (
+            "its server rule is neither a mean of the replies' parts nor FLoRG's Gram "
+            "average, so a reply trained from an older model has no exact place in its update"
+        )
+        raise ConfigError(
+            f"round-mode: async is refused for method={config.method!r}: {why} (async runs {able})"
+        )
+    refusals = (
+        (config.dp == "central", "dp",
+         "dp=central is refused with round-mode=async: its accountant counts releases of a "
+         "uniform sample of clients, and an asynchronous buffer holds the clients that "
+         "replied first"),
+        (config.dp == "example", "dp",
+         "dp=example is refused with round-mode=async: each client's noise is calibrated "
+         "for num-server-rounds rounds of training, and an asynchronous client that is "
+         "fast trains more tasks than that"),
+        (config.client_sampling != "fixed", "client-sampling",
+         "client-sampling=poisson is a per-round sample; round-mode=async keeps "
+         "async-concurrency clients busy instead: use client-sampling=fixed"),
+        (bool(config.client_ranks.strip()), "client-ranks",
+         "round-mode=async runs clients of one rank; set client-ranks=''"),
+        (method.evaluates_on_clients(config), "client-eval",
+         "round-mode=async has no client evaluation rounds; set client-eval=off (a method "
+         "with personal parts evaluates on its clients and is refused)"),
+    )  # fmt: skip
+    for refused, key, why in refusals:
+        if refused:
+            raise ConfigError(f"{key}: {why}")
+    concurrency = config.async_concurrency
+    if concurrency and config.async_buffer_size > concurrency:
+        raise ConfigError(
+            f"async-buffer-size: {config.async_buffer_size} replies per update cannot come "
+            f"from async-concurrency={concurrency} clients in flight"
+        )
+
+
 # The one validation pipeline of ``resolve_config``: the checks across settings, in order,
 # each raising a ConfigError that names its key; a method adds its own through
 # ``Method.check_settings``. (Each value's own check runs first, in ``coerce_setting``; the
@@ -167,5 +220,6 @@ CROSS_CHECKS = (
     _check_example_dp,
     _check_unnoised_metrics,
     _check_encodings,
+    _check_async_rounds,
     _check_method_settings,
 )

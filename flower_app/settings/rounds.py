@@ -9,11 +9,13 @@ from flower_app.config_checks import (
     PRECISIONS,
     QUANTIZATIONS,
     at_least_one,
+    at_least_one_finite,
     fraction,
     non_negative,
     non_negative_finite,
     one_of,
     open_unit_interval,
+    partition_list,
     positive,
     positive_finite,
     zero_or_below_one,
@@ -67,6 +69,64 @@ class FederationSettings:
         "rounding for every node, so every node decodes the same model); what a method sends "
         "besides them (its folds into W0, its fixed bases) travels fp32",
         check=one_of("fp32", "bf16", "fp16", "int8"),
+        affects=(),
+    )
+
+
+@dataclass(frozen=True)
+class AsyncRoundSettings:
+    """Settings: buffered asynchronous rounds (``round-mode=async``, FedBuff's scheme;
+    strategies/server/buffered_rounds.py) and the stragglers a simulation can set."""
+
+    round_mode: str = setting(
+        "sync",
+        "'sync': every round waits for its sampled clients (Flower's loop); 'async': the "
+        "server keeps async-concurrency clients training and applies one update per "
+        "async-buffer-size replies, each weighted by its staleness (docs/async.md); a run "
+        "is num-server-rounds updates",
+        check=one_of("sync", "async"),
+        affects=(),
+    )
+    async_concurrency: int = setting(
+        0,
+        "round-mode=async: clients training at any time (0 = the synchronous sample size, "
+        "max(fraction-train x N, min-train-nodes))",
+        check=non_negative,
+        affects=(),
+    )
+    async_buffer_size: int = setting(
+        0,
+        "round-mode=async: replies per server update (0 = async-concurrency: with every "
+        "reply fresh, an update is the synchronous round's)",
+        check=non_negative,
+        affects=(),
+    )
+    async_staleness_exponent: float = setting(
+        0.5,
+        "round-mode=async: a reply trained from a model tau updates old moves the model by "
+        "(1 + tau)^-a of its delta (a = this; 0 = no discount)",
+        check=non_negative_finite,
+        affects=(),
+    )
+    async_max_staleness: int = setting(
+        8,
+        "round-mode=async: the server keeps this many past models; a reply staler than "
+        "that is refused (logged and counted)",
+        check=positive,
+        affects=(),
+    )
+    slow_partitions: str = setting(
+        "",
+        "stragglers in a simulation: these partition ids train slowdown times slower (a "
+        "SuperNode's node-config slowdown=X sets its own)",
+        check=partition_list,
+        affects=(),
+    )
+    slowdown: float = setting(
+        1.0,
+        "how many times its training time a client of slow-partitions takes (it waits "
+        "(slowdown - 1) x the time it trained before replying)",
+        check=at_least_one_finite,
         affects=(),
     )
 

@@ -25,6 +25,7 @@ FEDIT = FedIT(
     adapter="lora",
     shared=("A", "B"),
     dp_mechanism="mean",  # clip reply - sent over A, B and the head; noised mean
+    async_update="mean",  # A and B each a weighted mean: the mean of the stale deltas
 )
 
 METHODS = (FEDIT,)

@@ -24,6 +24,7 @@ FFA_LORA = FFALoRA(
     shared=("B",),
     frozen=("A",),
     dp_mechanism="mean",  # clip reply - sent over B and the head; noised mean
+    async_update="mean",  # B a weighted mean: the mean of the stale deltas
 )
 
 METHODS = (FFA_LORA,)

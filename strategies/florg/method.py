@@ -48,6 +48,7 @@ FLORG = FLoRG(
     heterogeneous_ranks=True,
     # clip A - A_prev with the head; noised Gram mean; eigh, Procrustes (strategy.py)
     dp_mechanism="gram",
+    async_update="gram",  # the Gram average moved by each stale reply's Gram delta
 )
 FLORG_NO_PROCRUSTES = FLoRG(
     name="florg-no-procrustes",
@@ -56,6 +57,7 @@ FLORG_NO_PROCRUSTES = FLoRG(
     shared=("A",),
     heterogeneous_ranks=True,
     dp_mechanism="gram",
+    async_update="gram",
     procrustes=False,
 )
 

@@ -51,6 +51,7 @@ from strategies.florg.rule_torch import aggregate_florg_layers
 from strategies.server.central_dp import noised_mean
 from strategies.server.replies import Reply, ReplyRejected, metric_number
 from strategies.server.strategy import AdapterStrategy
+from strategies.shared.averaging import weighted_average
 
 FEDAVG_GAP_CHOICES = ("both", "own", "off")
 
@@ -167,6 +168,31 @@ class FLoRGStrategy(AdapterStrategy):
         if self.procrustes and self.fedavg_gap != "off":
             info |= self.fedavg_gaps(payloads, weights, new_As)
         return new_As, info
+
+    def aggregate_buffered(self, server_round, kept, weights):
+        """round-mode=async with stale replies: each layer's Gram average moved by every
+        reply's Gram delta AₙᵀAₙ − A_vₙᵀA_vₙ, scaled by its staleness factor, decomposed and
+        aligned with the current A (strategies/florg/buffered_rule.py); the head as the
+        common strategy moves it (strategies/server/buffered_rounds.py)."""
+        from strategies.florg.buffered_rule import aggregate_florg_buffered
+
+        factors = self.staleness_factors(kept)
+        new, per_layer = {}, {}
+        for key in (f"{layer}.A" for layer in self.layers()):
+            new[key], per_layer[key] = aggregate_florg_buffered(
+                [r.arrays[key] for r in kept],
+                [r.start[key] for r in kept],
+                weights,
+                factors,
+                self.global_state[key],
+                procrustes=self.procrustes,
+                rank_mismatch=self.rank_mismatch,
+            )
+        heads = self.moved_replies(kept, self.head_keys())
+        for key in self.head_keys():
+            new[key] = weighted_average([h[key] for h in heads], weights, key)
+        names = ("rank", "gram_rel_error", "drift", "eigengap", "negative_share")
+        return new, summarize_layers(per_layer, names)
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Also the factors of the other ranks in use (``rank<r>/<layer>.A``)."""

@@ -328,3 +328,18 @@ def mean_mechanism(
     return new_state, {
         "dp-noise-std": noise_std_mean(dp.clipping_norm, dp.noise_multiplier, num_sampled)
     }
+
+
+def check_strategy_dp(method: Any, dp: CentralDP, weighting: str, updates_dir: Any) -> None:
+    """What the run settings check (``Method.check_settings``), again where a strategy is
+    built directly: the method's mechanism, uniform weights, no saved client updates."""
+    mechanism = method.check_dp_supported()  # a refusal says why there is none
+    if dp.mechanism != mechanism:
+        raise ValueError(
+            f"dp=central: method {method.name!r} implements the mechanism "
+            f"{mechanism!r}, not {dp.mechanism!r}"
+        )
+    if weighting != "uniform":
+        raise ValueError("dp=central needs aggregation-weights='uniform'")
+    if updates_dir is not None:
+        raise ValueError("dp=central: save-client-updates would store the raw updates")

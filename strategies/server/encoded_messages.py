@@ -1,6 +1,7 @@
 """The training messages' arrays as the run's encodings send them (``uplink-encoding``,
 ``downlink-encoding``; the encodings: flower_app/encoding.py): the server encodes what it
-sends down and decodes what comes up, before anything reads it."""
+sends down and decodes what comes up, before anything reads it (``EncodedMessages``, mixed
+into the common strategy)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from flower_app.encoding import DOWN, decode_record, encode_record, encoding_rng
 from flower_app.records import from_array_record
 
 
-def encode_downlink(messages: list[Message], encoding: str, seed: int, server_round: int) -> None:
+def encode_downlink(messages: list[Message], encoding: str, seed: int, server_round: int) -> bool:
     """Each message's global arrays as ``encoding`` sends them, in place: one rounding
     stream for every node, so equal arrays are encoded, and decoded by every node, alike;
     what a method adds beside them (its folds, its fixed bases) stays float32. Messages may
@@ -42,3 +43,24 @@ def decode_reply(message: Message, encoding: str) -> None:
         message.content["arrays"] = decode_record(message.content["arrays"], encoding)
     except (ValueError, TypeError):
         return
+
+
+class EncodedMessages:
+    """The strategy's encodings applied to what it sends and receives."""
+
+    uplink_encoding: str = "fp32"
+    downlink_encoding: str = "fp32"
+    encoding_seed: int = 0
+
+    def use_encodings(self, uplink: str, downlink: str, seed: int) -> None:
+        """How the training messages' arrays travel (flower_app/encoding.py)."""
+        self.uplink_encoding, self.downlink_encoding, self.encoding_seed = uplink, downlink, seed
+
+    def encode_for(self, messages: list[Message], server_round: int) -> bool:
+        """The messages' arrays encoded by ``downlink-encoding``, in place; False (nothing
+        done) at fp32."""
+        return encode_downlink(messages, self.downlink_encoding, self.encoding_seed, server_round)
+
+    def decode(self, message: Message) -> None:
+        """A reply's arrays decoded by ``uplink-encoding``, in place."""
+        decode_reply(message, self.uplink_encoding)

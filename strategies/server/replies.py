@@ -38,6 +38,10 @@ class Reply:
     num_examples: float
     train_loss: float
     rank: int = 0  # the adapter rank it trained at (0: not checked)
+    # round-mode=async (buffered_rounds.py): the global state it trained from, and how
+    # many updates were applied since (None, 0: the current state, as every sync reply)
+    start: Mapping[str, np.ndarray] | None = None
+    staleness: int = 0
 
 
 def metric_number(metrics: Any, key: str, *, required: bool = True) -> float | None:

@@ -24,7 +24,8 @@ INFO = logging.INFO
 class CheckpointedRounds:
     """Mixed into the common strategy (before Flower's FedAvg): its state for checkpoints
     and the resumable round loop. Reads the strategy's ``global_state``, ``method``,
-    ``ledger`` (node -> partition), ``router`` (node ranks), ``dp`` and ``example_dp``."""
+    ``ledger`` (node -> partition), ``router`` (node ranks), ``dp``, ``example_dp`` and,
+    in round-mode=async, the buffered loop (``buffered_rounds.py``)."""
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Arrays needed to continue: the float64 global state (the previous state of the
@@ -45,6 +46,8 @@ class CheckpointedRounds:
             state["dp"] = self.dp.state_dict()
         if self.example_dp is not None:  # dp=example: the clients' epsilons (example_dp.py)
             state["example-dp"] = self.example_dp.state_json()
+        if self.async_settings is not None:  # round-mode=async: what was in flight
+            state["async"] = self.async_state_json()
         return state
 
     def restore(self, arrays: Mapping[str, np.ndarray], state: Mapping[str, Any]) -> None:
@@ -69,6 +72,8 @@ class CheckpointedRounds:
             raise ValueError("checkpoint and run differ in dp (example or not)")
         if self.example_dp is not None:
             self.example_dp.load_state_json(state["example-dp"])
+        if self.async_settings is not None:
+            self.load_async_state_json(state.get("async", {}))
 
     def start(  # type: ignore[override]
         self,
@@ -84,6 +89,16 @@ class CheckpointedRounds:
         """Flower's ``Strategy.start``; with ``first_round`` > 1 (a resumed run) the loop
         starts there from ``initial_arrays`` (the checkpoint's), without the round-0
         evaluation, and otherwise runs each round exactly as Flower's loop does."""
+        if self.async_settings is not None:  # round-mode=async (buffered_rounds.py)
+            return self.start_buffered(
+                grid,
+                initial_arrays,
+                num_rounds,
+                timeout,
+                ConfigRecord() if train_config is None else train_config,
+                evaluate_fn,
+                max(first_round, 1),
+            )
         if first_round <= 1:
             return super().start(
                 grid=grid,

@@ -39,7 +39,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -48,10 +48,12 @@ from flwr.serverapp.strategy import FedAvg
 
 from flower_app.ranks import truncate_to_rank
 from flower_app.records import declared_params, split_state, to_array_record
-from strategies.server.central_dp import CentralDP
+from strategies.server.buffered_rounds import BufferedRounds
+from strategies.server.buffered_update import AsyncSettings
+from strategies.server.central_dp import CentralDP, check_strategy_dp
 from strategies.server.client_evaluation import personalised_metrics
 from strategies.server.client_sampling import SampledRounds
-from strategies.server.encoded_messages import decode_reply, encode_downlink
+from strategies.server.encoded_messages import EncodedMessages
 from strategies.server.example_dp import ExampleDpRecord
 from strategies.server.ledger import CommunicationLedger
 from strategies.server.participation import NodeLedger
@@ -98,7 +100,7 @@ class MethodRules(Protocol):
 log = logging.getLogger("flwr.florg")  # propagates to Flower's console handler
 
 
-class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
+class AdapterStrategy(BufferedRounds, CheckpointedRounds, EncodedMessages, SampledRounds, FedAvg):
     """FedAvg's sampling plus validated, method-specific aggregation of adapter arrays."""
 
     def __init__(
@@ -121,6 +123,7 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
         uplink_encoding: str = "fp32",
         downlink_encoding: str = "fp32",
         encoding_seed: int = 0,
+        async_rounds: AsyncSettings | None = None,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -138,41 +141,25 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
         self.dp, self.example_dp = dp, example_dp  # example_dp: dp=example's record
         self.use_sampling(client_sampling, fraction_train, sampling_seed, dp)
         if dp is not None:
-            self._check_dp(dp, weighting, updates_dir)
+            check_strategy_dp(self.method, dp, weighting, updates_dir)
             self.gate.turn_off_screening_for_dp()
         self.global_state: dict[str, np.ndarray] = {
             k: np.asarray(v, np.float64) for k, v in initial_state.items()
         }
         self.updates_dir = Path(updates_dir) if updates_dir else None
-        # how the training messages' arrays travel (flower_app/encoding.py)
-        self.uplink_encoding, self.downlink_encoding = uplink_encoding, downlink_encoding
-        self.encoding_seed = encoding_seed
+        self.use_encodings(uplink_encoding, downlink_encoding, encoding_seed)
         self.round_metrics: dict[int, dict[str, float]] = {}
         if dp is not None or example_dp is not None:  # the initial state is public
             self.round_metrics[0] = example_dp.metrics() if example_dp else {"dp-epsilon": 0.0}
         self.communication = CommunicationLedger()  # parameters sent and received
         self.ledger = NodeLedger()  # node id -> partition id; lost nodes per round
         self.router = RankRouter(self.global_state)  # each node's rank; r_max
+        self.use_async_rounds(async_rounds)  # round-mode=async (buffered_rounds.py)
 
     @property
     def largest_rank(self) -> int:
         """r_max: the global state's rank."""
         return self.router.largest_rank
-
-    def _check_dp(self, dp: CentralDP, weighting: str, updates_dir: Any) -> None:
-        """What the run settings check (Method.check_settings), again where the strategy
-        is built directly: the method's mechanism, uniform weights, no saved client
-        updates."""
-        mechanism = self.method.check_dp_supported()  # a refusal says why there is none
-        if dp.mechanism != mechanism:
-            raise ValueError(
-                f"dp=central: method {self.method.name!r} implements the mechanism "
-                f"{mechanism!r}, not {dp.mechanism!r}"
-            )
-        if weighting != "uniform":
-            raise ValueError("dp=central needs aggregation-weights='uniform'")
-        if updates_dir is not None:
-            raise ValueError("dp=central: save-client-updates would store the raw updates")
 
     # -- sending ------------------------------------------------------------------------
     def configure_train(
@@ -183,7 +170,7 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
             for m in super().configure_train(server_round, arrays, config, grid)
         ]
         self.communication.record_sent(server_round, messages)  # parameters and fp32 bytes
-        if encode_downlink(messages, self.downlink_encoding, self.encoding_seed, server_round):
+        if self.encode_for(messages, server_round):
             self.communication.record_wire(server_round, messages)  # the bytes, encoded
         self.ledger.sent(server_round, messages)
         return messages
@@ -238,7 +225,7 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
         replies = list(replies)
         traffic = self.communication.bytes_metrics(server_round, replies)  # as they travelled
         for msg in replies:  # uplink-encoding: decoded before anything reads the arrays
-            decode_reply(msg, self.uplink_encoding)
+            self.decode(msg)
         nodes = self.ledger.settle(server_round, replies)
         checked: list[Reply] = []
         failures = rejected = up_params = 0
@@ -289,11 +276,12 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
         # partition order: the order replies arrive in never matters
         checked = sorted(checked, key=lambda r: (r.partition, r.node))
         mixed = self.router.is_mixed(server_round, checked)
+        stale = any(r.staleness for r in checked)  # round-mode=async: from older models
         starts = (
             [self.router.start_state(server_round, r, self.sent_state) for r in checked]
             if mixed
-            else None
-        )
+            else [dict(r.start) for r in checked] if stale else None
+        )  # fmt: skip
         uplink = self.uplink_state(server_round)
         kept, sizes, screening = self.gate.screen(server_round, checked, uplink, starts)
         metrics: dict[str, float] = {
@@ -322,9 +310,12 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
             weights = normalize_weights(
                 None if self.weighting == "uniform" else sizes, len(payloads)
             )
-            new_state, info = self.aggregate_adapter(server_round, payloads, weights)
-            for key in split_state(prev_state)[1]:
-                new_state[key] = weighted_average([p[key] for p in payloads], weights, key)
+            if any(r.staleness for r in kept):  # buffered_rounds.py: deltas from their starts
+                new_state, info = self.aggregate_buffered(server_round, kept, weights)
+            else:
+                new_state, info = self.aggregate_adapter(server_round, payloads, weights)
+                for key in self.head_keys():
+                    new_state[key] = weighted_average([p[key] for p in payloads], weights, key)
         else:
             new_state, info = self.release_private(server_round, payloads)
             weights = np.full(len(payloads), 1.0 / max(len(payloads), 1))
@@ -398,3 +389,7 @@ class AdapterStrategy(CheckpointedRounds, SampledRounds, FedAvg):
     # -- helpers for subclasses -----------------------------------------------------------
     def layers(self) -> dict[str, dict[str, np.ndarray]]:
         return split_state(self.global_state)[0]
+
+    def head_keys(self) -> list[str]:
+        """The task head's keys (every method FedAvgs them)."""
+        return list(split_state(self.global_state)[1])

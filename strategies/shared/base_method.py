@@ -122,10 +122,22 @@ class BaseMethod(Method):
         """The ``AdapterStrategy`` arguments every method takes from the settings:
         sampling (fixed-size or Poisson, seeded from the run's ``seed`` without DP),
         weighting, whether clients evaluate, where client updates are saved,
-        screening, central differential privacy."""
+        screening, central differential privacy, encodings, asynchronous rounds."""
+        from strategies.server.buffered_update import AsyncSettings
         from strategies.server.example_dp import example_dp_record
 
         save = run_dir is not None and config.save_client_updates
+        async_rounds = (
+            AsyncSettings(
+                concurrency=config.async_concurrency,
+                buffer_size=config.async_buffer_size,
+                staleness_exponent=config.async_staleness_exponent,
+                max_staleness=config.async_max_staleness,
+                seed=config.seed,
+            )
+            if config.round_mode == "async"
+            else None
+        )
         return {
             "fraction_train": config.fraction_train,
             "min_train_nodes": config.min_train_nodes,
@@ -142,4 +154,5 @@ class BaseMethod(Method):
             "uplink_encoding": config.uplink_encoding,
             "downlink_encoding": config.downlink_encoding,
             "encoding_seed": config.seed,
+            "async_rounds": async_rounds,
         }

@@ -1,0 +1,106 @@
+"""FLoRG's server step for a buffer of replies trained from different models (one layer),
+the update of ``round-mode=async`` (strategies/server/buffered_rounds.py).
+
+The synchronous step decomposes the Gram average Q = Σ wₙ AₙᵀAₙ (eq. Gram_agg). Clients'
+models mix linearly in Q, so a reply trained from an older model A_τ enters as what it
+changed, its Gram delta, scaled by its staleness factor cₙ = (1 + τₙ)^-a:
+
+    Q = A_curᵀ A_cur + Σ wₙ cₙ (AₙᵀAₙ − A_τₙᵀ A_τₙ)      (Σ wₙ = 1)
+
+then the decomposition (eq. Gram_decompose) and the Procrustes alignment with A_cur
+(Theorem 1) exactly as in ``strategies.florg.rule``. With every reply fresh (τₙ = 0, so
+A_τₙ = A_cur and cₙ = 1) Q is the synchronous Gram average; the strategy then runs the
+synchronous step itself.
+
+Q is a signed sum of Gram matrices, so it may have negative eigenvalues (a stale reply
+that removed more than the others added); the step keeps Q's positive part, as a rank-r
+factor must, and reports the share of the spectrum dropped (``negative_share``).
+
+The thin path never forms Q: with M the stacked rows [A_cur; √(wc) Aₙ; √(wc) A_τₙ] and D
+their signs (+, +, −), Q = Mᵀ D M. A QR factorisation Mᵀ = U T (U k x p with orthonormal
+columns, p the stacked rows) gives Q = U (T D Tᵀ) Uᵀ, so the eigenpairs of the small
+symmetric T D Tᵀ = V Λ Vᵀ give Q's: eigenvectors U V, eigenvalues Λ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from strategies.florg.rule import (
+    AGGREGATE_INFO_KEYS,
+    _canonical_signs,
+    _numerical_rank,
+    check_rank_mismatch,
+    default_rtol,
+    factor_for_rank,
+)
+from strategies.shared.validation import (
+    as_float64_matrix,
+    check_client_matrices,
+    normalize_weights,
+)
+
+
+def decompose_signed_gram(
+    M: np.ndarray, signs: np.ndarray, rtol: float
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Q = Mᵀ diag(signs) M: its eigenvalues (descending, negative ones set to 0), A~ =
+    Λ^½ Pᵀ over the positive ones (r' x k) and the share of |Λ| that was negative."""
+    rows, k = M.shape
+    if rows <= k:
+        U, T = np.linalg.qr(M.T)  # Mᵀ = U T
+        lam, V = np.linalg.eigh(T @ (signs[:, None] * T.T))
+        P = U @ V
+    else:
+        lam, P = np.linalg.eigh(M.T @ (signs[:, None] * M))
+    lam, P = lam[::-1], P[:, ::-1]
+    total = float(np.sum(np.abs(lam)))
+    negative = float(-np.sum(lam[lam < 0]) / total) if total > 0 else 0.0
+    lam = np.clip(lam, 0.0, None)
+    r_prime = _numerical_rank(lam, rtol)
+    A_tilde = _canonical_signs(np.sqrt(lam[:r_prime])[:, None] * P[:, :r_prime].T)
+    return lam, A_tilde, negative
+
+
+def aggregate_florg_buffered(
+    client_As: Sequence[np.ndarray],
+    start_As: Sequence[np.ndarray],
+    weights: Sequence[float] | np.ndarray | None,
+    factors: Sequence[float],
+    current_A: np.ndarray,
+    procrustes: bool = True,
+    rtol: float | None = None,
+    rank_mismatch: str = "procrustes",
+) -> tuple[np.ndarray, dict[str, float | int]]:
+    """One buffered FLoRG step for one layer (the module docstring's Q).
+
+    Args:
+        client_As: the replies' A_n (r x k each).
+        start_As: the global A each reply trained from (A_τₙ; r x k each).
+        weights: the replies' weights (normalised here; None: uniform).
+        factors: each reply's staleness factor cₙ
+            (``strategies.server.buffered_update.staleness_factor``).
+        current_A: the current global A, Q's base and the Procrustes anchor.
+
+    Returns the new A (r x k) and ``strategies.florg.rule``'s diagnostics plus
+    ``negative_share``."""
+    check_rank_mismatch(rank_mismatch)
+    prev = as_float64_matrix(current_A, "current_A")
+    r, k = prev.shape
+    mats = check_client_matrices(client_As, (r, k), "client_As")
+    starts = check_client_matrices(start_As, (r, k), "start_As")
+    w = normalize_weights(weights, len(mats)) * np.asarray(factors, np.float64)
+    scale = np.sqrt(w)
+    M = np.concatenate(
+        [prev, *(s * a for s, a in zip(scale, mats, strict=True)),
+         *(s * a for s, a in zip(scale, starts, strict=True))]
+    )  # fmt: skip
+    signs = np.concatenate([np.ones(r * (1 + len(mats))), -np.ones(r * len(starts))])
+    tol = default_rtol(k, M.shape[0]) if rtol is None else float(rtol)
+    eigenvalues, A_tilde, negative = decompose_signed_gram(M, signs, tol)
+    new_A, diagnostics = factor_for_rank(eigenvalues, A_tilde, prev, procrustes, rank_mismatch)
+    info = {key: diagnostics[key] for key in AGGREGATE_INFO_KEYS}
+    info["negative_share"] = negative
+    return new_A, info

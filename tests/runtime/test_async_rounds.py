@@ -1,0 +1,86 @@
+"""round-mode=async end to end through the real simulation engine (SuperLink + Ray), on the
+tiny BERT (tests/harness/flower_harness.py): with every node in one buffer it is the
+synchronous run, rows and adapter bit for bit; with a straggler the updates go on without
+waiting for it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.numpy import load_file
+
+from ci.behaviour_snapshot import is_wall_clock
+from flower_app.client.node_state import NODE_STATE_ENV
+from tests.harness.flower_harness import TINY_NUM_NODES, run_tiny_app
+from tests.harness.ray_harness import shared_ray_simulation_superlink
+
+pytestmark = pytest.mark.integration
+
+# What only an asynchronous row holds (strategies/server/buffered_rounds.py)
+ASYNC_KEYS = {"version", "staleness", "staleness-mean", "staleness-max", "in-flight",
+              "stale-rejected"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_superlink(tiny_assets):
+    """conftest's, with one ClientApp actor per node: a straggler sleeping in its actor
+    must not hold the other nodes' tasks back, as it holds no other SuperNode back in a
+    deployment."""
+    base = tiny_assets[2]
+    with shared_ray_simulation_superlink(
+        base / "superlink",
+        num_supernodes=TINY_NUM_NODES,
+        extra_env={NODE_STATE_ENV: str(base / "node-state")},
+        actors=TINY_NUM_NODES,
+    ) as sim:
+        yield sim
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("method", ["florg", "fedit"])
+def test_one_buffer_of_every_node_is_the_synchronous_run(tiny_superlink, tiny_assets, method):
+    """async-concurrency = async-buffer-size = every node: each update's replies all trained
+    from the current model, so each is the synchronous round (the strategy's own step)."""
+    sync, sync_dir = run_tiny_app(tiny_superlink, tiny_assets, f"sync-{method}", method=method)
+    assert sync.ok, sync.message
+    buffered, async_dir = run_tiny_app(
+        tiny_superlink, tiny_assets, f"async-{method}", method=method, **{"round-mode": "async"}
+    )
+    assert buffered.ok, f"{buffered.message}\n{buffered.log_text[-3000:]}"
+    sync_rows, async_rows = rows(sync_dir), rows(async_dir)
+    assert len(async_rows) == len(sync_rows) == 3  # round 0 and two updates
+    for before, after in zip(sync_rows, async_rows, strict=True):
+        assert {k: v for k, v in after.items() if k not in ASYNC_KEYS and not is_wall_clock(k)} == {
+            k: v for k, v in before.items() if not is_wall_clock(k)
+        }
+    for row in async_rows[1:]:
+        assert row["version"] == row["round"] and row["staleness"] == [0] * TINY_NUM_NODES
+    a, b = (load_file(str(d / "adapter.safetensors")) for d in (sync_dir, async_dir))
+    assert a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def test_a_straggler_does_not_hold_the_updates_back(tiny_superlink, tiny_assets):
+    """Partition 0 takes 300 times its training time; with two replies an update, the two
+    fast nodes carry the run's four updates (a reply of partition 0 that lands in time is
+    applied with its staleness; which update it lands in depends on the machine)."""
+    outcome, run_dir = run_tiny_app(
+        tiny_superlink,
+        tiny_assets,
+        "async-straggler",
+        method="florg",
+        **{"round-mode": "async", "async-buffer-size": 2, "num-server-rounds": 4,
+           "slow-partitions": "0", "slowdown": 300.0},
+    )  # fmt: skip
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-3000:]}"
+    updates = rows(run_dir)[1:]
+    assert [row["version"] for row in updates] == [1, 2, 3, 4]
+    assert sum(0 in row["partitions"] for row in updates) <= 1
+    for row in updates:
+        assert len(row["partitions"]) == len(row["staleness"]) == 2
+        assert row["staleness-max"] == max(row["staleness"])
+        assert 0 <= row["staleness-max"] <= row["version"] - 1
