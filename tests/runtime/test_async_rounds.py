@@ -1,7 +1,7 @@
 """round-mode=async end to end through the real simulation engine (SuperLink + Ray), on the
 tiny BERT (tests/harness/flower_harness.py): with every node in one buffer it is the
 synchronous run, rows and adapter bit for bit; with a straggler the updates go on without
-waiting for it."""
+waiting for it; a killed run resumes, the replies in flight lost and counted."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ import pytest
 from safetensors.numpy import load_file
 
 from ci.behaviour_snapshot import is_wall_clock
+from florg_tools.flwr_cli import run_flower_app
+from florg_tools.run_config import resume_run_config
 from flower_app.client.node_state import NODE_STATE_ENV
 from tests.harness.flower_harness import TINY_NUM_NODES, run_tiny_app
 from tests.harness.ray_harness import shared_ray_simulation_superlink
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 
 # What only an asynchronous row holds (strategies/server/buffered_rounds.py)
 ASYNC_KEYS = {"version", "staleness", "staleness-mean", "staleness-max", "in-flight",
@@ -84,3 +87,34 @@ def test_a_straggler_does_not_hold_the_updates_back(tiny_superlink, tiny_assets)
         assert len(row["partitions"]) == len(row["staleness"]) == 2
         assert row["staleness-max"] == max(row["staleness"])
         assert 0 <= row["staleness-max"] <= row["version"] - 1
+
+
+def test_a_killed_async_run_resumes_and_counts_the_replies_in_flight_as_lost(
+    tiny_superlink, tiny_assets
+):
+    """The ServerApp dies right after checkpointing update 2 (``fault-server-round``) while
+    the straggler's task is in flight; the resumed run continues at update 3, counts that
+    reply as lost (``lost-in-flight``, from the checkpoint) and never applies it."""
+    settings = {"round-mode": "async", "async-buffer-size": 2, "num-server-rounds": 4,
+                "slow-partitions": "0", "slowdown": 300.0}  # fmt: skip
+    crashed, run_dir = run_tiny_app(
+        tiny_superlink, tiny_assets, "async-crash", method="fedit",
+        **settings, **{"fault-server-round": 2},
+    )  # fmt: skip
+    assert not crashed.ok and "fault-server-round" in crashed.log_text
+    state = json.loads((run_dir / "checkpoint" / "round-000002" / "state.json").read_text())
+    in_flight = state["strategy"]["async"]["in-flight"]
+    assert in_flight >= 1  # the straggler's task at least
+    before = rows(run_dir)
+    home, connection = tiny_superlink
+    resumed = run_flower_app(
+        ROOT, connection, resume_run_config(run_dir), home, timeout=600, stream=None
+    )
+    assert resumed.ok, f"{resumed.message}\n{resumed.log_text[-3000:]}"
+    history = rows(run_dir)
+    assert [r["round"] for r in history] == [0, 1, 2, 3, 4]  # none twice, none skipped
+    assert history[:3] == before
+    assert [r["version"] for r in history[1:]] == [1, 2, 3, 4]
+    assert history[3]["lost-in-flight"] == in_flight and "lost-in-flight" not in history[4]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed-after-round"] == 2
