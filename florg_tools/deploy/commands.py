@@ -277,6 +277,7 @@ def supernode_argv(
     max_retries: int | None = None,
     max_wait_time: float | None = None,
     private_network: bool = False,
+    node_config: Mapping[str, str | int | float | bool] | None = None,
     executable: str = "flower-supernode",
 ) -> list[str]:
     """``flower-supernode`` for partition ``partition_id`` of ``num_partitions``.
@@ -290,6 +291,7 @@ def supernode_argv(
     port); with ``isolation="process"`` a separate ``superexec_argv`` connects there, and a
     non-loopback ``runtime_host`` then needs ``runtime_tls`` (or ``private_network``).
     ``auth_private_key``: the node's EC private key for SuperNode authentication.
+    ``node_config``: further node-config keys (``slowdown``: a straggler for trials).
     """
     host, _ = split_address(superlink)
     _check_isolation(isolation)
@@ -312,7 +314,7 @@ def supernode_argv(
     argv += ["--superlink", superlink]
     argv += [
         "--node-config",
-        node_config_string(partition_id, num_partitions, data_path, rank=rank),
+        node_config_string(partition_id, num_partitions, data_path, node_config, rank=rank),
     ]
     argv += ["--isolation", isolation]
     if runtime_host is not None:

@@ -310,6 +310,7 @@ class Deployment:
         netns: str | None = None,
         auth_key: NodeKey | None = None,
         env: Mapping[str, str] | None = None,
+        node_config: Mapping[str, str | int | float | bool] | None = None,
         wait: bool = True,
         timeout: float = 90.0,
     ) -> ManagedProcess:
@@ -318,6 +319,7 @@ class Deployment:
         ``superlink_host`` is the address it dials (default: ``address``'s host);
         ``rank``: the node's adapter rank (node-config ``rank``; issue 30).
         ``netns`` runs it (and its SuperExec and ClientApps) in that network namespace.
+        ``node_config``: further node-config keys (``slowdown``, a straggler).
         With ``wait``, returns once it has registered (its log names its node id, stored
         in ``info["node-id"]``).
         """
@@ -345,6 +347,7 @@ class Deployment:
             isolation=isolation,
             runtime_port=runtime_port,
             auth_private_key=auth_key.private_key if auth_key else None,
+            node_config=node_config,
         )
         name = f"supernode-{partition_id}"
         home = self.directory / "nodes" / name
