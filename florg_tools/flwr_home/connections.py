@@ -109,12 +109,16 @@ def simulation_connection(
     num_supernodes: int,
     num_cpus_per_client: float,
     num_gpus_per_client: float,
+    ray_num_cpus: int | None = None,
 ) -> dict[str, Any]:
     """The ``[superlink.NAME]`` table of a simulation connection (values as given)::
 
         {"address": ..., "insecure": True,
          "options": {"num-supernodes": N,
                      "backend": {"client-resources": {"num-cpus": C, "num-gpus": G}}}}
+
+    ``ray_num_cpus``: the logical CPUs Ray starts with (``backend.init-args.num-cpus``;
+    default: the machine's), so that more one-CPU ClientApp actors than cores run at once.
 
     ``address=None`` gives the ``":local:"`` magic address (and no ``insecure``); an
     explicit ``"host:port"`` is a SuperLink you run yourself, reached without TLS.
@@ -131,6 +135,8 @@ def simulation_connection(
             "client-resources": {"num-cpus": num_cpus_per_client, "num-gpus": num_gpus_per_client}
         },
     }
+    if ray_num_cpus is not None:
+        connection["options"]["backend"]["init-args"] = {"num-cpus": int(ray_num_cpus)}
     return connection
 
 

@@ -9,6 +9,8 @@ optional)::
       num-supernodes: 20
       num-cpus-per-client: 2       # CPUs per ClientApp actor (an int in Flower 1.41)
       num-gpus-per-client: 0.0
+      ray-num-cpus: 20             # optional: Ray's logical CPUs, so 20 one-CPU actors on a
+                                   # smaller machine (stragglers that wait hold no core)
     run-timeout: 1800              # seconds per run; a run past it is stopped and marked failed
     base:                          # run-config settings shared by every run (the app's keys)
       model: all-MiniLM-L6-v2
@@ -71,7 +73,7 @@ _TUNING_KEYS = {"key", "values", "seed", "per", "extend", "max-extensions"}
 _TUNING_REQUIRED = {"key", "values", "seed", "per"}
 TUNING_BLOCK = "tuning"
 TUNING_FILE = "tuning.json"
-_SIMULATION_KEYS = {"num-supernodes", "num-cpus-per-client", "num-gpus-per-client"}
+_SIMULATION_KEYS = {"num-supernodes", "num-cpus-per-client", "num-gpus-per-client", "ray-num-cpus"}
 _REPORT_KEYS = {"metric", "targets", "compare", "label"}
 # Settings the runner owns: every run writes into the grid's folder under its own id.
 _RUNNER_KEYS = {"output-dir", "run-name", "preset"}
@@ -123,6 +125,7 @@ class Grid:
     num_supernodes: int
     num_cpus_per_client: int
     num_gpus_per_client: float
+    ray_num_cpus: int | None
     run_timeout: float | None
     metric: str = "accuracy"
     targets: dict[str, float] = field(default_factory=dict)
@@ -363,6 +366,11 @@ def load_grid(
     num_gpus = float(simulation.get("num-gpus-per-client", 0.0))
     if num_supernodes < 1 or num_gpus < 0:
         raise GridError(f"{path}: simulation: num-supernodes >= 1, num-gpus-per-client >= 0")
+    ray_cpus = simulation.get("ray-num-cpus")
+    if ray_cpus is not None and (not isinstance(ray_cpus, int) or ray_cpus < num_cpus):
+        raise GridError(
+            f"{path}: simulation.ray-num-cpus must be an integer >= num-cpus-per-client"
+        )
     runs = _expand(base, blocks, path)
     if tuning is not None:
         runs = _ordered(runs, tuning, first_axis)
@@ -392,6 +400,7 @@ def load_grid(
         num_supernodes=num_supernodes,
         num_cpus_per_client=num_cpus,
         num_gpus_per_client=num_gpus,
+        ray_num_cpus=ray_cpus,
         run_timeout=None if timeout is None else float(timeout),
         metric=str(report.get("metric", "accuracy")),
         targets={str(k): float(v) for k, v in (report.get("targets") or {}).items()},

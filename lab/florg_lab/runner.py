@@ -76,6 +76,7 @@ def _write_connection(flwr_home: Path, address: str, grid: Grid) -> None:
         num_supernodes=grid.num_supernodes,
         num_cpus_per_client=grid.num_cpus_per_client,
         num_gpus_per_client=grid.num_gpus_per_client,
+        ray_num_cpus=grid.ray_num_cpus,
     )
     document = {"superlink": {"default": CONNECTION, CONNECTION: connection}}
     (flwr_home / CONFIG_FILE_NAME).write_text(tomli_w.dumps(document), encoding="utf-8")

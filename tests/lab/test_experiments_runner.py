@@ -72,6 +72,7 @@ report: {compare: [procrustes], targets: {movie-sentiment: 0.6}}
         ("blocks: {main: {seed: [0]}}", "reserved"),
         ("name: x", "needs `grid` or `blocks`"),
         ("grid: {seed: [0]}\nsimulation: {num-cpus-per-client: 1.5}", "num-cpus-per-client"),
+        ("grid: {seed: [0]}\nsimulation: {num-cpus-per-client: 2, ray-num-cpus: 1}", "ray-num"),
         ("grid: {seed: [0]}\nbase: {min-available-nodes: 9}", "num-supernodes"),
         ("grid: {seed: [0]}\nreport: {compare: [nope]}", "nope"),
         ("grid: {seed: [0]}\nrepot: {}", "repot"),
@@ -80,6 +81,22 @@ report: {compare: [procrustes], targets: {movie-sentiment: 0.6}}
 def test_bad_grid_files_are_refused_naming_the_key(tmp_path, text, message):
     with pytest.raises(GridError, match=message):
         load_grid(write_grid(tmp_path / "bad.yaml", text))
+
+
+def test_ray_num_cpus_reaches_the_simulation_connection(tmp_path):
+    """``simulation.ray-num-cpus``: Ray's logical CPUs (``backend.init-args.num-cpus``), so
+    more one-CPU actors than cores; absent, the connection leaves Ray its default."""
+    from florg_lab.runner import _write_connection
+    from florg_tools.flwr_home import read_flower_config
+
+    for text, expected in (("ray-num-cpus: 20, ", {"num-cpus": 20}), ("", None)):
+        grid = load_grid(write_grid(
+            tmp_path / "g.yaml", f"grid: {{seed: [0]}}\nsimulation: {{{text}num-supernodes: 20}}"
+        ))  # fmt: skip
+        _write_connection(tmp_path, "127.0.0.1:9093", grid)
+        connections = read_flower_config(tmp_path)["superlink"]
+        backend = next(c for c in connections.values() if isinstance(c, dict))["options"]["backend"]
+        assert backend.get("init-args") == expected
 
 
 def test_missing_grid_file_lists_the_known_grids(tmp_path):

@@ -1,0 +1,184 @@
+"""The straggler comparison: synchronous against asynchronous rounds at matched client work
+(lab/grids/async-stragglers.yaml; docs/async.md).
+
+For each method and seed, the synchronous run and the asynchronous run of the same seed:
+
+- **time to sync's score**: the wall clock (``elapsed-seconds``) at which the asynchronous
+  run's validation score first reaches the synchronous run's final one, over the
+  synchronous run's final wall clock (the goal: at most 1/2); a run that never reaches it
+  counts as its whole length, marked;
+- **test at equal wall clock**: the asynchronous run's test score at its last test round
+  no later than the synchronous run's end, minus the synchronous run's final test score.
+
+Each is a mean over the seeds with its 95% t interval (``florg_lab.stats``). The plot:
+validation score against wall clock, one panel per method, each seed's two runs.
+
+    python -m florg_lab.stragglers RUNS_DIR [--plot PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from florg_lab.communication import load_metrics
+from florg_lab.runs import finished_runs_under
+from florg_lab.stats import mean_interval
+
+SCORE = "score"  # the validation score of a row (the task's headline metric in [0, 1])
+TEST_SCORE = "test-score"
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One run: its method, mode, seed and rows."""
+
+    method: str
+    mode: str  # 'sync' or 'async'
+    seed: int
+    rows: list[dict[str, Any]]
+
+    def validation(self) -> list[tuple[float, float]]:
+        """(elapsed seconds, validation score) of each validated row."""
+        return [(float(r["elapsed-seconds"]), float(r[SCORE])) for r in self.rows
+                if r.get(SCORE) is not None]  # fmt: skip
+
+    def tests(self) -> list[tuple[float, float]]:
+        return [(float(r["elapsed-seconds"]), float(r[TEST_SCORE])) for r in self.rows
+                if r.get(TEST_SCORE) is not None]  # fmt: skip
+
+    def end(self) -> float:
+        return float(self.rows[-1]["elapsed-seconds"])
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A seed's synchronous and asynchronous runs, compared."""
+
+    method: str
+    seed: int
+    time_ratio: float  # async's time to sync's final validation score / sync's length
+    reached: bool
+    test_difference: float  # async's test at sync's end - sync's final test
+
+
+def load_curves(root: Path) -> list[Curve]:
+    """Every finished run under ``root`` (a grid's ``runs`` folder)."""
+    curves = []
+    for folder, _, config in finished_runs_under([root]):
+        rows = load_metrics(folder / "metrics.jsonl")
+        curves.append(Curve(config["method"], config["round-mode"], int(config["seed"]), rows))
+    return curves
+
+
+def compare(sync: Curve, buffered: Curve) -> Pair:
+    """One seed's comparison (the module docstring's two measures)."""
+    sync_validation, sync_tests = sync.validation(), sync.tests()
+    if not sync_validation or not sync_tests:
+        raise ValueError(f"{sync.method} seed {sync.seed}: the sync run has no score or test")
+    target, end = sync_validation[-1][1], sync.end()
+    reached_at = next((t for t, score in buffered.validation() if score >= target), None)
+    before_end = [score for t, score in buffered.tests() if t <= end]
+    if not before_end:
+        raise ValueError(f"{buffered.method} seed {buffered.seed}: no async test by sync's end")
+    return Pair(
+        sync.method,
+        sync.seed,
+        (buffered.end() if reached_at is None else reached_at) / end,
+        reached_at is not None,
+        before_end[-1] - sync_tests[-1][1],
+    )
+
+
+def pairs(curves: Sequence[Curve]) -> list[Pair]:
+    """Every (method, seed) with both runs finished, in method and seed order."""
+    by_key: dict[tuple[str, int], dict[str, Curve]] = defaultdict(dict)
+    for curve in curves:
+        by_key[(curve.method, curve.seed)][curve.mode] = curve
+    return [
+        compare(modes["sync"], modes["async"])
+        for key, modes in sorted(by_key.items())
+        if {"sync", "async"} <= set(modes)
+    ]
+
+
+def table(found: Sequence[Pair]) -> str:
+    """A markdown table, one row per method: the seeds, the time ratio and the test
+    difference, each a mean with its 95% interval, and the seeds' values."""
+    lines = [
+        "| method | seeds | async time to sync's final validation score / sync's time "
+        "| async test at sync's end − sync's final test | per seed (ratio; difference) |",
+        "|---|---|---|---|---|",
+    ]
+    methods: dict[str, list[Pair]] = defaultdict(list)
+    for pair in found:
+        methods[pair.method].append(pair)
+    for method, rows in methods.items():
+        per_seed = "; ".join(
+            f"{p.seed}: {p.time_ratio:.2f}{'' if p.reached else ' (not reached)'}, "
+            f"{p.test_difference:+.3f}"
+            for p in rows
+        )
+        ratio = mean_interval([p.time_ratio for p in rows])
+        diff = mean_interval([p.test_difference for p in rows])
+        lines.append(
+            f"| {method} | {len(rows)} | {_interval(ratio)} | {_interval(diff)} | {per_seed} |"
+        )
+    return "\n".join(lines)
+
+
+def _interval(interval: Any) -> str:
+    if math.isnan(interval.low):
+        return f"{interval.mean:.3f}"
+    return f"{interval.mean:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
+
+
+def plot(curves: Sequence[Curve], path: Path) -> Path:
+    """Validation score against wall clock, a panel per method, each run a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = sorted({c.method for c in curves})
+    first_seed = min(c.seed for c in curves)
+    fig, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 3.6), squeeze=False)
+    for ax, method in zip(axes[0], methods, strict=True):
+        for curve in sorted(curves, key=lambda c: (c.mode, c.seed)):
+            if curve.method != method:
+                continue
+            points = curve.validation()
+            color = "tab:blue" if curve.mode == "sync" else "tab:orange"
+            label = curve.mode if curve.seed == first_seed else None  # one legend entry a mode
+            ax.plot([t / 60 for t, _ in points], [s for _, s in points], color=color,
+                    alpha=0.8, label=label)  # fmt: skip
+        ax.set_title(method)
+        ax.set_xlabel("wall clock (min)")
+        ax.set_ylabel("validation score")
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", type=Path, help="a grid's runs folder")
+    parser.add_argument("--plot", type=Path, default=None, help="where to write the plot")
+    args = parser.parse_args(argv)
+    curves = load_curves(args.runs)
+    print(table(pairs(curves)))
+    if args.plot is not None:
+        print(f"plot: {plot(curves, args.plot)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""The straggler comparison's measures (florg_lab.stragglers) on hand-made runs: the async
+run's time to the sync run's final validation score over the sync run's length, and its
+test score at the sync run's end against the sync run's final one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from florg_lab.stragglers import Curve, compare, load_curves, pairs, plot, table
+
+
+def curve(mode: str, seed: int, points: list[tuple[float, float, float | None]]) -> Curve:
+    rows = [{"round": i, "elapsed-seconds": t, "score": s, "test-score": test}
+            for i, (t, s, test) in enumerate(points)]  # fmt: skip
+    return Curve("florg", mode, seed, rows)
+
+
+SYNC = curve("sync", 0, [(0, 0.5, 0.5), (100, 0.6, None), (200, 0.7, 0.68)])
+
+
+def test_the_async_run_reaching_sync_s_score_early_gives_a_ratio_below_one():
+    buffered = curve(
+        "async", 0, [(0, 0.5, 0.5), (60, 0.71, 0.69), (150, 0.72, 0.7), (300, 0.8, 0.79)]
+    )
+    pair = compare(SYNC, buffered)
+    assert pair.time_ratio == pytest.approx(60 / 200) and pair.reached
+    assert pair.test_difference == pytest.approx(0.70 - 0.68)  # its last test by t = 200
+
+
+def test_an_async_run_that_never_reaches_it_counts_its_whole_length():
+    buffered = curve("async", 0, [(0, 0.5, 0.5), (150, 0.6, 0.6), (250, 0.65, 0.6)])
+    pair = compare(SYNC, buffered)
+    assert pair.time_ratio == pytest.approx(250 / 200) and not pair.reached
+    assert "not reached" in table([pair])
+
+
+def test_runs_on_disk_pair_by_method_and_seed(tmp_path: Path):
+    for name, c in (("a", SYNC), ("b", curve("async", 0, [(0, 0.5, 0.5), (80, 0.7, 0.7)])),
+                    ("c", curve("async", 1, [(0, 0.5, 0.5)]))):  # fmt: skip
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in c.rows))
+        (folder / "summary.json").write_text(json.dumps({"status": "finished"}))
+        config = {"method": c.method, "round-mode": c.mode, "seed": c.seed}
+        (folder / "config.json").write_text(json.dumps(config))
+    curves = load_curves(tmp_path)
+    found = pairs(curves)
+    assert [(p.method, p.seed) for p in found] == [("florg", 0)]  # seed 1 has no sync run
+    assert found[0].time_ratio == pytest.approx(80 / 200)
+    assert plot(curves, tmp_path / "p.png").stat().st_size > 0
