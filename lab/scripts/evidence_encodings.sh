@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."  # the repository root
 ROOT="${1:-../florg-evidence}"
 mkdir -p "$ROOT"
 ROOT=$(cd "$ROOT" && pwd)
-ENCODINGS_COMMIT=2a2be3e  # uplink-encoding / downlink-encoding and the measured bytes
+ENCODINGS_COMMIT=1163791  # uplink-encoding / downlink-encoding, the bytes of each message's content
 read -r -a GRIDS <<< "${GRIDS:-encodings-v2 encodings-v2-snli}"
 PUBLISHED=lab/evidence/encodings  # runs/<grid>/<run>: config, metrics, summary
 . lab/scripts/fixed_worktree.sh

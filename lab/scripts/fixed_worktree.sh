@@ -52,16 +52,19 @@ enter_worktree() {
   . .venv/bin/activate
 }
 
-# copy_grids DIR PUBLISHED GRID...: each grid file into DIR's conf/grids (where the fixed
-# commit's runner reads grids), and the runs already published into DIR's results, so the
-# runner skips them (runs are deterministic).
+# copy_grids DIR PUBLISHED GRID...: each grid file into the folder the fixed commit's runner
+# reads grids from (DIR's lab/grids, or conf/grids at a commit from before the lab moved),
+# and the runs already published into DIR's results, so the runner skips them (runs are
+# deterministic).
 # A grid's runs are published under PUBLISHED/runs/GRID (publish_grids), or, for a grid
 # with a report of its own such as the decoder check, under PUBLISHED/GRID/runs.
 copy_grids() {
   local dir=$1 published=$2 grid from
   shift 2
+  local grids_dir="$dir/conf/grids"
+  [ ! -d "$dir/lab/florg_lab" ] || grids_dir="$dir/lab/grids"
   for grid in "$@"; do
-    cp "lab/grids/$grid.yaml" "$dir/conf/grids/"
+    cp "lab/grids/$grid.yaml" "$grids_dir/"
     mkdir -p "$dir/results/$grid/runs"
     for from in "$published/runs/$grid" "$published/$grid/runs"; do
       [ ! -d "$from" ] || cp -rn "$from/." "$dir/results/$grid/runs/"

@@ -58,6 +58,19 @@ def test_published_runs_reach_the_worktree_from_either_layout(tmp_path):
         ).read_bytes()
 
 
+def test_a_worktree_with_the_lab_reads_its_grids_from_lab_grids(tmp_path):
+    """At a commit since the lab moved (lab/florg_lab), the runner reads lab/grids: the grid
+    file goes there, not into a conf/grids the checkout does not have."""
+    worktree, published = tmp_path / "worktree", tmp_path / "published"
+    (worktree / "lab" / "florg_lab").mkdir(parents=True)
+    (worktree / "lab" / "grids").mkdir()
+    copy_grids(worktree, published, "async-stragglers")
+    assert (worktree / "lab" / "grids" / "async-stragglers.yaml").read_bytes() == (
+        ROOT / "lab" / "grids" / "async-stragglers.yaml"
+    ).read_bytes()
+    assert not (worktree / "conf").exists()
+
+
 def test_the_grid_runner_is_the_checkouts_own(tmp_path):
     """A worktree at a commit from before the lab moved runs florg_tools.experiments; this
     checkout (and any later) runs florg_lab."""
