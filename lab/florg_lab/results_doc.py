@@ -65,13 +65,15 @@ def _task_metrics(task: str) -> tuple[str, ...]:
 
 BLOCKS = (
     Block("README.md", "HEADLINE",
-          (v1.V1, v2.V2, v2.EXACT, sft.SFT, hetero.HETERO, LONG + "/tuning.json",
+          (v1.V1, v2.V2, v2.EXACT, page_exact.FED_SB_S1, sft.SFT, hetero.HETERO,
+           LONG + "/tuning.json",
            METRICS_OF + LONG + "/runs"),
           headline),
     Block(RESULTS, "VERDICT-TABLE", (v1.V1, v2.V2), v2.verdict_table),
     *(Block(RESULTS, f"V2-{task.upper()}", (v2.V2, RUNS_OF + v2.task_folders(task)[0]),
             v2.v2_methods_table(task)) for task in TASKS),
-    *(Block(RESULTS, f"EXACT-{task.upper()}", _task_metrics(task), page_exact.exact_table(task))
+    *(Block(RESULTS, f"EXACT-{task.upper()}", (*_task_metrics(task), page_exact.FED_SB_S1),
+            page_exact.exact_table(task))
       for task in TASKS),
     *(Block(RESULTS, f"COMM-TO-TARGET-{task.upper()}", _task_metrics(task), ctt.page_block(task))
       for task in TASKS),
