@@ -73,7 +73,9 @@ def projection_table(config: RunConfig, track: Track, num_supernodes: int) -> st
     lines = [
         f"[leaderboard] {track.name}: projected communication of {config.model} "
         f"(r = {config.rank}, {len(shapes)} adapted modules, {clients} of {num_supernodes} "
-        f"SuperNodes a round, {config.num_server_rounds} rounds; budget {BUDGET_MB:,.0f} MB)",
+        f"SuperNodes a round, {config.num_server_rounds} rounds, arrays up "
+        f"{config.uplink_encoding} / down {config.downlink_encoding}; budget "
+        f"{BUDGET_MB:,.0f} MB)",
         f"  {'method':<22}{'MB / round':>12}{'MB / run':>14}{'of budget':>11}",
     ]
     for p in rows:

@@ -7,7 +7,10 @@ generically); the clients sampled per round are Flower's FedAvg's,
 max(⌊N · fraction-train⌋, min-train-nodes) of the N SuperNodes; the run is
 ``num-server-rounds`` such rounds, after a round 0 where a method has one (its clients'
 gradients for an initialisation). A causal LM has no task head, so only the adapters
-travel. Bytes are parameters × 4 (arrays travel as float32); MB are the FlowerTune
+travel. Bytes are the arrays' entries under the run's ``uplink-encoding`` /
+``downlink-encoding`` (4 bytes an entry at fp32, 2 at bf16 / fp16, 1 and a float32 scale per
+row at int8; a method's extras down stay float32:
+``flower_app.methods.communication.RoundCommunication.encoded``); MB are the FlowerTune
 templates' (bytes / 1024², flower_app/leaderboard.py).
 """
 
@@ -30,6 +33,8 @@ class Projection:
     rounds: int
     run_up_params: int = 0  # one client, every round (a method's uplink may change by round)
     run_down_params: int = 0  # one client, every round and round 0 (a one-off download)
+    round_bytes_per_client: int = 0  # down and up, round 1, under the run's encodings
+    run_bytes_per_client: int = 0  # down and up, every round and round 0
 
     @property
     def round_params(self) -> int:
@@ -38,10 +43,14 @@ class Projection:
 
     @property
     def round_mb(self) -> float:
+        if self.round_bytes_per_client:
+            return megabytes(self.clients_per_round * self.round_bytes_per_client, 1)
         return megabytes(self.round_params)
 
     @property
     def total_mb(self) -> float:
+        if self.run_bytes_per_client:
+            return megabytes(self.clients_per_round * self.run_bytes_per_client, 1)
         up = self.run_up_params or self.up_params * self.rounds
         down = self.run_down_params or self.down_params * self.rounds
         return megabytes(self.clients_per_round * (up + down))
@@ -123,9 +132,22 @@ def project(
         zeroth, first = by_round[0], by_round[1]
         run_up = zeroth.up_params + sum(c.up_params for c in by_round[1 : rounds + 1])
         run_down = zeroth.down_params + sum(c.down_params for c in by_round[1 : rounds + 1])
+        encodings = (config.uplink_encoding, config.downlink_encoding)
+        # round 0's gradients travel float32 (a query, not a training message)
+        run_bytes = 4 * (zeroth.up_params + zeroth.down_params) + sum(
+            sum(c.encoded(*encodings)) for c in by_round[1 : rounds + 1]
+        )
         out.append(
             Projection(
-                method, clients, first.up_params, first.down_params, rounds, run_up, run_down
-            )
+                method,
+                clients,
+                first.up_params,
+                first.down_params,
+                rounds,
+                run_up,
+                run_down,
+                sum(first.encoded(*encodings)),
+                run_bytes,
+            )  # fmt: skip
         )
     return out

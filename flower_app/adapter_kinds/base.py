@@ -53,6 +53,12 @@ class AdapterKind:
         """The parameters of ``parts`` of one layer of W0 d_out x d_in at rank r."""
         return sum(int(np.prod(self.parts[p].shape(d_out, d_in, r))) for p in parts)
 
+    def part_rows(self, parts: Iterable[str], d_out: int, d_in: int, r: int) -> int:
+        """The rows of ``parts`` of one layer (a 1-D part is one row): int8 messages carry a
+        float32 scale per row (flower_app/encoding.py)."""
+        shapes = [self.parts[p].shape(d_out, d_in, r) for p in parts]
+        return sum(int(shape[0]) if len(shape) > 1 else 1 for shape in shapes)
+
     def check_method(self, method: MethodLike) -> None:
         """A method's declared parts are this kind's, and it shares at least one."""
         declared = set(method.shared) | set(method.local) | set(method.frozen)

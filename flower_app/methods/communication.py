@@ -14,7 +14,9 @@ plus H each way, plus whatever else a method sends down (``Method.extra_down_par
 which may depend on N, the number of clients aggregated in the round, and on the method's
 own settings in the run's ``config``; only in the rounds ``Method.extra_down_in_round``
 names).  Bytes are parameters times ``bytes_per_param`` (4:
-arrays travel as float32).
+arrays travel as float32), or under a message encoding (``RoundCommunication.encoded``:
+2 bytes an entry for bf16 / fp16, 1 and a float32 scale per row for int8; a method's
+extras stay float32).
 
     LoRA-SB adapter, R only      r^2              (up and down; B, A fixed, sent once)
 
@@ -43,14 +45,31 @@ from dataclasses import dataclass
 from flower_app.methods.contract import RunSettings
 from flower_app.methods.registry import get_method
 
+# Bytes an entry takes under each message encoding (flower_app/encoding.py); int8 adds one
+# float32 scale per row of each array
+BYTES_PER_ENTRY = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
+INT8_SCALE_BYTES = 4
+
+
+def encoded_bytes(params: int, rows: int, encoding: str) -> int:
+    """What ``params`` entries in arrays of ``rows`` rows in all take under ``encoding``
+    (the arrays' names, dtypes and shapes aside: under 1% of a round, docs/flowertune.md)."""
+    scales = rows * INT8_SCALE_BYTES if encoding == "int8" else 0
+    return params * BYTES_PER_ENTRY[encoding] + scales
+
 
 @dataclass(frozen=True)
 class RoundCommunication:
-    """Parameters and bytes one client sends up and receives down in one round."""
+    """Parameters and bytes one client sends up and receives down in one round. The rows
+    of what is encoded and the parameters sent down outside it (a method's extras, which
+    travel float32 whatever the encoding) give the bytes under an encoding."""
 
     up_params: int
     down_params: int
     bytes_per_param: int = 4
+    up_rows: int = 0
+    down_rows: int = 0
+    extra_down_params: int = 0
 
     @property
     def up_bytes(self) -> int:
@@ -59,6 +78,15 @@ class RoundCommunication:
     @property
     def down_bytes(self) -> int:
         return self.down_params * self.bytes_per_param
+
+    def encoded(self, uplink: str = "fp32", downlink: str = "fp32") -> tuple[int, int]:
+        """(up, down) bytes with the arrays sent as ``uplink`` / ``downlink`` encode them
+        (the extras down stay float32)."""
+        encoded_down = self.down_params - self.extra_down_params
+        return (
+            encoded_bytes(self.up_params, self.up_rows, uplink),
+            encoded_bytes(encoded_down, self.down_rows, downlink) + 4 * self.extra_down_params,
+        )
 
     @property
     def total_params(self) -> int:
@@ -95,7 +123,11 @@ def round_communication(
         for o, i in layer_shapes.values()
         if spec.extra_down_in_round(server_round)
     )
-    return RoundCommunication(up + head_params, down + head_params + extra, bytes_per_param)
+    up_rows = sum(spec.adapter_rows(o, i, r, server_round) for o, i in layer_shapes.values())
+    down_rows = sum(spec.adapter_rows(o, i, r) for o, i in layer_shapes.values())
+    return RoundCommunication(
+        up + head_params, down + head_params + extra, bytes_per_param, up_rows, down_rows, extra
+    )
 
 
 def client_communication(

@@ -254,6 +254,12 @@ class Method:
         trained parts (``trained_parts``)."""
         return self.kind.part_params(self.trained_parts(server_round), d_out, d_in, r)
 
+    def adapter_rows(self, d_out: int, d_in: int, r: int, server_round: int | None = None) -> int:
+        """The rows of one layer's shared parts (``server_round``: of those sent up that
+        round; None: every shared part, as sent down)."""
+        parts = self.shared if server_round is None else self.trained_parts(server_round)
+        return self.kind.part_rows(parts, d_out, d_in, r)
+
     def extra_down_params(
         self, d_out: int, d_in: int, r: int, num_clients: int, config: RunSettings | None
     ) -> int:

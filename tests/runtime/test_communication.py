@@ -148,3 +148,51 @@ def test_bad_input():
         round_communication("fedex-lora", {"a": (2, 2)}, 1, 0, config=unchecked)
     with pytest.raises(ValueError, match="r >= 1"):
         round_communication("florg", {"a": (2, 2)}, 0, 0)
+
+
+@pytest.mark.parametrize("encoding", ["fp32", "bf16", "fp16", "int8"])
+@pytest.mark.parametrize("method", ["florg", "fedit", "ffa-lora", "rolora"])
+def test_encoded_bytes_are_the_encoded_arrays_bytes(method, encoding):
+    """``RoundCommunication.encoded`` (the projection's bytes) against the bytes of the
+    arrays ``flower_app.encoding.encode_record`` makes of a state of those shapes (no
+    head: the count's head has no known rows)."""
+    from flower_app.encoding import encode_record
+    from flower_app.methods.registry import get_method
+
+    shapes, r = {"l0": (12, 20), "l1": (20, 12)}, 3
+    spec = get_method(method)
+    state = {
+        f"{layer}.{spec.kind.part_key(part)}": np.ones(spec.kind.parts[part].shape(o, i, r))
+        for layer, (o, i) in shapes.items()
+        for part in spec.shared
+    }
+    rng = np.random.default_rng(0)
+    sent = sum(a.numpy().nbytes for a in encode_record(state, encoding, rng).values())
+    count = round_communication(method, shapes, r, 0)
+    assert count.encoded(encoding, encoding)[1] == sent
+    if set(spec.trained_parts(1)) == set(spec.shared):
+        assert count.encoded(encoding, encoding)[0] == sent
+
+
+def test_the_projection_counts_the_run_s_encodings():
+    """The FlowerTune projection (flower_app/comm_projection.py) in bytes under the run's
+    encodings: at fp32 its parameters times 4, as before; with int8 up and bf16 down the
+    encoded bytes of each round's arrays."""
+    import strategies.registry  # noqa: F401
+    from flower_app.comm_projection import project
+    from flower_app.leaderboard import megabytes
+
+    shapes = {"l0": (64, 32), "l1": (32, 64)}
+    for method in ("florg", "fedit"):
+        base = {"method": method, "rank": 4, "num-server-rounds": 3, "min-train-nodes": 2}
+        (plain,) = project(resolve_config(base), shapes, 10, methods=(method,))
+        assert plain.total_mb == pytest.approx(
+            megabytes(plain.clients_per_round * (plain.run_up_params + plain.run_down_params))
+        )
+        encoded = {**base, "uplink-encoding": "int8", "downlink-encoding": "bf16"}
+        (small,) = project(resolve_config(encoded), shapes, 10, methods=(method,))
+        per_round = sum(round_communication(method, shapes, 4, 0).encoded("int8", "bf16"))
+        assert small.total_mb == pytest.approx(
+            megabytes(small.clients_per_round * 3 * per_round, 1)
+        )
+        assert small.total_mb < plain.total_mb / 2
