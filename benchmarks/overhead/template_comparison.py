@@ -42,6 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUND_LINE = re.compile(r"\[ROUND (\d+)/(\d+)\]")
+RECEIVED = re.compile(r"aggregate_train: Received (\d+) results and (\d+) failures")
 LOSS = re.compile(r"'train[_-]loss': ([-+0-9.eE]+)")
 FINISHED = re.compile(r"Strategy execution finished|Run finished")
 
@@ -66,9 +67,14 @@ class Side:
         edges = [self.round_starts[r] for r in rounds] + [self.end]
         return (edges[-1] - edges[0]) / len(rounds)
 
+    failures: int = 0  # failed training replies (Flower's aggregate_train line)
+
     def read(self, line: str, now: float) -> None:
         """One line of the streamed log."""
         self.log.append(line)
+        received = RECEIVED.search(line)
+        if received:
+            self.failures += int(received.group(2))
         found = ROUND_LINE.search(line)
         if found:
             self.round_starts.setdefault(int(found.group(1)), now)
@@ -189,6 +195,12 @@ def run_side(
         process.wait()
         stop.set()
         sampler.join()
+        if side.failures:  # rounds of failed clients time nothing worth comparing
+            errors = [line for line in side.log if "Error" in line or "Exception" in line]
+            raise RuntimeError(
+                f"{side.name}: {side.failures} training replies failed; first errors:\n"
+                + "\n".join(errors[:5])
+            )
         if side.end is None:  # Flower's --stream exits 0 on a failed run: its log says
             tail = "\n".join(side.log[-40:])
             raise RuntimeError(f"{side.name}: the run did not finish; its log ends:\n{tail}")
@@ -197,11 +209,29 @@ def run_side(
     return side
 
 
+def model_for_template(model: Path, dest: Path) -> Path:
+    """``model`` as the template's transformers (4.53) reads it: a tokenizer saved by
+    transformers 5 names its class ``TokenizersBackend``, which 4.53 does not know; the copy
+    names the fast tokenizer its ``tokenizer.json`` already is. Weights and config are
+    linked, not copied."""
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    if config.get("tokenizer_class") != "TokenizersBackend":
+        return model
+    dest.mkdir(parents=True)
+    for item in model.iterdir():
+        if item.name != "tokenizer_config.json":
+            (dest / item.name).symlink_to(item.resolve())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (dest / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return dest
+
+
 def job_settings(args: argparse.Namespace, data_dir: Path) -> tuple[dict, dict]:
     """(the template's run config, this app's) for the same job."""
     template = {
         "dataset.name": str(data_dir),
-        "model.name": str(args.model),
+        "model.name": str(args.template_model),
         "model.quantization": 4,
         "model.gradient-checkpointing": False,
         "model.lora.peft-lora-r": args.rank,
@@ -325,6 +355,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--seq-length", type=int, default=96)
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument(
+        "--keep-logs", type=Path, default=None, help="write each side's streamed log here"
+    )
     return parser.parse_args(argv)
 
 
@@ -344,6 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data_dir = work / "alpaca"
         data_dir.mkdir()
         shutil.copy(args.rows, data_dir / "train.jsonl")  # the template's load_dataset(folder)
+        args.template_model = model_for_template(args.model, work / "template-model")
         template_config, our_config = job_settings(args, data_dir)
         template = run_side(
             Side("template"),
@@ -373,6 +407,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         measured = [r["uplink-bytes"] + r["downlink-bytes"] for r in rows if r["round"] >= 1]
         ours.train_loss = rows[-1].get("train-loss", ours.train_loss)  # its console omits it
+        if args.keep_logs is not None:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for side in (template, ours):
+                (args.keep_logs / f"{side.name}.log").write_text("\n".join(side.log))
         bytes_ours = sum(measured) / len(measured)
         bytes_template = lora_bytes_per_round(args.model, args.rank, args.clients)
         print(

@@ -46,3 +46,12 @@ def test_this_apps_train_loss_key_is_read_and_ratios_printed():
 def test_a_log_without_a_finished_round_is_an_error():
     with pytest.raises(ValueError, match="no complete round"):
         read("template", LOG[:2]).seconds_per_round()
+
+
+def test_failed_training_replies_are_counted():
+    """A round whose clients failed times nothing worth comparing: the benchmark stops
+    with the errors (run_side) once its log counted them."""
+    side = read(
+        "template", [(0.0, "INFO :      aggregate_train: Received 0 results and 2 failures")]
+    )
+    assert side.failures == 2
