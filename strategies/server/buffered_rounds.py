@@ -295,8 +295,7 @@ class BufferedRounds(BufferedUpdate):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """One server update over the buffer (``aggregate_replies``), with the row's
         asynchronous metrics."""
-        self.communication.down_params[version] = sum(pending.down_params)
-        self.communication.sampled[version] = len(pending.down_params)
+        self.communication.record_sent_counts(version, pending.down_params)
         taken = sorted(taken, key=lambda b: (b.reply.partition, b.reply.node))
         messages = [b.message for b in taken]
         example_dp = self.example_dp.observe(version, messages) if self.example_dp else {}

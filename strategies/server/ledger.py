@@ -28,6 +28,12 @@ class CommunicationLedger:
         self.down_bytes[server_round] = [message_bytes(m) for m in messages]
         self.sampled[server_round] = len(messages)
 
+    def record_sent_counts(self, server_round: int, params: list[int]) -> None:
+        """The parameters of each training message counted toward ``server_round`` where
+        they were sent in several batches (round-mode=async: between two updates)."""
+        self.down_params[server_round] = sum(params)
+        self.sampled[server_round] = len(params)
+
     def record_wire(self, server_round: int, messages: Iterable[Message]) -> None:
         """The round's messages as they travel (encoded): their bytes."""
         self.down_bytes[server_round] = [message_bytes(m) for m in messages]
