@@ -1,8 +1,8 @@
 """Example-level DP-SGD on a client (``dp=example``, docs/privacy.md section 9), with Opacus.
 
 Every local step of a client is a DP-SGD step (Abadi et al., CCS 2016): a batch drawn by
-Poisson sampling of the client's n examples at rate q = batch-size / n (Opacus'
-``DPDataLoader``), the per-example gradient of everything the client trains (the adapter
+Poisson sampling of the client's n examples at rate q = batch-size / n (Opacus' sampler,
+``poisson_loader``), the per-example gradient of everything the client trains (the adapter
 and the task head) computed by Opacus' hooks (``GradSampleModule``; FLoRG's A by
 flower_app/adapters/florg_grad_sample.py, LoRA-SB's R by lora_sb_grad_sample.py), each
 example's gradient clipped jointly over all those parameters to L2 norm C, and Gaussian
@@ -32,8 +32,9 @@ is not cryptographic, nor is the float Gaussian sampler free of side channels (M
 from __future__ import annotations
 
 import contextlib
+import functools
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,8 +287,8 @@ class PrivateTraining:
     stats: MechanismStats | None = None
 
     def empty(self, batch: Any) -> bool:
-        """Whether Poisson sampling drew no example (Opacus' empty batch)."""
-        return not isinstance(batch, Mapping) or int(batch["input_ids"].shape[0]) == 0
+        """Whether Poisson sampling drew no example (``poisson_loader``: None)."""
+        return batch is None
 
     def noise_step(self) -> None:
         """The step of an empty batch: the clipped sum is 0, the noise and the update are
@@ -320,7 +321,6 @@ class DpSgd:
         """Hooks on ``model`` (per-example gradients), the DP optimizer around
         ``optimizer``, and a Poisson loader over ``loader``'s dataset and collation."""
         from opacus import GradSampleModule
-        from opacus.data_loader import DPDataLoader
         from opacus.optimizers import DPOptimizer
 
         from flower_app.adapters.florg_grad_sample import register_florg_grad_sampler
@@ -344,13 +344,36 @@ class DpSgd:
         # read-only: the per-example norms and the clipped sum, after the noise is drawn
         stats = MechanismStats(self.plan.clipping_norm, self.plan.noise_multiplier, expected_batch)
         dp_optimizer.attach_step_hook(stats.observe)
-        poisson = DPDataLoader(
-            loader.dataset,
-            sample_rate=self.plan.sample_rate,
-            collate_fn=loader.collate_fn,
-            generator=sampling,
-        )
+        poisson = poisson_loader(loader, self.plan.sample_rate, sampling)
         return PrivateTraining(module, dp_optimizer, poisson, stats)
+
+
+def poisson_loader(loader: DataLoader, sample_rate: float, generator: Any) -> DataLoader:
+    """Poisson sampling over ``loader``'s dataset as Opacus' ``DPDataLoader`` draws it (its
+    ``UniformWithReplacementSampler``: each example in a step's batch with probability q,
+    the same generator passed to the loader too, so the draws are Opacus' own), collated by
+    ``loader``'s collate function; an empty draw is collated to None.
+
+    Not ``DPDataLoader`` itself: its empty-batch collation learns the batch's structure
+    from the first non-empty batch, and when a round's first draw is empty it falls back to
+    ``torch.zeros`` with the dtype of the dataset's first item's entries, which for a dict
+    of tensors are its keys (a ``str`` type), and raises."""
+    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
+    sampler = UniformWithReplacementSampler(
+        num_samples=len(loader.dataset),  # type: ignore[arg-type]
+        sample_rate=sample_rate,
+        generator=generator,
+    )
+    collate = functools.partial(_collate_draw, loader.collate_fn)
+    return DataLoader(
+        loader.dataset, batch_sampler=sampler, collate_fn=collate, generator=generator
+    )
+
+
+def _collate_draw(collate_fn: Callable[[list[Any]], Any], draw: list[Any]) -> Any:
+    """``collate_fn(draw)``; None for an empty draw (``PrivateTraining.empty``)."""
+    return collate_fn(draw) if draw else None
 
 
 @contextlib.contextmanager

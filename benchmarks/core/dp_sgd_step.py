@@ -24,7 +24,7 @@ then the optimiser step (under DP: each example's gradient clipped to C jointly 
 trained parameters, Gaussian noise of std z C added to the sum, AdamW update).
 
 What is timed and why: every step takes one fixed batch of exactly the expected batch size
-q n. ``DpSgd.attach`` builds the client's Poisson loader (``DPDataLoader``) as a round does,
+q n. ``DpSgd.attach`` builds the client's Poisson loader (``poisson_loader``) as a round does,
 but its batches vary in size from step to step (standard deviation about sqrt(q n)), which
 would add variance unrelated to the methods; a fixed batch gives every arm the same work
 per step. The sampling itself is data loading, outside the step in either case.

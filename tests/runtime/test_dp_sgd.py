@@ -297,7 +297,7 @@ def test_an_empty_poisson_batch_takes_a_noise_only_step(tiny_bert_config):
     loader = torch.utils.data.DataLoader([{"input_ids": torch.zeros(T, dtype=torch.long)}])
     private = DpSgd(plan, seed=0).attach(model, optimizer, loader)
     try:
-        assert private.empty([]) and private.empty({"input_ids": torch.zeros(0, T)})
+        assert private.empty(None) and not private.empty({"input_ids": torch.zeros(1, T)})
         private.noise_step()
         grads = [p.grad for p in model.parameters() if p.requires_grad]
         assert all(g is not None for g in grads)
@@ -306,6 +306,61 @@ def test_an_empty_poisson_batch_takes_a_noise_only_step(tiny_bert_config):
     finally:
         private.close()
     assert np.isfinite(std)
+
+
+def examples_of(data: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """The batch's rows as a dataset of dicts (what the tokenised splits are)."""
+    return [dict(zip(data, values, strict=True)) for values in zip(*data.values(), strict=True)]
+
+
+def test_a_round_whose_first_poisson_draw_is_empty_trains_its_steps(tiny_bert_config):
+    """q small enough that the round's first draws hold no example: every step is the
+    noise-only step and the round completes (Opacus' DPDataLoader raised here: its
+    empty-batch collation fell back to torch.zeros with a dict's keys' type as dtype)."""
+    from flower_app.dp_sgd import poisson_loader
+    from flower_app.training import train_local
+
+    data = batch(tiny_bert_config.vocab_size)
+    loader = torch.utils.data.DataLoader(examples_of(data), batch_size=N)
+    plan = DpSgdPlan(1.0, 1.0, 1e-4, 3, 1e-5, N)
+    sampling, _ = round_generators(0, torch.device("cpu"))  # the round's, as attach draws
+    assert next(iter(poisson_loader(loader, plan.sample_rate, sampling))) is None
+    model = florg_model(tiny_bert_config)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    result = train_local(
+        model, loader, epochs=1, max_steps=3, lr=0.01, weight_decay=0.0,
+        device=torch.device("cpu"), dp_sgd=DpSgd(plan, seed=0),
+    )  # fmt: skip
+    assert result.steps == 3 and result.num_examples == 0
+    moved = [not torch.equal(p, before[n]) for n, p in model.named_parameters() if n in before]
+    assert moved and all(moved)  # the noise moved every trained tensor
+
+
+def test_the_poisson_loader_draws_as_opacus_dp_data_loader():
+    """The same seeded generator: poisson_loader's batches are DPDataLoader's, draw for
+    draw (the draws of the runs published before the empty-draw fix are unchanged)."""
+    from opacus.data_loader import DPDataLoader
+
+    from flower_app.dp_sgd import poisson_loader
+
+    dataset = [torch.tensor([i]) for i in range(40)]
+    ours = poisson_loader(
+        torch.utils.data.DataLoader(dataset, collate_fn=torch.stack), 0.1,
+        torch.Generator().manual_seed(3),
+    )  # fmt: skip
+    theirs = DPDataLoader(
+        dataset, sample_rate=0.1, collate_fn=torch.stack,
+        generator=torch.Generator().manual_seed(3),
+    )  # fmt: skip
+
+    def drawn(rows: torch.Tensor | None) -> list[int]:
+        return [] if rows is None else rows.flatten().tolist()
+
+    for _ in range(3):  # three rounds' iterators: each draws from the generator as Opacus'
+        found, expected = list(ours), list(theirs)
+        assert len(found) == len(expected) == 10
+        assert [drawn(rows) for rows in found] == [drawn(rows) for rows in expected]
+        assert sum(len(drawn(rows)) for rows in found) > 0
 
 
 # --------------------------------------------------------------------------- settings
