@@ -43,10 +43,13 @@ from florg_lab.page_text import Evidence, method_name, task_name
 from florg_lab.page_v2 import EXACT, V2, exact_methods, task_folders
 
 __all__ = [
+    "BYTES",
+    "PARAMS",
     "TARGET_METHOD",
     "Curve",
     "Reach",
     "Source",
+    "Unit",
     "chosen_runs",
     "cumulative_params",
     "curve",
@@ -71,16 +74,36 @@ def participants(row: dict[str, Any]) -> int:
     return sum(int(row.get(key) or 0) for key in ("clients", "screened", "rejected", "failures"))
 
 
-def cumulative_params(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
-    """round -> parameters per client, uplink + downlink, summed over the rounds up to and
-    including it (rows taken in round order; round 0 counts what it sent, usually 0)."""
+@dataclass(frozen=True)
+class Unit:
+    """What is counted: the metrics rows' keys (uplink, downlink; the round's totals over
+    its clients) and the words the table and the figure use for it."""
+
+    keys: tuple[str, str]
+    noun: str  # in a sentence: "Parameters are counted per client"
+    short: str  # in a column's head: "params per client per round"
+    axis: str  # the figure's x label
+
+
+PARAMS = Unit(("up-params", "down-params"), "Parameters", "params",
+              "parameters sent per client, uplink + downlink, cumulative")  # fmt: skip
+# the serialised content of every message, as it travelled (its encoding's bytes)
+BYTES = Unit(("uplink-bytes", "downlink-bytes"), "Bytes", "bytes",
+             "bytes sent per client (message content), uplink + downlink, cumulative")  # fmt: skip
+
+
+def cumulative_params(rows: Sequence[dict[str, Any]], unit: Unit = PARAMS) -> dict[int, float]:
+    """round -> parameters (``unit``: what is counted) per client, uplink + downlink, summed
+    over the rounds up to and including it (rows taken in round order; round 0 counts what
+    it sent, usually 0)."""
+    up, down = unit.keys
     total, out = 0.0, {}
     for row in sorted(rows, key=lambda r: int(r["round"])):
-        sent = int(row.get("up-params") or 0) + int(row.get("down-params") or 0)
+        sent = int(row.get(up) or 0) + int(row.get(down) or 0)
         if sent:
             clients = participants(row)
             if clients == 0:
-                raise ValueError(f"round {row['round']}: parameters sent but no client counted")
+                raise ValueError(f"round {row['round']}: {up} sent but no client counted")
             total += sent / clients
         out[int(row["round"])] = total
     return out
@@ -143,13 +166,13 @@ class Curve:
         )
 
 
-def curve(method: str, runs: Mapping[int, Run]) -> Curve:
-    """``method``'s curve over its runs (seed -> run; at least one)."""
+def curve(method: str, runs: Mapping[int, Run], unit: Unit = PARAMS) -> Curve:
+    """``method``'s curve over its runs (seed -> run; at least one), counting ``unit``."""
     if not runs:
         raise ValueError(f"{method}: no run")
     seeds = tuple(sorted(runs))
     per_seed = {s: runs[s].series(runs[s].test_key) for s in seeds}
-    cumulative = {s: cumulative_params(runs[s].rows) for s in seeds}
+    cumulative = {s: cumulative_params(runs[s].rows, unit) for s in seeds}
     rounds = sorted(set.intersection(*(set(per_seed[s]) & set(cumulative[s]) for s in seeds)))
     if not rounds:
         raise ValueError(f"{method}: no test round that every seed has")
@@ -250,6 +273,7 @@ def markdown(
     missing: Sequence[str],
     fractions: Sequence[float] = (1.0,),
     name: Callable[[str], str] = str,
+    unit: Unit = PARAMS,
 ) -> str:
     """The target and the counting in words, then the table, one row per target and
     method: parameters per client per round, the target, the first test round where the
@@ -269,7 +293,7 @@ def markdown(
             f"Target: {ref_name}'s final seed-mean test score, {reference.final:.3f} (round "
             f"{reference.rounds[-1]}, {len(reference.seeds)} seeds)"
             + "".join(f"; {other}" for other in others)
-            + ". Parameters are counted per client, uplink + downlink, summed over rounds; "
+            + f". {unit.noun} are counted per client, uplink + downlink, summed over rounds; "
             "a score is known at the test rounds only ("
             + ", ".join(str(t) for t in reference.rounds)
             + "), so a target is reached at the first of them where the mean over seeds "
@@ -277,8 +301,8 @@ def markdown(
         ]
     seeds = sorted({s for c in found.values() for s in c.seeds})
     head = [
-        "method", "seeds", "params per client per round", "target",
-        "first test round at target (seed mean)", "params per client to target",
+        "method", "seeds", f"{unit.short} per client per round", "target",
+        "first test round at target (seed mean)", f"{unit.short} per client to target",
         f"/ {ref_name}'s", "seeds at target: first test round, seed "
         + " / ".join(str(s) for s in seeds),
     ]  # fmt: skip
@@ -323,8 +347,9 @@ def plot(
     fractions: Sequence[float] = (1.0,),
     title: str = "",
     name: Callable[[str], str] = str,
+    unit: Unit = PARAMS,
 ) -> None:
-    """Seed-mean test score against cumulative parameters per client (log axis), every
+    """Seed-mean test score against cumulative parameters (``unit``) per client (log axis), every
     method on one chart, the targets as dashed lines. Round 0 is left out where nothing
     has travelled yet (0 has no place on a log axis)."""
     import matplotlib
@@ -345,7 +370,7 @@ def plot(
         ax.axhline(target, linestyle=styles[i % len(styles)], linewidth=0.9, color="grey",
                    label=f"target: {fraction:.0%} of {name(TARGET_METHOD)}'s final")  # fmt: skip
     ax.set_xscale("log")
-    ax.set_xlabel("parameters sent per client, uplink + downlink, cumulative")
+    ax.set_xlabel(unit.axis)
     ax.set_ylabel("held-out test score, mean over seeds")
     if title:
         ax.set_title(title)

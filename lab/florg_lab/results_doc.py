@@ -13,7 +13,8 @@ put under ``lab/evidence/``:
 - README's headline: :mod:`florg_lab.page_headline`;
 - protocol v2 and its variants: :mod:`florg_lab.page_v2`; the exact-aggregation methods:
   :mod:`florg_lab.page_exact`;
-- communication to a target score: :mod:`florg_lab.comm_to_target`;
+- communication to a target score: :mod:`florg_lab.comm_to_target`; accuracy per byte
+  under message encodings: :mod:`florg_lab.page_encodings`;
 - the privacy grid and the two privacy regimes: :mod:`florg_lab.privacy_regimes`;
 - the long-budget SNLI grid: :mod:`florg_lab.long_budget`;
 - clients of different rank: :mod:`florg_lab.page_hetero`; the causal LM:
@@ -30,11 +31,13 @@ that is due exists.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
 from florg_lab import comm_to_target as ctt
 from florg_lab import long_budget as lb
+from florg_lab import page_encodings as encodings
 from florg_lab import page_exact
 from florg_lab import page_hetero as hetero
 from florg_lab import page_sft as sft
@@ -63,6 +66,11 @@ def _task_metrics(task: str) -> tuple[str, ...]:
     return (v2.V2, v2.EXACT, *(METRICS_OF + folder for folder in v2.task_folders(task)))
 
 
+def _encoded(task: str) -> str:
+    """The encodings grid's published runs of ``task``."""
+    return f"{encodings.PUBLISHED}/runs/{encodings.GRIDS[task]}"
+
+
 BLOCKS = (
     Block("README.md", "HEADLINE",
           (v1.V1, v2.V2, v2.EXACT, page_exact.FED_SB_S1, sft.SFT, hetero.HETERO,
@@ -76,6 +84,12 @@ BLOCKS = (
             page_exact.exact_table(task))
       for task in TASKS),
     *(Block(RESULTS, f"COMM-TO-TARGET-{task.upper()}", _task_metrics(task), ctt.page_block(task))
+      for task in TASKS),
+    *(Block(RESULTS, f"ENCODINGS-{task.upper()}",
+            (*_task_metrics(task), METRICS_OF + _encoded(task)), encodings.table(task))
+      for task in TASKS),
+    *(Block(RESULTS, f"BYTES-TO-TARGET-{task.upper()}",
+            (*_task_metrics(task), METRICS_OF + _encoded(task)), encodings.bytes_to_target(task))
       for task in TASKS),
     *(Block(RESULTS, f"VARIANTS-{task.upper()}", (v2.V2,), v2.variants_table(task))
       for task in TASKS),
@@ -106,6 +120,8 @@ FIGURES = (
     Figure(privacy.PRIVACY_FIGURE, privacy.privacy_figure),
     Figure(lb.FIGURE, lb.page_figure),
     *(Figure(ctt.PAGE_FIGURE.format(task=task), ctt.page_figure(task)) for task in TASKS),
+    *(Figure(encodings.FIGURE.format(task=task), encodings.figure(task),
+             functools.partial(encodings.published, task=task)) for task in TASKS),
     *(Figure(privacy.REGIMES_FIGURE.format(regime=regime), privacy.privacy_regime_figure(regime),
              privacy.privacy_regime_drawn(regime)) for regime in REGIMES),
 )  # fmt: skip

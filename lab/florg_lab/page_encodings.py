@@ -1,0 +1,307 @@
+"""Accuracy per byte: protocol v2 with encoded messages against the published fp32 runs.
+
+The grids ``lab/grids/encodings-v2.yaml`` (movie sentiment) and ``encodings-v2-snli.yaml``
+run FLoRG, FedIT and RoLoRA at their published protocol v2 rates with both directions
+encoded (``uplink-encoding`` = ``downlink-encoding``, flower_app/encoding.py) at bf16 and
+int8, five seeds, and one fp32 run a method at seed 0 (the *check*: the grids' commit
+reproduces the published fp32 run). ``bash lab/scripts/evidence_encodings.sh`` runs them
+and publishes their runs under :data:`PUBLISHED`; this module reads them and writes, per
+task:
+
+- **the table** (``table``): each method's fp32 row (the published runs) and its encoded
+  rows: the final held-out test score's seed mean with its 95% interval, the paired
+  difference to fp32 over the seeds both have, whether it meets the goal (mean within
+  ±:data:`GOAL_MEAN`, its interval inside ±:data:`GOAL_INTERVAL`), and the bytes per
+  client per round with their ratio to fp32's. Bytes are what travelled (the messages'
+  serialised content, ``uplink-bytes`` + ``downlink-bytes``). The published fp32 runs
+  predate the byte count, so fp32's bytes are the check run's; bytes do not depend on the
+  seed beyond a few varint-coded metrics (the encoded runs show how little: their seeds'
+  spread is printed);
+- **bytes to a target** (``bytes_to_target``, ``figure``): :mod:`florg_lab.comm_to_target`
+  counting bytes instead of parameters, each method and encoding one curve, the target
+  FedIT-fp32's final seed-mean score and 90% of it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+
+from florg_lab import comm_to_target as ctt
+from florg_lab.long_budget import Run
+from florg_lab.page_text import Evidence, interval, method_name, task_name
+from florg_lab.page_text import table as render_table
+from florg_lab.page_v2 import EXACT, V2, exact_methods, task_folders
+from florg_lab.runs import finished_run
+from florg_lab.stats import mean_interval, paired_difference
+
+__all__ = [
+    "ENCODINGS",
+    "FIGURE",
+    "GRIDS",
+    "METHODS",
+    "PUBLISHED",
+    "Arms",
+    "arms",
+    "bytes_to_target",
+    "figure",
+    "published",
+    "table",
+]
+
+PUBLISHED = "lab/evidence/encodings"  # runs/<grid>/<run>: config, metrics, summary
+GRIDS = {"movie-sentiment": "encodings-v2", "snli": "encodings-v2-snli"}
+METHODS = ("florg", "fedit", "rolora")
+ENCODINGS = ("bf16", "int8")
+REFERENCE = "fp32"  # today's messages, bit for bit: the published runs
+CHECK_SEED = 0
+GOAL_MEAN, GOAL_INTERVAL = 0.01, 0.02  # |mean difference|; the interval inside ± this
+FRACTIONS = (1.0, 0.9)  # of FedIT-fp32's final seed-mean test score
+FIGURE = PUBLISHED + "/plots/bytes-to-target-{task}.png"
+COMMAND = "bash lab/scripts/evidence_encodings.sh"
+
+
+# --- reading the runs --------------------------------------------------------------------
+
+
+def encoding_of(config: Mapping[str, object]) -> str:
+    """A run's encoding: its uplink's, which the grids set equal to its downlink's (a run
+    whose directions differ is named ``up/down``)."""
+    up = str(config.get("uplink-encoding", REFERENCE))
+    down = str(config.get("downlink-encoding", REFERENCE))
+    return up if up == down else f"{up}/{down}"
+
+
+def encoded_runs(folder: Path, task: str) -> dict[tuple[str, str], dict[int, Run]]:
+    """(method, encoding) -> seed -> its finished run of ``task`` in ``folder`` (a published
+    grid's runs), read with its config's encodings."""
+    found: dict[tuple[str, str], dict[int, Run]] = {}
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.iterdir()):
+        finished = finished_run(path)
+        if finished is None:
+            continue
+        summary, config = finished
+        if config.get("task") != task:
+            continue
+        text = (path / "metrics.jsonl").read_text()
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        run = Run(str(config["method"]), int(config["seed"]), rows,
+                  config.get("learning-rate"), task,
+                  summary.get("test-score-key", "test-score"))  # fmt: skip
+        found.setdefault((run.method, encoding_of(config)), {})[run.seed] = run
+    return found
+
+
+def final_score(run: Run) -> float:
+    """The held-out test score at the run's last test round."""
+    series = run.series(run.test_key)
+    if not series:
+        raise ValueError(f"{run.method} seed {run.seed}: no test score")
+    return series[max(series)]
+
+
+def bytes_per_round(run: Run) -> float:
+    """Bytes per client per round, uplink + downlink, over the whole run."""
+    cumulative = ctt.cumulative_params(run.rows, ctt.BYTES)
+    last = max(cumulative)
+    return cumulative[last] / max(last, 1)
+
+
+@dataclass(frozen=True)
+class Arms:
+    """One task's runs: the published fp32 runs (method -> seed -> run), the encoded runs
+    and the fp32 checks ((method, encoding) -> seed -> run), and the methods whose fp32
+    runs are not published."""
+
+    task: str
+    reference: dict[str, dict[int, Run]]
+    encoded: dict[tuple[str, str], dict[int, Run]]
+    missing: tuple[str, ...]
+
+    def check(self, method: str) -> Run | None:
+        return self.encoded.get((method, REFERENCE), {}).get(CHECK_SEED)
+
+    def arm(self, method: str, encoding: str) -> dict[int, Run]:
+        return self.encoded.get((method, encoding), {})
+
+
+def arms(root: Path, task: str) -> Arms:
+    """``task``'s arms from the evidence under ``root``. An encoded run at another learning
+    rate than its method's published one is an error: the encoding is the only change."""
+    v2, exact = task_folders(task)
+    sources = (ctt.Source(V2, (v2,)), ctt.Source(EXACT, (exact,), exact_methods()))
+    chosen, missing = ctt.chosen_runs(root, sources, task)
+    reference = {m: chosen[m] for m in METHODS if m in chosen}
+    encoded = encoded_runs(root / PUBLISHED / "runs" / GRIDS[task], task)
+    for (method, encoding), by_seed in encoded.items():
+        rates = {run.learning_rate for run in by_seed.values()}
+        published_rates = {run.learning_rate for run in reference.get(method, {}).values()}
+        if published_rates and rates != published_rates:
+            raise ValueError(
+                f"{task}, {method} at {encoding}: learning rate {sorted(rates)}, but the "
+                f"published fp32 runs' is {sorted(published_rates)}"
+            )
+    return Arms(task, reference, encoded, tuple(m for m in METHODS if m in missing))
+
+
+def spread(found: Arms) -> float:
+    """The largest relative spread of bytes per client per round over the seeds of one
+    encoded arm ((max - min) / mean)."""
+    worst = 0.0
+    for by_seed in found.encoded.values():
+        spent = [bytes_per_round(run) for run in by_seed.values()]
+        if len(spent) > 1 and statistics.fmean(spent) > 0:
+            worst = max(worst, (max(spent) - min(spent)) / statistics.fmean(spent))
+    return worst
+
+
+@cache
+def _arms(ev: Evidence, task: str) -> Arms:
+    return arms(ev.root, task)
+
+
+def published(ev: Evidence, task: str) -> bool:
+    """Whether any encoded run of ``task`` is published."""
+    return bool(_arms(ev, task).encoded)
+
+
+# --- the table ---------------------------------------------------------------------------
+
+
+def goal(found: tuple[float, float, float]) -> str:
+    """``met`` when the mean difference is within ±GOAL_MEAN and its interval inside
+    ±GOAL_INTERVAL; ``not met``; ``–`` without an interval."""
+    mean, low, high = found
+    if math.isnan(low):
+        return "–"
+    inside = abs(mean) <= GOAL_MEAN and low >= -GOAL_INTERVAL and high <= GOAL_INTERVAL
+    return "met" if inside else "not met"
+
+
+def _row(arms_: Arms, method: str, encoding: str, fp32_bytes: float | None) -> list[str]:
+    runs = arms_.reference[method] if encoding == REFERENCE else arms_.arm(method, encoding)
+    name = f"{method_name(method)} {encoding}"
+    if not runs:
+        return [name, "0", "not run yet", "–", "–", "–", "–"]
+    scores = {s: final_score(r) for s, r in runs.items()}
+    cells = [name, str(len(runs)), interval(mean_interval(list(scores.values())))]
+    if encoding == REFERENCE:
+        cells += ["(reference)", "–"]
+        spent = fp32_bytes
+    else:
+        fp32 = {s: final_score(r) for s, r in arms_.reference.get(method, {}).items()}
+        seeds = sorted(set(scores) & set(fp32))
+        if len(seeds) >= 2:
+            found = paired_difference([scores[s] for s in seeds], [fp32[s] for s in seeds])
+            diff = found.difference
+            cells += [
+                f"{interval(diff, sign=True)}, {found.wins} up / {found.losses} down "
+                f"of {len(seeds)}",
+                goal((diff.mean, diff.low, diff.high)),
+            ]
+        else:
+            cells += [f"– (seeds shared with fp32: {len(seeds)})", "–"]
+        spent = statistics.fmean(bytes_per_round(r) for r in runs.values())
+    if spent is None:
+        return [*cells, "– (no fp32 check run)", "–"]
+    ratio = "–" if not fp32_bytes else f"{spent / fp32_bytes:.3f}"
+    return [*cells, f"{spent:,.0f}", ratio]
+
+
+def table(task: str) -> Callable[[Evidence], str]:
+    """``task``'s table (module docstring), or what is not published yet."""
+
+    def make(ev: Evidence) -> str:
+        found = _arms(ev, task)
+        if not found.encoded:
+            return (f"{task_name(task)}: not run yet (`{COMMAND}`, grid "
+                    f"`lab/grids/{GRIDS[task]}.yaml`).")  # fmt: skip
+        head = ["method, encoding both ways", "seeds", "final test score [95% CI]",
+                "− fp32, paired [95% CI]",
+                f"goal: within ±{GOAL_MEAN}, interval in ±{GOAL_INTERVAL}",
+                "bytes per client per round", "/ fp32"]  # fmt: skip
+        rows, checks = [], []
+        for method in METHODS:
+            if method not in found.reference:
+                continue
+            check = found.check(method)
+            fp32_bytes = None if check is None else bytes_per_round(check)
+            rows += [_row(found, method, e, fp32_bytes) for e in (REFERENCE, *ENCODINGS)]
+            if check is not None:
+                published_run = found.reference[method].get(CHECK_SEED)
+                was = "no published seed 0" if published_run is None else (
+                    f"published {final_score(published_run):.4f}")  # fmt: skip
+                checks.append(f"{method_name(method)} {final_score(check):.4f} ({was})")
+        lines = render_table(head, rows)
+        lines += ["", f"Bytes differ between the seeds of one arm by at most {spread(found):.2e} "
+                  "of the arm's mean (varint-coded metrics), so the check run's bytes stand "
+                  "for fp32's at every seed."]  # fmt: skip
+        lines += ["", "fp32 at the grid's commit, seed " + str(CHECK_SEED) + " (the check): "
+                  + ("; ".join(checks) if checks else "not run yet") + "."]  # fmt: skip
+        if found.missing:
+            lines.append(", ".join(method_name(m) for m in found.missing)
+                         + ": no published fp32 runs.")  # fmt: skip
+        return "\n".join(lines)
+
+    return make
+
+
+# --- bytes to a target -------------------------------------------------------------------
+
+
+def curves(found: Arms) -> dict[str, ctt.Curve]:
+    """``method`` (fp32: the published runs' scores, the check run's bytes) and
+    ``method@encoding`` -> its curve of seed-mean test score against bytes per client."""
+    out: dict[str, ctt.Curve] = {}
+    for method in METHODS:
+        check = found.check(method)
+        if method in found.reference and check is not None:
+            fp32 = ctt.curve(method, found.reference[method])
+            spent = ctt.cumulative_params(check.rows, ctt.BYTES)
+            if all(t in spent for t in fp32.rounds):
+                out[method] = replace(
+                    fp32,
+                    params=tuple(spent[t] for t in fp32.rounds),
+                    per_round=bytes_per_round(check),
+                )
+        for encoding in ENCODINGS:
+            runs = found.arm(method, encoding)
+            if runs:
+                out[f"{method}@{encoding}"] = ctt.curve(method, runs, ctt.BYTES)
+    return out
+
+
+def curve_name(key: str) -> str:
+    method, _, encoding = key.partition("@")
+    return f"{method_name(method)} {encoding or REFERENCE}"
+
+
+def bytes_to_target(task: str) -> Callable[[Evidence], str]:
+    """``task``'s bytes to FedIT-fp32's final score and to 90% of it."""
+
+    def make(ev: Evidence) -> str:
+        found = _arms(ev, task)
+        if not found.encoded:
+            return f"{task_name(task)}: not run yet (`{COMMAND}`)."
+        return ctt.markdown(curves(found), [], FRACTIONS, curve_name, ctt.BYTES)
+
+    return make
+
+
+def figure(task: str) -> Callable[[Evidence, Path], bool]:
+    def draw(ev: Evidence, path: Path) -> bool:
+        found = curves(_arms(ev, task))
+        if not found:
+            return False
+        title = f"protocol v2, {task_name(task)}: test score against bytes sent"
+        ctt.plot(found, path, FRACTIONS, title, curve_name, ctt.BYTES)
+        return True
+
+    return draw

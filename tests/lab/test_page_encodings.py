@@ -1,0 +1,147 @@
+"""Accuracy per byte (lab/florg_lab/page_encodings.py) on small synthetic evidence whose
+numbers are known: the published fp32 runs found by protocol v2's summaries, the encoded
+runs by their configs' encodings, the paired difference and the goal, fp32's bytes taken
+from the check run, bytes to FedIT-fp32's final score, and a run at the wrong rate refused.
+
+Scores are multiples of 1/8 and byte counts integers, so every comparison is exact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from florg_lab import page_encodings as pe
+from florg_lab.page_text import Evidence
+from florg_lab.page_v2 import EXACT, V2, task_folders
+
+TASK = "movie-sentiment"
+ROUNDS, CLIENTS = 20, 6
+TEST_ROUNDS = (0, 10, 20)
+RATES = {"florg": 0.0005, "fedit": 0.004, "rolora": 0.001}
+SEEDS = (0, 1, 2)
+# per client per round, each way
+BYTES = {"fp32": 1000, "bf16": 500, "int8": 260}
+FP32 = {  # seed -> test scores at TEST_ROUNDS
+    "florg": {0: [0.5, 0.625, 0.75], 1: [0.5, 0.75, 0.875], 2: [0.5, 0.625, 0.75]},
+    "fedit": {0: [0.5, 0.75, 0.875], 1: [0.5, 0.75, 0.875], 2: [0.5, 0.75, 0.875]},
+}
+
+
+def write_run(folder: Path, method: str, seed: int, scores: list[float], **config) -> None:
+    """A finished run; ``encoding`` in ``config`` (both ways) adds byte counts to its rows,
+    the published fp32 runs have none (they predate the byte count)."""
+    encoding = config.pop("encoding", None)
+    name = f"method={method},seed={seed},enc={encoding}"
+    run = folder / name
+    run.mkdir(parents=True)
+    settings = {"method": method, "seed": seed, "learning-rate": RATES[method], "task": TASK,
+                **config}  # fmt: skip
+    if encoding is not None and encoding != "fp32":
+        settings.update({"uplink-encoding": encoding, "downlink-encoding": encoding})
+    (run / "config.json").write_text(json.dumps(settings))
+    (run / "summary.json").write_text(json.dumps({"status": "finished", "rounds": ROUNDS}))
+    rows = []
+    for t in range(ROUNDS + 1):
+        row: dict = {"round": t, "up-params": 100 * CLIENTS * bool(t)}
+        row["down-params"] = row["up-params"]
+        if t:
+            row.update(clients=CLIENTS, failures=0, rejected=0, screened=0)
+            if encoding is not None:
+                sent = BYTES[encoding] * CLIENTS + seed  # a seed's varints: a byte or two
+                row.update({"uplink-bytes": sent, "downlink-bytes": BYTES[encoding] * CLIENTS})
+        if t in TEST_ROUNDS:
+            row["test-score"] = scores[TEST_ROUNDS.index(t)]
+        rows.append(row)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """Protocol v2's published FLoRG and FedIT (no RoLoRA: the exact grid is absent), the
+    encoded runs: bf16 equal to fp32 seed for seed, int8 an eighth lower on seeds 1 and 2;
+    FLoRG's and FedIT's fp32 checks."""
+    v2_folder, _ = task_folders(TASK)
+    methods = {m: {"lr": RATES[m], "seeds": list(SEEDS)} for m in FP32}
+    summary = tmp_path / V2
+    summary.parent.mkdir(parents=True)
+    summary.write_text(json.dumps({"tasks": {TASK: {"methods": methods}}}))
+    encodings = tmp_path / pe.PUBLISHED / "runs" / pe.GRIDS[TASK]
+    for method, by_seed in FP32.items():
+        for seed, scores in by_seed.items():
+            write_run(tmp_path / v2_folder, method, seed, scores)
+            write_run(encodings, method, seed, scores, encoding="bf16")
+            low = [s - (0.125 if seed else 0.0) for s in scores]
+            write_run(encodings, method, seed, low, encoding="int8")
+        write_run(encodings, method, 0, by_seed[0], encoding="fp32")
+    assert not (tmp_path / EXACT).exists()
+    return tmp_path
+
+
+def test_the_arms_are_read_by_method_and_encoding(root):
+    found = pe.arms(root, TASK)
+    assert sorted(found.reference) == ["fedit", "florg"]
+    assert sorted(found.encoded) == [(m, e) for m in ("fedit", "florg")
+                                     for e in ("bf16", "fp32", "int8")]  # fmt: skip
+    assert sorted(found.arm("florg", "int8")) == list(SEEDS)
+    assert found.check("fedit") is not None and found.check("rolora") is None
+    assert found.missing == ("rolora",)
+
+
+def test_bytes_are_per_client_per_round_up_and_down():
+    run = pe.Run("florg", 0, [
+        {"round": 0},
+        {"round": 1, "clients": 2, "uplink-bytes": 200, "downlink-bytes": 100},
+        {"round": 2, "clients": 1, "screened": 1, "uplink-bytes": 400, "downlink-bytes": 0},
+    ])  # fmt: skip
+    assert pe.bytes_per_round(run) == (150 + 200) / 2
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """A markdown table's body rows by their first cell (head and rule left out)."""
+    rows = [line.strip("|").split(" | ") for line in text.splitlines() if line.startswith("| ")]
+    return {cells[0].strip(): [c.strip() for c in cells] for cells in rows[1:]}
+
+
+def test_the_table_pairs_each_encoding_with_fp32_and_judges_the_goal(root):
+    text = pe.table(TASK)(Evidence(root))
+    rows = table_rows(text)
+    fp32, bf16, int8 = rows["FLoRG fp32"], rows["FLoRG bf16"], rows["FLoRG int8"]
+    assert fp32[3] == "(reference)" and fp32[5:] == ["2,000", "1.000"]  # the check run's
+    assert bf16[3] == "+0.000 [+0.000, +0.000], 0 up / 0 down of 3" and bf16[4] == "met"
+    assert bf16[5:] == ["1,000", "0.500"]
+    # int8: an eighth lower on seeds 1 and 2, a mean of -1/12, its interval past -0.02
+    assert int8[3].startswith("−0.083 [") and int8[3].endswith("0 up / 2 down of 3")
+    assert int8[4] == "not met"
+    # bytes per client per round: (260 * 6 + seed + 260 * 6) / 6, over fp32's 2000
+    expected = sum((260 * 12 + s) / 6 for s in SEEDS) / 3 / 2000
+    assert int8[6] == f"{expected:.3f}"
+    assert "FLoRG 0.7500 (published 0.7500); FedIT 0.8750 (published 0.8750)" in text
+    assert "RoLoRA: no published fp32 runs." in text
+
+
+def test_a_run_at_another_rate_than_the_published_one_is_refused(root):
+    folder = root / pe.PUBLISHED / "runs" / pe.GRIDS[TASK]
+    write_run(folder, "florg", 3, [0.5, 0.5, 0.5], encoding="int8", **{"learning-rate": 0.001})
+    with pytest.raises(ValueError, match="learning rate"):
+        pe.arms(root, TASK)
+
+
+def test_bytes_to_target_counts_bytes_to_fedit_fp32s_final(root, tmp_path):
+    text = pe.bytes_to_target(TASK)(Evidence(root))
+    assert "Target: FedIT fp32's final seed-mean test score, 0.875" in text
+    assert "Bytes are counted per client" in text and "bytes per client per round" in text
+    # FedIT int8: seed mean at round 20 is (0.875 + 0.75 + 0.75) / 3 < 0.875: not reached;
+    # FedIT bf16 reaches it at round 20
+    lines = [line for line in text.splitlines() if line.startswith("| FedIT int8 | 3 |")]
+    assert lines and "not reached (best 0.792, round 20)" in lines[0]
+    lines = [line for line in text.splitlines() if line.startswith("| FedIT bf16 | 3 |")]
+    assert lines and " | 20 | 20,003 | 0.500 | " in lines[0]  # half fp32's 40,000
+    path = tmp_path / "figure.png"
+    assert pe.figure(TASK)(Evidence(root), path) and path.stat().st_size > 0
+
+
+def test_nothing_published_says_how_to_run_it(tmp_path):
+    assert "not run yet" in pe.table(TASK)(Evidence(tmp_path))
+    assert not pe.published(Evidence(tmp_path), TASK)
