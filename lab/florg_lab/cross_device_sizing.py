@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -164,6 +165,21 @@ def load_pilot(root: Path) -> list[PilotRun]:
     return [_pilot_run(folder) for folder in folders]
 
 
+# the privacy grids' runner, named in a written grid's header
+RUNNER = "bash lab/scripts/evidence_privacy.sh ROOT"
+
+
+def combined_pilot(pilots: Sequence[list[PilotRun]]) -> list[PilotRun]:
+    """Several pilots' runs together; a method in more than one takes its runs from the
+    last (a method piloted again, at a changed setting of its own, beside the reference
+    methods' earlier pilot)."""
+    latest: dict[str, list[PilotRun]] = {}
+    for pilot in pilots:
+        for method in dict.fromkeys(run.method for run in pilot):  # in the folders' order
+            latest[method] = [run for run in pilot if run.method == method]
+    return [run for runs in latest.values() for run in runs]
+
+
 class _GridDumper(yaml.SafeDumper):
     """Mappings in block style, each list on one line (``seed: [0, 1, 2]``), and no YAML
     anchors for a list written twice, as the hand-written grid files have them."""
@@ -217,6 +233,7 @@ def private_grid(
     seconds_per_round: float,
     command: str,
     name: str = "privacy-cross-device",
+    runner: str = RUNNER,
 ) -> str:
     """The cross-device private grid ``name``'s YAML: the pilot grid's simulation and base
     (its ``name``, ``grid`` and ``blocks`` replaced) at ``rounds`` rounds; the ``grid`` block,
@@ -275,7 +292,7 @@ def private_grid(
             "# epsilon, delta (flower_app/dp_accounting.noise_multiplier_for): T, plus",
             "# the method's releases before round 1 (Method.dp_initial_releases: Fed-SB's",
             "# round 0); rounded up at 4 significant digits so that no run exceeds its epsilon.",
-            "# Run: bash lab/scripts/evidence_privacy.sh ROOT (resumes); PUBLISH_ONLY=1 publishes.",
+            f"# Run: {runner} (resumes); PUBLISH_ONLY=1 publishes.",
         ]
     )
     body = yaml.dump(grid, Dumper=_GridDumper, sort_keys=False, width=100)
@@ -287,7 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m florg_lab.cross_device_sizing",
         description=__doc__.split("\n")[0],
     )
-    parser.add_argument("runs", type=Path, help="the pilot's run folders' parent")
+    parser.add_argument(
+        "runs", type=Path, nargs="+",
+        help="the pilot's run folders' parent; several: their runs together, a method in "
+        "more than one from the last (piloted again beside the references' earlier pilot)",
+    )  # fmt: skip
     parser.add_argument("--target", type=float, default=0.48, help="test score to reach")
     parser.add_argument(
         "--reference",
@@ -318,18 +339,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the methods of the written grid (default: every method of the pilot)",
     )
     parser.add_argument("--name", default="privacy-cross-device", help="the written grid's name")
+    parser.add_argument("--runner", default=RUNNER, help="the command that runs the grid")
     args = parser.parse_args(argv)
     try:
-        pilot = load_pilot(args.runs)
+        pilot = combined_pilot([load_pilot(folder) for folder in args.runs])
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
+    where = ", ".join(str(folder) for folder in args.runs)
     reached_at: dict[str, int] = {}
     for method in args.reference:
         runs = [p for p in pilot if p.method == method]
         if not runs:
-            print(f"error: no {method} run under {args.runs}", file=sys.stderr)
+            print(f"error: no {method} run under {where}", file=sys.stderr)
             return 2
         ref = max(runs, key=lambda p: p.rounds)
         print(f"## {ref.name}: test score (95% Wilson interval) against the target {args.target}")
@@ -391,13 +414,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{one * args.runs_per_method / 3600:.1f} h |")  # fmt: skip
     print(f"\ntotal: {total / 3600:.1f} h")
     if args.write_grid is not None:
-        command = "python -m florg_lab.cross_device_sizing " + " ".join(
+        command = "python -m florg_lab.cross_device_sizing " + shlex.join(
             sys.argv[1:] if argv is None else argv
         )
         chosen = list(norms) if args.methods is None else args.methods
         missing = [m for m in chosen if m not in norms]
         if missing:
-            print(f"error: no pilot run of {', '.join(missing)} under {args.runs}",
+            print(f"error: no pilot run of {', '.join(missing)} under {where}",
                   file=sys.stderr)  # fmt: skip
             return 2
         text = private_grid(
@@ -410,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             slowest,
             command,
             args.name,
+            args.runner,
         )
         args.write_grid.write_text(text)
         print(f"\nwrote {args.write_grid}")

@@ -6,8 +6,9 @@
 # and protocol v2 with the tuning's start scaled to s = 1 on movie sentiment and SNLI
 # (fed-sb-s1-v2-lr4x.yaml, fed-sb-s1-v2-lr4x-snli.yaml: each its tuning until interior, then
 # its seeds), its cross-silo privacy arm from the same start (fed-sb-s1-privacy-cross-silo.yaml,
-# and at epsilon = 3 fed-sb-s1-privacy-cross-silo-eps3.yaml) and its cross-device pilot
-# (fed-sb-s1-privacy-cross-device-pilot.yaml);
+# and at epsilon = 3 fed-sb-s1-privacy-cross-silo-eps3.yaml), its cross-device pilot
+# (fed-sb-s1-privacy-cross-device-pilot.yaml) and private grid (fed-sb-s1-privacy-cross-device.yaml,
+# written from the pilot by florg_lab.cross_device_sizing);
 # run at one fixed commit in a worktree of their own, resumable across sittings;
 # and
 # their publication under lab/evidence/fed-sb-s1/ (the runs at s = 4 stay where they were
@@ -22,7 +23,7 @@ ROOT="${1:-../florg-evidence}"
 mkdir -p "$ROOT"
 ROOT=$(cd "$ROOT" && pwd)
 FED_SB_S1_COMMIT=d9539ca  # Fed-SB at scale 1, round 0 pooled: every run of these grids
-read -r -a GRIDS <<< "${GRIDS:-fed-sb-s1-v2 fed-sb-s1-v2-rate-check fed-sb-s1-v2-lr4x fed-sb-s1-v2-lr4x-snli fed-sb-s1-privacy-cross-silo fed-sb-s1-privacy-cross-silo-eps3 fed-sb-s1-privacy-cross-device-pilot}"
+read -r -a GRIDS <<< "${GRIDS:-fed-sb-s1-v2 fed-sb-s1-v2-rate-check fed-sb-s1-v2-lr4x fed-sb-s1-v2-lr4x-snli fed-sb-s1-privacy-cross-silo fed-sb-s1-privacy-cross-silo-eps3 fed-sb-s1-privacy-cross-device-pilot fed-sb-s1-privacy-cross-device}"
 PUBLISHED=lab/evidence/fed-sb-s1  # runs/<grid>/<run>: config, metrics, summary; <grid>-tuning.json
 . lab/scripts/fixed_worktree.sh
 

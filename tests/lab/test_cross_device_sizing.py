@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from pathlib import Path
 
 import pytest
@@ -204,7 +205,28 @@ def test_a_method_with_a_release_before_round_1_is_sized_for_it(tmp_path, capsys
     assert "no pilot run of flora" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("grid_name", ["privacy-cross-device", "privacy-cross-device-fed-sb"])
+def test_a_method_piloted_again_beside_the_references_earlier_pilot(tmp_path, capsys):
+    """Two run folders, the reference methods' in one and a method piloted again in the
+    other: the same sizing as one folder holding both, the method's earlier pilot (its
+    update norms 0.9) left out."""
+    together, earlier, later = tmp_path / "together", tmp_path / "earlier", tmp_path / "later"
+    for folder in (together, earlier):
+        _run(folder, "fedit", "fedit", {10: 0.52}, [2.0] * 10)
+    _run(earlier, "fed-sb", "fed-sb", {10: 0.40}, [0.9] * 10)
+    for folder in (together, later):
+        _run(folder, "fed-sb", "fed-sb", {10: 0.40}, [0.3] * 10)
+    assert main([str(together)]) == 0
+    one = capsys.readouterr().out
+    assert main([str(earlier), str(later)]) == 0
+    assert capsys.readouterr().out == one and "| fed-sb | 11 | 0.3 |" in one
+    assert main([str(later)]) == 2  # no reference run there
+    assert "no fedit run under" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "grid_name",
+    ["privacy-cross-device", "privacy-cross-device-fed-sb", "fed-sb-s1-privacy-cross-device"],
+)
 def test_the_committed_private_grids_are_what_their_commands_write(
     grid_name, tmp_path, capsys, monkeypatch
 ):
@@ -213,7 +235,7 @@ def test_the_committed_private_grids_are_what_their_commands_write(
     monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the command's paths: the repo's
     path = f"lab/grids/{grid_name}.yaml"
     committed = Path(path).read_text()
-    command = committed.splitlines()[1].removeprefix("#   ").split()
+    command = shlex.split(committed.splitlines()[1].removeprefix("#   "))
     assert command[:3] == ["python", "-m", "florg_lab.cross_device_sizing"]
     argv = command[3:]
     assert argv[argv.index("--write-grid") + 1] == path
