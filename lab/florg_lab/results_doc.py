@@ -3,12 +3,12 @@
     python -m florg_lab.results_doc            # rewrite every block and figure
     python -m florg_lab.results_doc --check    # exit 1 naming each stale block
 
-The pages (README.md, docs/results.md, docs/results-v1.md) mark each generated block as
-``<!-- NAME -->`` ... ``<!-- /NAME -->``; :mod:`florg_lab.pages` finds, fills and checks
-them. This module only lists the blocks and figures, each with the files it is computed
-from and the renderer that writes it. Each renderer sits beside its grid's report code and
-reads what ``florg experiments evidence ... --publish`` (and the grids' publish scripts)
-put under ``lab/evidence/``:
+The pages (README.md, docs/results.md, docs/results-v1.md, docs/async.md) mark each
+generated block as ``<!-- NAME -->`` ... ``<!-- /NAME -->``; :mod:`florg_lab.pages` finds,
+fills and checks them. This module only lists the blocks and figures, each with the files
+it is computed from and the renderer that writes it. Each renderer sits beside its grid's
+report code and reads what ``florg experiments evidence ... --publish`` (and the grids'
+publish scripts) put under ``lab/evidence/``:
 
 - README's headline: :mod:`florg_lab.page_headline`;
 - protocol v2 and its variants: :mod:`florg_lab.page_v2`; the exact-aggregation methods:
@@ -19,6 +19,7 @@ put under ``lab/evidence/``:
 - the long-budget SNLI grid: :mod:`florg_lab.long_budget`;
 - clients of different rank: :mod:`florg_lab.page_hetero`; the causal LM:
   :mod:`florg_lab.page_sft`;
+- docs/async.md's straggler comparison: :mod:`florg_lab.stragglers`;
 - protocol v1's page, its report's tables rendered from its published runs:
   :mod:`florg_lab.page_v1`.
 
@@ -38,7 +39,7 @@ from pathlib import Path
 from florg_lab import comm_to_target as ctt
 from florg_lab import long_budget as lb
 from florg_lab import page_encodings as encodings
-from florg_lab import page_exact
+from florg_lab import page_exact, stragglers
 from florg_lab import page_hetero as hetero
 from florg_lab import page_sft as sft
 from florg_lab import page_v1 as v1
@@ -54,6 +55,7 @@ COMMAND = "python -m florg_lab.results_doc"
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 RESULTS = "docs/results.md"
+ASYNC_PAGE = "docs/async.md"
 V1_PAGE = "docs/results-v1.md"
 RUNS_OF = "the runs' summary.json under "
 METRICS_OF = "the runs' metrics.jsonl under "
@@ -113,10 +115,12 @@ BLOCKS = (
     Block(RESULTS, "HETERO-DIAGNOSTICS", (hetero.HETERO_DIAGNOSTICS,), hetero.hetero_diagnostics),
     Block(RESULTS, "SFT-TABLE", (sft.SFT, sft.SFT_TUNING, RUNS_OF + sft.SFT_RUNS), sft.sft_table),
     *(Block(V1_PAGE, marker, (v1.V1_REPORT,), v1.v1_part(marker)) for marker in v1.MARKERS),
+    Block(ASYNC_PAGE, "ASYNC-STRAGGLERS", (METRICS_OF + stragglers.RUNS,), stragglers.page_block),
 )  # fmt: skip
 # Figures the pages show, each drawn from the evidence; a regime's once a private run of it
 # is published
 FIGURES = (
+    Figure(stragglers.FIGURE, stragglers.page_figure, stragglers.page_figure_due),
     Figure(privacy.PRIVACY_FIGURE, privacy.privacy_figure),
     Figure(lb.FIGURE, lb.page_figure),
     *(Figure(ctt.PAGE_FIGURE.format(task=task), ctt.page_figure(task)) for task in TASKS),

@@ -10,8 +10,11 @@ For each method and seed, the synchronous run and the asynchronous run of the sa
 - **test at equal wall clock**: the asynchronous run's test score at its last test round
   no later than the synchronous run's end, minus the synchronous run's final test score.
 
-Each is a mean over the seeds with its 95% t interval (``florg_lab.stats``). The plot:
-validation score against wall clock, one panel per method, each seed's two runs.
+Each is a mean over the seeds with its 95% t interval (``florg_lab.stats``); a second table
+gives each method's and mode's wall clock and final scores. The plot: validation score
+against wall clock, one panel per method, each seed's two runs. ``docs/async.md`` shows the
+published runs' tables and plot (``page_block``, ``page_figure``: ``python -m
+florg_lab.results_doc``).
 
     python -m florg_lab.stragglers RUNS_DIR [--plot PATH]
 """
@@ -132,10 +135,31 @@ def table(found: Sequence[Pair]) -> str:
     return "\n".join(lines)
 
 
-def _interval(interval: Any) -> str:
+def lengths(curves: Sequence[Curve]) -> str:
+    """A markdown table, one row per method and mode: the seeds, the run's wall clock, its
+    final validation score and its final test score, each a mean over the seeds."""
+    lines = [
+        "| method | mode | seeds | wall clock (min) | final validation score | final test score |",
+        "|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple[str, str], list[Curve]] = defaultdict(list)
+    for curve in curves:
+        groups[(curve.method, curve.mode)].append(curve)
+    for (method, mode), runs in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "sync")
+    ):
+        minutes = mean_interval([c.end() / 60 for c in runs])
+        validation = mean_interval([c.validation()[-1][1] for c in runs if c.validation()])
+        test = mean_interval([c.tests()[-1][1] for c in runs if c.tests()])
+        lines.append(f"| {method} | {mode} | {len(runs)} | {_interval(minutes, 1)} | "
+                     f"{_interval(validation)} | {_interval(test)} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _interval(interval: Any, digits: int = 3) -> str:
     if math.isnan(interval.low):
-        return f"{interval.mean:.3f}"
-    return f"{interval.mean:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
+        return f"{interval.mean:.{digits}f}"
+    return f"{interval.mean:.{digits}f} [{interval.low:.{digits}f}, {interval.high:.{digits}f}]"
 
 
 def plot(curves: Sequence[Curve], path: Path) -> Path:
@@ -175,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     curves = load_curves(args.runs)
     print(table(pairs(curves)))
+    print()
+    print(lengths(curves))
     if args.plot is not None:
         print(f"plot: {plot(curves, args.plot)}")
     return 0
@@ -182,3 +208,39 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# --- docs/async.md's block and figure (python -m florg_lab.results_doc) ----------------------
+
+PUBLISHED = "lab/evidence/async-stragglers"  # runs/<grid>/<run>, published by the runner
+RUNS = PUBLISHED + "/runs/async-stragglers"
+FIGURE = PUBLISHED + "/stragglers.png"
+RUNNER = "bash lab/scripts/evidence_async.sh ROOT"
+
+
+def _published(ev: Any) -> list[Curve]:
+    folder = ev.root / RUNS
+    return load_curves(folder) if folder.is_dir() else []
+
+
+def page_block(ev: Any) -> str:
+    """The comparison's tables from the published runs, or how to run it."""
+    curves = _published(ev)
+    found = pairs(curves)
+    if not found:
+        return (f"Not measured yet: `{RUNNER}` runs `lab/grids/async-stragglers.yaml`; "
+                f"{len(curves)} runs published under {RUNS}.")  # fmt: skip
+    return "\n".join([table(found), "", lengths(curves), "", f"![validation score against "
+                      f"wall clock, sync and async](../{FIGURE})"])  # fmt: skip
+
+
+def page_figure(ev: Any, path: Path) -> bool:
+    curves = _published(ev)
+    if not pairs(curves):
+        return False
+    plot(curves, path)
+    return True
+
+
+def page_figure_due(ev: Any) -> bool:
+    return bool(pairs(_published(ev)))

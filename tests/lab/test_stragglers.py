@@ -9,7 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from florg_lab.stragglers import Curve, compare, load_curves, pairs, plot, table
+from florg_lab.stragglers import (
+    FIGURE,
+    RUNS,
+    Curve,
+    compare,
+    lengths,
+    load_curves,
+    page_block,
+    page_figure,
+    page_figure_due,
+    pairs,
+    plot,
+    table,
+)
 
 
 def curve(mode: str, seed: int, points: list[tuple[float, float, float | None]]) -> Curve:
@@ -51,3 +64,33 @@ def test_runs_on_disk_pair_by_method_and_seed(tmp_path: Path):
     assert [(p.method, p.seed) for p in found] == [("florg", 0)]  # seed 1 has no sync run
     assert found[0].time_ratio == pytest.approx(80 / 200)
     assert plot(curves, tmp_path / "p.png").stat().st_size > 0
+
+
+def write_curve(folder: Path, c: Curve) -> None:
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in c.rows))
+    (folder / "summary.json").write_text(json.dumps({"status": "finished"}))
+    config = {"method": c.method, "round-mode": c.mode, "seed": c.seed}
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_the_lengths_table_gives_each_mode_s_wall_clock_and_final_scores():
+    buffered = curve("async", 0, [(0, 0.5, 0.5), (60, 0.71, 0.69), (120, 0.72, 0.7)])
+    text = lengths([buffered, SYNC])
+    sync_row, async_row = text.splitlines()[2:]
+    assert sync_row == "| florg | sync | 1 | 3.3 | 0.700 | 0.680 |"  # 200 s, sync first
+    assert async_row == "| florg | async | 1 | 2.0 | 0.720 | 0.700 |"
+
+
+def test_the_page_block_shows_the_published_comparison_or_how_to_run_it(tmp_path: Path):
+    from florg_lab.page_text import Evidence
+
+    assert "Not measured yet" in page_block(Evidence(tmp_path))
+    assert not page_figure_due(Evidence(tmp_path))
+    runs = tmp_path / RUNS
+    write_curve(runs / "s", SYNC)
+    write_curve(runs / "a", curve("async", 0, [(0, 0.5, 0.5), (80, 0.7, 0.7)]))
+    text = page_block(Evidence(tmp_path))
+    assert "| florg | 1 | 0.400 |" in text and "| florg | async | 1 |" in text
+    assert f"](../{FIGURE})" in text and page_figure_due(Evidence(tmp_path))
+    assert page_figure(Evidence(tmp_path), tmp_path / "f.png")
