@@ -47,7 +47,15 @@ from florg_lab.privacy import (
 )
 from florg_lab.runs import finished_runs_under
 
-__all__ = ["Regime", "REGIMES", "collect_regime", "markdown", "published_runs", "regime_plot"]
+__all__ = [
+    "ArmSource",
+    "Regime",
+    "REGIMES",
+    "collect_regime",
+    "markdown",
+    "published_runs",
+    "regime_plot",
+]
 
 PUBLISHED = "lab/evidence/privacy-regimes"
 QUEUE = "bash lab/scripts/evidence_queue.sh"
@@ -62,10 +70,36 @@ class Baseline:
 
 
 @dataclass(frozen=True)
+class ArmSource:
+    """Where one arm of a regime lies when not (only) in the regime's own grids: a method's
+    runs at a changed setting published under another folder (``published``: ``runs/<grid>/``
+    and ``<first grid>-tuning.json``, which chooses its rate), or its earlier runs kept
+    beside them under a label of their own. ``baseline``: its ε = ∞ runs outside those grids;
+    ``how``: the command that runs the grids, said while none of its runs is published."""
+
+    method: str
+    label: str  # the arm's name on the page ("" : the method's own name)
+    published: str
+    grids: tuple[str, ...]
+    baseline: Baseline | None = None
+    how: str = ""
+
+    def name(self, names: Mapping[str, str]) -> str:
+        return self.label or names[self.method]
+
+    def tuning(self, root: Path) -> Path:
+        return root / self.published / f"{self.grids[0]}-tuning.json"
+
+    def run_folders(self, root: Path) -> list[Path]:
+        return [root / self.published / "runs" / grid for grid in self.grids]
+
+
+@dataclass(frozen=True)
 class Regime:
     """One regime: its private grids (the first one's tuning file chooses the rates), task,
     methods, seeds, the runs it needs at least (``planned``) and each method's ε = ∞
-    runs outside its grids (none: the grid holds its own ``dp=off`` arm)."""
+    runs outside its grids (none: the grid holds its own ``dp=off`` arm). A method with
+    entries in ``arm_sources`` is read from them alone, one arm each."""
 
     name: str
     grids: tuple[str, ...]
@@ -76,6 +110,7 @@ class Regime:
     baselines: Mapping[str, Baseline]
     queued: str = ""  # what runs first where the grid itself is not yet written
     tuned: bool = True  # whether a tuning file chooses the rates (else: the grid's one rate)
+    arm_sources: tuple[ArmSource, ...] = ()
 
     @property
     def grid_file(self) -> str:
@@ -87,6 +122,16 @@ class Regime:
     def run_folders(self, root: Path) -> list[Path]:
         return [root / PUBLISHED / "runs" / grid for grid in self.grids]
 
+    def sources(self) -> list[ArmSource]:
+        """Every arm's source, in the methods' order: a method's ``arm_sources``, or its
+        runs in the regime's own grids and its ``baselines`` entry."""
+        out = []
+        for method in self.methods:
+            own = [source for source in self.arm_sources if source.method == method]
+            out += own or [ArmSource(method, "", PUBLISHED, self.grids,
+                                     self.baselines.get(method))]  # fmt: skip
+        return out
+
 
 V2 = Baseline(
     "lab/evidence/evidence-v2/summary.json", ("lab/evidence/evidence-v2/runs/evidence-v2",)
@@ -95,11 +140,25 @@ EXACT = Baseline(
     "lab/evidence/evidence-v2-exact/summary.json",
     ("lab/evidence/evidence-v2-exact/runs/evidence-v2-exact",),
 )
+# Fed-SB at its authors' scale (s = 1, round 0 pooling the clients' gradients): its privacy
+# arms rerun under lab/evidence/fed-sb-s1 (bash lab/scripts/evidence_fed_sb.sh); its arms
+# at s = 4 stay beside them, labelled
+FED_SB_S1 = "lab/evidence/fed-sb-s1"
+FED_SB_S1_V2 = Baseline(f"{FED_SB_S1}/summary.json", (f"{FED_SB_S1}/runs/fed-sb-s1-v2-lr4x",))
+FED_SB_BEFORE = "Fed-SB (s = 4, before the fix)"
+FED_SB_RUNNER = "bash lab/scripts/evidence_fed_sb.sh ROOT"
 REGIMES = (
     # tuning: 3 methods x at least 3 rates at seed 0, then seeds 1-2 at each chosen rate
     Regime("cross-silo", ("privacy-cross-silo", "privacy-cross-silo-eps3"), "movie-sentiment",
            ("florg", "fedit", "fed-sb"), (0, 1, 2), 15,
-           {"florg": V2, "fedit": V2, "fed-sb": EXACT}),
+           {"florg": V2, "fedit": V2, "fed-sb": EXACT},
+           arm_sources=(
+               ArmSource("fed-sb", "", FED_SB_S1,
+                         ("fed-sb-s1-privacy-cross-silo", "fed-sb-s1-privacy-cross-silo-eps3"),
+                         FED_SB_S1_V2, FED_SB_RUNNER),
+               ArmSource("fed-sb", FED_SB_BEFORE, PUBLISHED,
+                         ("privacy-cross-silo", "privacy-cross-silo-eps3"), EXACT),
+           )),
     # 3 methods x epsilon in {inf, 8, 2} x 3 seeds
     # (Fed-SB in a grid of its own, run at a later commit: its round 0 Poisson-sampled)
     Regime("cross-device", ("privacy-cross-device", "privacy-cross-device-fed-sb"), "snli",
@@ -108,7 +167,12 @@ REGIMES = (
            "queued in `bash lab/scripts/evidence_queue.sh`) by `python -m "
            "florg_lab.cross_device_sizing "
            "lab/evidence/privacy-regimes/runs/privacy-cross-device-pilot --write-grid "
-           "lab/grids/privacy-cross-device.yaml`", tuned=False),
+           "lab/grids/privacy-cross-device.yaml`", tuned=False,
+           arm_sources=(
+               ArmSource("fed-sb", "", FED_SB_S1, ("fed-sb-s1-privacy-cross-device",),
+                         how=f"GRIDS=fed-sb-s1-privacy-cross-device {FED_SB_RUNNER}"),
+               ArmSource("fed-sb", FED_SB_BEFORE, PUBLISHED, ("privacy-cross-device-fed-sb",)),
+           )),
 )  # fmt: skip
 
 
@@ -117,15 +181,17 @@ def _json(path: Path) -> Any:
 
 
 def published_runs(regime: Regime, root: Path) -> int:
-    """How many finished runs of the regime's grids are published."""
-    folders = [f for f in regime.run_folders(root) if f.is_dir()]
-    return sum(1 for _ in finished_runs_under(folders))
+    """How many finished runs of the regime's grids (every arm source's) are published."""
+    folders = {f for source in regime.sources() for f in source.run_folders(root) if f.is_dir()}
+    folders |= {f for f in regime.run_folders(root) if f.is_dir()}
+    return sum(1 for _ in finished_runs_under(sorted(folders)))
 
 
-def chosen_rates(regime: Regime, root: Path) -> dict[str, float]:
+def chosen_rates(regime: Regime, root: Path, tuning: Path | None = None) -> dict[str, float]:
     """method -> the adapter rate its tuning chose (the tuning file's ``choices``, keyed by
-    ``method=...[,task=...]``); empty while no tuning file is published."""
-    path = regime.tuning(root)
+    ``method=...[,task=...]``; ``tuning``: another file than the regime's); empty while no
+    tuning file is published."""
+    path = regime.tuning(root) if tuning is None else tuning
     if not path.is_file():
         return {}
     chosen = {}
@@ -136,17 +202,13 @@ def chosen_rates(regime: Regime, root: Path) -> dict[str, float]:
     return chosen
 
 
-def _baseline_rates(regime: Regime, root: Path) -> dict[str, tuple[float, Baseline]]:
-    """method -> (its v2-chosen rate, where its runs lie), for the baselines published."""
-    found = {}
-    for method, baseline in regime.baselines.items():
-        path = root / baseline.summary
-        if not path.is_file():
-            continue
-        entry = _json(path)["tasks"].get(regime.task, {}).get("methods", {}).get(method)
-        if entry is not None:
-            found[method] = (float(entry["lr"]), baseline)
-    return found
+def _baseline_rate(regime: Regime, root: Path, method: str, baseline: Baseline) -> float | None:
+    """``method``'s v2-chosen rate in ``baseline``'s summary; None while not published."""
+    path = root / baseline.summary
+    if not path.is_file():
+        return None
+    entry = _json(path)["tasks"].get(regime.task, {}).get("methods", {}).get(method)
+    return None if entry is None else float(entry["lr"])
 
 
 def _run(
@@ -175,36 +237,61 @@ def _add(found: dict[tuple[str, Any, int], PrivateRun], run: PrivateRun | None) 
 
 
 def collect_regime(regime: Regime, root: Path, names: Mapping[str, str]) -> list[PrivateRun]:
-    """The regime's runs of its methods and seeds, each labelled ``names[method]``: its
-    grids' runs (at the tuning's chosen rate where a tuning file is published), and each
-    method's ε = ∞ runs at its v2-chosen rate from the baseline folders."""
-    chosen = chosen_rates(regime, root)
+    """The regime's runs of its methods and seeds, one arm per source (``Regime.sources``),
+    each labelled by it: its grids' runs (at its tuning's chosen rate where a tuning file is
+    published), and its ε = ∞ runs at the v2-chosen rate from its baseline folders."""
     found: dict[tuple[str, Any, int], PrivateRun] = {}
-    grids = [f for f in regime.run_folders(root) if f.is_dir()]
-    for folder, summary, config in finished_runs_under(grids):
-        method = config.get("method")
-        if method not in regime.methods or int(config.get("seed", -1)) not in regime.seeds:
-            continue
-        if config.get("task") != regime.task:
-            continue
-        if chosen and float(config.get("learning-rate", -1)) != chosen.get(method):
-            continue  # a tuning run at a rate not chosen
-        _add(found, _run(names[method], folder, summary, config))
-    for method, (lr, baseline) in _baseline_rates(regime, root).items():
-        folders = [root / f for f in baseline.folders if (root / f).is_dir()]
-        for folder, summary, config in finished_runs_under(folders):
-            if (config.get("method"), config.get("task")) != (method, regime.task):
-                continue
-            if int(config.get("seed", -1)) not in regime.seeds or config.get("dp", "off") != "off":
-                continue
-            if float(config.get("learning-rate", -1)) == lr:
-                _add(found, _run(names[method], folder, summary, config))
+    for source in regime.sources():
+        _collect_source(regime, source, root, source.name(names), found)
     return sorted(found.values(), key=lambda r: (r.arm, r.level.label(), r.seed))
+
+
+def _collect_source(
+    regime: Regime,
+    source: ArmSource,
+    root: Path,
+    label: str,
+    found: dict[tuple[str, Any, int], PrivateRun],
+) -> None:
+    rates = chosen_rates(regime, root, source.tuning(root))  # empty: no tuning file
+    grids = [f for f in source.run_folders(root) if f.is_dir()]
+    for folder, summary, config in finished_runs_under(grids):
+        if config.get("method") != source.method or config.get("task") != regime.task:
+            continue
+        if int(config.get("seed", -1)) not in regime.seeds:
+            continue
+        if rates and float(config.get("learning-rate", -1)) != rates.get(source.method):
+            continue  # a tuning run at a rate not chosen
+        _add(found, _run(label, folder, summary, config))
+    if source.baseline is None:
+        return
+    lr = _baseline_rate(regime, root, source.method, source.baseline)
+    if lr is None:
+        return
+    folders = [root / f for f in source.baseline.folders if (root / f).is_dir()]
+    for folder, summary, config in finished_runs_under(folders):
+        if (config.get("method"), config.get("task")) != (source.method, regime.task):
+            continue
+        if int(config.get("seed", -1)) not in regime.seeds or config.get("dp", "off") != "off":
+            continue
+        if float(config.get("learning-rate", -1)) == lr:
+            _add(found, _run(label, folder, summary, config))
 
 
 def _arms(regime: Regime, runs: Sequence[PrivateRun], names: Mapping[str, str]) -> list[str]:
     present = {r.arm for r in runs}
-    return [names[m] for m in regime.methods if names[m] in present]
+    return [s.name(names) for s in regime.sources() if s.name(names) in present]
+
+
+def _unpublished(regime: Regime, root: Path, names: Mapping[str, str]) -> str:
+    """A sentence per grid of an arm source with a runner that has no finished run
+    published yet."""
+    waiting = []
+    for source in regime.sources():
+        for grid, folder in zip(source.grids, source.run_folders(root), strict=True):
+            if source.how and not (folder.is_dir() and any(finished_runs_under([folder]))):
+                waiting.append(f"{source.name(names)}: {grid} not run yet (`{source.how}`).")
+    return " ".join(waiting)
 
 
 def markdown(
@@ -225,12 +312,14 @@ def markdown(
     text = report(runs, _arms(regime, runs, names), chance)
     scores, _, mechanism = text.partition("\nThe mechanism, per arm and level")
     mechanism_table = "\n".join(line for line in mechanism.splitlines() if line.startswith("|"))
-    status = f"{published} runs of {', '.join(regime.grids)} published"
+    grids = dict.fromkeys(g for source in regime.sources() for g in source.grids)
+    status = f"{published} runs of {', '.join(grids)} published"
     if regime.tuned and not regime.tuning(root).is_file():
         status += "; tuning not finished (no tuning file): every published rate is shown"
+    waiting = _unpublished(regime, root, names)
     return "\n".join(
         [
-            f"{status}.",
+            f"{status}." + (f" {waiting}" if waiting else ""),
             "",
             scores.strip(),
             "",
@@ -269,6 +358,7 @@ REGIMES_SOURCES = (
     page_v2.V2,
     page_v2.EXACT,
     f"the ε = ∞ runs under {page_v2.V2_RUNS[0]}, {page_v2.EXACT_RUNS[0]}",
+    f"Fed-SB at s = 1: the runs and *-tuning.json under {FED_SB_S1}, its summary.json",
 )
 
 

@@ -167,3 +167,46 @@ def test_cross_device_levels_name_z_and_q_and_show_the_sampled_clients(tmp_path)
     assert "tuning" not in text.splitlines()[0]  # one rate per method in the grid: no tuning
     mech = next(line for line in text.splitlines() if line.startswith("| FedIT | 7.90"))
     assert " 48.5 | 50 |" in mech  # the sampled count's median over seeds 0-1, then q N
+
+
+def test_fed_sb_s1_arms_replace_the_s4_ones_which_stay_labelled(silo):
+    """Fed-SB's arm is read from its s = 1 grids (their tuning's choice, its s = 1 protocol
+    v2 runs at ε = ∞); its s = 4 runs in the regime's grids stay as a second arm, named so;
+    a grid of the s = 1 arm with nothing published is named with its command."""
+    s1 = silo / privacy_regimes.FED_SB_S1
+    s4_choice, s1_choice, s1_v2 = 3.125e-5, 0.008, 0.032
+    for seed, (s4, s1_score) in enumerate([(0.49, 0.494), (0.48, 0.490), (0.47, 0.489)]):
+        silo_run(silo, "fed-sb", s4_choice, seed, s4, 8)
+        config = {"method": "fed-sb", "task": "movie-sentiment", "learning-rate": s1_choice,
+                  "seed": seed, "dp": "example", "dp-sgd-target-epsilon": 8,
+                  "dp-sgd-clipping-norm": 1.0}  # fmt: skip
+        rows = [{"round": 1, "clients": 6, "dp-sgd-clipped-fraction": 1.0}]
+        write_run(s1 / "runs/fed-sb-s1-privacy-cross-silo" / f"s1-{seed}", config, s1_score,
+                  rows, **{"dp-sgd-epsilon-max": 7.99})  # fmt: skip
+        off = {"method": "fed-sb", "task": "movie-sentiment", "seed": seed, "dp": "off",
+               "learning-rate": s1_v2}  # fmt: skip
+        write_run(s1 / "runs/fed-sb-s1-v2-lr4x" / f"v2-{seed}", off, 0.7, [{"round": 1}])
+    # a tuning run at another rate, not shown
+    write_run(s1 / "runs/fed-sb-s1-privacy-cross-silo/s1-tune", {**config, "seed": 0,
+              "learning-rate": 0.002}, 0.1, rows, **{"dp-sgd-epsilon-max": 7.99})  # fmt: skip
+    (s1 / "fed-sb-s1-privacy-cross-silo-tuning.json").write_text(
+        json.dumps({"choices": {"method=fed-sb,task=movie-sentiment": s1_choice}}))  # fmt: skip
+    summary = {"tasks": {"movie-sentiment": {"methods": {"fed-sb": {"lr": s1_v2}}}}}
+    (s1 / "summary.json").write_text(json.dumps(summary))
+    tuning = silo / "lab/evidence/privacy-regimes/privacy-cross-silo-tuning.json"
+    choices = json.loads(tuning.read_text())["choices"]
+    tuning.write_text(json.dumps({"choices": {
+        **choices, "method=fed-sb,task=movie-sentiment": s4_choice}}))  # fmt: skip
+
+    runs = collect_regime(SILO, silo, NAMES)
+    arms = {(r.arm, r.level.label(), r.seed): r.final for r in runs if "Fed-SB" in r.arm}
+    assert arms == {
+        **{("Fed-SB", "DP-SGD, target ε = 8", s): v for s, v in enumerate([0.494, 0.49, 0.489])},
+        **{("Fed-SB", "off", s): 0.7 for s in range(3)},
+        **{(privacy_regimes.FED_SB_BEFORE, "DP-SGD, target ε = 8", s): v
+           for s, v in enumerate([0.49, 0.48, 0.47])},
+    }  # fmt: skip
+    text = markdown(SILO, silo, NAMES, 0.49, "x.png")
+    assert "| Fed-SB (s = 4, before the fix) | DP-SGD, target ε = 8 |" in text
+    assert "Fed-SB: fed-sb-s1-privacy-cross-silo-eps3 not run yet" in text
+    assert "Fed-SB: fed-sb-s1-privacy-cross-silo not run yet" not in text
