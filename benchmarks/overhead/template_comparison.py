@@ -185,16 +185,13 @@ def run_side(
             text=True,
             cwd=work / side.name,
         )
-        deadline = time.monotonic() + timeout
-        assert process.stdout is not None
-        for line in process.stdout:
-            side.read(line.rstrip("\n"), time.monotonic())
-            if time.monotonic() > deadline:
-                process.kill()
-                raise TimeoutError(f"{side.name}: still running after {timeout:.0f} s")
-        process.wait()
-        stop.set()
-        sampler.join()
+        try:
+            finished = read_until(process, lambda line: side.read(line, time.monotonic()), timeout)
+        finally:
+            stop.set()
+            sampler.join()
+        if not finished:
+            raise TimeoutError(f"{side.name}: still running after {timeout:.0f} s")
         if side.failures:  # rounds of failed clients time nothing worth comparing
             errors = [line for line in side.log if "Error" in line or "Exception" in line]
             raise RuntimeError(
@@ -207,6 +204,31 @@ def run_side(
     finally:
         superlink.stop()
     return side
+
+
+def read_until(
+    process: subprocess.Popen[str], on_line: Callable[[str], None], timeout: float
+) -> bool:
+    """Each line ``process`` prints to ``on_line`` until it exits (True), or until
+    ``timeout`` seconds have passed, when it is killed (False). A timer, not a check per
+    line: a run that hangs without printing is stopped too."""
+    timed_out = threading.Event()
+
+    def expire() -> None:
+        timed_out.set()
+        process.kill()
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    assert process.stdout is not None
+    try:
+        for line in process.stdout:
+            on_line(line.rstrip("\n"))
+        process.wait()
+    finally:
+        timer.cancel()
+    return not timed_out.is_set()
 
 
 def model_for_template(model: Path, dest: Path) -> Path:

@@ -55,3 +55,22 @@ def test_failed_training_replies_are_counted():
         "template", [(0.0, "INFO :      aggregate_train: Received 0 results and 2 failures")]
     )
     assert side.failures == 2
+
+
+def test_a_side_that_prints_nothing_is_stopped_at_its_timeout():
+    """The deadline holds without a line to check it on: a silent process is killed."""
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.overhead.template_comparison import read_until
+
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    start = time.monotonic()
+    assert read_until(silent, lambda line: None, timeout=1.0) is False
+    assert time.monotonic() - start < 30 and silent.poll() is not None
+    lines: list[str] = []
+    talking = subprocess.Popen([sys.executable, "-c", "print('a'); print('b')"],
+                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert read_until(talking, lines.append, timeout=60.0) is True and lines == ["a", "b"]
