@@ -158,11 +158,12 @@ def _check_unnoised_metrics(config: RunConfig) -> None:
 def _check_async_rounds(config: RunConfig) -> None:
     """``round-mode=async`` (strategies/server/buffered_rounds.py) runs a method whose rule
     takes a reply trained from an older model exactly (``Method.async_update``), with the
-    settings its buffer keeps apart from: no DP (central DP's accountant counts releases of
-    a uniform sample, and a buffer holds the clients that were fastest, not a sample; a
-    client's DP-SGD noise is calibrated for num-server-rounds rounds, and a fast client
-    trains more tasks than that), a fixed sample (no Poisson), clients of one rank, no
-    client evaluation rounds, and a buffer no larger than the clients in flight."""
+    settings its buffer keeps apart from: no central DP (its accountant counts releases of a
+    uniform sample, and a buffer holds the clients that were fastest, not a sample), a
+    fixed sample (no Poisson), clients of one rank, no client evaluation rounds, and a
+    buffer no larger than the clients in flight. ``dp=example`` runs: a node trains at most
+    once from each version, so at most num-server-rounds tasks, the rounds its DP-SGD noise
+    is calibrated for."""
     if config.round_mode != "async":
         if config.async_concurrency or config.async_buffer_size:
             raise ConfigError(
@@ -184,10 +185,6 @@ def _check_async_rounds(config: RunConfig) -> None:
          "dp=central is refused with round-mode=async: its accountant counts releases of a "
          "uniform sample of clients, and an asynchronous buffer holds the clients that "
          "replied first"),
-        (config.dp == "example", "dp",
-         "dp=example is refused with round-mode=async: each client's noise is calibrated "
-         "for num-server-rounds rounds of training, and an asynchronous client that is "
-         "fast trains more tasks than that"),
         (config.client_sampling != "fixed", "client-sampling",
          "client-sampling=poisson is a per-round sample; round-mode=async keeps "
          "async-concurrency clients busy instead: use client-sampling=fixed"),

@@ -1,7 +1,8 @@
 """round-mode=async end to end through the real simulation engine (SuperLink + Ray), on the
 tiny BERT (tests/harness/flower_harness.py): with every node in one buffer it is the
 synchronous run, rows and adapter bit for bit; with a straggler the updates go on without
-waiting for it; a killed run resumes, the replies in flight lost and counted."""
+waiting for it; a killed run resumes, the replies in flight lost and counted; clients training
+with DP-SGD (dp=example) stay within their target."""
 
 from __future__ import annotations
 
@@ -118,3 +119,26 @@ def test_a_killed_async_run_resumes_and_counts_the_replies_in_flight_as_lost(
     assert history[3]["lost-in-flight"] == in_flight and "lost-in-flight" not in history[4]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed-after-round"] == 2
+
+
+def test_dp_sgd_clients_train_async_within_their_target(tiny_superlink, tiny_assets):
+    """dp=example with a straggler: each client's noise is calibrated for num-server-rounds
+    rounds and a node trains at most once from each version, so no client's epsilon passes
+    the target, and every update's row carries the clients' record."""
+    outcome, run_dir = run_tiny_app(
+        tiny_superlink,
+        tiny_assets,
+        "async-dp-sgd",
+        method="florg",
+        **{"round-mode": "async", "async-buffer-size": 2, "num-server-rounds": 3,
+           "slow-partitions": "0", "slowdown": 3.0, "dp": "example",
+           "dp-sgd-target-epsilon": 8.0, "dp-sgd-clipping-norm": 1.0,
+           "dp-sgd-seeded-noise": True, "batch-size": 8, "local-steps": 2,
+           "max-test-examples": 0},
+    )  # fmt: skip
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-3000:]}"
+    updates = rows(run_dir)[1:]
+    assert [row["version"] for row in updates] == [1, 2, 3]
+    for row in updates:
+        assert 0 < row["dp-sgd-epsilon-max"] <= 8.0 and row["dp-sgd-over-target"] == 0
+        assert 0 <= row["dp-sgd-clipped-fraction"] <= 1

@@ -19,6 +19,13 @@ def test_the_methods_with_an_exact_buffered_update_run_async(method):
     assert config.round_mode == "async"
 
 
+def test_dp_sgd_on_the_clients_runs_async():
+    """A node trains at most once from each version (buffered_rounds._eligible), so at most
+    num-server-rounds tasks: the rounds its DP-SGD noise is calibrated for."""
+    config = resolve_config({**ASYNC, "dp": "example", "dp-sgd-target-epsilon": 8.0})
+    assert config.round_mode == "async" and config.dp == "example"
+
+
 @pytest.mark.parametrize(
     ("settings", "key", "reason"),
     [
@@ -26,7 +33,6 @@ def test_the_methods_with_an_exact_buffered_update_run_async(method):
         ({"method": "federa"}, "round-mode", "async runs florg"),
         ({"dp": "central", "dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0}, "dp",
          "uniform sample"),
-        ({"dp": "example", "dp-sgd-noise-multiplier": 1.0}, "dp", "more tasks"),
         ({"client-sampling": "poisson", "fraction-train": 0.5}, "client-sampling", "per-round"),
         ({"client-ranks": "2,4"}, "client-ranks", "one rank"),
         ({"client-eval": "on"}, "client-eval", "no client evaluation"),
