@@ -41,4 +41,15 @@ reuse_runs() {
   done
 }
 case " ${GRIDS[*]} " in *" fed-sb-s1-v2-lr4x "*) reuse_runs ;; esac
-run_grid_set "$ROOT/fed-sb-s1" "$FED_SB_S1_COMMIT" "$PUBLISHED" "${GRIDS[@]}"
+# The grids run after DP-SGD stopped failing a reply whose round's first Poisson draw is
+# empty (c8b6fca; the draws and steps are otherwise the same, run for run) go to a worktree
+# at that commit; the others stay at FED_SB_S1_COMMIT, where they ran.
+FIXED_COMMIT=c8b6fca
+AFTER_FIX=" fed-sb-s1-privacy-cross-silo-eps3 fed-sb-s1-privacy-cross-device "
+BEFORE=() AFTER=()
+for grid in "${GRIDS[@]}"; do
+  case "$AFTER_FIX" in *" $grid "*) AFTER+=("$grid") ;; *) BEFORE+=("$grid") ;; esac
+done
+# (each set in a subshell: run_grid_set enters its worktree and activates its venv)
+[ ${#BEFORE[@]} -eq 0 ] || (run_grid_set "$ROOT/fed-sb-s1" "$FED_SB_S1_COMMIT" "$PUBLISHED" "${BEFORE[@]}")
+[ ${#AFTER[@]} -eq 0 ] || (run_grid_set "$ROOT/fed-sb-s1-fixed" "$FIXED_COMMIT" "$PUBLISHED" "${AFTER[@]}")
