@@ -47,7 +47,7 @@ def test_an_async_run_that_never_reaches_it_counts_its_whole_length():
     buffered = curve("async", 0, [(0, 0.5, 0.5), (150, 0.6, 0.6), (250, 0.65, 0.6)])
     pair = compare(SYNC, buffered)
     assert pair.time_ratio == pytest.approx(250 / 200) and not pair.reached
-    assert "not reached" in table([pair])
+    assert "not reached: its whole length" in table([pair]) and "| 0 of 1 |" in table([pair])
 
 
 def test_runs_on_disk_pair_by_method_and_seed(tmp_path: Path):
@@ -91,6 +91,7 @@ def test_the_page_block_shows_the_published_comparison_or_how_to_run_it(tmp_path
     write_curve(runs / "s", SYNC)
     write_curve(runs / "a", curve("async", 0, [(0, 0.5, 0.5), (80, 0.7, 0.7)]))
     text = page_block(Evidence(tmp_path))
-    assert "| florg | 1 | 0.400 |" in text and "| florg | async | 1 |" in text
+    assert "| florg | 1 | 0.400 | 1 of 1 |" in text and "| florg | async | 1 |" in text
+    assert "0 (0.700): 0.40, +0.020" in text  # the seed's target: sync's final score
     assert f"](../{FIGURE})" in text and page_figure_due(Evidence(tmp_path))
     assert page_figure(Evidence(tmp_path), tmp_path / "f.png")
