@@ -19,6 +19,7 @@ PUBLISHED=lab/evidence/async-stragglers  # runs/<grid>/<run>: config, metrics, s
 . lab/scripts/fixed_worktree.sh
 run_grid_set "$ROOT/async" "$ASYNC_COMMIT" "$PUBLISHED" "$GRID"
 if [ -n "${PUBLISH_ONLY:-}" ]; then
+  [ ! -f .venv/bin/activate ] || . .venv/bin/activate  # the report reads with the repo's lab
   python -m florg_lab.stragglers "$PUBLISHED/runs/$GRID" --plot "$PUBLISHED/stragglers.png" \
     | tee "$PUBLISHED/report.md"
 fi
