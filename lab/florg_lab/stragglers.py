@@ -13,7 +13,8 @@ For each method and seed, the synchronous run and the asynchronous run of the sa
   no later than the synchronous run's end, minus the synchronous run's final test score.
 
 Each is a mean over the seeds with its 95% t interval (``florg_lab.stats``); a second table
-gives each method's and mode's wall clock and final scores. The plot: validation score
+gives each method's and mode's wall clock, how many clients trained at once on average
+and the final scores. The plot: validation score
 against wall clock, one panel per method, each seed's two runs. ``docs/async.md`` shows the
 published runs' tables and plot (``page_block``, ``page_figure``: ``python -m
 florg_lab.results_doc``).
@@ -59,6 +60,14 @@ class Curve:
 
     def end(self) -> float:
         return float(self.rows[-1]["elapsed-seconds"])
+
+    def busy(self) -> float:
+        """The clients' training seconds (``client-train-seconds-sum``, a straggler's wait
+        included) over the run's wall clock: how many clients trained at once on average.
+        On a machine with fewer cores than nodes, far below the nodes: the clients queue
+        for the cores."""
+        seconds = sum(float(r.get("client-train-seconds-sum") or 0.0) for r in self.rows)
+        return seconds / self.end() if self.end() > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -151,8 +160,9 @@ def lengths(curves: Sequence[Curve]) -> str:
     """A markdown table, one row per method and mode: the seeds, the run's wall clock, its
     final validation score and its final test score, each a mean over the seeds."""
     lines = [
-        "| method | mode | seeds | wall clock (min) | final validation score | final test score |",
-        "|---|---|---|---|---|---|",
+        "| method | mode | seeds | wall clock (min) | clients training at once (mean) "
+        "| final validation score | final test score |",
+        "|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple[str, str], list[Curve]] = defaultdict(list)
     for curve in curves:
@@ -161,10 +171,12 @@ def lengths(curves: Sequence[Curve]) -> str:
         groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "sync")
     ):
         minutes = mean_interval([c.end() / 60 for c in runs])
+        busy = mean_interval([c.busy() for c in runs])
         validation = mean_interval([c.validation()[-1][1] for c in runs if c.validation()])
         test = mean_interval([c.tests()[-1][1] for c in runs if c.tests()])
-        lines.append(f"| {method} | {mode} | {len(runs)} | {_interval(minutes, 1)} | "
-                     f"{_interval(validation)} | {_interval(test)} |")  # fmt: skip
+        cells = [method, mode, str(len(runs)), _interval(minutes, 1), _interval(busy, 1),
+                 _interval(validation), _interval(test)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

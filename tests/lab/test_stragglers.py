@@ -78,8 +78,15 @@ def test_the_lengths_table_gives_each_mode_s_wall_clock_and_final_scores():
     buffered = curve("async", 0, [(0, 0.5, 0.5), (60, 0.71, 0.69), (120, 0.72, 0.7)])
     text = lengths([buffered, SYNC])
     sync_row, async_row = text.splitlines()[2:]
-    assert sync_row == "| florg | sync | 1 | 3.3 | 0.700 | 0.680 |"  # 200 s, sync first
-    assert async_row == "| florg | async | 1 | 2.0 | 0.720 | 0.700 |"
+    assert sync_row == "| florg | sync | 1 | 3.3 | 0.0 | 0.700 | 0.680 |"  # 200 s, sync first
+    assert async_row == "| florg | async | 1 | 2.0 | 0.0 | 0.720 | 0.700 |"
+
+
+def test_clients_training_at_once_are_their_seconds_over_the_wall_clock():
+    rows = [{"round": 0, "elapsed-seconds": 10.0},
+            {"round": 1, "elapsed-seconds": 60.0, "client-train-seconds-sum": 80.0},
+            {"round": 2, "elapsed-seconds": 100.0, "client-train-seconds-sum": 70.0}]  # fmt: skip
+    assert Curve("florg", "sync", 0, rows).busy() == pytest.approx(150.0 / 100.0)
 
 
 def test_the_page_block_shows_the_published_comparison_or_how_to_run_it(tmp_path: Path):
