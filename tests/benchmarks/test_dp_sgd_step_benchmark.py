@@ -74,7 +74,7 @@ def test_the_florg_dp_arm_clips_the_real_per_example_gradients_and_steps():
     arm = build_arm("florg-dp", s, dataset)
     try:
         assert type(arm.optimizer).__name__ == "DPOptimizer"
-        assert arm.private.loader.sample_rate == pytest.approx(1 / 50)  # Poisson, q = b / n
+        assert arm.private.loader.batch_sampler.sample_rate == pytest.approx(1 / 50)  # q = b / n
         model = arm.model
         _no_dropout(model)
         trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
