@@ -31,7 +31,7 @@ import argparse
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,8 @@ class Run:
     # the row key of the held-out test score (summary.json's ``test-score-key``): FedSA-LoRA
     # is scored on its clients' personalised models
     test_key: str = "test-score"
+    # the run's config.json (its settings beyond method, seed, rate and task: encodings, ...)
+    config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def series(self, key: str) -> dict[int, float]:
         """round -> the value of ``key`` where the row has one."""
@@ -268,7 +270,7 @@ def runs_in(folder: Path) -> list[Run]:
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
             out.append(Run(config["method"], int(config["seed"]), rows,
                            config.get("learning-rate"), config.get("task"),
-                           summary.get("test-score-key", "test-score")))  # fmt: skip
+                           summary.get("test-score-key", "test-score"), config))  # fmt: skip
     return out
 
 

@@ -24,7 +24,6 @@ task:
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Callable, Mapping
@@ -33,11 +32,10 @@ from functools import cache
 from pathlib import Path
 
 from florg_lab import comm_to_target as ctt
-from florg_lab.long_budget import Run
+from florg_lab.long_budget import Run, runs_in
 from florg_lab.page_text import Evidence, interval, method_name, task_name
 from florg_lab.page_text import table as render_table
 from florg_lab.page_v2 import EXACT, V2, exact_methods, task_folders
-from florg_lab.runs import finished_run
 from florg_lab.stats import mean_interval, paired_difference
 
 __all__ = [
@@ -83,19 +81,9 @@ def encoded_runs(folder: Path, task: str) -> dict[tuple[str, str], dict[int, Run
     found: dict[tuple[str, str], dict[int, Run]] = {}
     if not folder.is_dir():
         return found
-    for path in sorted(folder.iterdir()):
-        finished = finished_run(path)
-        if finished is None:
-            continue
-        summary, config = finished
-        if config.get("task") != task:
-            continue
-        text = (path / "metrics.jsonl").read_text()
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-        run = Run(str(config["method"]), int(config["seed"]), rows,
-                  config.get("learning-rate"), task,
-                  summary.get("test-score-key", "test-score"))  # fmt: skip
-        found.setdefault((run.method, encoding_of(config)), {})[run.seed] = run
+    for run in runs_in(folder):
+        if run.task == task:
+            found.setdefault((run.method, encoding_of(run.config)), {})[run.seed] = run
     return found
 
 
