@@ -11,7 +11,9 @@ task:
 - **the table** (``table``): each method's fp32 row (the published runs) and its encoded
   rows: the final held-out test score's seed mean with its 95% interval, the paired
   difference to fp32 over the seeds both have, whether it meets the goal (mean within
-  ±:data:`GOAL_MEAN`, its interval inside ±:data:`GOAL_INTERVAL`), and the bytes per
+  ±:data:`GOAL_MEAN`, its interval inside ±:data:`GOAL_INTERVAL`; judged once the arm has
+  every seed its grid file plans, so a grid published part-way says how far it is), and
+  the bytes per
   client per round with their ratio to fp32's. Bytes are what travelled (the messages'
   serialised content, ``uplink-bytes`` + ``downlink-bytes``). The published fp32 runs
   predate the byte count, so fp32's bytes are the check run's; bytes do not depend on the
@@ -87,6 +89,20 @@ def encoded_runs(folder: Path, task: str) -> dict[tuple[str, str], dict[int, Run
     return found
 
 
+def planned(root: Path, task: str) -> dict[tuple[str, str], int]:
+    """(method, encoding) -> how many runs ``task``'s grid file plans for it (the fp32 check
+    included, as (method, fp32)): the file under ``root``, else this checkout's."""
+    from florg_lab.grid import load_grid
+
+    path = root / "lab" / "grids" / f"{GRIDS[task]}.yaml"
+    grid = load_grid(path if path.is_file() else GRIDS[task])
+    counts: dict[tuple[str, str], int] = {}
+    for run in grid.runs:
+        key = (str(run.overrides["method"]), encoding_of(run.overrides))
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 def final_score(run: Run) -> float:
     """The held-out test score at the run's last test round."""
     series = run.series(run.test_key)
@@ -112,6 +128,8 @@ class Arms:
     reference: dict[str, dict[int, Run]]
     encoded: dict[tuple[str, str], dict[int, Run]]
     missing: tuple[str, ...]
+    # (method, encoding) -> the runs the grid plans for it: a goal is judged on a whole arm
+    planned: dict[tuple[str, str], int]
 
     def check(self, method: str) -> Run | None:
         return self.encoded.get((method, REFERENCE), {}).get(CHECK_SEED)
@@ -136,7 +154,8 @@ def arms(root: Path, task: str) -> Arms:
                 f"{task}, {method} at {encoding}: learning rate {sorted(rates)}, but the "
                 f"published fp32 runs' is {sorted(published_rates)}"
             )
-    return Arms(task, reference, encoded, tuple(m for m in METHODS if m in missing))
+    missing_methods = tuple(m for m in METHODS if m in missing)
+    return Arms(task, reference, encoded, missing_methods, planned(root, task))
 
 
 def spread(found: Arms) -> float:
@@ -186,13 +205,17 @@ def _row(arms_: Arms, method: str, encoding: str, fp32_bytes: float | None) -> l
     else:
         fp32 = {s: final_score(r) for s, r in arms_.reference.get(method, {}).items()}
         seeds = sorted(set(scores) & set(fp32))
+        due = arms_.planned.get((method, encoding), len(runs))
         if len(seeds) >= 2:
             found = paired_difference([scores[s] for s in seeds], [fp32[s] for s in seeds])
             diff = found.difference
+            whole = len(runs) >= due
             cells += [
                 f"{interval(diff, sign=True)}, {found.wins} up / {found.losses} down "
                 f"of {len(seeds)}",
-                goal((diff.mean, diff.low, diff.high)),
+                goal((diff.mean, diff.low, diff.high))
+                if whole
+                else f"– ({len(runs)} of {due} seeds run)",
             ]
         else:
             cells += [f"– (seeds shared with fp32: {len(seeds)})", "–"]
@@ -227,7 +250,12 @@ def table(task: str) -> Callable[[Evidence], str]:
                 was = "no published seed 0" if published_run is None else (
                     f"published {final_score(published_run):.4f}")  # fmt: skip
                 checks.append(f"{method_name(method)} {final_score(check):.4f} ({was})")
-        lines = render_table(head, rows)
+        done = sum(len(by_seed) for by_seed in found.encoded.values())
+        due = sum(found.planned.values())
+        lines = [f"{done} of the grid's {due} runs published"
+                 + ("." if done >= due else f" (`{COMMAND}` runs the rest; a goal is judged "
+                    "once its arm has every seed)."), ""]  # fmt: skip
+        lines += render_table(head, rows)
         lines += ["", f"Bytes differ between the seeds of one arm by at most {spread(found):.2e} "
                   "of the arm's mean (varint-coded metrics), so the check run's bytes stand "
                   "for fp32's at every seed."]  # fmt: skip

@@ -76,6 +76,14 @@ def root(tmp_path: Path) -> Path:
             write_run(encodings, method, seed, low, encoding="int8")
         write_run(encodings, method, 0, by_seed[0], encoding="fp32")
     assert not (tmp_path / EXACT).exists()
+    # the grid plans these three seeds an arm (the real file, five seeds cut to three)
+    grid = Path(__file__).parents[2] / "lab" / "grids" / f"{pe.GRIDS[TASK]}.yaml"
+    text = grid.read_text()
+    assert text.count("seed: [0, 1, 2, 3, 4]") == 6
+    (tmp_path / "lab" / "grids").mkdir(parents=True)
+    (tmp_path / "lab" / "grids" / grid.name).write_text(
+        text.replace("seed: [0, 1, 2, 3, 4]", "seed: [0, 1, 2]")
+    )
     return tmp_path
 
 
@@ -119,6 +127,21 @@ def test_the_table_pairs_each_encoding_with_fp32_and_judges_the_goal(root):
     assert int8[6] == f"{expected:.3f}"
     assert "FLoRG 0.7500 (published 0.7500); FedIT 0.8750 (published 0.8750)" in text
     assert "RoLoRA: no published fp32 runs." in text
+
+
+def test_an_arm_not_yet_whole_is_not_judged(root):
+    folder = root / pe.PUBLISHED / "runs" / pe.GRIDS[TASK]
+    for run in folder.glob("method=florg,seed=2,enc=int8"):
+        for file in run.iterdir():
+            file.unlink()
+        run.rmdir()
+    text = pe.table(TASK)(Evidence(root))
+    # of the grid's 3 x (3 + 3 + 1) = 21 runs, FedIT's and FLoRG's 2 x 7 less the one removed
+    assert text.startswith("13 of the grid's 21 runs published (`bash lab/scripts/")
+    rows = table_rows(text)
+    assert rows["FLoRG int8"][1] == "2"
+    assert rows["FLoRG int8"][4] == "– (2 of 3 seeds run)"
+    assert rows["FLoRG bf16"][4] == "met"
 
 
 def test_a_run_at_another_rate_than_the_published_one_is_refused(root):
