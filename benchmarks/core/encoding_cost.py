@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from benchmarks.core.server_methods import Case, build_case, set_blas_threads
 from benchmarks.core.settings import ServerShape
 
@@ -141,13 +143,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             shape.name, args.layers or shape.layers, shape.k, args.clients or shape.clients,
             shape.rank, False,
         )  # fmt: skip
-    set_blas_threads(1)  # as the server-step benchmark: steady timings on a shared machine
-    logging.getLogger("flwr").setLevel(logging.ERROR)
+    # One BLAS thread, as the server-step benchmark (steady timings on a shared machine), and
+    # Flower's logger quiet (the strategies' per-round lines are not news here); both are
+    # the process's, so they are put back for a caller that goes on (the tests call main).
+    flwr_log = logging.getLogger("flwr")
+    level, threads = flwr_log.level, torch.get_num_threads()
+    set_blas_threads(1)
+    flwr_log.setLevel(logging.ERROR)
     rows: list[Row] = []
-    for name in args.methods.split(","):
-        case = build_case(name.strip(), shape, shape.layers, "cpu")
-        rows += codec_rows(case, args.repeats)
-        del case
+    try:
+        for name in args.methods.split(","):
+            case = build_case(name.strip(), shape, shape.layers, "cpu")
+            rows += codec_rows(case, args.repeats)
+            del case
+    finally:
+        flwr_log.setLevel(level)
+        set_blas_threads(threads)  # torch's count before; OpenBLAS's default is the same
     print(table(rows, shape))
     return 0
 

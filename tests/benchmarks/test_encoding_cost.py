@@ -3,6 +3,10 @@ codec and the aggregation timed side by side, the replies' bytes against fp32's.
 
 from __future__ import annotations
 
+import logging
+
+import torch
+
 from benchmarks.core import encoding_cost
 
 
@@ -19,3 +23,19 @@ def test_every_encoding_has_a_row_and_fewer_bytes_than_fp32(capsys):
             assert float(ratio) == 1.0
         else:  # half (16-bit) or about a quarter plus scales (int8) of the payload
             assert float(ratio) < 0.7, (method, encoding)
+
+
+def test_the_benchmark_puts_back_what_it_sets_for_the_process():
+    """Flower's logger level and torch's threads are the process's: a caller that goes on
+    (the unit set in one process) must find them as they were."""
+    flwr_log = logging.getLogger("flwr")
+    level, threads = flwr_log.level, torch.get_num_threads()
+    try:
+        flwr_log.setLevel(logging.DEBUG)
+        torch.set_num_threads(2)
+        assert encoding_cost.main(["--quick", "--methods", "fedit", "--repeats", "1"]) == 0
+        assert flwr_log.level == logging.DEBUG
+        assert torch.get_num_threads() == 2
+    finally:
+        flwr_log.setLevel(level)
+        torch.set_num_threads(threads)
