@@ -308,8 +308,30 @@ def run(
         names.insert(0, BASELINE)
     names = list(dict.fromkeys(names))
     threads = threads or (1 if device == "cpu" else (os.cpu_count() or 1))
+    # the thread counts are the process's: put back for a caller that goes on (the tests
+    # and the encodings benchmark call this in-process)
+    threads_before = torch.get_num_threads()
     blas_set = set_blas_threads(threads)
+    try:
+        return _timed_cases(names, shape, layers, device, repeats, memory, seed) | {
+            "threads": threads,
+            "blas_threads_set": blas_set,
+        }
+    finally:
+        set_blas_threads(threads_before)  # torch's count before; OpenBLAS's default is the same
 
+
+def _timed_cases(
+    names: list[str],
+    shape: ServerShape,
+    layers: int,
+    device: str,
+    repeats: int,
+    memory: bool,
+    seed: int,
+) -> dict[str, Any]:
+    """``run``'s measurement once its threads are set: every case's rounds and steps timed,
+    rotated, then its peak memory; the result dict without the thread fields."""
     cases = {name: build_case(name, shape, layers, device, seed) for name in names}
     for case in cases.values():  # warm-up: imports, thread pools, FLoRG's staging buffer
         case.round()
@@ -358,8 +380,6 @@ def run(
         "shape": {**shape.__dict__, "layers": layers, "shape_layers": shape.layers},
         "device": device,
         "device_name": torch.cuda.get_device_name(0) if device == "cuda" else "CPU",
-        "threads": threads,
-        "blas_threads_set": blas_set,
         "repeats": repeats,
         "server_round": SERVER_ROUND,
         "load_avg": os.getloadavg(),

@@ -107,6 +107,17 @@ def test_every_method_has_one_row_and_florgs_ratio_is_one():
     assert text.startswith("# server step of every method, shape quick: 4 layers, k = 64")
 
 
+def test_the_thread_count_is_put_back_for_the_caller():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = run("quick", "cpu", methods=["fedit"], repeats=1, threads=1, memory=False)
+        assert result["threads"] == 1  # it timed at the count asked for
+        assert torch.get_num_threads() == 2  # and the process has its own back
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_subset_gets_florg_added_and_layers_are_cut(capsys):
     main(["--shape", "quick", "--methods", "fedit", "--repeats", "1", "--layers", "2",
           "--no-memory"])  # fmt: skip
