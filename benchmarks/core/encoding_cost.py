@@ -32,9 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
-
-from benchmarks.core.server_methods import Case, build_case, set_blas_threads
+from benchmarks.core.server_methods import Case, blas_threads, build_case
 from benchmarks.core.settings import ServerShape
 
 # The issue's 7B shape: 32 decoder layers, q and v adapted (64 layers), k = 4096, r = 16.
@@ -147,18 +145,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Flower's logger quiet (the strategies' per-round lines are not news here); both are
     # the process's, so they are put back for a caller that goes on (the tests call main).
     flwr_log = logging.getLogger("flwr")
-    level, threads = flwr_log.level, torch.get_num_threads()
-    set_blas_threads(1)
+    level = flwr_log.level
     flwr_log.setLevel(logging.ERROR)
     rows: list[Row] = []
     try:
-        for name in args.methods.split(","):
-            case = build_case(name.strip(), shape, shape.layers, "cpu")
-            rows += codec_rows(case, args.repeats)
-            del case
+        with blas_threads(1):
+            for name in args.methods.split(","):
+                case = build_case(name.strip(), shape, shape.layers, "cpu")
+                rows += codec_rows(case, args.repeats)
+                del case
     finally:
         flwr_log.setLevel(level)
-        set_blas_threads(threads)  # torch's count before; OpenBLAS's default is the same
     print(table(rows, shape))
     return 0
 

@@ -42,7 +42,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -106,6 +106,19 @@ def set_blas_threads(n: int) -> bool:
                 done = True
                 break
     return done
+
+
+@contextlib.contextmanager
+def blas_threads(n: int) -> Iterator[bool]:
+    """Run a block with torch and OpenBLAS at n threads (steady timings on a shared machine),
+    then put torch's count back for a caller that goes on: the thread counts are the
+    process's, and the tests and the encodings benchmark call these benchmarks in-process.
+    Yields whether an OpenBLAS setter was found; OpenBLAS's default count is torch's."""
+    before = torch.get_num_threads()
+    try:
+        yield set_blas_threads(n)
+    finally:
+        set_blas_threads(before)
 
 
 def layer_names(layers: int) -> list[str]:
@@ -308,17 +321,11 @@ def run(
         names.insert(0, BASELINE)
     names = list(dict.fromkeys(names))
     threads = threads or (1 if device == "cpu" else (os.cpu_count() or 1))
-    # the thread counts are the process's: put back for a caller that goes on (the tests
-    # and the encodings benchmark call this in-process)
-    threads_before = torch.get_num_threads()
-    blas_set = set_blas_threads(threads)
-    try:
+    with blas_threads(threads) as blas_set:
         return _timed_cases(names, shape, layers, device, repeats, memory, seed) | {
             "threads": threads,
             "blas_threads_set": blas_set,
         }
-    finally:
-        set_blas_threads(threads_before)  # torch's count before; OpenBLAS's default is the same
 
 
 def _timed_cases(
