@@ -350,8 +350,8 @@ def plot(
     unit: Unit = PARAMS,
 ) -> None:
     """Seed-mean test score against cumulative parameters (``unit``) per client (log axis), every
-    method on one chart, the targets as dashed lines. Round 0 is left out where nothing
-    has travelled yet (0 has no place on a log axis)."""
+    method on one chart, the targets as dashed lines (once FedIT's curve is in). Round 0 is
+    left out where nothing has travelled yet (0 has no place on a log axis)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -366,7 +366,8 @@ def plot(
             ax.plot(xs, ys, marker="o", markersize=3,
                     label=f"{name(method)} (n = {len(found_curve.seeds)})")  # fmt: skip
     styles = ("--", ":", "-.")
-    for i, (fraction, target) in enumerate(zip(fractions, targets(found, fractions), strict=True)):
+    levels = targets(found, fractions)  # none until FedIT's curve is in: no target lines yet
+    for i, (fraction, target) in enumerate(zip(fractions, levels, strict=bool(levels))):
         ax.axhline(target, linestyle=styles[i % len(styles)], linewidth=0.9, color="grey",
                    label=f"target: {fraction:.0%} of {name(TARGET_METHOD)}'s final")  # fmt: skip
     ax.set_xscale("log")

@@ -209,3 +209,14 @@ def test_the_figure_is_written(evidence, tmp_path):
     path = tmp_path / "figure" / "comm.png"
     ctt.plot(found, path, (1.0, 0.9), "synthetic")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_figure_is_written_without_fedit_with_no_target_line(evidence, tmp_path):
+    """A grid part-way (FedIT's curve not in yet) still draws, without the target lines."""
+    found = ctt.curves(ctt.chosen_runs(evidence, sources(), TASK)[0])
+    without_fedit = {method: found_curve for method, found_curve in found.items()
+                     if method != ctt.TARGET_METHOD}  # fmt: skip
+    assert without_fedit and len(without_fedit) < len(found)
+    path = tmp_path / "comm.png"
+    ctt.plot(without_fedit, path, (1.0, 0.9), "synthetic")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
