@@ -8,7 +8,7 @@ reproduces the published fp32 run). ``bash lab/scripts/evidence_encodings.sh`` r
 and publishes their runs under :data:`PUBLISHED`; this module reads them and writes, per
 task:
 
-- **the table** (``table``): each method's fp32 row (the published runs) and its encoded
+- **the table** (``table``): each method's fp32 row (the reference) and its encoded
   rows: the final held-out test score's seed mean with its 95% interval, the paired
   difference to fp32 over the seeds both have, whether it meets the goal (mean within
   ±:data:`GOAL_MEAN`, its interval inside ±:data:`GOAL_INTERVAL`; judged once the arm has
@@ -19,6 +19,11 @@ task:
   predate the byte count, so fp32's bytes are the check run's; bytes do not depend on the
   seed beyond a few varint-coded metrics (the encoded runs show how little: their seeds'
   spread is printed);
+- **the reference**: the published fp32 runs, unless the grid runs fp32 itself at every
+  seed it runs an encoding at (SNLI's grid does, since its check found the commit's
+  rounding drift from the published run as large as the goal): then the grid's own fp32
+  runs, so a paired difference is the encoding's effect alone, and the drift (fp32 at the
+  grid's commit − published fp32, paired) is printed beside the table;
 - **bytes to a target** (``bytes_to_target``, ``figure``): :mod:`florg_lab.comm_to_target`
   counting bytes instead of parameters, each method and encoding one curve, the target
   FedIT-fp32's final seed-mean score and 90% of it.
@@ -120,12 +125,15 @@ def bytes_per_round(run: Run) -> float:
 
 @dataclass(frozen=True)
 class Arms:
-    """One task's runs: the published fp32 runs (method -> seed -> run), the encoded runs
-    and the fp32 checks ((method, encoding) -> seed -> run), and the methods whose fp32
-    runs are not published."""
+    """One task's runs: each method's fp32 reference (method -> seed -> run: the grid's own
+    fp32 runs for the methods in ``same_commit``, else the published ones), the published
+    fp32 runs, the encoded runs and the fp32 checks ((method, encoding) -> seed -> run), and
+    the methods whose fp32 runs are not published."""
 
     task: str
     reference: dict[str, dict[int, Run]]
+    published_fp32: dict[str, dict[int, Run]]
+    same_commit: tuple[str, ...]
     encoded: dict[tuple[str, str], dict[int, Run]]
     missing: tuple[str, ...]
     # (method, encoding) -> the runs the grid plans for it: a goal is judged on a whole arm
@@ -144,18 +152,28 @@ def arms(root: Path, task: str) -> Arms:
     v2, exact = task_folders(task)
     sources = (ctt.Source(V2, (v2,)), ctt.Source(EXACT, (exact,), exact_methods()))
     chosen, missing = ctt.chosen_runs(root, sources, task)
-    reference = {m: chosen[m] for m in METHODS if m in chosen}
+    published_fp32 = {m: chosen[m] for m in METHODS if m in chosen}
     encoded = encoded_runs(root / PUBLISHED / "runs" / GRIDS[task], task)
     for (method, encoding), by_seed in encoded.items():
         rates = {run.learning_rate for run in by_seed.values()}
-        published_rates = {run.learning_rate for run in reference.get(method, {}).values()}
+        published_rates = {run.learning_rate for run in published_fp32.get(method, {}).values()}
         if published_rates and rates != published_rates:
             raise ValueError(
                 f"{task}, {method} at {encoding}: learning rate {sorted(rates)}, but the "
                 f"published fp32 runs' is {sorted(published_rates)}"
             )
+    plan = planned(root, task)
+    reference, same_commit = dict(published_fp32), []
+    for method in METHODS:
+        # fp32 planned at more seeds than the check, and every one of them run: the
+        # reference at the grid's own commit (the module docstring says why)
+        own, due = encoded.get((method, REFERENCE), {}), plan.get((method, REFERENCE), 0)
+        if due > 1 and len(own) >= due:
+            reference[method] = own
+            same_commit.append(method)
     missing_methods = tuple(m for m in METHODS if m in missing)
-    return Arms(task, reference, encoded, missing_methods, planned(root, task))
+    return Arms(task, reference, published_fp32, tuple(same_commit), encoded, missing_methods,
+                plan)  # fmt: skip
 
 
 def spread(found: Arms) -> float:
@@ -200,7 +218,8 @@ def _row(arms_: Arms, method: str, encoding: str, fp32_bytes: float | None) -> l
     scores = {s: final_score(r) for s, r in runs.items()}
     cells = [name, str(len(runs)), interval(mean_interval(list(scores.values())))]
     if encoding == REFERENCE:
-        cells += ["(reference)", "–"]
+        where = "the grid's commit" if method in arms_.same_commit else "published"
+        cells += [f"(reference: {where})", "–"]
         spent = fp32_bytes
     else:
         fp32 = {s: final_score(r) for s, r in arms_.reference.get(method, {}).items()}
@@ -261,6 +280,12 @@ def table(task: str) -> Callable[[Evidence], str]:
                   "for fp32's at every seed."]  # fmt: skip
         lines += ["", "fp32 at the grid's commit, seed " + str(CHECK_SEED) + " (the check): "
                   + ("; ".join(checks) if checks else "not run yet") + "."]  # fmt: skip
+        drift = [_drift(found, method) for method in found.same_commit
+                 if method in found.published_fp32]  # fmt: skip
+        if drift:
+            lines += ["", "fp32 at the grid's commit − published fp32, paired (the commits' "
+                      "rounding drift, which the reference at the grid's commit leaves out of "
+                      "the differences above): " + "; ".join(drift) + "."]  # fmt: skip
         if found.missing:
             lines.append(", ".join(method_name(m) for m in found.missing)
                          + ": no published fp32 runs.")  # fmt: skip
@@ -269,11 +294,23 @@ def table(task: str) -> Callable[[Evidence], str]:
     return make
 
 
+def _drift(found: Arms, method: str) -> str:
+    """``method``'s fp32 at the grid's commit − its published fp32 runs, paired by seed."""
+    own = {s: final_score(r) for s, r in found.reference[method].items()}
+    was = {s: final_score(r) for s, r in found.published_fp32[method].items()}
+    seeds = sorted(set(own) & set(was))
+    if len(seeds) < 2:
+        return f"{method_name(method)}: – (seeds shared: {len(seeds)})"
+    found_diff = paired_difference([own[s] for s in seeds], [was[s] for s in seeds])
+    return (f"{method_name(method)} {interval(found_diff.difference, sign=True)}, "
+            f"{found_diff.wins} up / {found_diff.losses} down of {len(seeds)}")  # fmt: skip
+
+
 # --- bytes to a target -------------------------------------------------------------------
 
 
 def curves(found: Arms) -> dict[str, ctt.Curve]:
-    """``method`` (fp32: the published runs' scores, the check run's bytes) and
+    """``method`` (fp32: the reference runs' scores, the check run's bytes) and
     ``method@encoding`` -> its curve of seed-mean test score against bytes per client."""
     out: dict[str, ctt.Curve] = {}
     for method in METHODS:

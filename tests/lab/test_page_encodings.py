@@ -116,7 +116,7 @@ def test_the_table_pairs_each_encoding_with_fp32_and_judges_the_goal(root):
     text = pe.table(TASK)(Evidence(root))
     rows = table_rows(text)
     fp32, bf16, int8 = rows["FLoRG fp32"], rows["FLoRG bf16"], rows["FLoRG int8"]
-    assert fp32[3] == "(reference)" and fp32[5:] == ["2,000", "1.000"]  # the check run's
+    assert fp32[3] == "(reference: published)" and fp32[5:] == ["2,000", "1.000"]  # check's
     assert bf16[3] == "+0.000 [+0.000, +0.000], 0 up / 0 down of 3" and bf16[4] == "met"
     assert bf16[5:] == ["1,000", "0.500"]
     # int8: an eighth lower on seeds 1 and 2, a mean of -1/12, its interval past -0.02
@@ -142,6 +142,33 @@ def test_an_arm_not_yet_whole_is_not_judged(root):
     assert rows["FLoRG int8"][1] == "2"
     assert rows["FLoRG int8"][4] == "– (2 of 3 seeds run)"
     assert rows["FLoRG bf16"][4] == "met"
+
+
+def test_fp32_at_every_seed_at_the_grids_commit_is_the_reference_and_the_drift_is_shown(root):
+    """A grid that plans fp32 at every seed (SNLI's): once they are all in, the encoded arms
+    pair with them, not with the published runs, and the drift between the two is printed."""
+    grid = root / "lab" / "grids" / f"{pe.GRIDS[TASK]}.yaml"
+    text = grid.read_text()
+    assert text.count("seed: [0]\n") == 3  # the fp32 checks
+    grid.write_text(text.replace("seed: [0]\n", "seed: [0, 1, 2]\n"))
+    folder = root / pe.PUBLISHED / "runs" / pe.GRIDS[TASK]
+    for seed in (1, 2):  # FLoRG's fp32 at the grid's commit: an eighth lower than published
+        low = [s - 0.125 for s in FP32["florg"][seed]]
+        write_run(folder, "florg", seed, low, encoding="fp32")
+    found = pe.arms(root, TASK)
+    assert found.same_commit == ("florg",)  # FedIT's fp32 has one of its three seeds
+    assert found.reference["florg"] is found.arm("florg", "fp32")
+    assert found.reference["fedit"] is found.published_fp32["fedit"]
+    rows = table_rows(pe.table(TASK)(Evidence(root)))
+    assert rows["FLoRG fp32"][3] == "(reference: the grid's commit)"
+    assert rows["FedIT fp32"][3] == "(reference: published)"
+    # int8 is an eighth lower on seeds 1 and 2, as the grid's own fp32 is: no difference left
+    assert rows["FLoRG int8"][3] == "+0.000 [+0.000, +0.000], 0 up / 0 down of 3"
+    assert rows["FLoRG int8"][4] == "met"
+    assert rows["FLoRG bf16"][3].endswith("2 up / 0 down of 3")
+    text = pe.table(TASK)(Evidence(root))
+    assert "fp32 at the grid's commit − published fp32, paired" in text
+    assert "FLoRG −0.083 [" in text and "0 up / 2 down of 3." in text
 
 
 def test_a_run_at_another_rate_than_the_published_one_is_refused(root):
