@@ -20,10 +20,10 @@ task:
   seed beyond a few varint-coded metrics (the encoded runs show how little: their seeds'
   spread is printed);
 - **the reference**: the published fp32 runs, unless the grid runs fp32 itself at every
-  seed it runs an encoding at (SNLI's grid does, since its check found the commit's
-  rounding drift from the published run as large as the goal): then the grid's own fp32
-  runs, so a paired difference is the encoding's effect alone, and the drift (fp32 at the
-  grid's commit − published fp32, paired) is printed beside the table;
+  seed it runs an encoding at (SNLI's grid does, since its check found the published runs,
+  made on another CPU, off by rounding drift as large as the goal): then the grid's own
+  fp32 runs, so a paired difference is the encoding's effect alone, and the drift (fp32 at
+  the grid's commit − published fp32, paired) is printed beside the table;
 - **bytes to a target** (``bytes_to_target``, ``figure``): :mod:`florg_lab.comm_to_target`
   counting bytes instead of parameters, each method and encoding one curve, the target
   FedIT-fp32's final seed-mean score and 90% of it.
@@ -283,9 +283,10 @@ def table(task: str) -> Callable[[Evidence], str]:
         drift = [_drift(found, method) for method in found.same_commit
                  if method in found.published_fp32]  # fmt: skip
         if drift:
-            lines += ["", "fp32 at the grid's commit − published fp32, paired (the commits' "
-                      "rounding drift, which the reference at the grid's commit leaves out of "
-                      "the differences above): " + "; ".join(drift) + "."]  # fmt: skip
+            lines += ["", "fp32 at the grid's commit − published fp32, paired (rounding drift "
+                      "between the two runs' machines and commits, which the reference at the "
+                      "grid's commit leaves out of the differences above): "
+                      + "; ".join(drift) + "."]  # fmt: skip
         if found.missing:
             lines.append(", ".join(method_name(m) for m in found.missing)
                          + ": no published fp32 runs.")  # fmt: skip
