@@ -43,7 +43,7 @@ from florg_lab.long_budget import Run, runs_in
 from florg_lab.page_text import Evidence, interval, method_name, task_name
 from florg_lab.page_text import table as render_table
 from florg_lab.page_v2 import EXACT, V2, exact_methods, task_folders
-from florg_lab.stats import mean_interval, paired_difference
+from florg_lab.stats import Interval, Paired, mean_interval, paired_difference
 
 __all__ = [
     "ENCODINGS",
@@ -52,11 +52,14 @@ __all__ = [
     "METHODS",
     "PUBLISHED",
     "Arms",
+    "Judged",
     "arms",
     "bytes_to_target",
     "figure",
+    "judge",
     "published",
     "table",
+    "verdict",
 ]
 
 PUBLISHED = "lab/evidence/encodings"  # runs/<grid>/<run>: config, metrics, summary
@@ -66,6 +69,7 @@ ENCODINGS = ("bf16", "int8")
 REFERENCE = "fp32"  # today's messages, bit for bit: the published runs
 CHECK_SEED = 0
 GOAL_MEAN, GOAL_INTERVAL = 0.01, 0.02  # |mean difference|; the interval inside ± this
+GOAL_ENCODING, GOAL_BYTES = "int8", 0.25  # the goal's encoding, its bytes / fp32's at most
 FRACTIONS = (1.0, 0.9)  # of FedIT-fp32's final seed-mean test score
 FIGURE = PUBLISHED + "/plots/bytes-to-target-{task}.png"
 COMMAND = "bash lab/scripts/evidence_encodings.sh"
@@ -210,39 +214,107 @@ def goal(found: tuple[float, float, float]) -> str:
     return "met" if inside else "not met"
 
 
-def _row(arms_: Arms, method: str, encoding: str, fp32_bytes: float | None) -> list[str]:
-    runs = arms_.reference[method] if encoding == REFERENCE else arms_.arm(method, encoding)
-    name = f"{method_name(method)} {encoding}"
+@dataclass(frozen=True)
+class Judged:
+    """One encoded arm against its method's fp32 reference: its runs and the runs its grid
+    plans, its final test score, the paired difference over the seeds both have (None under
+    two), the goal's accuracy part (judged on a whole arm), and its bytes per client per
+    round, alone and over fp32's (None without an fp32 check run)."""
+
+    runs: int
+    due: int
+    score: Interval
+    paired: Paired | None
+    seeds: int
+    accuracy: str  # "met", "not met", "–" (not judged)
+    spent: float
+    byte_ratio: float | None
+
+
+def judge(arms_: Arms, method: str, encoding: str) -> Judged | None:
+    """``method`` at ``encoding`` judged against fp32 (module docstring); None if not run."""
+    runs = arms_.arm(method, encoding)
     if not runs:
-        return [name, "0", "not run yet", "–", "–", "–", "–"]
+        return None
     scores = {s: final_score(r) for s, r in runs.items()}
-    cells = [name, str(len(runs)), interval(mean_interval(list(scores.values())))]
+    fp32 = {s: final_score(r) for s, r in arms_.reference.get(method, {}).items()}
+    seeds = sorted(set(scores) & set(fp32))
+    due = arms_.planned.get((method, encoding), len(runs))
+    found = None
+    if len(seeds) >= 2:
+        found = paired_difference([scores[s] for s in seeds], [fp32[s] for s in seeds])
+    diff = None if found is None else found.difference
+    accuracy = "–" if diff is None or len(runs) < due else goal((diff.mean, diff.low, diff.high))
+    spent = statistics.fmean(bytes_per_round(r) for r in runs.values())
+    check = arms_.check(method)
+    fp32_bytes = None if check is None else bytes_per_round(check)
+    ratio = spent / fp32_bytes if fp32_bytes else None
+    score = mean_interval(list(scores.values()))
+    return Judged(len(runs), due, score, found, len(seeds), accuracy, spent, ratio)
+
+
+def _row(arms_: Arms, method: str, encoding: str, fp32_bytes: float | None) -> list[str]:
+    name = f"{method_name(method)} {encoding}"
     if encoding == REFERENCE:
+        runs = arms_.reference[method]
         where = "the grid's commit" if method in arms_.same_commit else "published"
-        cells += [f"(reference: {where})", "–"]
-        spent = fp32_bytes
+        cells = [name, str(len(runs)),
+                 interval(mean_interval([final_score(r) for r in runs.values()])),
+                 f"(reference: {where})", "–"]  # fmt: skip
+        if fp32_bytes is None:
+            return [*cells, "– (no fp32 check run)", "–"]
+        return [*cells, f"{fp32_bytes:,.0f}", "1.000"]
+    judged = judge(arms_, method, encoding)
+    if judged is None:
+        return [name, "0", "not run yet", "–", "–", "–", "–"]
+    cells = [name, str(judged.runs), interval(judged.score)]
+    if judged.paired is not None:
+        found = judged.paired
+        cells += [
+            f"{interval(found.difference, sign=True)}, {found.wins} up / {found.losses} down "
+            f"of {judged.seeds}",
+            judged.accuracy if judged.runs >= judged.due
+            else f"– ({judged.runs} of {judged.due} seeds run)",
+        ]  # fmt: skip
     else:
-        fp32 = {s: final_score(r) for s, r in arms_.reference.get(method, {}).items()}
-        seeds = sorted(set(scores) & set(fp32))
-        due = arms_.planned.get((method, encoding), len(runs))
-        if len(seeds) >= 2:
-            found = paired_difference([scores[s] for s in seeds], [fp32[s] for s in seeds])
-            diff = found.difference
-            whole = len(runs) >= due
-            cells += [
-                f"{interval(diff, sign=True)}, {found.wins} up / {found.losses} down "
-                f"of {len(seeds)}",
-                goal((diff.mean, diff.low, diff.high))
-                if whole
-                else f"– ({len(runs)} of {due} seeds run)",
-            ]
-        else:
-            cells += [f"– (seeds shared with fp32: {len(seeds)})", "–"]
-        spent = statistics.fmean(bytes_per_round(r) for r in runs.values())
-    if spent is None:
-        return [*cells, "– (no fp32 check run)", "–"]
-    ratio = "–" if not fp32_bytes else f"{spent / fp32_bytes:.3f}"
-    return [*cells, f"{spent:,.0f}", ratio]
+        cells += [f"– (seeds shared with fp32: {judged.seeds})", "–"]
+    ratio = "–" if judged.byte_ratio is None else f"{judged.byte_ratio:.3f}"
+    return [*cells, f"{judged.spent:,.0f}", ratio]
+
+
+def verdict(found: Arms) -> str:
+    """The goal for int8 both ways, per method and in all: its accuracy part (the table's
+    goal column) and its bytes part (at most :data:`GOAL_BYTES` of fp32's bytes); a method
+    whose int8 arm is not whole yet is named as such, not judged."""
+    parts, whole = [], []
+    for method in METHODS:
+        if method not in found.reference:
+            continue
+        judged = judge(found, method, GOAL_ENCODING)
+        if judged is None:
+            parts.append(f"{method_name(method)} not run yet")
+            continue
+        if judged.runs < judged.due:
+            parts.append(f"{method_name(method)} not judged yet ({judged.runs} of "
+                         f"{judged.due} seeds run)")  # fmt: skip
+            continue
+        if judged.accuracy == "–" or judged.byte_ratio is None:
+            parts.append(f"{method_name(method)} not judged (no paired fp32 or no fp32 check)")
+            continue
+        small = judged.byte_ratio <= GOAL_BYTES
+        bytes_part = f"{judged.byte_ratio:.3f} of fp32's ({'met' if small else 'not met'})"
+        parts.append(f"{method_name(method)}: accuracy {judged.accuracy}, bytes {bytes_part}")
+        whole.append((judged.accuracy == "met", small))
+    head = (
+        f"The goal for {GOAL_ENCODING} both ways (within ±{GOAL_MEAN} of fp32, its "
+        f"interval inside ±{GOAL_INTERVAL}, at most {GOAL_BYTES} of fp32's bytes): "
+    )
+    if not parts:
+        return head + "no arm run yet."
+    total = (f" In all, methods judged {len(whole)}: accuracy met by "
+             f"{sum(a for a, _ in whole)}, the bytes by {sum(b for _, b in whole)}, both by "
+             f"{sum(a and b for a, b in whole)}.") if whole else ""  # fmt: skip
+    return head + "; ".join(parts) + "." + total
 
 
 def table(task: str) -> Callable[[Evidence], str]:
@@ -275,6 +347,7 @@ def table(task: str) -> Callable[[Evidence], str]:
                  + ("." if done >= due else f" (`{COMMAND}` runs the rest; a goal is judged "
                     "once its arm has every seed)."), ""]  # fmt: skip
         lines += render_table(head, rows)
+        lines += ["", verdict(found)]
         lines += ["", f"Bytes differ between the seeds of one arm by at most {spread(found):.2e} "
                   "of the arm's mean (varint-coded metrics), so the check run's bytes stand "
                   "for fp32's at every seed."]  # fmt: skip

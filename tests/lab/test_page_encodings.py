@@ -171,6 +171,32 @@ def test_fp32_at_every_seed_at_the_grids_commit_is_the_reference_and_the_drift_i
     assert "FLoRG −0.083 [" in text and "0 up / 2 down of 3." in text
 
 
+def test_the_verdict_judges_int8_per_method_on_accuracy_and_bytes(root, monkeypatch):
+    text = pe.table(TASK)(Evidence(root))
+    head = "The goal for int8 both ways (within ±0.01 of fp32, its interval inside ±0.02, "
+    assert head + "at most 0.25 of fp32's bytes): " in text
+    # int8 sends (260 * 12 + seed) / 6 of fp32's 2,000 bytes: 0.260 > 0.25
+    assert "FLoRG: accuracy not met, bytes 0.260 of fp32's (not met); FedIT: accuracy not met" \
+        in text  # fmt: skip
+    assert "In all, methods judged 2: accuracy met by 0, the bytes by 0, both by 0." in text
+    # FLoRG's int8 level with fp32 at every seed, FedIT's int8 short of a seed, a looser
+    # bytes goal: FLoRG meets both parts, FedIT is named and not judged
+    folder = root / pe.PUBLISHED / "runs" / pe.GRIDS[TASK]
+    for name in ("method=florg,seed=1,enc=int8", "method=florg,seed=2,enc=int8",
+                 "method=fedit,seed=2,enc=int8"):  # fmt: skip
+        for file in (folder / name).iterdir():
+            file.unlink()
+        (folder / name).rmdir()
+    for seed in (1, 2):
+        write_run(folder, "florg", seed, FP32["florg"][seed], encoding="int8")
+    monkeypatch.setattr(pe, "GOAL_BYTES", 0.3)
+    found = pe.verdict(pe.arms(root, TASK))
+    assert "FLoRG: accuracy met, bytes 0.260 of fp32's (met)" in found
+    assert "FedIT not judged yet (2 of 3 seeds run)" in found
+    assert found.endswith("In all, methods judged 1: accuracy met by 1, the bytes by 1, "
+                          "both by 1.")  # fmt: skip
+
+
 def test_a_run_at_another_rate_than_the_published_one_is_refused(root):
     folder = root / pe.PUBLISHED / "runs" / pe.GRIDS[TASK]
     write_run(folder, "florg", 3, [0.5, 0.5, 0.5], encoding="int8", **{"learning-rate": 0.001})
