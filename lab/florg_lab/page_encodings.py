@@ -337,7 +337,7 @@ def table(task: str) -> Callable[[Evidence], str]:
             fp32_bytes = None if check is None else bytes_per_round(check)
             rows += [_row(found, method, e, fp32_bytes) for e in (REFERENCE, *ENCODINGS)]
             if check is not None:
-                published_run = found.reference[method].get(CHECK_SEED)
+                published_run = found.published_fp32.get(method, {}).get(CHECK_SEED)
                 was = "no published seed 0" if published_run is None else (
                     f"published {final_score(published_run):.4f}")  # fmt: skip
                 checks.append(f"{method_name(method)} {final_score(check):.4f} ({was})")

@@ -8,6 +8,7 @@ Scores are multiples of 1/8 and byte counts integers, so every comparison is exa
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,12 @@ def test_fp32_at_every_seed_at_the_grids_commit_is_the_reference_and_the_drift_i
     text = pe.table(TASK)(Evidence(root))
     assert "fp32 at the grid's commit − published fp32, paired" in text
     assert "FLoRG −0.083 [" in text and "0 up / 2 down of 3." in text
+    # the check line compares the check with the published run, not with itself
+    shutil.rmtree(folder / "method=florg,seed=0,enc=fp32")
+    write_run(folder, "florg", 0, [0.5, 0.5, 0.5], encoding="fp32")
+    pe._arms.cache_clear()  # the page reads a root's runs once
+    text = pe.table(TASK)(Evidence(root))
+    assert "(the check): FLoRG 0.5000 (published 0.7500)" in text
 
 
 def test_the_verdict_judges_int8_per_method_on_accuracy_and_bytes(root, monkeypatch):
