@@ -230,6 +230,18 @@ class Judged:
     spent: float
     byte_ratio: float | None
 
+    @property
+    def whole(self) -> bool:
+        """Whether every seed the grid plans for this arm has run."""
+        return self.runs >= self.due
+
+
+def fp32_bytes(arms_: Arms, method: str) -> float | None:
+    """fp32's bytes per client per round, read from ``method``'s check run (None without
+    one); bytes hardly differ between seeds (:func:`spread`), so one run stands for all."""
+    check = arms_.check(method)
+    return None if check is None else bytes_per_round(check)
+
 
 def judge(arms_: Arms, method: str, encoding: str) -> Judged | None:
     """``method`` at ``encoding`` judged against fp32 (module docstring); None if not run."""
@@ -246,14 +258,13 @@ def judge(arms_: Arms, method: str, encoding: str) -> Judged | None:
     diff = None if found is None else found.difference
     accuracy = "–" if diff is None or len(runs) < due else goal((diff.mean, diff.low, diff.high))
     spent = statistics.fmean(bytes_per_round(r) for r in runs.values())
-    check = arms_.check(method)
-    fp32_bytes = None if check is None else bytes_per_round(check)
-    ratio = spent / fp32_bytes if fp32_bytes else None
+    reference_bytes = fp32_bytes(arms_, method)
+    ratio = spent / reference_bytes if reference_bytes else None
     score = mean_interval(list(scores.values()))
     return Judged(len(runs), due, score, found, len(seeds), accuracy, spent, ratio)
 
 
-def _row(arms_: Arms, method: str, encoding: str, fp32_bytes: float | None) -> list[str]:
+def _row(arms_: Arms, method: str, encoding: str) -> list[str]:
     name = f"{method_name(method)} {encoding}"
     if encoding == REFERENCE:
         runs = arms_.reference[method]
@@ -261,9 +272,10 @@ def _row(arms_: Arms, method: str, encoding: str, fp32_bytes: float | None) -> l
         cells = [name, str(len(runs)),
                  interval(mean_interval([final_score(r) for r in runs.values()])),
                  f"(reference: {where})", "–"]  # fmt: skip
-        if fp32_bytes is None:
+        reference_bytes = fp32_bytes(arms_, method)
+        if reference_bytes is None:
             return [*cells, "– (no fp32 check run)", "–"]
-        return [*cells, f"{fp32_bytes:,.0f}", "1.000"]
+        return [*cells, f"{reference_bytes:,.0f}", "1.000"]
     judged = judge(arms_, method, encoding)
     if judged is None:
         return [name, "0", "not run yet", "–", "–", "–", "–"]
@@ -273,7 +285,7 @@ def _row(arms_: Arms, method: str, encoding: str, fp32_bytes: float | None) -> l
         cells += [
             f"{interval(found.difference, sign=True)}, {found.wins} up / {found.losses} down "
             f"of {judged.seeds}",
-            judged.accuracy if judged.runs >= judged.due
+            judged.accuracy if judged.whole
             else f"– ({judged.runs} of {judged.due} seeds run)",
         ]  # fmt: skip
     else:
@@ -294,7 +306,7 @@ def verdict(found: Arms) -> str:
         if judged is None:
             parts.append(f"{method_name(method)} not run yet")
             continue
-        if judged.runs < judged.due:
+        if not judged.whole:
             parts.append(f"{method_name(method)} not judged yet ({judged.runs} of "
                          f"{judged.due} seeds run)")  # fmt: skip
             continue
@@ -334,8 +346,7 @@ def table(task: str) -> Callable[[Evidence], str]:
             if method not in found.reference:
                 continue
             check = found.check(method)
-            fp32_bytes = None if check is None else bytes_per_round(check)
-            rows += [_row(found, method, e, fp32_bytes) for e in (REFERENCE, *ENCODINGS)]
+            rows += [_row(found, method, e) for e in (REFERENCE, *ENCODINGS)]
             if check is not None:
                 published_run = found.published_fp32.get(method, {}).get(CHECK_SEED)
                 was = "no published seed 0" if published_run is None else (
