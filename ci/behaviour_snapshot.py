@@ -37,7 +37,7 @@ SEEDED_NOISE = Path(__file__).resolve().parent / "seeded_noise"  # its sitecusto
 # Every registered method (tests/tooling/test_behaviour_snapshot.py holds this list to the
 # registry), plus clients of mixed rank, central DP (user level) for one mean-mechanism
 # method and for FLoRG, DP-SGD on the clients (dp=example, its sampling and noise drawn
-# from the round's seed) and Poisson client sampling.
+# from the round's seed), Poisson client sampling, asynchronous rounds and the lossy encodings.
 CASES: dict[str, dict[str, object]] = {
     "florg": {"method": "florg"},
     "florg-no-procrustes": {"method": "florg-no-procrustes"},
@@ -65,6 +65,17 @@ CASES: dict[str, dict[str, object]] = {
     "florg-poisson": {"method": "florg", "client-sampling": "poisson", "fraction-train": 1.0},
     "fedit-poisson-dp": {"method": "fedit", "client-sampling": "poisson",
                          "fraction-train": 1.0, "dp": "central", "dp-noise-multiplier": 0.5},
+    # The asynchronous loop with every node in flight and in the buffer: each update is the
+    # synchronous round, so its rows do not depend on which reply arrives first.
+    "florg-async": {"method": "florg", "round-mode": "async", "async-concurrency": NUM_NODES,
+                    "async-buffer-size": NUM_NODES},
+    "fedit-async": {"method": "fedit", "round-mode": "async", "async-concurrency": NUM_NODES,
+                    "async-buffer-size": NUM_NODES},
+    # The lossy message encodings, both directions (their rounding drawn from the run's seed).
+    "florg-int8": {"method": "florg", "uplink-encoding": "int8", "downlink-encoding": "int8"},
+    "fedit-int8": {"method": "fedit", "uplink-encoding": "int8", "downlink-encoding": "int8"},
+    "rolora-bf16-fp16": {"method": "rolora", "uplink-encoding": "bf16",
+                         "downlink-encoding": "fp16"},
 }  # fmt: skip
 # Keys of a metrics row that measure time or the machine, not the computation.
 WALL_CLOCK_KEYS = ("time", "seconds", "wall", "duration", "elapsed", "-s", "timestamp")

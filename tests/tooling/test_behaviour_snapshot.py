@@ -41,3 +41,12 @@ def test_compare_ignores_the_clock_and_catches_a_changed_number(tmp_path):
     b = a.copy()
     b[0, 0] = np.nextafter(b[0, 0], np.float32(1))
     assert compare_case(before, _case(tmp_path / "array", 0.5, b)) != []
+
+
+def test_the_snapshot_covers_async_rounds_and_every_lossy_encoding():
+    from flower_app.encoding import LOSSY
+
+    settings = list(CASES.values())
+    assert any(s.get("round-mode") == "async" for s in settings)
+    sent = {s.get(k) for s in settings for k in ("uplink-encoding", "downlink-encoding")}
+    assert set(LOSSY) <= sent, set(LOSSY) - sent
