@@ -119,6 +119,9 @@ def train(msg: Message, context: Context) -> Message:
             save_local_state(folder, server_round, reply.local)
     content = reply.content()
     if config.uplink_encoding != "fp32":  # the shared arrays as uplink-encoding sends them
+        # an update holding NaN/inf raises NonFiniteArray (naming the array): left to raise,
+        # as Flower logs a ClientApp's exception on the node and returns it to the server as
+        # an error reply with the exception's text, which the strategy counts as a failure
         rng = encoding_rng(config.seed, server_round, UP, pid)
         content["arrays"] = encode_record(reply.shared, config.uplink_encoding, rng)
     slowdown = node_slowdown(config, context.node_config, pid)

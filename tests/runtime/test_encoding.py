@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import Message, RecordDict
+from flwr.app import Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from flower_app.config import ConfigError, resolve_config
@@ -17,6 +17,8 @@ from flower_app.encoding import (
     decode_record,
     encode_record,
     encoding_rng,
+    from_int8,
+    to_int8,
 )
 from flower_app.records import message_bytes, to_array_record
 
@@ -125,3 +127,135 @@ def test_a_method_that_folds_into_w0_keeps_its_downlink_exact(method):
     with pytest.raises(ConfigError, match="downlink-encoding.*fp32"):
         resolve_config({"method": method, "downlink-encoding": "bf16"})
     resolve_config({"method": method, "uplink-encoding": "int8"})  # its uplink may be lossy
+
+
+# -- non-finite input, empty and 1-D arrays, bf16's NaNs ---------------------------------
+
+LOSSY_ENCODINGS = ("bf16", "fp16", "int8")
+
+
+@pytest.mark.parametrize("encoding", LOSSY_ENCODINGS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_lossy_encoding_refuses_a_non_finite_entry_naming_the_array(encoding, bad):
+    """int8 would send a NaN row as levels in {-1, 0, 1} at scale 1 (a finite reply the
+    server accepts); every lossy encoding refuses NaN and ±inf at the sender instead."""
+    state = {**STATE, "l.A": STATE["l.A"].copy()}
+    state["l.A"][2, 5] = bad
+    with pytest.raises(ValueError, match=rf"'l\.A'.*{encoding}") as caught:
+        encode_record(state, encoding, np.random.default_rng(0))
+    assert type(caught.value).__name__ == "NonFiniteArray"
+    # fp32 sends it as it is, for the server's reply checks to refuse
+    assert np.array_equal(encode_record(state, "fp32")["l.A"].numpy(), state["l.A"], True)
+
+
+def test_an_int8_reply_from_nan_is_a_failure_not_an_accepted_update():
+    """At the strategy: a client whose update holds a NaN sends, under uplink-encoding
+    int8, no finite update the server could accept. Its encode raises, which Flower returns
+    to the server as an error reply (as ``run_clientapp`` does for any exception a
+    ``@app.train()`` function raises), counted among the round's failures."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    from flower_app.records import from_array_record
+    from tests.harness.strategy_helpers import strategy_for
+
+    prev = {"l.lora_A": np.zeros((2, 3)), "l.lora_B": np.zeros((3, 2))}
+    strategy = strategy_for("fedit", prev, uplink_encoding="int8")
+    instruction = Message(RecordDict(), dst_node_id=1, message_type="train")
+
+    def client_reply(state: dict[str, np.ndarray], partition: int) -> Message:
+        try:
+            arrays = encode_record(state, "int8", encoding_rng(0, 1, 1, partition))
+        except Exception as err:  # what Flower's ClientApp runner makes of a raise
+            error = Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(err))
+            return Message(error, reply_to=instruction)
+        metrics = MetricRecord({"num-examples": 10, "train-loss": 1.0, "partition-id": partition})
+        content = RecordDict({"arrays": arrays, "metrics": metrics})
+        return Message(content=content, dst_node_id=1, message_type="train")
+
+    good = {k: np.ones_like(v) for k, v in prev.items()}
+    bad = {**good, "l.lora_A": np.full((2, 3), np.nan)}
+    arrays, metrics = strategy.aggregate_train(1, [client_reply(good, 0), client_reply(bad, 1)])
+    assert metrics["clients"] == 1 and metrics["failures"] == 1 and metrics["rejected"] == 0
+    for key, value in from_array_record(arrays).items():
+        np.testing.assert_allclose(value, good[key], rtol=1e-6)
+
+
+SHAPES = [(0,), (0, 5), (5, 0), (7,), (3, 4), (2, 0, 3), (2, 3, 4)]
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_every_shape_round_trips_under_every_encoding(encoding, shape):
+    """Empty and 1-D arrays too: float32 of the shape sent, int8 within one step of its
+    row's scale (a 1-D array is one row); an empty array comes back empty."""
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    record = encode_record({"x": x}, encoding, np.random.default_rng(0))
+    y = decode_record(record, encoding)["x"].numpy()
+    assert y.dtype == np.float32 and y.shape == shape
+    if encoding == "int8":
+        rows = x.reshape(shape[0], int(np.prod(shape[1:]))) if x.ndim > 1 else x.reshape(1, -1)
+        scale = np.abs(rows).max(axis=1, keepdims=True, initial=0) / 127
+        assert np.all(np.abs(y.reshape(rows.shape) - rows) <= scale * (1 + 1e-6))
+        assert record["x@int8-scale"].numpy().shape == (rows.shape[0],)  # one scale a row
+    else:
+        expected = x.astype(np.float16) if encoding == "fp16" else x
+        np.testing.assert_allclose(y, expected, rtol=2**-8)
+
+
+def test_a_0d_scalar_travels_as_one_entry_under_every_encoding():
+    """A 0-d array travels as the 1-entry 1-D array ``to_array_record`` (fp32) has always
+    made of it, under every encoding alike, so the reply checks see one shape whatever
+    the run's encoding."""
+    for encoding in ENCODINGS:
+        record = encode_record({"s": np.float32(0.75)}, encoding, np.random.default_rng(0))
+        y = decode_record(record, encoding)["s"].numpy()
+        assert y.dtype == np.float32 and y.shape == (1,), encoding
+        assert abs(y[0] - 0.75) <= (0.75 / 127 if encoding == "int8" else 0), encoding
+
+
+def old_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """The rounding of finite values the codec has always used: round to nearest even."""
+    bits = x.view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def test_bf16_bits_keep_every_nan_a_nan_and_the_infinities():
+    from flower_app.encoding import from_bf16_bits, to_bf16_bits
+
+    nans = np.array(
+        [0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001, 0xFF800001, 0x7FC00000, 0xFFC00000, 0x7F80FFFF,
+         0x7FFF8000, 0x7FBFFFFF],
+        dtype=np.uint32,
+    )  # fmt: skip
+    bits = to_bf16_bits(nans.view(np.float32))
+    back = from_bf16_bits(bits)
+    assert np.all(np.isnan(back)), [hex(b) for b in bits]
+    assert np.array_equal(np.signbit(back), np.signbit(nans.view(np.float32)))
+    assert np.all(bits & 0x0040)  # the quiet bit: no payload can round away
+    infs = np.array([np.inf, -np.inf], dtype=np.float32)
+    assert np.array_equal(from_bf16_bits(to_bf16_bits(infs)), infs)
+    # finite values: round to nearest even as ever (ties, the largest finite, subnormals)
+    rng = np.random.default_rng(2)
+    finite = rng.integers(0, 2**32, 100_000, dtype=np.uint32).view(np.float32)
+    finite = finite[np.isfinite(finite)]
+    edge = np.array(
+        [0x3F808000, 0x3F818000, 0x7F7FFFFF, 0xFF7FFFFF, 0x00000001, 0x80007FFF, 0, 0x80000000],
+        dtype=np.uint32,
+    ).view(np.float32)
+    for x in (finite, edge, STATE["l.A"].ravel()):
+        assert np.array_equal(to_bf16_bits(x), old_to_bf16_bits(x))
+    assert np.array_equal(to_bf16_bits(finite), torch.from_numpy(finite).to(torch.bfloat16)
+                          .view(torch.int16).numpy().view(np.uint16))  # fmt: skip
+
+
+def test_int8_of_a_row_of_subnormals_stays_finite_and_warns_nothing():
+    import warnings
+
+    tiny = np.full((2, 3), np.float32(1e-44), dtype=np.float32)  # absmax / 127 underflows
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        q, scale = to_int8(tiny, np.random.default_rng(0))
+    decoded = from_int8(q, scale)
+    assert np.isfinite(scale).all() and (scale > 0).all()
+    assert np.all(np.abs(decoded - tiny) <= scale.reshape(-1, 1))
