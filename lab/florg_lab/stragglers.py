@@ -62,8 +62,9 @@ class Curve:
         return float(self.rows[-1]["elapsed-seconds"])
 
     def busy(self) -> float:
-        """The clients' training seconds (``client-train-seconds-sum``, a straggler's wait
-        included) over the run's wall clock: how many clients trained at once on average.
+        """The clients' training seconds (``client-train-seconds-sum``: their local steps'
+        time; a straggler's wait comes after it and is not counted) over the run's wall
+        clock: how many clients trained at once on average.
         On a machine with fewer cores than nodes, far below the nodes: the clients queue
         for the cores."""
         seconds = sum(float(r.get("client-train-seconds-sum") or 0.0) for r in self.rows)

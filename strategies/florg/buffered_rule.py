@@ -15,6 +15,9 @@ synchronous step itself.
 Q is a signed sum of Gram matrices, so it may have negative eigenvalues (a stale reply
 that removed more than the others added); the step keeps Q's positive part, as a rank-r
 factor must, and reports the share of the spectrum dropped (``negative_share``).
+``gram_rel_error`` is ‖A_newᵀA_new − Q‖_F / ‖Q‖_F against the signed Q: its negative part
+lies in eigenvectors orthogonal to A_new's rows and to the positive part, so its squared
+norm adds to the error against the positive part and to ‖Q‖_F² alike.
 
 The thin path never forms Q: with M the stacked rows [A_cur; √(wc) Aₙ; √(wc) A_τₙ] and D
 their signs (+, +, −), Q = Mᵀ D M. A QR factorisation Mᵀ = U T (U k x p with orthonormal
@@ -43,11 +46,9 @@ from strategies.shared.validation import (
 )
 
 
-def decompose_signed_gram(
-    M: np.ndarray, signs: np.ndarray, rtol: float
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """Q = Mᵀ diag(signs) M: its eigenvalues (descending, negative ones set to 0), A~ =
-    Λ^½ Pᵀ over the positive ones (r' x k) and the share of |Λ| that was negative."""
+def signed_gram_eigenpairs(M: np.ndarray, signs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q = Mᵀ diag(signs) M: its eigenvalues, signed and descending, and eigenvectors P
+    (k x min(rows, k); Q has no other nonzero eigenvalue)."""
     rows, k = M.shape
     if rows <= k:
         U, T = np.linalg.qr(M.T)  # Mᵀ = U T
@@ -55,7 +56,21 @@ def decompose_signed_gram(
         P = U @ V
     else:
         lam, P = np.linalg.eigh(M.T @ (signs[:, None] * M))
-    lam, P = lam[::-1], P[:, ::-1]
+    return lam[::-1], P[:, ::-1]
+
+
+def decompose_signed_gram(
+    M: np.ndarray, signs: np.ndarray, rtol: float
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Q = Mᵀ diag(signs) M: its eigenvalues (descending, negative ones set to 0), A~ =
+    Λ^½ Pᵀ over the positive ones (r' x k) and the share of |Λ| that was negative."""
+    return positive_part(*signed_gram_eigenpairs(M, signs), rtol)
+
+
+def positive_part(
+    lam: np.ndarray, P: np.ndarray, rtol: float
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """``decompose_signed_gram`` from Q's signed eigenpairs (descending)."""
     total = float(np.sum(np.abs(lam)))
     negative = float(-np.sum(lam[lam < 0]) / total) if total > 0 else 0.0
     lam = np.clip(lam, 0.0, None)
@@ -84,8 +99,8 @@ def aggregate_florg_buffered(
             (``strategies.server.buffered_update.staleness_factor``).
         current_A: the current global A, Q's base and the Procrustes anchor.
 
-    Returns the new A (r x k) and ``strategies.florg.rule``'s diagnostics plus
-    ``negative_share``."""
+    Returns the new A (r x k) and ``strategies.florg.rule``'s diagnostics
+    (``gram_rel_error`` against the signed Q) plus ``negative_share``."""
     check_rank_mismatch(rank_mismatch)
     prev = as_float64_matrix(current_A, "current_A")
     r, k = prev.shape
@@ -99,8 +114,26 @@ def aggregate_florg_buffered(
     )  # fmt: skip
     signs = np.concatenate([np.ones(r * (1 + len(mats))), -np.ones(r * len(starts))])
     tol = default_rtol(k, M.shape[0]) if rtol is None else float(rtol)
-    eigenvalues, A_tilde, negative = decompose_signed_gram(M, signs, tol)
+    signed, P = signed_gram_eigenpairs(M, signs)
+    eigenvalues, A_tilde, negative = positive_part(signed, P, tol)
     new_A, diagnostics = factor_for_rank(eigenvalues, A_tilde, prev, procrustes, rank_mismatch)
     info = {key: diagnostics[key] for key in AGGREGATE_INFO_KEYS}
+    info["gram_rel_error"] = signed_gram_rel_error(
+        float(diagnostics["gram_rel_error"]), eigenvalues, signed
+    )
     info["negative_share"] = negative
     return new_A, info
+
+
+def signed_gram_rel_error(
+    positive_rel_error: float, eigenvalues: np.ndarray, signed: np.ndarray
+) -> float:
+    """‖A_newᵀA_new − Q‖_F / ‖Q‖_F from the error relative to Q's positive part
+    (``factor_for_rank``'s, over ``eigenvalues``, Q's clipped at 0) and Q's ``signed``
+    eigenvalues (the module docstring)."""
+    negative_sq = float(np.sum(signed[signed < 0] ** 2))
+    if negative_sq == 0:
+        return positive_rel_error
+    positive_sq = float(np.sum(eigenvalues**2))
+    total = positive_sq + negative_sq
+    return float(np.sqrt((positive_rel_error**2 * positive_sq + negative_sq) / total))

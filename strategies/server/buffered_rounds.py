@@ -17,9 +17,17 @@ server keeps the last ``async-max-staleness`` versions; a staler reply is refuse
 for, or the node's last round plus one where that is later (``server-round``: a client's
 seeds and learning-rate schedule are per round, so no node trains twice with one seed). A
 row records ``version`` (the update), the buffer's ``partitions`` with each reply's
-``staleness``, ``in-flight``, and its ``elapsed-seconds``. A checkpoint records the replies
-in flight; a resumed run counts them as lost (``lost-in-flight``): they are never applied
-twice.
+``staleness``, ``in-flight``, and its ``elapsed-seconds``.
+
+A buffer that can fill no further (no task in flight, no node left to train from this
+version) is applied if it holds a reply; an empty one never is: the server waits for a node
+to train, and when none can within the run's ``timeout`` it stops with an error, returning
+the result so far.
+
+A checkpoint records each node's last round and the version it trained from, the state of
+the generator that picks the nodes (a resumed run continues its stream), and how many
+replies were in flight or received beyond the buffer; a resumed run counts those as lost
+(``lost-in-flight``): they are never applied twice.
 """
 
 from __future__ import annotations
@@ -72,13 +80,16 @@ class BufferedRounds(BufferedUpdate):
     hooks (``extend_train_message``, ``at_node_rank``, ``encode_for``) and
     ``aggregate_replies``."""
 
-    lost_in_flight: int = 0  # set by ``restore``: replies in flight when the checkpoint was taken
+    # set by ``restore``: replies in flight or beyond the buffer when the checkpoint was taken
+    lost_in_flight: int = 0
 
     def use_async_rounds(self, settings: AsyncSettings | None) -> None:
         self.async_settings = settings
         self.in_flight: dict[str, Task] = {}
+        self.buffered: list[Buffered] = []  # replies received, not applied yet
         self.node_tasks: dict[int, int] = {}  # node -> the round of its last task
         self.node_versions: dict[int, int] = {}  # node -> the version its last task started
+        self.pick_rng: np.random.Generator | None = None  # picks the idle nodes to train
 
     # -- the loop ----------------------------------------------------------------------
     def start_buffered(
@@ -102,7 +113,9 @@ class BufferedRounds(BufferedUpdate):
             if res is not None:
                 result.evaluate_metrics_serverapp[0] = res
         versions: dict[int, dict[str, np.ndarray]] = {version: dict(self.global_state)}
-        rng = np.random.default_rng(settings.seed)
+        if self.pick_rng is None:  # else restored from a checkpoint
+            self.pick_rng = np.random.default_rng(settings.seed)
+        rng = self.pick_rng
         concurrency = self._concurrency(grid, settings)
         buffer_size = settings.buffer_size or concurrency
         if buffer_size > concurrency:
@@ -118,23 +131,44 @@ class BufferedRounds(BufferedUpdate):
         )  # fmt: skip
         pending = _Pending(lost_in_flight=self.lost_in_flight)
         self._dispatch(grid, version, concurrency, rng, train_config, pending)
-        buffer: list[Buffered] = []
+        self.buffered = []
+        stuck_since: float | None = None  # when the buffer got stuck empty
         while version < num_rounds:
             arrived = list(grid.pull_messages(list(self.in_flight)))
             self._expire(timeout, pending)
             for msg in arrived:
                 entry = self._receive(msg, version, versions, settings, pending)
                 if entry is not None:
-                    buffer.append(entry)
+                    self.buffered.append(entry)
             # a full buffer, or one that can fill no further: no task in flight and no node
             # left that has not trained from this version (failed and lost replies)
             stuck = not self.in_flight and not self._eligible(grid, version)
-            if len(buffer) < buffer_size and not stuck:
+            if stuck and not self.buffered:  # nothing to apply: wait for a node
+                now = time.monotonic()
+                if stuck_since is None:
+                    stuck_since = now
+                    log.warning(
+                        "round-mode=async: no node can train from version %d and no reply "
+                        "is buffered; waiting up to %.0f s for one",
+                        version, timeout,
+                    )  # fmt: skip
+                if now - stuck_since > timeout:
+                    log.error(
+                        "round-mode=async: no node could train from version %d for %.0f s "
+                        "(timeout) and no reply is buffered; the run stops after %d of %d "
+                        "updates",
+                        version, timeout, version, num_rounds,
+                    )  # fmt: skip
+                    break
+                time.sleep(POLL_SECONDS)
+                continue
+            stuck_since = None
+            if len(self.buffered) < buffer_size and not stuck:
                 if not arrived:
                     time.sleep(POLL_SECONDS)
                 self._dispatch(grid, version, concurrency, rng, train_config, pending)
                 continue
-            taken, buffer = buffer[:buffer_size], buffer[buffer_size:]
+            taken, self.buffered = self.buffered[:buffer_size], self.buffered[buffer_size:]
             version += 1
             taken = self._with_staleness(taken, version, settings, pending)
             new_arrays, metrics = self._update(version, taken, pending)
@@ -326,14 +360,26 @@ class BufferedRounds(BufferedUpdate):
 
     # -- checkpoints ---------------------------------------------------------------------
     def async_state_json(self) -> dict[str, Any]:
-        """The replies in flight (lost if the run resumes from here) and each node's last
-        round."""
-        tasks = {str(k): v for k, v in self.node_tasks.items()}
-        return {"in-flight": len(self.in_flight), "node-tasks": tasks}
+        """The replies in flight and those received beyond the buffer (lost if the run
+        resumes from here), each node's last round and the version it trained from, and
+        the state of the generator that picks the nodes."""
+        state: dict[str, Any] = {
+            "in-flight": len(self.in_flight),
+            "buffered": len(self.buffered),
+            "node-tasks": {str(k): v for k, v in self.node_tasks.items()},
+            "node-versions": {str(k): v for k, v in self.node_versions.items()},
+        }
+        if self.pick_rng is not None:
+            state["rng"] = self.pick_rng.bit_generator.state
+        return state
 
     def load_async_state_json(self, state: Mapping[str, Any]) -> None:
-        self.lost_in_flight = int(state.get("in-flight", 0))
+        self.lost_in_flight = int(state.get("in-flight", 0)) + int(state.get("buffered", 0))
         self.node_tasks = {int(k): int(v) for k, v in state.get("node-tasks", {}).items()}
+        self.node_versions = {int(k): int(v) for k, v in state.get("node-versions", {}).items()}
+        if "rng" in state:
+            self.pick_rng = np.random.default_rng()
+            self.pick_rng.bit_generator.state = dict(state["rng"])
 
 
 @dataclass
