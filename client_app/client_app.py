@@ -4,7 +4,7 @@ Everything method-specific comes from the method registry (flower_app/methods/re
 which the method folders of strategies/ fill when this module imports strategies.registry. State a
 node keeps between rounds lives in its Flower ``Context`` (per run): a method's personal
 parts (``Method.local``) and whatever its hook keeps (``receive_on_client``). A
-resumed run (flower_app/server/checkpoint.py) is a new Flower run with fresh contexts:
+resumed run (flower_app/run_output/checkpoint.py) is a new Flower run with fresh contexts:
 a method's strategy re-sends what the node must fold again; personal parts are read back from the
 node's disk when the node operator sets ``$FLORG_NODE_STATE_DIR``
 (flower_app/client/node_state.py), else they restart from zero.
@@ -23,6 +23,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log as flwr_log
 
 import strategies.registry  # noqa: F401  (every method registers with the core's registry)
+from flower_app.cache.per_process import cached_adapted_model
 from flower_app.client.dp_state import load_accountant, save_accountant
 from flower_app.client.faults import inject_faults
 from flower_app.client.node_config import node_slowdown, use_node_data
@@ -33,15 +34,14 @@ from flower_app.client.node_state import (
     save_local_state,
 )
 from flower_app.client.round import local_batches, receive, train_round
-from flower_app.config import resolve_config
-from flower_app.encoding import UP, decode_record, encode_record, encoding_rng
 from flower_app.modeling import pick_device
-from flower_app.rank_settings import config_at_rank, node_rank
-from flower_app.ranks import truncate_to_rank
-from flower_app.records import from_array_record, to_array_record
-from flower_app.runtime import cached_adapted_model
+from flower_app.settings.client_ranks import config_at_rank, node_rank
+from flower_app.settings.config import resolve_config
 from flower_app.task_data import load_task_data
 from flower_app.task_eval import evaluate_task
+from flower_app.wire.encoding import UP, decode_record, encode_record, encoding_rng
+from flower_app.wire.ranks import truncate_to_rank
+from flower_app.wire.records import from_array_record, to_array_record
 
 app = ClientApp(mods=[inject_faults])  # fault-* (testing): flower_app/client/faults.py
 
@@ -59,7 +59,8 @@ def _prepare(msg: Message, context: Context, *, training: bool):
     config = resolve_config(context.run_config)
     partition_id, num_partitions = _partition(context)
     config, num_partitions = use_node_data(config, context.node_config, num_partitions)
-    rank = node_rank(config, context.node_config, partition_id)  # flower_app/rank_settings.py
+    # the node's rank: flower_app/settings/client_ranks.py
+    rank = node_rank(config, context.node_config, partition_id)
     data = load_task_data(config)
     adapted = cached_adapted_model(config_at_rank(config, rank), data.num_labels, data.spec.kind)
     # a state of a larger rank (the server does not know this node's rank yet): the top rows

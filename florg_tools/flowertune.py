@@ -1,8 +1,8 @@
 """``florg flowertune`` and the launcher's FlowerTune gate: a run entered in a FlowerTune LLM
 leaderboard track (setting ``flowertune-track``) is checked against the track's rules
-before anything starts (flower_app/leaderboard.py), and its communication is projected
+before anything starts (flower_app/preflight/leaderboard.py), and its communication is projected
 from the base model's config for every registered method and printed
-(flower_app/comm_projection.py).
+(florg_tools/comm_projection.py).
 
 Command line::
 
@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
-from flower_app.config import ConfigError, RunConfig, resolve_config
-from flower_app.leaderboard import (
+from flower_app.preflight.leaderboard import (
     BUDGET_MB,
     TRACKS,
     Track,
@@ -35,6 +34,7 @@ from flower_app.leaderboard import (
     check_supernodes,
     get_track,
 )
+from flower_app.settings.config import ConfigError, RunConfig, resolve_config
 
 __all__ = ["connection_supernodes", "leaderboard_gate", "main", "projection_table"]
 
@@ -65,7 +65,7 @@ def connection_supernodes(flwr_home: Path, connection: str | None) -> tuple[str,
 def projection_table(config: RunConfig, track: Track, num_supernodes: int) -> str:
     """Every registered method's projected communication for ``config`` on ``track``, the
     run's method marked; raises ConfigError when the model's config cannot be read."""
-    from flower_app.comm_projection import adapted_layer_shapes, clients_per_round, project
+    from florg_tools.comm_projection import adapted_layer_shapes, clients_per_round, project
 
     shapes = adapted_layer_shapes(config, config.task_kind or "causal-lm")
     rows = project(config, shapes, num_supernodes)
@@ -88,7 +88,7 @@ def projection_table(config: RunConfig, track: Track, num_supernodes: int) -> st
 
 
 def _chosen_total_mb(config: RunConfig, num_supernodes: int) -> float:
-    from flower_app.comm_projection import adapted_layer_shapes, project
+    from florg_tools.comm_projection import adapted_layer_shapes, project
 
     shapes = adapted_layer_shapes(config, config.task_kind or "causal-lm")
     (chosen,) = project(config, shapes, num_supernodes, methods=(config.method,))

@@ -144,7 +144,7 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="MODULE:FUNCTION",
         help="callable receiving the effective run config; raise to refuse the launch "
-        "(default: flower_app.launch_checks:check_run)",
+        "(default: flower_app.preflight.references:check_run)",
     )
     parser.add_argument(
         "--ephemeral-superlink",
@@ -227,7 +227,8 @@ def _main(argv: list[str] | None) -> int:
     try:
         run_config = collect_run_config(args)
         # this app's: the settings and the names they refer to (task, model, data, modules)
-        default_validator = "flower_app.launch_checks:check_run" if is_this_app(args.app) else None
+        own = "flower_app.preflight.references:check_run"
+        default_validator = own if is_this_app(args.app) else None
         spec = args.validate_with or default_validator
         validate = _load_validator(spec) if spec else None
         if is_this_app(args.app):  # a FlowerTune track's rules and projection, printed

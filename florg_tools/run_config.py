@@ -145,7 +145,7 @@ def resume_run_config(run_dir: Path, overrides: Mapping[str, Any] | None = None)
     """The run config that continues the run in ``run_dir``: the settings of its
     ``config.json`` (those that differ from the defaults), ``resume`` = the folder's absolute
     path, then ``overrides``."""
-    from flower_app.config import defaults
+    from flower_app.settings.config import defaults
 
     path = Path(run_dir).expanduser().resolve() / "config.json"
     try:
@@ -172,7 +172,7 @@ def rerun_run_config(run_dir: Path, overrides: Mapping[str, Any] | None = None) 
     ``run-name`` with ``-rerun`` appended (a timestamped one where it had none), then
     ``overrides``. A key today's app does not know is refused, naming it; a key the old
     config lacks takes today's default."""
-    from flower_app.config import defaults
+    from flower_app.settings.config import defaults
 
     path = Path(run_dir).expanduser().resolve() / "config.json"
     try:
@@ -201,7 +201,7 @@ def preset_path(name: str, app_dir: Path | None = None) -> Path:
     if name.endswith(".toml"):
         return Path(name)
     if app_dir is None:
-        from flower_app.config import CONF_DIR
+        from flower_app.settings.config import CONF_DIR
 
         return CONF_DIR / f"{name}.toml"
     return Path(app_dir) / "conf" / f"{name}.toml"
@@ -222,7 +222,7 @@ def load_preset(name: str, app_dir: Path | None = None) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise ConfigValidationError(f"--preset: cannot read {path}: {err}") from err
     if app_dir is None or is_this_app(Path(app_dir)):
-        from flower_app.config import check_keys, coerce_setting
+        from flower_app.settings.config import check_keys, coerce_setting
 
         check_keys(values, str(path))
         for key, value in values.items():
@@ -234,7 +234,7 @@ def collect_run_config(args: argparse.Namespace) -> dict[str, Any]:
     """The launcher's overrides from its parsed arguments: ``--resume``, ``--rerun``, or
     ``--run-config-file`` < ``--preset`` (the app's ``conf/NAME.toml``, or a ``.toml`` path:
     the file plain ``flwr run --run-config`` takes) < ``--set``, merged here, so the apps
-    receive plain values (flower_app/config.py); validated with ``resolve_layers`` when
+    receive plain values (flower_app/settings/config.py); validated with ``resolve_layers`` when
     ``--app`` is this app."""
 
     def toml_layer(path: Path, flag: str) -> dict[str, Any]:
@@ -283,8 +283,8 @@ def parse_sets(items: Iterable[str]) -> dict[str, RunConfigValue]:
 
 def is_this_app(app_dir: Path) -> bool:
     """Whether ``app_dir`` declares this project's run settings (then they are resolved
-    and validated with flower_app.config before launching)."""
-    from flower_app.config import defaults
+    and validated with flower_app.settings.config before launching)."""
+    from flower_app.settings.config import defaults
 
     try:
         return set(app_run_config(app_dir)) == set(defaults())
@@ -296,7 +296,7 @@ def resolve_layers(overrides: dict[str, Any]) -> dict[str, Any]:
     """Validate the merged layers with this app's schema and return them unchanged: the
     apps layer nothing themselves, so Flower's defaults + these values is the run config,
     as with plain ``flwr run --run-config F.toml``."""
-    from flower_app.config import resolve_config
+    from flower_app.settings.config import resolve_config
 
     resolve_config({}, overrides)
     return dict(overrides)

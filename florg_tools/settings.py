@@ -1,6 +1,6 @@
 """pyproject.toml's ``[tool.flwr.app.config]`` and the reference page docs/settings.md,
 both generated from the one declaration of the run settings
-(``flower_app.config.RunConfig``): every key with its default, its help and the cache
+(``flower_app.settings.config.RunConfig``): every key with its default, its help and the cache
 groups it affects.
 
 Command line::
@@ -26,7 +26,7 @@ from pathlib import Path
 import tomli_w
 
 import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
-from flower_app.config import schema
+from flower_app.settings.config import schema
 
 __all__ = [
     "DOC",
@@ -51,7 +51,7 @@ def _literal(key: str, value: object) -> str:
 def key_sections() -> tuple[tuple[str, list[str]], ...]:
     """The keys in the order both generated files list them, by section: the core's run
     settings (schema order), the methods' own, then the testing-only keys."""
-    from flower_app.config import method_setting_owners
+    from flower_app.settings.config import method_setting_owners
 
     owners = method_setting_owners()
     return (
@@ -74,7 +74,7 @@ def generated_table() -> str:
         "# Generated from the run settings (flower_app/settings/ and each method's",
         "# strategies/<method>/settings.py) by `python -m florg_tools.settings --write`; edit",
         "# them there, not here. [groups]: the cached artefacts a key changes",
-        "# (flower_app/disk_cache.py keys on them). Override with --run-config.",
+        "# (flower_app/cache/disk.py keys on them). Override with --run-config.",
     ]
     for section, keys in key_sections():
         if section in TABLE_SECTION_NOTES:
@@ -89,12 +89,12 @@ def generated_table() -> str:
 DOC_PREAMBLE = """\
 # Settings
 
-<!-- Generated from RunConfig (flower_app/config.py, flower_app/settings/) by
+<!-- Generated from RunConfig (flower_app/settings/config.py, flower_app/settings/) by
 `python -m florg_tools.settings --write`; edit the schema (or this preamble,
 florg_tools/settings.py) there, not here. -->
 
 Every run setting is declared once: the core's as fields of `RunConfig`
-(`flower_app/config.py`), each in the group of its concern in `flower_app/settings/`; a
+(`flower_app/settings/config.py`), each in the group of its concern in `flower_app/settings/`; a
 method's own in its folder, `strategies/<method>/settings.py` (the section "Methods' own
 settings" below). A declaration holds the setting's default, the check of its values, its
 help and the cached artefacts it affects. This page and the
@@ -117,7 +117,7 @@ The presets, tasks and models, and what a run writes: [usage.md](usage.md).
 
 *affects*: the cached artefacts a key changes (`data`: which examples each client gets;
 `tokenisation`: how examples become model inputs; `model`: the adapted model before
-training). The on-disk caches (`flower_app/disk_cache.py`) key on every setting of the
+training). The on-disk caches (`flower_app/cache/disk.py`) key on every setting of the
 groups they depend on; a key that affects none changes how a run is carried out only.
 """
 
@@ -136,7 +136,7 @@ def generated_doc() -> str:
     core's run settings in schema order (grouped by concern in flower_app/settings/), the
     methods' own (each row naming the methods that read it), the testing-only keys, then
     the values of ``method`` (``method_table``)."""
-    from flower_app.config import method_setting_owners
+    from flower_app.settings.config import method_setting_owners
 
     lines = [DOC_PREAMBLE.rstrip("\n")]
     owners = method_setting_owners()
@@ -222,7 +222,7 @@ def _diff(current: str, wanted: str, path: Path, what: str) -> list[str]:
     return list(
         difflib.unified_diff(
             current.splitlines(keepends=True), wanted.splitlines(keepends=True),
-            f"{path} (as written)", f"{what} generated from flower_app/config.py",
+            f"{path} (as written)", f"{what} generated from flower_app/settings/config.py",
         )
     )  # fmt: skip
 

@@ -1,7 +1,7 @@
 """A model carrying one method's adapter, and what of it travels between client and server.
 
 The method (``flower_app/methods/``) says which adapter kind to inject
-(``flower_app/adapter_kinds/``) and which of its parts travel (down and up, every round),
+(``flower_app/adapters/``) and which of its parts travel (down and up, every round),
 stay on the client or stay frozen; the kind owns the parts, their state keys, injection,
 state and export. What travels, by kind:
 
@@ -22,14 +22,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from flower_app.config import RunConfig
 from flower_app.methods.registry import get_method
+from flower_app.settings.config import RunConfig
 
 
 class AdaptedModel:
     """``model`` with the adapter of ``config.method`` injected (in place where its kind
     can); everything adapter-specific is the kind's (``Method.kind``,
-    flower_app/adapter_kinds/)."""
+    flower_app/adapters/)."""
 
     def __init__(self, model: nn.Module, config: RunConfig) -> None:
         self.method = get_method(config.method)

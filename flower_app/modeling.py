@@ -14,7 +14,7 @@ def resolve_model_source(name: str) -> str:
     otherwise the name is passed to transformers as a Hub id."""
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser())
-    from flower_app.asset_registry import load_registry
+    from flower_app.cache.assets import load_registry
 
     try:
         models = load_registry().get("models", {})
@@ -44,7 +44,8 @@ def load_with_head(
     """``auto_class.from_pretrained`` with a seeded, freshly initialised head (each task
     kind's ``load_model``, flower_app/task_kinds/, names its class and head); in float32
     unless ``kwargs`` say otherwise (``dtype``, ``quantization_config``: the run's
-    ``precision`` and ``quantization``, ``flower_app.precision.from_pretrained_kwargs``)."""
+    ``precision`` and ``quantization``,
+    ``flower_app.training.precision.from_pretrained_kwargs``)."""
     from transformers.utils import logging as hf_logging
 
     source = resolve_model_source(name)

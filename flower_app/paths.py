@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from flower_app.config import FOLDER_NAME_HINT, ConfigError, RunConfig, is_folder_name
+from flower_app.settings.config import FOLDER_NAME_HINT, ConfigError, RunConfig, is_folder_name
 
 OUTPUT_ROOT_ENV = "FLORG_OUTPUT_ROOT"
 

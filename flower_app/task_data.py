@@ -21,13 +21,13 @@ from typing import Any
 
 import datasets
 
-from flower_app.config import DATA, TOKENISATION, ConfigError, RunConfig, defaults
+from flower_app.cache.disk import disk_cached_dataset, path_identity
+from flower_app.cache.tokenizer import cached_tokenizer
 from flower_app.data.batching import make_loader, trim_collate
 from flower_app.data.partition import partition_dataset
 from flower_app.data.tasks import TASKS, TaskSpec, resolve_task
-from flower_app.disk_cache import disk_cached_dataset, path_identity
+from flower_app.settings.config import DATA, TOKENISATION, ConfigError, RunConfig, defaults
 from flower_app.task_kinds import TaskKind, get_kind
-from flower_app.tokenizer import cached_tokenizer
 
 __all__ = [
     "SplitView",

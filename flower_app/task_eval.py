@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flower_app.config import RunConfig
-from flower_app.precision import MixedPrecision
+from flower_app.settings.config import RunConfig
 from flower_app.task_data import SplitView, load_task_data
+from flower_app.training.precision import MixedPrecision
 
 
 def evaluate_task(

@@ -66,7 +66,7 @@ setup() {
 import importlib
 for name in ("flwr", "datasets", "flwr_datasets", "omegaconf", "gguf", "dp_accounting",
              "flwr.simulation", "flwr.server", "flwr.supernode", "flwr.cli.app",
-             "flower_app.client.round", "flower_app.runtime", "client_app.client_app",
+             "flower_app.client.round", "flower_app.cache.per_process", "client_app.client_app",
              "server_app.server_app", "florg_tools.launch", "florg_lab",
              "opacus", "benchmarks.core.server_methods", "benchmarks.core.dp_sgd_step"):
     try:

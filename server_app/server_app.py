@@ -1,6 +1,7 @@
 """The ServerApp: build the method's strategy, run the rounds, evaluate, write the run folder.
 
-After every round it checkpoints everything needed to continue (flower_app/server/checkpoint.py);
+After every round it checkpoints everything needed to continue
+(flower_app/run_output/checkpoint.py);
 with ``resume=<run folder>`` it continues from the last complete round.
 """
 
@@ -16,13 +17,10 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
 import strategies.registry  # noqa: F401  (every method registers with the core's registry)
-from flower_app.config import ConfigError, RunConfig, resolve_config
-from flower_app.launch_checks import check_names
+from flower_app.cache.per_process import cached_adapted_model
 from flower_app.modeling import pick_device, resolve_model_source
-from flower_app.rank_settings import server_model_config
-from flower_app.records import from_array_record, to_array_record
-from flower_app.runtime import cached_adapted_model
-from flower_app.server.checkpoint import (
+from flower_app.preflight.references import check_names
+from flower_app.run_output.checkpoint import (
     check_resumable,
     load_checkpoint,
     new_lineage,
@@ -30,11 +28,14 @@ from flower_app.server.checkpoint import (
     restore_random_state,
     save_checkpoint,
 )
-from flower_app.server.console import install_console
-from flower_app.server.recorder import INFO, RunRecorder, make_run_dir
-from flower_app.server.submission import write_submission
+from flower_app.run_output.console import install_console
+from flower_app.run_output.recorder import INFO, RunRecorder, make_run_dir
+from flower_app.run_output.submission import write_submission
+from flower_app.settings.client_ranks import server_model_config
+from flower_app.settings.config import ConfigError, RunConfig, resolve_config
 from flower_app.task_data import load_task_data, load_test_data
 from flower_app.task_eval import evaluate_task
+from flower_app.wire.records import from_array_record, to_array_record
 from strategies.server.strategy import AdapterStrategy
 
 app = ServerApp()
@@ -61,7 +62,8 @@ class GlobalEvaluator:
         self.recorder = recorder
         self.run_dir = run_dir
         self.lineage = lineage
-        # at the run's largest rank (flower_app/rank_settings.py; strategies/florg/strategy.py)
+        # at the run's largest rank (flower_app/settings/client_ranks.py;
+        # strategies/florg/strategy.py)
         model_config = server_model_config(config)
         self.adapted = cached_adapted_model(model_config, data.num_labels, data.spec.kind)
         self.device = pick_device(config.device)
@@ -155,7 +157,7 @@ def main(grid: Grid, context: Context) -> None:
     data = load_task_data(config)
     if config.max_test_examples > 0:
         load_test_data(config)  # a task without a test split fails here, before training
-    # rank > k etc.; at the largest client rank (flower_app/rank_settings.py)
+    # rank > k etc.; at the largest client rank (flower_app/settings/client_ranks.py)
     adapted = cached_adapted_model(server_model_config(config), data.num_labels, data.spec.kind)
     initial_state = adapted.shared_state()
     strategy = adapted.method.build_strategy(
@@ -186,7 +188,7 @@ def main(grid: Grid, context: Context) -> None:
     outputs = save_final(config, evaluator, result.arrays or start_arrays, run_dir)
     submission = write_submission(
         run_dir, config, evaluator.adapted, resolve_model_source(config.model), recorder.rows
-    )  # a FlowerTune leaderboard run's folder (flower_app/server/submission.py)
+    )  # a FlowerTune leaderboard run's folder (flower_app/run_output/submission.py)
     if submission is not None:
         outputs["submission"] = submission.name
         flwr_log(INFO, "[%s] FlowerTune submission: %s", config.method, submission)

@@ -257,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         centralised_settings,
         train_centralised,
     )
-    from flower_app.config import ConfigError, resolve_config
-    from flower_app.runtime import cached_adapted_model
+    from flower_app.cache.per_process import cached_adapted_model
+    from flower_app.settings.config import ConfigError, resolve_config
 
     torch.set_num_threads(args.threads)
     settings = {name.replace("_", "-"): getattr(args, name) for name in SETTINGS}

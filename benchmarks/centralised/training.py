@@ -43,7 +43,7 @@ class HeldOut:
     ``"test"``: the held-out test split), scored by ``held_out(model, device)``.
 
     Classification batches the tokenised split once and scores accuracy and cross-entropy
-    with ``flower_app.training.evaluate`` (the numbers every published reference has);
+    with ``flower_app.training.loop.evaluate`` (the numbers every published reference has);
     every other kind scores through the ServerApp's own ``evaluate_task``.
     """
 
@@ -59,7 +59,7 @@ class HeldOut:
 
     def __call__(self, model: Any, device: Any) -> HeldOutScore:
         if self.loader is not None:
-            from flower_app.training import evaluate
+            from flower_app.training.loop import evaluate
 
             result = evaluate(model, self.loader, device)
             return HeldOutScore(result.accuracy, result.loss)

@@ -17,7 +17,7 @@ from torch import nn
 
 from benchmarks.core.rss import proc_status_kib, reset_peak_rss
 from benchmarks.core.settings import METHODS, Batch, ModelShape, Settings
-from flower_app.training import is_adapter_parameter, train_step
+from flower_app.training.loop import is_adapter_parameter, train_step
 
 
 def build_model(shape: ModelShape, seed: int) -> nn.Module:
@@ -44,11 +44,11 @@ def build_method(
     method: str, shape: ModelShape, s: Settings
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """(model, its optimiser) for 'florg' or 'lora' (the app's ``fedit``): the adapter and
-    the optimiser (``flower_app.training.make_optimizer``) of a run with the app's default
+    the optimiser (``flower_app.training.loop.make_optimizer``) of a run with the app's default
     settings at rank ``s.rank`` and alpha ``s.alpha``."""
     from flower_app.adapted import AdaptedModel
-    from flower_app.config import resolve_config
-    from flower_app.training import make_optimizer
+    from flower_app.settings.config import resolve_config
+    from flower_app.training.loop import make_optimizer
 
     app_method = {"florg": "florg", "lora": "fedit"}.get(method)
     if app_method is None:
@@ -203,7 +203,7 @@ def memory_worker(method: str, which: str, s: Settings) -> dict[str, Any]:
     if method == "florg":
         # What the per-module derivation (projection-sharing=module) would hold on top:
         # one L, R pair per module instead of one per shape.
-        from flower_app.adapters.florg_model import florg_layers
+        from flower_app.adapters.florg.model import florg_layers
 
         layers = list(florg_layers(model).values())
         pair = [(x.L.numel() + x.R.numel()) * x.L.element_size() for x in layers]

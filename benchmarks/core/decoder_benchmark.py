@@ -7,7 +7,8 @@
 
 Arms (adapters on q_proj, v_proj, r = 8, alpha = 16, no trained head; a causal-LM step on
 random tokens, labels = inputs; forward + backward + AdamW, the app's ``train_step`` with
-the settings ``precision`` / ``gradient-checkpointing`` applied by flower_app/precision.py):
+the settings ``precision`` / ``gradient-checkpointing`` applied by
+flower_app/training/precision.py):
 
 - ``smollm2-fp32``, ``smollm2-bf16``: the real SmolLM2-135M (the fetched asset:
   ``python -m florg_tools.assets fetch --only SmolLM2-135M``), batch 1 x 256;
@@ -148,16 +149,16 @@ QUICK_ARM = Arm("tiny-bf16", "tiny", "bf16", True, batch=1, seq_len=16, steps=1,
 def build_base(arm: Arm, seed: int, device: str = "cpu") -> nn.Module:
     """The base decoder of ``arm`` (same weights on every call on one device), its
     parameters in the arm's precision and gradient checkpointing applied
-    (flower_app/precision.py). Random-weight bases are initialised on ``device`` (a 1B
+    (flower_app/training/precision.py). Random-weight bases are initialised on ``device`` (a 1B
     model's initialisation takes a minute on a CPU, seconds on a GPU)."""
     import transformers
 
-    from flower_app.precision import from_pretrained_kwargs, prepare_base_model
+    from flower_app.training.precision import from_pretrained_kwargs, prepare_base_model
 
     transformers.logging.set_verbosity_error()
     kwargs = from_pretrained_kwargs(arm.precision)
     if arm.base == "smollm2":
-        from flower_app.asset_registry import model_path
+        from flower_app.cache.assets import model_path
 
         model = transformers.AutoModelForCausalLM.from_pretrained(
             model_path("SmolLM2-135M"), **kwargs
@@ -183,9 +184,9 @@ def build_base(arm: Arm, seed: int, device: str = "cpu") -> nn.Module:
 def build_method(method: str, arm: Arm, s: Settings) -> tuple[nn.Module, Any, Any]:
     """(model, AdamW, MixedPrecision) for 'florg' or 'lora' with the app's adapter code."""
     from flower_app.adapted import AdaptedModel
-    from flower_app.config import resolve_config
-    from flower_app.precision import MixedPrecision, keep_trainable_float32
-    from flower_app.training import make_optimizer
+    from flower_app.settings.config import resolve_config
+    from flower_app.training.loop import make_optimizer
+    from flower_app.training.precision import MixedPrecision, keep_trainable_float32
 
     config = resolve_config(
         {},
@@ -217,7 +218,7 @@ def make_batch(arm: Arm, vocab: int, s: Settings) -> dict[str, torch.Tensor]:
 
 
 def counts(model: nn.Module) -> dict[str, int]:
-    from flower_app.training import is_adapter_parameter
+    from flower_app.training.loop import is_adapter_parameter
 
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -232,7 +233,7 @@ def _sync(device: str) -> None:
 
 
 def _step(model: nn.Module, optimizer: Any, batch: dict[str, torch.Tensor], mixed: Any) -> None:
-    from flower_app.training import train_step
+    from flower_app.training.loop import train_step
 
     train_step(model, optimizer, batch, mixed=mixed)
 

@@ -14,11 +14,11 @@ trainable) at MiniLM size (BERT 6 x 384, batch 8 x 128), the RoBERTa-large shape
 shape's batch.
 
 Arms, four models in one process: FLoRG and LoRA each wrapped for DP-SGD exactly as a
-client's round wraps them (flower_app/dp_sgd.py: a run configuration with ``dp=example``
+client's round wraps them (flower_app/privacy/dp_sgd.py: a run configuration with ``dp=example``
 from ``resolve_config``, the round's ``DpSgdPlan`` from ``ClientAccountant.plan``, then
 ``DpSgd.attach``: Opacus' ``GradSampleModule`` hooks, with the project's grad samplers for
 FLoRG's A, and ``DPOptimizer`` around the app's AdamW), and FLoRG and LoRA without DP. A
-step is the app's ``train_step`` (flower_app/training.py) with the arm's optimiser, as the
+step is the app's ``train_step`` (flower_app/training/loop.py) with the arm's optimiser, as the
 client's training loop runs it: forward, backward (with per-example gradients under DP),
 then the optimiser step (under DP: each example's gradient clipped to C jointly over all
 trained parameters, Gaussian noise of std z C added to the sum, AdamW update).
@@ -125,8 +125,8 @@ class Arm:
     name: str
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    private: Any = None  # flower_app.dp_sgd.PrivateTraining
-    plan: Any = None  # flower_app.dp_sgd.DpSgdPlan
+    private: Any = None  # flower_app.privacy.dp_sgd.PrivateTraining
+    plan: Any = None  # flower_app.privacy.dp_sgd.DpSgdPlan
     steps: int = 0
 
     @property
@@ -138,7 +138,7 @@ def dp_run_config(method: str, s: DpStepSettings, steps: int) -> Any:
     """The run configuration of a ``dp=example`` client of ``method`` ('florg' or 'lora'),
     built as tests/runtime/test_dp_sgd.py builds it: one round of ``steps`` local steps at the
     shape's batch size, the noise multiplier and clipping norm of ``s``."""
-    from flower_app.config import resolve_config
+    from flower_app.settings.config import resolve_config
 
     values = {
         "method": {"florg": "florg", "lora": "fedit"}[method],
@@ -173,9 +173,9 @@ def fixed_batch(dataset: list[dict[str, torch.Tensor]], s: DpStepSettings) -> Ba
 
 def build_arm(name: str, s: DpStepSettings, dataset: list[dict[str, torch.Tensor]]) -> Arm:
     """The model of ``name`` (an entry of ARMS) on ``s.device``; the DP arms attached for
-    DP-SGD with the project's own functions (flower_app/dp_sgd.py), seeded generators
+    DP-SGD with the project's own functions (flower_app/privacy/dp_sgd.py), seeded generators
     (``DpSgd(plan, seed)``: reproducible, as ``dp-sgd-seeded-noise=true``)."""
-    from flower_app.dp_sgd import ClientAccountant, DpSgd
+    from flower_app.privacy.dp_sgd import ClientAccountant, DpSgd
 
     method = name.removesuffix("-dp")
     core = CoreSettings(rank=s.rank, alpha=s.alpha, seed=s.seed)
@@ -197,7 +197,7 @@ def _sync(device: str) -> None:
 
 def step(arm: Arm, batch: Batch) -> None:
     """One training step of ``arm``: the app's ``train_step`` with the arm's optimiser."""
-    from flower_app.training import train_step
+    from flower_app.training.loop import train_step
 
     train_step(arm.model, arm.optimizer, batch, step=arm.steps)
     arm.steps += 1
@@ -338,7 +338,7 @@ def _run(s: DpStepSettings) -> dict[str, Any]:
 def _dp_record(arm: Arm) -> dict[str, Any]:
     """The DP optimiser's noise multiplier and clipping norm, and the client's epsilon after
     the steps this arm took (the round's plan composed in a ``ClientAccountant``)."""
-    from flower_app.dp_sgd import ClientAccountant
+    from flower_app.privacy.dp_sgd import ClientAccountant
 
     plan = replace(arm.plan, steps=arm.steps)
     accountant = ClientAccountant(noise_multiplier=plan.noise_multiplier)

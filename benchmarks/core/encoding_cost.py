@@ -1,5 +1,5 @@
 """What the message encodings cost the server, against what it spends aggregating the same
-round (``uplink-encoding`` / ``downlink-encoding``, flower_app/encoding.py).
+round (``uplink-encoding`` / ``downlink-encoding``, flower_app/wire/encoding.py).
 
     python -m benchmarks.core.encoding_cost       # the 7B shape: 32 layers, q and v, r = 16
     python -m benchmarks.core.encoding_cost --methods florg --clients 4 --repeats 3
@@ -71,7 +71,7 @@ def codec_rows(case: Case, repeats: int) -> list[Row]:
     from flwr.app import RecordDict
     from flwr.common.serde import recorddict_to_proto
 
-    from flower_app.encoding import decode_record, encode_record
+    from flower_app.wire.encoding import decode_record, encode_record
 
     global_state = {k: np.asarray(v, np.float32) for k, v in case.strategy.global_state.items()}
     rows = []

@@ -153,8 +153,8 @@ class Case:
 def build_case(name: str, shape: ServerShape, layers: int, device: str, seed: int = 0) -> Case:
     """``name``'s strategy as the ServerApp builds it and its clients' seeded round-1
     payloads at ``shape`` with ``layers`` adapted layers (ValueError: unknown method)."""
-    from flower_app.config import resolve_config
     from flower_app.methods.registry import get_method
+    from flower_app.settings.config import resolve_config
     from strategies.shared.validation import normalize_weights
 
     method = get_method(name)

@@ -75,7 +75,7 @@ def seed_settings(grid: Grid) -> dict[int, dict[str, Any]]:
 
 def client_label_counts(overrides: dict[str, Any], num_clients: int) -> list[list[int]]:
     """Every client's label counts, from the rows its ClientApp trains on."""
-    from flower_app.config import resolve_config
+    from flower_app.settings.config import resolve_config
     from flower_app.task_data import load_task_data, tokenized_split
 
     config = resolve_config({}, overrides)

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from florg_tools.flwr_cli import run_flower_app
     from florg_tools.superlink import local_simulation_superlink
-    from flower_app.config import defaults
+    from flower_app.settings.config import defaults
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="florg-poisoning-"))
     work = work.resolve()

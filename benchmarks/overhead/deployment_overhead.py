@@ -17,7 +17,7 @@ Modes, run one after another in this process:
    through the run, so it loads the model and tokenises its partition once.
 2. ``deployment``: ``florg_tools.deploy.deployment.Deployment`` -- a TLS SuperLink and one
    SuperNode per client on loopback (``OMP/OPENBLAS/MKL_NUM_THREADS=1`` per node, like the
-   actors), with the on-disk cache (``flower_app.disk_cache``) in a fresh folder. A SuperNode
+   actors), with the on-disk cache (``flower_app.cache.disk``) in a fresh folder. A SuperNode
    starts a fresh ``flwr-clientapp`` process for every message: imports, model, data again.
 3. ``deployment-no-cache``: the same with ``FLORG_DISK_CACHE=0``: every ClientApp process
    rebuilds the model (FLoRG's L/R QRs included) and re-tokenises its partition.
@@ -106,8 +106,8 @@ def cpu():
     return r.ru_utime + r.ru_stime
 t0 = time.perf_counter()
 import client_app.client_app, peft, transformers.models.bert.modeling_bert
-from flower_app.config import resolve_config
-from flower_app.runtime import cached_adapted_model
+from flower_app.settings.config import resolve_config
+from flower_app.cache.per_process import cached_adapted_model
 from flower_app.task_data import load_task_data, tokenized_split
 c0 = cpu()
 config = resolve_config({}, json.loads(sys.argv[1]))

@@ -55,12 +55,12 @@ def run_loop(
     import numpy as np
     import torch
 
+    from flower_app.cache.per_process import cached_adapted_model
     from flower_app.client.round import receive, train_round
-    from flower_app.config import resolve_config
     from flower_app.modeling import pick_device
-    from flower_app.runtime import cached_adapted_model
+    from flower_app.settings.config import resolve_config
     from flower_app.task_data import load_task_data, make_loader, tokenized_split
-    from flower_app.training import evaluate
+    from flower_app.training.loop import evaluate
     from strategies.server.replies import Reply
 
     import_s = time.perf_counter() - t_import0
@@ -186,7 +186,7 @@ def measure_serde(down: dict[str, Any], up: dict[str, Any], clients: int) -> tup
     from flwr.app import ConfigRecord, MetricRecord, RecordDict
     from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
-    from flower_app.records import from_array_record, to_array_record
+    from flower_app.wire.records import from_array_record, to_array_record
 
     def roundtrip(make) -> tuple[float, int]:
         times = []

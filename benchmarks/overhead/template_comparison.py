@@ -335,8 +335,8 @@ def lora_bytes_per_round(model: Path, rank: int, clients: int) -> float:
     """The template's LoRA arrays (q_proj and v_proj at ``rank``) down and up for every
     client, 4 bytes an entry."""
     import strategies.registry  # noqa: F401
-    from flower_app.comm_projection import adapted_layer_shapes
-    from flower_app.config import resolve_config
+    from florg_tools.comm_projection import adapted_layer_shapes
+    from flower_app.settings.config import resolve_config
 
     config = resolve_config(
         {

@@ -2,7 +2,7 @@
 a private simulation SuperLink, timed from its metrics rows, with the memory of all its
 processes sampled while it runs.
 
-What a round's row gives (flower_app/server/recorder.py, strategies/server/strategy.py):
+What a round's row gives (flower_app/run_output/recorder.py, strategies/server/strategy.py):
 ``elapsed-seconds`` (the ServerApp's clock when the row is written), ``eval-seconds`` /
 ``test-seconds`` (the server's evaluation of that round), ``agg-seconds`` (the strategy's
 aggregation) and ``client-train-seconds`` (the mean over the round's replies of the wall

@@ -18,7 +18,7 @@ from typing import Any
 from florg_tools.assets.base import SPLIT_SEED, STAMP_FILE, Asset, AssetError, asset_dir
 from florg_tools.assets.catalog import ASSETS
 from florg_tools.assets.download import download, sha256_file
-from flower_app.asset_registry import (  # the runtime's read side of the registry
+from flower_app.cache.assets import (  # the runtime's read side of the registry
     REGISTRY_FILE,
     cache_root,
 )

@@ -1,4 +1,4 @@
-"""A client's DP-SGD accountant in its node state (``dp=example``, flower_app/dp_sgd.py).
+"""A client's DP-SGD accountant in its node state (``dp=example``, flower_app/privacy/dp_sgd.py).
 
 Each client's epsilon composes over every round it trains in, so its ledger
 (``ClientAccountant.state_dict()``, JSON) lives where the node keeps state between rounds:
@@ -20,7 +20,7 @@ import uuid
 from flwr.app import ConfigRecord, Context, Message
 
 from flower_app.client.node_state import node_state_dir
-from flower_app.dp_sgd import ClientAccountant
+from flower_app.privacy.dp_sgd import ClientAccountant
 
 RECORD = "dp-sgd-accountant"  # the context's ConfigRecord: {"state": JSON}
 FILE = "dp-sgd-accountant.json"

@@ -25,9 +25,9 @@ from collections.abc import Callable
 import numpy as np
 from flwr.app import Context, Message, MessageType
 
-from flower_app.config import resolve_config
-from flower_app.encoding import decode_record
-from flower_app.records import ADAPTER_SUFFIXES, from_array_record, to_array_record
+from flower_app.settings.config import resolve_config
+from flower_app.wire.encoding import decode_record
+from flower_app.wire.records import ADAPTER_SUFFIXES, from_array_record, to_array_record
 
 
 def partition_id(context: Context) -> int:

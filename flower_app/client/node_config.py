@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flower_app.config import ConfigError, RunConfig
+from flower_app.settings.config import ConfigError, RunConfig
 
 __all__ = ["NODE_DATA_PATH", "NODE_SLOWDOWN", "node_slowdown", "use_node_data"]
 

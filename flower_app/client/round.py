@@ -13,11 +13,11 @@ it is, and the centralised benchmarks (benchmarks/centralised/training.py) train
    round trains the same wherever and whenever it runs (a resumed run equals the
    uninterrupted one);
 3. **train** the parts the method trains in this round (``Method.trained_parts``) with the
-   run's settings (``train_steps``: ``flower_app.training.train_local`` with
+   run's settings (``train_steps``: ``flower_app.training.loop.train_local`` with
    ``learning-rate`` and the head's rate, both times the round's ``lr-schedule`` factor
-   (flower_app/lr_schedule.py), ``weight-decay``, ``local-epochs`` / ``local-steps``,
+   (flower_app/training/lr_schedule.py), ``weight-decay``, ``local-epochs`` / ``local-steps``,
    ``device``, ``progress-bar``; with ``dp=example`` every step is a DP-SGD step on a
-   Poisson batch, flower_app/dp_sgd.py, and the client's accountant composes it);
+   Poisson batch, flower_app/privacy/dp_sgd.py, and the client's accountant composes it);
 4. **reply**: the shared arrays it trained and the training metrics (``RoundReply``; its
    ``content`` is the reply's Flower RecordDict) and the own parts the client keeps.
 
@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from flower_app.config import RunConfig
-from flower_app.dp_sgd import ClientAccountant, DpSgd, plan_round
-from flower_app.dp_sgd_mechanism import DATA_DEPENDENT_KEYS
-from flower_app.lr_schedule import round_lr_factor
 from flower_app.modeling import pick_device
-from flower_app.precision import MixedPrecision
+from flower_app.privacy.dp_sgd import ClientAccountant, DpSgd, plan_round
+from flower_app.privacy.dp_sgd_mechanism import DATA_DEPENDENT_KEYS
+from flower_app.settings.config import RunConfig
 from flower_app.task_data import load_task_data, make_loader, tokenized_split
-from flower_app.training import TrainResult, train_local
+from flower_app.training.loop import TrainResult, train_local
+from flower_app.training.lr_schedule import round_lr_factor
+from flower_app.training.precision import MixedPrecision
 
 if TYPE_CHECKING:
     from flwr.app import RecordDict
@@ -113,8 +113,8 @@ def train_steps(
     ``local-epochs`` passes or ``local-steps`` steps (``max_steps`` overrides both: that
     many steps), on ``device``, with the ``progress-bar``, minimising the task kind's
     training loss (flower_app/task_kinds/), the forward under the run's ``precision``
-    (``flower_app.precision.MixedPrecision``). ``lr_factor`` multiplies both rates (the
-    round's ``lr-schedule`` factor: flower_app/lr_schedule.py)."""
+    (``flower_app.training.precision.MixedPrecision``). ``lr_factor`` multiplies both rates (the
+    round's ``lr-schedule`` factor: flower_app/training/lr_schedule.py)."""
     device = pick_device(config.device)
     return train_local(
         model,
@@ -160,7 +160,7 @@ class RoundReply:
         """The reply's Flower content: the shared arrays (float32) and the metrics."""
         from flwr.app import MetricRecord, RecordDict
 
-        from flower_app.records import to_array_record
+        from flower_app.wire.records import to_array_record
 
         return RecordDict(
             {"arrays": to_array_record(self.shared), "metrics": MetricRecord(self.metrics)}
@@ -181,11 +181,11 @@ def train_round(
     of the training split shuffled and torch seeded with ``round_seed``, ``train_steps``,
     and the reply (``metrics`` come first in the reply's metrics).
 
-    ``accountant`` (``dp=example``, flower_app/dp_sgd.py): the client's privacy ledger; the
+    ``accountant`` (``dp=example``, flower_app/privacy/dp_sgd.py): the client's privacy ledger; the
     round trains with DP-SGD (refused with ``DpBudgetExceeded`` past ``dp-max-epsilon``),
     is composed into it, and the reply adds ``dp-sgd-epsilon`` (after this round),
     ``dp-sgd-noise-multiplier``, ``dp-sgd-delta`` and what the mechanism did (clipped
-    fraction, norms, noise: flower_app/dp_sgd_mechanism.py); ``num-examples`` is then the
+    fraction, norms, noise: flower_app/privacy/dp_sgd_mechanism.py); ``num-examples`` is then the
     partition's size n (the count of Poisson-sampled examples would reveal the sampling).
     With dp on and ``dp-unnoised-metrics=withhold`` the reply leaves out
     ``UNNOISED_METRICS``."""

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from flower_app import asset_registry
+from flower_app.cache import assets as asset_registry
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -178,7 +178,8 @@ TASKS: dict[str, TaskSpec] = {
             kind="causal-lm",
         ),
         _squad("rajpurkar/squad", hub_path="rajpurkar/squad"),
-        # The FlowerTune LLM leaderboard's four data sets (the Hub; flower_app/leaderboard.py):
+        # The FlowerTune LLM leaderboard's four data sets (the Hub;
+        # flower_app/preflight/leaderboard.py):
         # instruction, input, output. Which columns make the instruction is the run's
         # text-fields (its presets, conf/flowertune-*.toml, set the templates' mapping).
         *(_flowertune(path, fields) for path, fields in FLOWERTUNE_DATA),

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from flower_app.methods.contract import RunSettings
 from flower_app.methods.registry import get_method
 
-# Bytes an entry takes under each message encoding (flower_app/encoding.py); int8 adds one
+# Bytes an entry takes under each message encoding (flower_app/wire/encoding.py); int8 adds one
 # float32 scale per row of each array
 BYTES_PER_ENTRY = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
 INT8_SCALE_BYTES = 4

@@ -36,16 +36,16 @@ batched or private paths. A method declares
 
 A method's own run settings (``settings``: a frozen dataclass of
 ``flower_app.settings.setting`` fields, in ``strategies/<name>/settings.py``; several
-methods may share one) join the core's in the run config (``flower_app.config``); their
+methods may share one) join the core's in the run config (``flower_app.settings.config``); their
 keys, defaults, help and checks are declared there and nowhere else. The settings a method
 needs checked beyond each value's own check (``check_settings``,
-run by ``flower_app.config.resolve_config``, before anything is built) raise a ValueError
+run by ``flower_app.settings.config.resolve_config``, before anything is built) raise a ValueError
 naming the key (``BaseMethod`` adds dp=central's). Method modules import nothing heavy at
 module level (torch, PEFT, Flower are imported inside the hooks), so reading the registry
 costs nothing: the run-config validation uses it.
 
-Settings and methods depend one way: flower_app/config.py reads the registry (the values
-the ``method`` setting may take), and no method imports flower_app.config,
+Settings and methods depend one way: flower_app/settings/config.py reads the registry (the values
+the ``method`` setting may take), and no method imports flower_app.settings.config,
 not even for annotations. A method is handed the run's ``RunConfig`` (``config``) and
 reads the settings it needs from it by name: the strategy is built from it
 (``build_strategy``; the arguments every method shares: ``BaseMethod.strategy_settings``),
@@ -63,12 +63,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flower_app.adapter_kinds import AdapterKind, adapter_kind_names, get_adapter_kind
+from flower_app.adapters.registry import AdapterKind, adapter_kind_names, get_adapter_kind
 
 if TYPE_CHECKING:
     from flwr.serverapp.strategy import Strategy
 
-# A run's settings, flower_app.config.RunConfig, and the model carrying a method's adapter,
+# A run's settings, flower_app.settings.config.RunConfig, and the model carrying a method's adapter,
 # flower_app.adapted.AdaptedModel (built from them): methods read their attributes by name
 # and import neither module (the dependency runs config -> methods only).
 RunSettings = Any
@@ -127,7 +127,7 @@ class Method:
 
     @property
     def kind(self) -> AdapterKind:
-        """Its adapter kind (``flower_app/adapter_kinds/``): parts, shapes, the model side."""
+        """Its adapter kind (``flower_app/adapters/``): parts, shapes, the model side."""
         return get_adapter_kind(self.adapter)
 
     # -- client side --------------------------------------------------------------------
@@ -161,7 +161,7 @@ class Method:
 
     def lora_init(self, config: RunSettings) -> str:
         """The LoRA initialisation its clients use, one of ``LORA_INITS``
-        (``flower_app/adapters/lora.py``): 'default' or 'svd'."""
+        (``flower_app/adapters/lora/layer.py``): 'default' or 'svd'."""
         return "default"
 
     def adapter_alpha(self, config: RunSettings) -> float:
@@ -190,7 +190,7 @@ class Method:
         """The client's reply (arrays, metrics) to a query message, which only a method whose
         strategy runs a round 0 before training sends (``init_round_params``); ``batches``:
         the client's data (``flower_app.client.round.LocalBatches``); ``accountant``: under
-        ``dp=example`` the node's DP-SGD ledger (``flower_app.dp_sgd.ClientAccountant``),
+        ``dp=example`` the node's DP-SGD ledger (``flower_app.privacy.dp_sgd.ClientAccountant``),
         into which the reply's release must be composed (the caller keeps it), else None."""
         raise NotImplementedError(f"method {self.name!r} sends no query to its clients")
 
@@ -280,8 +280,8 @@ class Method:
 
 
 def adapter_layers(state: Mapping[str, np.ndarray]) -> list[str]:
-    """The adapted layers of a state, in its order (``flower_app.records.split_state``)."""
-    from flower_app.records import split_state
+    """The adapted layers of a state, in its order (``flower_app.wire.records.split_state``)."""
+    from flower_app.wire.records import split_state
 
     return list(split_state(state)[0])
 

@@ -70,7 +70,7 @@ def get_method(name: str) -> Method:
 
 
 class RegisteredMethod:
-    """The check of the ``method`` setting (flower_app/config.py): a registered name."""
+    """The check of the ``method`` setting (flower_app/settings/config.py): a registered name."""
 
     __name__ = "registered_method"
 

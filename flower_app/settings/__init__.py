@@ -4,7 +4,7 @@ Each group is a frozen dataclass of ``setting(...)`` fields, in the module of it
 ``model_and_data.py`` (the method, the model, the task and its data, the adapter),
 ``rounds.py`` (the federation, local training, precision, evaluation, screening, privacy)
 and ``run.py`` (the run folder and console; the testing-only fault injection, apart).
-``RunConfig`` (flower_app/config.py) is all of them together, so a setting has one
+``RunConfig`` (flower_app/settings/config.py) is all of them together, so a setting has one
 declaration and one obvious group. ``setting`` records a field's help, the check of its
 values and the cached artefacts it ``affects``.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 # Groups of settings a derived artefact depends on; every setting names the groups it
 # affects (``affects=``, required, so a new setting cannot be forgotten by the caches in
-# flower_app/disk_cache.py: their keys hash every setting of their groups).
+# flower_app/cache/disk.py: their keys hash every setting of their groups).
 DATA = "data"  # which examples there are and which of them each client gets
 TOKENISATION = "tokenisation"  # how examples become model inputs (the tokeniser, lengths)
 MODEL = "model"  # the adapted model before any training (base model, adapter, init)

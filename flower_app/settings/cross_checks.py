@@ -1,4 +1,4 @@
-"""The checks across run settings that ``resolve_config`` (flower_app/config.py) runs after
+"""The checks across run settings that ``resolve_config`` (flower_app/settings/config.py) runs after
 each value's own check, in order (``CROSS_CHECKS``): each raises a ``ConfigError`` naming
 its key, before any model is built or any client trains; a method adds its own through
 ``Method.check_settings``."""
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flower_app.config_checks import ConfigError
 from flower_app.methods.registry import get_method, method_names
+from flower_app.settings.checks import ConfigError
 
 if TYPE_CHECKING:
-    from flower_app.config import RunConfig
+    from flower_app.settings.config import RunConfig
 
 
 def _check_targets(config: RunConfig) -> None:
@@ -66,7 +66,7 @@ def _check_half_precision_writes(config: RunConfig) -> None:
 def _check_quantization_settings(config: RunConfig) -> None:
     """The machine-independent refusals of ``quantization`` (this machine's CUDA and
     bitsandbytes are checked where the model is loaded, by
-    ``flower_app.precision.check_quantization_supported``): it needs a GPU, and a 4-bit /
+    ``flower_app.training.precision.check_quantization_supported``): it needs a GPU, and a 4-bit /
     8-bit W0 cannot be written to, which ``subtract-init`` and a method that writes W0 do."""
     q = config.quantization
     if q == "none":
@@ -89,7 +89,7 @@ def _check_quantization_settings(config: RunConfig) -> None:
 
 
 def _check_example_dp(config: RunConfig) -> None:
-    """``dp=example`` (DP-SGD with Opacus, flower_app/dp_sgd.py): Opacus' hooks record each
+    """``dp=example`` (DP-SGD with Opacus, flower_app/privacy/dp_sgd.py): Opacus' hooks record each
     module's input in the forward and compute per-example gradients in the backward, so a
     checkpointed block (whose forward runs twice) would record it twice; its noise and
     clipping run on float32 gradients, not a GradScaler's scaled ones, nor a quantised base's.
@@ -208,7 +208,7 @@ def _check_async_rounds(config: RunConfig) -> None:
 # The one validation pipeline of ``resolve_config``: the checks across settings, in order,
 # each raising a ConfigError that names its key; a method adds its own through
 # ``Method.check_settings``. (Each value's own check runs first, in ``coerce_setting``; the
-# names a run refers to are checked once before launch, flower_app/launch_checks.py.)
+# names a run refers to are checked once before launch, flower_app/preflight/references.py.)
 CROSS_CHECKS = (
     _check_targets,
     _check_quantization_settings,

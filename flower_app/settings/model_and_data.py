@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flower_app.config_checks import (
+from flower_app.methods.registry import RegisteredMethod
+from flower_app.settings import DATA, MODEL, TOKENISATION, setting
+from flower_app.settings.checks import (
     empty,
     non_negative,
     one_of,
     positive,
     rank_list,
 )
-from flower_app.methods.registry import RegisteredMethod
-from flower_app.settings import DATA, MODEL, TOKENISATION, setting
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class DataSettings:
 @dataclass(frozen=True)
 class AdapterSettings:
     """Settings: the adapter (flower_app/adapters/) and the clients' ranks
-    (flower_app/rank_settings.py)."""
+    (flower_app/settings/client_ranks.py)."""
 
     target_modules: str = setting(
         "",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flower_app.config_checks import (
+from flower_app.settings import MODEL, setting
+from flower_app.settings.checks import (
     PRECISIONS,
     QUANTIZATIONS,
     at_least_one,
@@ -20,7 +21,6 @@ from flower_app.config_checks import (
     positive_finite,
     zero_or_below_one,
 )
-from flower_app.settings import MODEL, setting
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class FederationSettings:
         "how the arrays of the clients' training replies travel: 'fp32' (as always), 'bf16', "
         "'fp16', or 'int8' (per-row absmax scale, unbiased stochastic rounding from the "
         "round's seed); the server decodes them before anything reads them "
-        "(flower_app/encoding.py)",
+        "(flower_app/wire/encoding.py)",
         check=one_of("fp32", "bf16", "fp16", "int8"),
         affects=(),
     )
@@ -177,7 +177,7 @@ class TrainingSettings:
 
 @dataclass(frozen=True)
 class PrecisionSettings:
-    """Settings: memory and speed for large models (flower_app/precision.py)."""
+    """Settings: memory and speed for large models (flower_app/training/precision.py)."""
 
     precision: str = setting(
         "fp32",

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flower_app.config_checks import (
+from flower_app.settings import setting
+from flower_app.settings.checks import (
     comma_list_of,
     folder_name_or_empty,
     non_negative,
     one_of,
     positive,
 )
-from flower_app.settings import setting
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class OutputSettings:
 @dataclass(frozen=True)
 class LeaderboardSettings:
     """Settings: the FlowerTune LLM leaderboard track a run is entered in
-    (flower_app/leaderboard.py, docs/flowertune.md)."""
+    (flower_app/preflight/leaderboard.py, docs/flowertune.md)."""
 
     flowertune_track: str = setting(
         "",

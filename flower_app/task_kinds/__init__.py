@@ -3,9 +3,9 @@
 A kind is one module in this folder (its data, features, model head, loss and evaluation,
 see ``base.py``, ending with ``KINDS = (...)``) plus its line in ``KIND_MODULES`` below.
 Everything else reads the registry: the task's data (``flower_app/task_data.py``: splits,
-partitions, features), the model (``flower_app/runtime.py``), training
+partitions, features), the model (``flower_app/cache/per_process.py``), training
 (``flower_app/client/round.py``: the kind's loss), evaluation (``flower_app/task_eval.py``)
-and the run's records (``flower_app/server/recorder.py``: the metric names, the console line).
+and the run's records (``flower_app/run_output/recorder.py``: the metric names, the console line).
 Nothing here imports flower_app.task_data, task_eval or the apps.
 """
 

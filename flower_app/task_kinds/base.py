@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from flower_app.config import RunConfig
     from flower_app.data.tasks import TaskSpec
+    from flower_app.settings.config import RunConfig
 
 
 class SplitView(Protocol):
@@ -77,7 +77,7 @@ class TaskKind(ABC):
     # Whether the task's label column holds classes, so that always guessing the majority
     # class is a chance level (the evidence report's); answers and responses are not.
     has_classes: ClassVar[bool] = False
-    # Why dp=example (DP-SGD, flower_app/dp_sgd.py) cannot train this kind; '' where its
+    # Why dp=example (DP-SGD, flower_app/privacy/dp_sgd.py) cannot train this kind; '' where its
     # training loss is the batch's mean of per-example losses, as Opacus' scaling assumes.
     example_dp_refusal: ClassVar[str] = ""
 

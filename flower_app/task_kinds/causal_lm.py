@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from flower_app.config import RunConfig
     from flower_app.data.tasks import TaskSpec
+    from flower_app.settings.config import RunConfig
 
 SQUAD, LABELS, INSTRUCTIONS = "squad", "labels", "instructions"
 
@@ -88,8 +88,8 @@ def _eval_prompts(
     data: SplitView,
 ) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[str, ...], ...]]:
     """The tokenised prompts and gold answers of the examples of ``data`` that have any."""
+    from flower_app.cache.tokenizer import cached_tokenizer
     from flower_app.data import sft
-    from flower_app.tokenizer import cached_tokenizer
 
     config = data.config
     tokenizer = cached_tokenizer(config.model)
@@ -162,8 +162,8 @@ class CausalLM(TaskKind):
     def features(
         self, config: RunConfig, spec: TaskSpec, tokenizer: Any, examples: datasets.Dataset
     ) -> datasets.Dataset:
-        from flower_app.config import ConfigError
         from flower_app.data.sft import sft_features
+        from flower_app.settings.config import ConfigError
 
         try:
             return sft_features(examples, tokenizer, config.max_seq_length, config.prompt_template)
@@ -184,13 +184,13 @@ class CausalLM(TaskKind):
     def evaluate(self, model: nn.Module, data: SplitView, device: torch.device) -> dict[str, float]:
         import math
 
+        from flower_app.cache.tokenizer import cached_tokenizer
         from flower_app.data.batching import make_loader
         from flower_app.task_kinds.sft_eval import (
             generate_answers,
             generation_scores,
             response_loss,
         )
-        from flower_app.tokenizer import cached_tokenizer
 
         config = data.config
         loader = make_loader(data.features(), config.eval_batch_size, shuffle=False, seed=0)

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from flower_app.config import RunConfig
     from flower_app.data.tasks import TaskSpec
+    from flower_app.settings.config import RunConfig
 
 
 def load_classifier(
@@ -84,7 +84,7 @@ class Classification(TaskKind):
 
     def evaluate(self, model: nn.Module, data: SplitView, device: torch.device) -> dict[str, float]:
         from flower_app.data.batching import make_loader
-        from flower_app.training import evaluate
+        from flower_app.training.loop import evaluate
 
         loader = make_loader(data.features(), data.config.eval_batch_size, shuffle=False, seed=0)
         result = evaluate(model, loader, device)

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from flower_app.config import RunConfig
     from flower_app.data.tasks import TaskSpec
+    from flower_app.settings.config import RunConfig
     from flower_app.task_kinds.qa_eval import QAEvalSet
 
 
@@ -52,8 +52,8 @@ def qa_features(
 ) -> datasets.Dataset:
     """The windows of ``examples`` (``flower_app.data.qa_features``); a slow tokenizer or a
     stride that leaves no new context raises ConfigError naming the setting."""
-    from flower_app.config import ConfigError
     from flower_app.data import qa_features as features
+    from flower_app.settings.config import ConfigError
 
     try:
         features.check_window(tokenizer, config.max_seq_length, config.doc_stride)
@@ -70,10 +70,10 @@ def qa_eval_set(data: SplitView) -> QAEvalSet:
     """The examples of ``data`` with their features and the mapping post-processing needs."""
     import numpy as np
 
+    from flower_app.cache.tokenizer import cached_tokenizer
     from flower_app.data.qa_features import CONTEXT_OFFSETS, EXAMPLE_INDEX
     from flower_app.data.tokenize import MODEL_INPUTS
     from flower_app.task_kinds.qa_eval import QAEvalSet
-    from flower_app.tokenizer import cached_tokenizer
 
     config = data.config
     examples = data.examples()
@@ -142,8 +142,8 @@ class ExtractiveQA(TaskKind):
         return load_question_answerer(name, seed, pad_token_id, **from_pretrained)
 
     def evaluate(self, model: nn.Module, data: SplitView, device: torch.device) -> dict[str, float]:
-        from flower_app.config import ConfigError
         from flower_app.data.batching import make_loader
+        from flower_app.settings.config import ConfigError
         from flower_app.task_kinds.qa_eval import evaluate_qa
 
         if data.split != "eval":

@@ -92,7 +92,7 @@ def init_share(delta: np.ndarray, delta0: np.ndarray) -> tuple[float, float, flo
 
 
 def _run_config(folder: Path) -> Any:
-    from flower_app.config import resolve_config, schema
+    from flower_app.settings.config import resolve_config, schema
 
     values = json.loads((folder / "config.json").read_text())
     return resolve_config({}, {k: v for k, v in values.items() if k in schema()})
@@ -108,8 +108,8 @@ def final_updates(folder: Path) -> tuple[Any, dict[str, Update]]:
     clients."""
     import torch
 
-    from flower_app.runtime import cached_adapted_model
-    from flower_app.server.checkpoint import load_checkpoint
+    from flower_app.cache.per_process import cached_adapted_model
+    from flower_app.run_output.checkpoint import load_checkpoint
     from flower_app.task_data import load_task_data
 
     checkpoint = load_checkpoint(folder)
@@ -146,7 +146,7 @@ def final_updates(folder: Path) -> tuple[Any, dict[str, Update]]:
 
 
 def _frame(name: str, w0: np.ndarray, seed: int, init: str) -> tuple[np.ndarray, np.ndarray]:
-    from flower_app.adapters.projections import make_projections, projection_key
+    from flower_app.adapters.florg.projections import make_projections, projection_key
 
     d_out, d_in = w0.shape
     key = projection_key(name, d_out, d_in, "shape", init)

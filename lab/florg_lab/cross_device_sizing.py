@@ -51,8 +51,8 @@ import strategies.registry  # noqa: F401  (every method registers: resolve_confi
 from florg_lab.clipping import RunNorms, clipping_norms, run_norms
 from florg_lab.communication import load_metrics
 from florg_lab.runs import finished_run
-from flower_app.dp_accounting import noise_multiplier_for
 from flower_app.methods.registry import get_method
+from flower_app.privacy.accounting import noise_multiplier_for
 
 __all__ = [
     "PilotRun",

@@ -43,7 +43,7 @@ from florg_lab.grid import MAIN_BLOCK, TUNING_FILE, Grid, GridRun, load_grid
 from florg_lab.runs import is_finished, run_dir
 from florg_lab.stats import mean_interval, paired_difference, verdict
 from florg_lab.tuning import tuning_markdown
-from flower_app.config import defaults
+from flower_app.settings.config import defaults
 
 __all__ = [
     "REFERENCE",

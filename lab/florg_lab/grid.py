@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
-from flower_app.config import ConfigError, defaults, resolve_config
+from flower_app.settings.config import ConfigError, defaults, resolve_config
 
 __all__ = ["Grid", "GridError", "GridRun", "Tuning", "load_grid"]
 

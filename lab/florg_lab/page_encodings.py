@@ -2,7 +2,7 @@
 
 The grids ``lab/grids/encodings-v2.yaml`` (movie sentiment) and ``encodings-v2-snli.yaml``
 run FLoRG, FedIT and RoLoRA at their published protocol v2 rates with both directions
-encoded (``uplink-encoding`` = ``downlink-encoding``, flower_app/encoding.py) at bf16 and
+encoded (``uplink-encoding`` = ``downlink-encoding``, flower_app/wire/encoding.py) at bf16 and
 int8, five seeds, and one fp32 run a method at seed 0 (the *check*: the grids' commit
 reproduces the published fp32 run). ``bash lab/scripts/evidence_encodings.sh`` runs them
 and publishes their runs under :data:`PUBLISHED`; this module reads them and writes, per

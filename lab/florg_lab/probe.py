@@ -39,10 +39,10 @@ import torch
 from safetensors.numpy import load_file
 
 import strategies.registry  # noqa: F401  (every method registers: resolve_config reads them)
-from flower_app.config import RunConfig, resolve_config, schema
+from flower_app.cache.per_process import cached_adapted_model
 from flower_app.methods.contract import Method
 from flower_app.modeling import pick_device
-from flower_app.runtime import cached_adapted_model
+from flower_app.settings.config import RunConfig, resolve_config, schema
 from flower_app.task_data import load_task_data, make_loader, tokenized_split
 
 HEADER = (

@@ -40,7 +40,7 @@ def training_base_weights(adapted: Any, batches: Any) -> Iterator[dict[str, Any]
     {layer: W0}; everything is restored, and the model moved back to the CPU, on exit."""
     import torch
 
-    from flower_app.adapters.lora_sb import lora_sb_layers
+    from flower_app.adapters.lora_sb.layer import lora_sb_layers
 
     model = adapted.model
     trained = [p for p in model.parameters() if p.requires_grad]

@@ -80,8 +80,8 @@ class FedSB(BaseMethod):
     def receive_on_client(self, msg, context, adapted):
         """Keep B and A when the message carries them (in the node's context) and load the
         ones held into the model; a node that holds none cannot train."""
-        from flower_app.adapters.lora_sb import set_lora_sb_basis
-        from flower_app.records import from_array_record
+        from flower_app.adapters.lora_sb.layer import set_lora_sb_basis
+        from flower_app.wire.records import from_array_record
 
         if BASIS in msg.content.array_records:
             context.state[BASIS_CONTEXT] = msg.content[BASIS]
@@ -95,7 +95,7 @@ class FedSB(BaseMethod):
 
     def receive_on_server(self, adapted, strategy):
         """The server's B and A (round 0's, or the checkpoint's) into its model."""
-        from flower_app.adapters.lora_sb import set_lora_sb_basis
+        from flower_app.adapters.lora_sb.layer import set_lora_sb_basis
 
         basis = getattr(strategy, "basis_state", dict)()
         if basis:

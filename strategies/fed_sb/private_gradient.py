@@ -21,7 +21,7 @@ permutation depends on n, would change in more than one example when one is adde
 removed, and the sensitivity would not be C.
 
 The sampling and the noise come from the generators of DP-SGD's rounds
-(``flower_app.dp_sgd.round_generators``): OS entropy, or round 0's seed with
+(``flower_app.privacy.dp_sgd.round_generators``): OS entropy, or round 0's seed with
 ``dp-sgd-seeded-noise`` (tests: reproducible, not private). The noise is drawn in float64
 on the CPU, layer by layer in the model's order of LoRA-SB layers, each as
 ``randn(d_out, d_in) * z0 C``. Each example's gradient is taken alone (a batch of one, its
@@ -70,7 +70,7 @@ def private_gradient_sum(
     collation, the task's loss, the device, round 0's seed)."""
     import torch
 
-    from flower_app.dp_sgd import round_generators
+    from flower_app.privacy.dp_sgd import round_generators
     from strategies.fed_sb.gradient import gradient_key, training_base_weights
 
     model = adapted.model
@@ -109,7 +109,7 @@ def answer_private_query(
     ``dp-sgd-target-epsilon`` (nothing left for training) or take the client past
     ``dp-max-epsilon``; it is composed into ``accountant`` (``ClientAccountant``, the
     node's ledger the caller keeps) once computed."""
-    from flower_app.dp_sgd import check_release
+    from flower_app.privacy.dp_sgd import check_release
 
     n = len(batches.loader.dataset)
     q = init_sample_rate(config.fed_sb_init_examples, n)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flower_app.config_checks import non_negative, positive, positive_finite
 from flower_app.settings import setting
+from flower_app.settings.checks import non_negative, positive, positive_finite
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
-from flower_app.records import (
+from flower_app.wire.records import (
     declared_params,
     from_array_record,
     message_bytes,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flower_app.config_checks import one_of
 from flower_app.settings import MODEL, setting
+from flower_app.settings.checks import one_of
 
 
 @dataclass(frozen=True)

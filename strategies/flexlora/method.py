@@ -15,7 +15,7 @@ class FlexLoRA(BaseMethod):
     def aggregate(self, sent, payloads, weights):
         """Each node is then sent the first r_n singular directions, its own truncated SVD
         (the common strategy's ``sent_state``: the top r_n rows of A and columns of B)."""
-        from flower_app.ranks import rank_of
+        from flower_app.wire.ranks import rank_of
         from strategies.flexlora.rule import aggregate_flexlora
 
         new, errors = {}, []

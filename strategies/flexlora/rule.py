@@ -14,7 +14,7 @@ Delta = U S V^T.  The factors of rank r split the singular values symmetrically,
     B_r = U_r S_r^{1/2},   A_r = S_r^{1/2} V_r^T,
 
 and since U, S, V are ordered by singular value, client n's rank-r_n factors are the first
-r_n columns of B_r / rows of A_r for any r >= r_n (``flower_app.ranks.truncate_to_rank``):
+r_n columns of B_r / rows of A_r for any r >= r_n (``flower_app.wire.ranks.truncate_to_rank``):
 the server keeps one pair, at the global rank.  With every r_n = r this is the
 same stacking and the same truncated SVD as the product rule of equal ranks.
 """

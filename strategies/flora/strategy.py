@@ -18,7 +18,7 @@ class FLoRAStrategy(FoldingStrategy):
         self.seed = seed  # the fresh LoRA of round t is drawn from (seed, layer, t): resumable
 
     def aggregate_adapter(self, server_round, payloads, weights):
-        from flower_app.adapters.projections import seeded_rng
+        from flower_app.adapters.florg.projections import seeded_rng
 
         new: dict[str, np.ndarray] = {}
         folds: dict[str, Residual] = {}

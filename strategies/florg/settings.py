@@ -3,14 +3,14 @@ rank, and which diagnostic it records (``FLoRGSettings``; every method of the ``
 class reads them, the ablation and the signed variant included: they build their strategy
 as FLoRG does). The adapter's own
 settings (``init``, ``subtract-init``, ``projection-sharing``) are the core's: the FLoRG
-adapter kind (flower_app/adapter_kinds/florg.py) is built from them."""
+adapter kind (flower_app/adapters/florg/kind.py) is built from them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flower_app.config_checks import one_of
 from flower_app.settings import setting
+from flower_app.settings.checks import one_of
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from flower_app.ranks import rank_of
-from flower_app.records import split_state
+from flower_app.wire.ranks import rank_of
+from flower_app.wire.records import split_state
 from strategies.florg.dp import clip_florg_with_head, florg_sensitivity
 from strategies.florg.dp_torch import private_florg_layers_torch
 from strategies.florg.ranks_torch import aggregate_florg_ranks_layers

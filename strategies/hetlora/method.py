@@ -13,7 +13,7 @@ class HetLoRA(BaseMethod):
     def aggregate(self, sent, payloads, weights):
         """Each node is then sent the top r_n of the result (the common strategy's
         ``sent_state``)."""
-        from flower_app.ranks import rank_of
+        from flower_app.wire.ranks import rank_of
         from strategies.hetlora.rule import aggregate_hetlora
 
         new = {}

@@ -9,7 +9,7 @@ max_n r_n) (r_max: the global rank),
 
 so the i-th rank-one direction averages over the clients that have it, the others counting
 as zero.  Client n is then sent B's first r_n columns and A's top r_n rows (the
-distribution by truncation; ``flower_app.ranks.truncate_to_rank``).  With every
+distribution by truncation; ``flower_app.wire.ranks.truncate_to_rank``).  With every
 r_n equal this is the separate weighted mean of A and of B exactly.
 
 Not implemented: the paper's rank self-pruning on the clients and its sparsity-weighted

@@ -45,7 +45,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from flower_app.records import declared_params, message_bytes, record_params, to_array_record
+from flower_app.wire.records import declared_params, message_bytes, record_params, to_array_record
 from strategies.server.buffered_update import AsyncSettings, BufferedUpdate
 from strategies.server.ledger import traffic_metrics
 from strategies.server.replies import Reply, ReplyRejected, train_time_metrics

@@ -22,7 +22,7 @@ Each method declares its mechanism (``Method.dp_mechanism``; None refuses dp=cen
 the uploaded arrays are averaged, so the update u_n = reply - sent over ALL shared arrays,
 adapter parts and head jointly, is clipped to ||u_n|| <= C and the noised mean released);
 the product mean of strategies/server/product_mean.py (methods that average B_n A_n); the
-Gram mechanism of strategies/florg/dp.py.  The accountant: flower_app/dp_accounting.py.
+Gram mechanism of strategies/florg/dp.py.  The accountant: flower_app/privacy/accounting.py.
 
 Mean mechanism and Flower.  ``clip_update`` + ``noised_mean`` is, in distribution, exactly
 what ``flwr.serverapp.strategy.DifferentialPrivacyServerSideFixedClipping`` does (flwr 1.41;
@@ -70,8 +70,8 @@ from typing import Any
 
 import numpy as np
 
-from flower_app.dp_accounting import DpAccountant
-from flower_app.dp_checks import (
+from flower_app.privacy.accounting import DpAccountant
+from flower_app.privacy.checks import (
     KEY_DELTA,
     check_clipping_norm,
     check_noise_multiplier,

@@ -4,7 +4,7 @@ of the other rounds, so a round's count is Binomial(N, q) for N nodes available.
 
 Why: amplification by subsampling.  The RDP bound of the Poisson-subsampled Gaussian
 mechanism (Mironov, Talwar, Zhang 2019; dp-accounting's ``PoissonSampledDpEvent``, what
-``flower_app/dp_accounting.py`` composes at this q) holds for this sampling, not for
+``flower_app/privacy/accounting.py`` composes at this q) holds for this sampling, not for
 Flower's fixed-size sampling without replacement (``client-sampling=fixed``, FedAvg's
 ``configure_train``), which the app accounts at q = 1.  Under ``dp=central`` the noised
 sum is then divided by the expected count q N, not by the round's count (the
@@ -34,7 +34,7 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from flower_app.dp_checks import check_sample_rate
+from flower_app.privacy.checks import check_sample_rate
 
 SAMPLING_MODES = ("fixed", "poisson")
 # Mixed into the seed sequence of the seeded sampler, so that its stream is not that of any

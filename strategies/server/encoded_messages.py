@@ -1,5 +1,5 @@
 """The training messages' arrays as the run's encodings send them (``uplink-encoding``,
-``downlink-encoding``; the encodings: flower_app/encoding.py): the server encodes what it
+``downlink-encoding``; the encodings: flower_app/wire/encoding.py): the server encodes what it
 sends down and decodes what comes up, before anything reads it (``EncodedMessages``, mixed
 into the common strategy)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord, Message
 
-from flower_app.encoding import DOWN, decode_record, encode_record, encoding_rng
-from flower_app.records import from_array_record
+from flower_app.wire.encoding import DOWN, decode_record, encode_record, encoding_rng
+from flower_app.wire.records import from_array_record
 
 
 def encode_downlink(messages: list[Message], encoding: str, seed: int, server_round: int) -> bool:
@@ -53,7 +53,7 @@ class EncodedMessages:
     encoding_seed: int = 0
 
     def use_encodings(self, uplink: str, downlink: str, seed: int) -> None:
-        """How the training messages' arrays travel (flower_app/encoding.py)."""
+        """How the training messages' arrays travel (flower_app/wire/encoding.py)."""
         self.uplink_encoding, self.downlink_encoding, self.encoding_seed = uplink, downlink, seed
 
     def encode_for(self, messages: list[Message], server_round: int) -> bool:

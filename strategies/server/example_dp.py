@@ -1,6 +1,6 @@
 """The server's record of the clients' example-level epsilon (``dp=example``).
 
-Each client trains with DP-SGD and keeps its own accountant (flower_app/dp_sgd.py); its
+Each client trains with DP-SGD and keeps its own accountant (flower_app/privacy/dp_sgd.py); its
 reply carries ``dp-sgd-epsilon``, its epsilon after the round at its own delta. The server
 keeps the latest value per partition (a client's epsilon only grows) and writes into every
 round's row, round 0 included:
@@ -11,7 +11,7 @@ round's row, round 0 included:
 - ``dp-sgd-clients``: how many clients have reported an epsilon.
 
 In a training round it also writes what the clients' DP-SGD did (their replies' metrics,
-flower_app/dp_sgd_mechanism.py), over the round's successful replies that carry them:
+flower_app/privacy/dp_sgd_mechanism.py), over the round's successful replies that carry them:
 
 - ``dp-sgd-clipped-fraction``: the mean over clients of the fraction of per-example
   gradients clipped;

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import Message
 
-from flower_app.records import message_bytes, record_params
+from flower_app.wire.records import message_bytes, record_params
 from strategies.server.replies import Reply
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from flower_app.records import split_state
+from flower_app.wire.records import split_state
 from strategies.server.central_dp import CentralDP, noise_std_mean, noised_mean
 from strategies.shared.validation import as_float64_matrix
 

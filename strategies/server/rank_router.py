@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Message, RecordDict
 
-from flower_app.ranks import adapter_k, rank_of, shapes_at_rank, truncate_to_rank
-from flower_app.records import to_array_record
+from flower_app.wire.ranks import adapter_k, rank_of, shapes_at_rank, truncate_to_rank
+from flower_app.wire.records import to_array_record
 from strategies.server.replies import Reply, ReplyRejected, declared_rank
 
 SentState = Callable[[int], dict[str, np.ndarray]]  # rank -> the state a node of it is sent

@@ -1,7 +1,7 @@
 """A run's strategy state for checkpoints, and Flower's round loop resumed from one.
 
 ``state_arrays`` / ``state_json`` carry everything a strategy needs to continue a run
-(flower_app/server/checkpoint.py writes them each round); ``restore`` reads them back; ``start``
+(flower_app/run_output/checkpoint.py writes them each round); ``restore`` reads them back; ``start``
 with ``first_round`` > 1 continues the loop there. A method whose strategy keeps more
 (per-rank factors, residuals) extends these in its own folder.
 """

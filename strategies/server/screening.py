@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from flower_app.records import split_state
+from flower_app.wire.records import split_state
 from strategies.server.replies import Reply
 
 log = logging.getLogger("flwr.florg")  # propagates to Flower's console handler

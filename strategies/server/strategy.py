@@ -46,8 +46,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from flower_app.ranks import truncate_to_rank
-from flower_app.records import declared_params, split_state, to_array_record
+from flower_app.wire.ranks import truncate_to_rank
+from flower_app.wire.records import declared_params, split_state, to_array_record
 from strategies.server.buffered_rounds import BufferedRounds
 from strategies.server.buffered_update import AsyncSettings
 from strategies.server.central_dp import CentralDP, check_strategy_dp

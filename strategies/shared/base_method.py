@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flower_app.dp_checks import check_dp_settings
 from flower_app.methods.contract import Method, RunSettings
+from flower_app.privacy.checks import check_dp_settings
 
 if TYPE_CHECKING:
     from strategies.server.strategy import AdapterStrategy
@@ -31,7 +31,7 @@ class BaseMethod(Method):
     def check_settings(self, config: RunSettings) -> None:
         """The contract's checks, and with ``dp=central``: a method with a mechanism
         (``dp_mechanism``), C > 0, z > 0, 0 < delta < 1, uniform weights
-        (``flower_app.dp_checks.check_dp_settings``), no saved client updates, and the
+        (``flower_app.privacy.checks.check_dp_settings``), no saved client updates, and the
         accountant's package installed."""
         super().check_settings(config)
         if config.dp != "central":

@@ -63,7 +63,7 @@ class FoldsIntoW0(BaseMethod):
         return f"{self.fold_prefix}-pristine-W0"
 
     def prepare_model(self, adapted):
-        from flower_app.adapters.lora import lora_layers
+        from flower_app.adapters.lora.layer import lora_layers
 
         adapted.held_tensors[self.pristine_key] = {
             name: layer.get_base_layer().weight.detach().clone()
@@ -74,7 +74,7 @@ class FoldsIntoW0(BaseMethod):
         """Add the folds of rounds not yet folded to this node's cumulative fold."""
         from flwr.app import Array, ArrayRecord, MetricRecord
 
-        from flower_app.records import from_array_record
+        from flower_app.wire.records import from_array_record
 
         state = context.state
         cumulative = (
@@ -115,7 +115,7 @@ def fold_residual(adapted, cumulative: Mapping[str, np.ndarray], pristine_key: s
     """W0 ← W0_pristine + s · cumulative fold (dense, per layer); {} restores W0."""
     import torch
 
-    from flower_app.adapters.lora import lora_layers
+    from flower_app.adapters.lora.layer import lora_layers
 
     layers = lora_layers(adapted.model)
     with torch.no_grad():

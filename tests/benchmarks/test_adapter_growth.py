@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from benchmarks.centralised import adapter_growth as growth
-from flower_app.adapter_kinds import get_adapter_kind
-from flower_app.adapters.florg_model import florg_layers, inject_florg
-from flower_app.adapters.lora import LoRAConfig, inject_lora, lora_layers
+from flower_app.adapters.florg.model import florg_layers, inject_florg
+from flower_app.adapters.lora.layer import LoRAConfig, inject_lora, lora_layers
+from flower_app.adapters.registry import get_adapter_kind
 from tests.runtime.test_adapter import TARGETS, florg_config, perturb_As, tiny_bert
 
 

@@ -220,7 +220,7 @@ def test_the_head_benchmarks_refuse_a_task_kind_without_a_classification_head(tm
     centralised_data for that kind and a causal-LM task is refused with the kind named."""
     from benchmarks.centralised.training import centralised_data
     from florg_tools.synthetic import make_generative_qa_task, make_tiny_causal_lm
-    from flower_app.config import resolve_config
+    from flower_app.settings.config import resolve_config
 
     config = resolve_config({}, {
         "model": str(make_tiny_causal_lm(tmp_path / "model")), "task": "local",

@@ -11,11 +11,11 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
 
-from flower_app.config import ConfigError, resolve_config
-from flower_app.records import ADAPTER_SUFFIXES, from_array_record, to_array_record
-from flower_app.runtime import cached_adapted_model
+from flower_app.cache.per_process import cached_adapted_model
+from flower_app.settings.config import ConfigError, resolve_config
 from flower_app.task_data import load_task_data, make_loader, tokenized_split
-from flower_app.training import is_adapter_parameter, make_optimizer, train_local
+from flower_app.training.loop import is_adapter_parameter, make_optimizer, train_local
+from flower_app.wire.records import ADAPTER_SUFFIXES, from_array_record, to_array_record
 
 
 def _settings(model, task, **extra) -> dict:

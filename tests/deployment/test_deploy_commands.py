@@ -112,10 +112,10 @@ def test_node_config_rejects_unknown_partition():
 
 def test_a_node_rank_travels_in_the_node_config_and_wins_over_client_ranks():
     """Issue 30: ``--rank R`` / ``--node-ranks`` put ``rank=R`` into the node-config, which
-    the ClientApp reads over the run's ``client-ranks`` (flower_app/rank_settings.py)."""
+    the ClientApp reads over the run's ``client-ranks`` (flower_app/settings/client_ranks.py)."""
     from florg_tools.deploy.__main__ import parse_node_ranks
-    from flower_app.config import resolve_config
-    from flower_app.rank_settings import node_rank
+    from flower_app.settings.client_ranks import node_rank
+    from flower_app.settings.config import resolve_config
 
     argv = supernode_argv("127.0.0.1:9093", partition_id=1, num_partitions=3, rank=8, insecure=True)
     node_config = parse_config_args([_parse_args_run_supernode().parse_args(argv[1:]).node_config])

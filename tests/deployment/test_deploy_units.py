@@ -24,12 +24,13 @@ from florg_tools.deploy.certs import certificate_sans, generate_certificates, ge
 from florg_tools.deploy.commands import DeployConfigError
 from florg_tools.flwr_home import write_tls_connection
 from florg_tools.synthetic import make_sentiment_task
-from flower_app import cache_eviction, disk_cache
-from flower_app.adapters.florg_model import florg_layers
+from flower_app.adapters.florg.model import florg_layers
+from flower_app.cache import disk as disk_cache
+from flower_app.cache import eviction as cache_eviction
+from flower_app.cache.per_process import cached_adapted_model
 from flower_app.client.node_config import use_node_data
-from flower_app.config import ConfigError, resolve_config
 from flower_app.modeling import pick_device
-from flower_app.runtime import cached_adapted_model
+from flower_app.settings.config import ConfigError, resolve_config
 from flower_app.task_data import load_task_data, tokenized_split
 from strategies.server.participation import NodeLedger
 

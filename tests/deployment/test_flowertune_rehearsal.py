@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flower_app import asset_registry
+from flower_app.cache import assets as asset_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration

@@ -1,6 +1,7 @@
-"""Test helper: a copy of the Flower App with one method folder (strategies/<name>/) or one
-task-kind module (flower_app/task_kinds/) added plus its registry line, as a user adds
-one. Not a test module."""
+"""Test helper: a copy of the Flower App with one method folder (strategies/<name>/), one
+adapter-kind folder (flower_app/adapters/<name>/) or one task-kind module
+(flower_app/task_kinds/) added plus its registry line, as a user adds one. Not a test
+module."""
 
 from __future__ import annotations
 
@@ -39,6 +40,23 @@ def app_with_registered_module(
     opening = f"{registry} = (\n"
     assert text.count(opening) == 1, f"{init}: no single {registry} tuple"
     init.write_text(text.replace(opening, f'{opening}    "{name}",\n'))
+    return folder
+
+
+def app_with_adapter_kind_folder(folder: Path, name: str, kind_source: str) -> Path:
+    """Copy the app into ``folder``, write ``kind_source`` as the adapter kind's
+    ``flower_app/adapters/<name>/kind.py`` and add ``name`` as the first entry of
+    ``KIND_MODULES`` in ``flower_app/adapters/registry.py``, as a user adds a kind; returns
+    ``folder``."""
+    copy_app(folder)
+    kind_dir = folder / "flower_app" / "adapters" / name
+    kind_dir.mkdir()
+    (kind_dir / "kind.py").write_text(textwrap.dedent(kind_source))
+    registry = folder / "flower_app" / "adapters" / "registry.py"
+    text = registry.read_text()
+    opening = "KIND_MODULES = (\n"
+    assert text.count(opening) == 1, f"{registry}: no single KIND_MODULES tuple"
+    registry.write_text(text.replace(opening, f'{opening}    "{name}",\n'))
     return folder
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from flower_app.config import RunConfig, resolve_config
 from flower_app.methods.registry import build_strategy
+from flower_app.settings.config import RunConfig, resolve_config
 
 
 def run_settings(method: str = "florg", **settings: Any) -> RunConfig:

@@ -20,10 +20,10 @@ from florg_lab.causes import (
     reachable_fraction,
     reachable_rows,
 )
-from flower_app.adapters.projections import make_projections
-from flower_app.config import resolve_config
-from flower_app.runtime import cached_adapted_model
-from flower_app.server.checkpoint import save_checkpoint
+from flower_app.adapters.florg.projections import make_projections
+from flower_app.cache.per_process import cached_adapted_model
+from flower_app.run_output.checkpoint import save_checkpoint
+from flower_app.settings.config import resolve_config
 
 L, R = make_projections(9, 7, seed=3, name="x")  # 9 x 7 and 7 x 7: k = 7
 rng = np.random.default_rng(0)

@@ -20,7 +20,7 @@ from florg_lab.cross_device_sizing import (
     wilson_interval,
 )
 from florg_lab.grid import GRIDS_DIR, load_grid
-from flower_app.dp_accounting import epsilon_for, noise_multiplier_for
+from flower_app.privacy.accounting import epsilon_for, noise_multiplier_for
 
 
 def _run(

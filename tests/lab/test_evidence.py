@@ -18,10 +18,10 @@ from florg_lab.tuning import (
     selection_score,
     tuning_markdown,
 )
-from flower_app.config import resolve_config
 from flower_app.data.loading import load_task_splits, load_task_test
 from flower_app.data.tasks import resolve_task
 from flower_app.environment import environment_label
+from flower_app.settings.config import resolve_config
 
 GRID = """
 name: ev

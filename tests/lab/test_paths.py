@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from flower_app.config import ConfigError, resolve_config
 from flower_app.paths import OUTPUT_ROOT_ENV, confined, output_root
-from flower_app.server.recorder import make_run_dir
+from flower_app.run_output.recorder import make_run_dir
+from flower_app.settings.config import ConfigError, resolve_config
 
 
 @pytest.fixture()
@@ -97,7 +97,7 @@ def test_every_shipped_grid_run_id_is_an_accepted_run_name():
     from pathlib import Path
 
     from florg_lab.grid import load_grid
-    from flower_app.config import is_folder_name
+    from flower_app.settings.config import is_folder_name
 
     grids = sorted((Path(__file__).resolve().parents[2] / "lab" / "grids").glob("*.yaml"))
     for path in grids:

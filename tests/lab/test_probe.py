@@ -14,8 +14,8 @@ from florg_lab.probe import (
     probe_row,
     refit_accuracy,
 )
-from flower_app.config import resolve_config
-from flower_app.runtime import cached_adapted_model
+from flower_app.cache.per_process import cached_adapted_model
+from flower_app.settings.config import resolve_config
 from flower_app.task_data import load_task_data
 from flower_app.task_eval import evaluate_task
 

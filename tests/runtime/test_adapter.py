@@ -12,8 +12,8 @@ from peft import PeftModel
 from transformers import BertForSequenceClassification
 
 from florg_tools.synthetic import tiny_bert_config
-from flower_app.adapters.florg_layer import FLoRGLinear, FLoRGProjections
-from flower_app.adapters.florg_model import (
+from flower_app.adapters.florg.layer import FLoRGLinear, FLoRGProjections
+from flower_app.adapters.florg.model import (
     FLoRGConfig,
     export_peft_lora,
     florg_fingerprint,
@@ -22,16 +22,16 @@ from flower_app.adapters.florg_model import (
     inject_florg,
     set_florg_state,
 )
-from flower_app.adapters.lora import (
+from flower_app.adapters.florg.projections import fingerprint, make_projections, projection_key
+from flower_app.adapters.lora.layer import (
     LoRAConfig,
     get_lora_state,
     inject_lora,
     lora_layers,
     set_lora_state,
 )
-from flower_app.adapters.projections import fingerprint, make_projections, projection_key
 from flower_app.adapters.targets import adapter_layout
-from flower_app.config import ConfigError, defaults, resolve_config
+from flower_app.settings.config import ConfigError, defaults, resolve_config
 
 # The shared tiny BERT with 3 labels and an intermediate size of 48:
 # query/value are 32x32; intermediate.dense is 48x32 and output.dense 32x48 (both ways).
@@ -111,7 +111,7 @@ def test_projections_semi_orthogonal_and_deterministic(d_out, d_in):
 
 def test_projections_identical_across_processes():
     code = (
-        "from flower_app.adapters.projections import make_projections, fingerprint;"
+        "from flower_app.adapters.florg.projections import make_projections, fingerprint;"
         "print(fingerprint(*make_projections(48, 32, seed=7, name='layer.3.value')))"
     )
     runs = [
@@ -299,7 +299,7 @@ def test_federa_svd_init_keeps_output_and_uses_principal_directions():
 
 def test_fedex_fold_sets_w0_plus_scaled_residual_and_restores_w0():
     """FedEx-LoRA's hook: W0 <- W0_pristine + s * cumulative residual; {} restores W0."""
-    from flower_app.config import resolve_config
+    from flower_app.settings.config import resolve_config
     from strategies.fedex_lora.method import FEDEX_LORA
     from strategies.shared.folds import fold_residual
 

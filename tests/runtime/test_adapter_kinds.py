@@ -1,4 +1,4 @@
-"""The adapter-kind registry (flower_app/adapter_kinds/): what it holds and checks, that
+"""The adapter-kind registry (flower_app/adapters/): what it holds and checks, that
 nothing outside a kind's own module branches on its name, and that a new kind is one module
 plus one registry line (a toy kind, in a copy of the app, injected, trained for a client
 round and aggregated by the common strategy)."""
@@ -10,14 +10,15 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
-from flower_app.adapter_kinds import adapter_kind_names, get_adapter_kind, register_adapter_kind
+from flower_app.adapters.registry import adapter_kind_names, get_adapter_kind, register_adapter_kind
 from flower_app.methods.contract import Method
 from flower_app.methods.registry import get_method, method_names
-from tests.harness.app_copy import ROOT, app_with_registered_module, changed_files
+from tests.harness.app_copy import ROOT, app_with_adapter_kind_folder, changed_files
 
 
 def test_the_registered_kinds_own_their_parts_and_shapes():
@@ -50,26 +51,36 @@ KIND_BRANCH = re.compile(
 )
 
 
+def _is_kind_machinery(path: Path) -> bool:
+    """A kind's own object (flower_app/adapters/<kind>/kind.py), the registry or the base."""
+    adapters = ROOT / "flower_app" / "adapters"
+    return (
+        path.parent == adapters
+        and path.name in ("registry.py", "base.py")
+        or (path.parent.parent == adapters and path.name == "kind.py")
+    )
+
+
 def test_no_branch_on_a_kind_name_outside_its_own_module():
     """Over the runtime (the benchmarks name their own arms 'florg' and 'lora')."""
     offenders = [
         f"{path.relative_to(ROOT)}: {m.group(0)}"
         for package in ("flower_app", "client_app", "server_app", "strategies")
         for path in (ROOT / package).rglob("*.py")
-        if "adapter_kinds" not in path.parts
+        if not _is_kind_machinery(path)
         for m in KIND_BRANCH.finditer(path.read_text())
     ]
     assert offenders == []
 
 
 # The toy kind: each targeted Linear's output scaled by (1 + s g), g (d_out) trained and
-# shared: W = W0 + s diag(g) W0. Its module is all a new kind needs.
+# shared: W = W0 + s diag(g) W0. Its kind.py is all a new kind needs.
 TOY_KIND = '''
 """A toy adapter kind (tests/runtime/test_adapter_kinds.py): W = W0 + s diag(g) W0, g trained."""
 
 from __future__ import annotations
 
-from flower_app.adapter_kinds.base import AdapterKind, Part
+from flower_app.adapters.base import AdapterKind, Part
 
 
 def _layers(model):
@@ -135,10 +146,10 @@ import strategies.registry
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 from flower_app.client.round import train_round
-from flower_app.config import resolve_config
+from flower_app.settings.config import resolve_config
 from flower_app.methods.registry import build_strategy, register_method
-from flower_app.records import to_array_record
-from flower_app.runtime import cached_adapted_model
+from flower_app.wire.records import to_array_record
+from flower_app.cache.per_process import cached_adapted_model
 from strategies.shared.base_method import BaseMethod
 
 TaskIdentity.run_id = TaskIdentity.task_id = TaskIdentity.node_id = 1  # messages outside a run
@@ -178,12 +189,11 @@ print(json.dumps({
 """
 
 
-def test_a_new_adapter_kind_is_one_module_plus_one_registry_line(tmp_path):
-    app = app_with_registered_module(tmp_path / "app", "adapter_kinds", "toy_gain", TOY_KIND,
-                                     "KIND_MODULES")  # fmt: skip
+def test_a_new_adapter_kind_is_one_folder_plus_one_registry_line(tmp_path):
+    app = app_with_adapter_kind_folder(tmp_path / "app", "toy_gain", TOY_KIND)
     assert changed_files(app) == [
-        "flower_app/adapter_kinds/__init__.py",
-        "flower_app/adapter_kinds/toy_gain.py",
+        "flower_app/adapters/registry.py",
+        "flower_app/adapters/toy_gain/kind.py",
     ]
     model = make_tiny_bert(tmp_path / "model")
     task = make_sentiment_task(tmp_path / "task", n_train=40, n_eval=10, n_test=0)
@@ -211,7 +221,7 @@ def test_injecting_and_exporting_a_peft_lora_prints_no_library_future_warning(tm
     from transformers import BertForSequenceClassification
 
     from florg_tools.synthetic import tiny_bert_config
-    from flower_app.adapters.lora import LoRAConfig, inject_lora
+    from flower_app.adapters.lora.layer import LoRAConfig, inject_lora
 
     model = BertForSequenceClassification(tiny_bert_config(num_labels=2))
     with warnings.catch_warnings(record=True) as caught:

@@ -19,11 +19,11 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from flower_app.cache.per_process import cached_adapted_model
 from flower_app.client.round import receive, train_round
-from flower_app.config import ConfigError, resolve_config
 from flower_app.methods.registry import get_method
-from flower_app.records import from_array_record, to_array_record
-from flower_app.runtime import cached_adapted_model
+from flower_app.settings.config import ConfigError, resolve_config
+from flower_app.wire.records import from_array_record, to_array_record
 from strategies.fedsvd.rule import aggregate_fedsvd, refactorise
 from strategies.rolora.rule import aggregate_rolora, rolora_part
 from tests.harness.strategy_helpers import strategy_for

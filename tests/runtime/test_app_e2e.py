@@ -26,9 +26,9 @@ from safetensors.numpy import load_file
 from florg_tools.flwr_cli import RunOutcome, run_flower_app
 from florg_tools.run_config import resume_run_config
 from flower_app.adapters.targets import adapter_layout
-from flower_app.dp_accounting import epsilon_for
 from flower_app.methods.communication import round_communication
 from flower_app.methods.registry import get_method, method_names
+from flower_app.privacy.accounting import epsilon_for
 from strategies.florg.rule import aggregate_florg
 from strategies.florg_signed.rule import aggregate_florg_signed
 from tests.harness.flower_harness import TINY_NUM_NODES, TINY_RANK, run_tiny_app

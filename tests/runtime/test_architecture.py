@@ -200,9 +200,9 @@ def test_import_graph_sees_function_local_and_from_imports():
         "strategies.server.strategy"
         in import_graph(type_checking=True)["strategies.shared.base_method"]
     )
-    assert "flower_app.config" in graph["server_app.server_app"]
-    # a function-local import (flower_app/disk_cache.py: cache_root)
-    assert "flower_app.asset_registry" in graph["flower_app.disk_cache"]
+    assert "flower_app.settings.config" in graph["server_app.server_app"]
+    # a function-local import (flower_app/cache/disk.py: cache_root)
+    assert "flower_app.cache.assets" in graph["flower_app.cache.disk"]
     assert len(graph) > 40
 
 
@@ -246,40 +246,40 @@ def test_the_core_never_imports_the_methods():
 
 
 def test_settings_and_methods_depend_one_way():
-    """flower_app/config.py reads the method registry (the values of ``method``, the
+    """flower_app/settings/config.py reads the method registry (the values of ``method``, the
     methods' own settings); nothing a method imports, annotations (``if TYPE_CHECKING:``)
     and function-local imports included, reaches the run config that composes them (the
     config.py docstring says why this way). A method declares its settings with the
-    declaration's tools only, ``flower_app.settings`` and ``flower_app.config_checks``,
+    declaration's tools only, ``flower_app.settings`` and ``flower_app.settings.checks``,
     which import nothing of the app."""
     graph = import_graph(type_checking=True)
-    assert "flower_app.methods.registry" in graph["flower_app.config"]
+    assert "flower_app.methods.registry" in graph["flower_app.settings.config"]
     methods = {"strategies.registry", "flower_app.methods.contract"} | {
         m for m in graph if m.startswith("strategies.") and m.endswith(".method")
     }
     assert len(methods) > 5
     reached = reachable(graph, methods)
-    assert not reached & {"flower_app.config", "flower_app.adapted"}
-    for tool in ("flower_app.settings", "flower_app.config_checks"):
+    assert not reached & {"flower_app.settings.config", "flower_app.adapted"}
+    for tool in ("flower_app.settings", "flower_app.settings.checks"):
         assert not {m for m in graph[tool] if m.split(".")[0] in {"flower_app", "strategies"}}
 
 
 def test_the_runtime_caches_and_the_data_do_not_import_each_other_in_a_cycle():
     """The cycle of issue 14: runtime -> disk_cache -> task_data -> runtime."""
     graph = import_graph()
-    assert "flower_app.task_data" not in graph["flower_app.disk_cache"]
-    assert "flower_app.runtime" not in graph["flower_app.task_data"]
+    assert "flower_app.task_data" not in graph["flower_app.cache.disk"]
+    assert "flower_app.cache.per_process" not in graph["flower_app.task_data"]
     runtime = {m: graph[m] for m in graph if m.split(".")[0] in RUNTIME_PACKAGES}
     assert find_cycle(runtime) is None
 
 
 # The runtime's two sides, by folder. The ClientApp and flower_app/client/ form the client
-# side; the ServerApp, flower_app/server/, strategies/server/ (the common strategy's parts
+# side; the ServerApp, flower_app/run_output/, strategies/server/ (the common strategy's parts
 # and the server's DP mechanisms) and each method's Flower strategy
 # (strategies/<m>/strategy.py) form the server side. Everything else (settings, adapters,
 # the method contract and registry, the methods' declarations and rules, strategies/shared/,
 # task kinds, data, training, records) is the core both import.
-SERVER_FOLDERS = ("server_app", "flower_app.server", "strategies.server")
+SERVER_FOLDERS = ("server_app", "flower_app.run_output", "strategies.server")
 # The contract's hooks only the server calls (flower_app/methods/contract.py, "server
 # side"): what they import is left out of the client side's reach.
 SERVER_HOOKS = frozenset({"build_strategy", "aggregate", "aggregate_private", "central_dp"})
@@ -369,7 +369,7 @@ def test_a_method_is_named_only_in_its_own_folder_and_the_registry():
 
 # A registry that loads its folder's modules by name (importlib) imports them all.
 REGISTRY_FOLDERS = {
-    "flower_app.adapter_kinds": "flower_app.adapter_kinds.",
+    "flower_app.adapters.registry": "flower_app.adapters.",
     "flower_app.task_kinds": "flower_app.task_kinds.",
     "strategies.registry": "strategies.",
 }

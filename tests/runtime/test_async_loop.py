@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 import strategies.server.buffered_rounds as buffered_rounds
-from flower_app.records import from_array_record, to_array_record
+from flower_app.wire.records import from_array_record, to_array_record
 from tests.harness.strategy_helpers import strategy_for
 
 # a Message needs them outside a Flower app (as tests/runtime/test_flora.py)

@@ -8,7 +8,7 @@ import pytest
 
 import strategies.registry  # noqa: F401  (the methods register)
 from flower_app.client.node_config import node_slowdown
-from flower_app.config import ConfigError, resolve_config
+from flower_app.settings.config import ConfigError, resolve_config
 
 ASYNC = {"round-mode": "async"}
 

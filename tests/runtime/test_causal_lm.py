@@ -17,11 +17,11 @@ import torch
 
 from florg_tools.flwr_cli import run_flower_app
 from florg_tools.synthetic import make_generative_qa_task, make_tiny_causal_lm
-from flower_app.config import ConfigError, resolve_config
 from flower_app.data import sft
 from flower_app.data.tasks import TASKS
 from flower_app.methods.contract import Method
 from flower_app.methods.registry import method_names
+from flower_app.settings.config import ConfigError, resolve_config
 from flower_app.task_kinds.sft_eval import generate_answers, generation_scores, response_loss
 from tests.harness.ray_harness import shared_ray_simulation_superlink
 
@@ -197,8 +197,8 @@ def test_generative_tasks_and_their_sources():
 
 
 def test_a_round_adapts_q_and_v_and_instructions_are_scored_by_their_loss(tiny, tmp_path):
+    from flower_app.cache.per_process import cached_adapted_model
     from flower_app.client.round import train_round
-    from flower_app.runtime import cached_adapted_model
     from flower_app.task_data import load_task_data
     from flower_app.task_eval import evaluate_task
 
@@ -244,7 +244,7 @@ def fed_sb_round_0(adapted: Any, gradients: dict, lr: float, rank: int) -> None:
     B, R, A from its gradient (strategies/fed_sb/rule.py's ``initial_factors``, as the
     strategy computes them from the clients' mean), B and A fixed in the model, R loaded as
     the global state the first training message carries."""
-    from flower_app.adapters.lora_sb import lora_sb_layers, set_lora_sb_basis
+    from flower_app.adapters.lora_sb.layer import lora_sb_layers, set_lora_sb_basis
     from strategies.fed_sb.gradient import gradient_key
     from strategies.fed_sb.rule import initial_factors
 
@@ -265,8 +265,8 @@ def test_every_method_trains_the_decoder_in_process(tiny, method):
     counts response tokens, the four causal-LM keys are finite and the score is gen-F1."""
     import numpy as np
 
+    from flower_app.cache.per_process import cached_adapted_model
     from flower_app.client.round import local_batches, train_round
-    from flower_app.runtime import cached_adapted_model
     from flower_app.task_data import load_task_data
     from flower_app.task_eval import evaluate_task
 

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from florg_tools.synthetic import make_tiny_causal_lm
-from flower_app.config import resolve_config
+from flower_app.cache.per_process import cached_adapted_model
 from flower_app.modeling import resolve_model_source
-from flower_app.runtime import cached_adapted_model
+from flower_app.settings.config import resolve_config
 
 PROMPTS = ("the movie was", "a film and the plot is very", "good", "the actor was bad")
 

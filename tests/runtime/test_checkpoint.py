@@ -12,17 +12,17 @@ from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from florg_tools.run_config import load_preset, resume_run_config
-from flower_app.config import ConfigError, defaults, resolve_config
 from flower_app.methods.registry import get_method
-from flower_app.records import from_array_record, to_array_record
-from flower_app.server.checkpoint import (
+from flower_app.run_output.checkpoint import (
     check_resumable,
     load_checkpoint,
     random_state_json,
     restore_random_state,
     save_checkpoint,
 )
-from flower_app.server.recorder import RunRecorder
+from flower_app.run_output.recorder import RunRecorder
+from flower_app.settings.config import ConfigError, defaults, resolve_config
+from flower_app.wire.records import from_array_record, to_array_record
 from tests.harness.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1

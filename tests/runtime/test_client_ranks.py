@@ -14,17 +14,17 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.config import ConfigError, resolve_config
 from flower_app.methods.communication import client_communication
-from flower_app.rank_settings import (
+from flower_app.settings.client_ranks import (
     config_at_rank,
     largest_rank,
     node_rank,
     parse_client_ranks,
     server_model_config,
 )
-from flower_app.ranks import truncate_to_rank
-from flower_app.records import from_array_record, to_array_record
+from flower_app.settings.config import ConfigError, resolve_config
+from flower_app.wire.ranks import truncate_to_rank
+from flower_app.wire.records import from_array_record, to_array_record
 from strategies.florg.ranks import aggregate_florg_ranks
 from strategies.florg.rule_torch import aggregate_florg_layers
 from tests.harness.strategy_helpers import strategy_for

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 
-from flower_app.config import ConfigError, resolve_config
-from flower_app.records import from_array_record, to_array_record
+from flower_app.settings.config import ConfigError, resolve_config
+from flower_app.wire.records import from_array_record, to_array_record
 from strategies.florg.dp import noised_gram_sum
 from strategies.server.central_dp import CentralDP, mean_mechanism, public_divisor
 from strategies.server.client_sampling import PoissonSampler

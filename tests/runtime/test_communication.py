@@ -9,18 +9,18 @@ import pytest
 import torch
 from transformers import BertForSequenceClassification
 
-from flower_app.adapters.florg_model import get_florg_state, inject_florg
-from flower_app.adapters.lora import LoRAConfig, get_lora_state, inject_lora
-from flower_app.adapters.lora_sb import (
+from flower_app.adapters.florg.model import get_florg_state, inject_florg
+from flower_app.adapters.lora.layer import LoRAConfig, get_lora_state, inject_lora
+from flower_app.adapters.lora_sb.layer import (
     LoRASBConfig,
     get_lora_sb_state,
     inject_lora_sb,
     lora_sb_layers,
 )
 from flower_app.adapters.targets import adapter_layout
-from flower_app.config import resolve_config
 from flower_app.methods.communication import round_communication
 from flower_app.methods.registry import method_names
+from flower_app.settings.config import resolve_config
 from strategies.fedex_lora.rule import aggregate_fedex_lora
 from tests.runtime.test_adapter import florg_config
 
@@ -154,10 +154,10 @@ def test_bad_input():
 @pytest.mark.parametrize("method", ["florg", "fedit", "ffa-lora", "rolora"])
 def test_encoded_bytes_are_the_encoded_arrays_bytes(method, encoding):
     """``RoundCommunication.encoded`` (the projection's bytes) against the bytes of the
-    arrays ``flower_app.encoding.encode_record`` makes of a state of those shapes (no
+    arrays ``flower_app.wire.encoding.encode_record`` makes of a state of those shapes (no
     head: the count's head has no known rows)."""
-    from flower_app.encoding import encode_record
     from flower_app.methods.registry import get_method
+    from flower_app.wire.encoding import encode_record
 
     shapes, r = {"l0": (12, 20), "l1": (20, 12)}, 3
     spec = get_method(method)
@@ -175,12 +175,12 @@ def test_encoded_bytes_are_the_encoded_arrays_bytes(method, encoding):
 
 
 def test_the_projection_counts_the_run_s_encodings():
-    """The FlowerTune projection (flower_app/comm_projection.py) in bytes under the run's
+    """The FlowerTune projection (florg_tools/comm_projection.py) in bytes under the run's
     encodings: at fp32 its parameters times 4, as before; with int8 up and bf16 down the
     encoded bytes of each round's arrays."""
     import strategies.registry  # noqa: F401
-    from flower_app.comm_projection import project
-    from flower_app.leaderboard import megabytes
+    from florg_tools.comm_projection import project
+    from flower_app.preflight.leaderboard import megabytes
 
     shapes = {"l0": (64, 32), "l1": (32, 64)}
     for method in ("florg", "fedit"):

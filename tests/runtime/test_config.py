@@ -15,7 +15,9 @@ from flwr.common.config import get_fused_config_from_dir, parse_config_args
 from florg_tools import settings as settings_tool
 from florg_tools.launch import _build_parser
 from florg_tools.run_config import collect_run_config, load_preset, write_run_config_toml
-from flower_app.config import (
+from flower_app.cache.per_process import cached_adapted_model
+from flower_app.settings import setting
+from flower_app.settings.config import (
     CONF_DIR,
     DATA,
     MODEL,
@@ -33,8 +35,6 @@ from flower_app.config import (
     settings_for,
     to_attr,
 )
-from flower_app.runtime import cached_adapted_model
-from flower_app.settings import setting
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted(p.stem for p in CONF_DIR.glob("*.toml"))

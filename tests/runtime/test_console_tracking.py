@@ -17,11 +17,11 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.config import ConfigError, resolve_config
-from flower_app.server import console
-from flower_app.server.checkpoint import Checkpoint, check_resumable
-from flower_app.server.recorder import RunRecorder
-from flower_app.server.tracking import TENSORBOARD_DIR, scalars
+from flower_app.run_output import console
+from flower_app.run_output.checkpoint import Checkpoint, check_resumable
+from flower_app.run_output.recorder import RunRecorder
+from flower_app.run_output.tracking import TENSORBOARD_DIR, scalars
+from flower_app.settings.config import ConfigError, resolve_config
 
 PROGRESS = "[florg] round %d/2 | acc 0.5000 loss 1.0000 | comm 0 params (0B) | 1s"
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from florg_tools import assets
-from flower_app import asset_registry
+from flower_app.cache import assets as asset_registry
 from flower_app.data import (
     TASKS,
     load_task_splits,

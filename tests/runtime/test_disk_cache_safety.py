@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from flower_app import cache_keys, disk_cache, task_data
-from flower_app.config import DATA, MODEL, TOKENISATION, resolve_config, schema, to_attr
+from flower_app import task_data
+from flower_app.cache import disk as disk_cache
+from flower_app.cache import keys as cache_keys
+from flower_app.cache.per_process import cached_adapted_model
 from flower_app.methods.registry import method_sources
-from flower_app.runtime import cached_adapted_model
+from flower_app.settings.config import DATA, MODEL, TOKENISATION, resolve_config, schema, to_attr
 from flower_app.task_data import load_task_data, tokenized_split
 
 MARKER_NAME = "pwned"
@@ -198,15 +200,15 @@ def test_a_cache_key_covers_the_builder_code_it_imports(tmp_path, monkeypatch):
 
 def test_the_real_builders_code_hashes_cover_their_modules():
     files = cache_keys._code_files
-    model = {str(p.relative_to(ROOT)) for p in files("flower_app.runtime").values()}
+    model = {str(p.relative_to(ROOT)) for p in files("flower_app.cache.per_process").values()}
     data = {str(p.relative_to(ROOT)) for p in files("flower_app.task_data").values()}
     assert {
-        "flower_app/adapters/lora.py",
+        "flower_app/adapters/lora/layer.py",
         "flower_app/modeling.py",
-        "flower_app/config.py",
+        "flower_app/settings/config.py",
     } <= model
-    assert {"flower_app/data/qa_features.py", "flower_app/tokenizer.py"} <= data
-    assert "flower_app/asset_registry.py" in data  # (the old hand-written list named assets.py)
+    assert {"flower_app/data/qa_features.py", "flower_app/cache/tokenizer.py"} <= data
+    assert "flower_app/cache/assets.py" in data  # (the old hand-written list named assets.py)
     # the core imports no method; a model's key adds the code of the modules that registered
     # the methods, and the registry imports its modules by name (importlib): all of them count
     assert not any(f.startswith("strategies/") for f in model | data)
@@ -239,21 +241,21 @@ RACE = "AST constructor recursion depth mismatch (before=45, after=379)"
 
 
 def test_a_parse_failed_by_another_threads_ast_race_is_parsed_again(monkeypatch):
-    path = ROOT / "flower_app" / "runtime.py"
-    expected = cache_keys._imports("flower_app.runtime", path)
+    path = ROOT / "flower_app" / "cache" / "per_process.py"
+    expected = cache_keys._imports("flower_app.cache.per_process", path)
     calls = _racing_parse(monkeypatch, path, cache_keys._PARSE_TRIES - 1, RACE)
-    assert cache_keys._imports("flower_app.runtime", path) == expected
+    assert cache_keys._imports("flower_app.cache.per_process", path) == expected
     assert calls[0] == cache_keys._PARSE_TRIES
 
 
 def test_a_persistent_race_or_another_system_error_is_raised(monkeypatch):
-    path = ROOT / "flower_app" / "runtime.py"
+    path = ROOT / "flower_app" / "cache" / "per_process.py"
     _racing_parse(monkeypatch, path, cache_keys._PARSE_TRIES, RACE)
     with pytest.raises(SystemError, match="recursion depth mismatch"):
-        cache_keys._imports("flower_app.runtime", path)
+        cache_keys._imports("flower_app.cache.per_process", path)
     calls = _racing_parse(monkeypatch, path, 1, "some other interpreter error")
     with pytest.raises(SystemError, match="some other"):
-        cache_keys._imports("flower_app.runtime", path)
+        cache_keys._imports("flower_app.cache.per_process", path)
     assert calls[0] == 1
 
 
@@ -265,8 +267,8 @@ def test_a_florg_process_keys_its_cache_without_importing_peft(tiny, tmp_path):
     probe = (
         "import sys\n"
         "import strategies.registry\n"
-        "from flower_app.config import resolve_config\n"
-        "from flower_app.runtime import cached_adapted_model\n"
+        "from flower_app.settings.config import resolve_config\n"
+        "from flower_app.cache.per_process import cached_adapted_model\n"
         "from flower_app.task_data import load_task_data, tokenized_split\n"
         "def build(method):\n"
         f"    settings = {{'model': {str(model)!r}, 'task': 'local', 'data-path': {str(task)!r},\n"

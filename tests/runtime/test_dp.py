@@ -11,8 +11,8 @@ import pytest
 import torch
 from scipy import stats
 
-from flower_app import dp_accounting as accounting
-from flower_app import dp_checks
+from flower_app.privacy import accounting as accounting
+from flower_app.privacy import checks as dp_checks
 from strategies.federa.rule import aggregate_federa
 from strategies.florg import dp as gram_dp
 from strategies.florg.dp_torch import private_florg_layers_torch

@@ -14,11 +14,11 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.config import ConfigError, resolve_config
-from flower_app.dp_accounting import epsilon_for
 from flower_app.methods.registry import get_method, method_names
-from flower_app.records import from_array_record, to_array_record
-from flower_app.server.recorder import RunRecorder
+from flower_app.privacy.accounting import epsilon_for
+from flower_app.run_output.recorder import RunRecorder
+from flower_app.settings.config import ConfigError, resolve_config
+from flower_app.wire.records import from_array_record, to_array_record
 from strategies.fedex_lora.method import FEDEX_REFUSAL
 from strategies.fedsvd.rule import refactorise
 from strategies.flora.method import FLORA_REFUSAL

@@ -1,7 +1,7 @@
-"""Example-level DP-SGD (``dp=example``, flower_app/dp_sgd.py, docs/privacy.md section 9).
+"""Example-level DP-SGD (``dp=example``, flower_app/privacy/dp_sgd.py, docs/privacy.md section 9).
 
 The per-example gradients Opacus computes (its hooks; FLoRG's A through
-flower_app/adapters/florg_grad_sample.py) are held, for every trained parameter (adapter
+flower_app/adapters/florg/grad_sample.py) are held, for every trained parameter (adapter
 and head), to a loop that runs autograd on one example at a time, in float64, to 1e-6:
 FLoRG (its pass-factor cache on: the factors are formed outside the layer), florg-signed
 (D = diag(+-1)), PEFT's LoRA and LoRA-SB's R (Fed-SB), on the tiny BERT. Then the client's
@@ -17,17 +17,17 @@ import numpy as np
 import pytest
 import torch
 
-from flower_app.adapters.florg_layer import FLoRGLinear
-from flower_app.adapters.florg_model import FLoRGConfig, florg_layers, inject_florg
-from flower_app.adapters.lora import LoRAConfig, inject_lora, lora_layers
-from flower_app.config import ConfigError, resolve_config
-from flower_app.dp_sgd import (
+from flower_app.adapters.florg.layer import FLoRGLinear
+from flower_app.adapters.florg.model import FLoRGConfig, florg_layers, inject_florg
+from flower_app.adapters.lora.layer import LoRAConfig, inject_lora, lora_layers
+from flower_app.privacy.dp_sgd import (
     ClientAccountant,
     DpSgd,
     DpSgdPlan,
     client_delta,
     round_generators,
 )
+from flower_app.settings.config import ConfigError, resolve_config
 
 N, T = 5, 7  # examples, tokens
 
@@ -72,7 +72,7 @@ def lora_model(tiny_bert_config):
 
 def lora_sb_model(tiny_bert_config):
     """LoRA-SB (Fed-SB's adapter): a random fixed B, A and R off its zero start."""
-    from flower_app.adapters.lora_sb import LoRASBConfig, inject_lora_sb
+    from flower_app.adapters.lora_sb.layer import LoRASBConfig, inject_lora_sb
 
     model = tiny_bert(tiny_bert_config)
     layers = inject_lora_sb(model, LoRASBConfig(r=4, alpha=8.0))
@@ -109,9 +109,9 @@ def per_example_loop(model, data) -> dict[str, torch.Tensor]:
 def test_per_example_gradients_equal_a_per_example_autograd_loop(tiny_bert_config, variant):
     from opacus import GradSampleModule
 
-    from flower_app.adapters.florg_grad_sample import register_florg_grad_sampler
-    from flower_app.adapters.lora_sb_grad_sample import register_lora_sb_grad_sampler
-    from flower_app.dp_sgd import check_trainable_modules
+    from flower_app.adapters.florg.grad_sample import register_florg_grad_sampler
+    from flower_app.adapters.lora_sb.grad_sample import register_lora_sb_grad_sampler
+    from flower_app.privacy.dp_sgd import check_trainable_modules
 
     register_florg_grad_sampler()
     register_lora_sb_grad_sampler()
@@ -141,7 +141,7 @@ def test_per_example_gradients_equal_a_per_example_autograd_loop(tiny_bert_confi
 
 def test_the_florg_sampler_sees_a_wrong_gradient(tiny_bert_config):
     """The comparison can fail: without its D, florg-signed's per-example gradients differ."""
-    from flower_app.adapters.florg_grad_sample import florg_grad_sample
+    from flower_app.adapters.florg.grad_sample import florg_grad_sample
 
     layer = next(iter(florg_layers(florg_model(tiny_bert_config, (1.0, -1.0, 1.0, -1.0))).values()))
     x = torch.randn(3, 4, layer.in_features, dtype=torch.float64)
@@ -152,7 +152,7 @@ def test_the_florg_sampler_sees_a_wrong_gradient(tiny_bert_config):
 
 
 def test_a_frozen_a_has_no_per_example_gradient(tiny_bert_config):
-    from flower_app.adapters.florg_grad_sample import florg_grad_sample
+    from flower_app.adapters.florg.grad_sample import florg_grad_sample
 
     layer: FLoRGLinear = next(iter(florg_layers(florg_model(tiny_bert_config)).values()))
     layer.A.requires_grad_(False)
@@ -198,7 +198,7 @@ def test_a_target_epsilon_is_calibrated_after_a_release_already_in_the_ledger():
     1e-3, never above), which the old calibration would overshoot; an empty ledger takes
     ``noise_multiplier_for`` exactly as before (equality); a release that alone reaches the
     target is refused naming dp-sgd-target-epsilon."""
-    from flower_app.dp_accounting import (
+    from flower_app.privacy.accounting import (
         DpAccountant,
         epsilon_for,
         noise_multiplier_after,
@@ -262,7 +262,7 @@ def test_seeded_generators_repeat_and_unseeded_ones_differ():
 def test_a_dp_step_clips_each_example_and_noises_the_sum(tiny_bert_config):
     """z = 0: the step's gradient is the sum of the per-example gradients, each clipped to C,
     over the expected batch size; z > 0 adds noise of std z C / (q n)."""
-    from flower_app.training import make_optimizer
+    from flower_app.training.loop import make_optimizer
 
     model = florg_model(tiny_bert_config).train()
     data = batch(tiny_bert_config.vocab_size)
@@ -289,7 +289,7 @@ def test_a_dp_step_clips_each_example_and_noises_the_sum(tiny_bert_config):
 
 
 def test_an_empty_poisson_batch_takes_a_noise_only_step(tiny_bert_config):
-    from flower_app.training import make_optimizer
+    from flower_app.training.loop import make_optimizer
 
     model = florg_model(tiny_bert_config).train()
     plan = DpSgdPlan(1.0, 1.0, 0.5, 1, 1e-5, 2)
@@ -317,8 +317,8 @@ def test_a_round_whose_first_poisson_draw_is_empty_trains_its_steps(tiny_bert_co
     """q small enough that the round's first draws hold no example: every step is the
     noise-only step and the round completes (Opacus' DPDataLoader raised here: its
     empty-batch collation fell back to torch.zeros with a dict's keys' type as dtype)."""
-    from flower_app.dp_sgd import poisson_loader
-    from flower_app.training import train_local
+    from flower_app.privacy.dp_sgd import poisson_loader
+    from flower_app.training.loop import train_local
 
     data = batch(tiny_bert_config.vocab_size)
     loader = torch.utils.data.DataLoader(examples_of(data), batch_size=N)
@@ -341,7 +341,7 @@ def test_the_poisson_loader_draws_as_opacus_dp_data_loader():
     draw (the draws of the runs published before the empty-draw fix are unchanged)."""
     from opacus.data_loader import DPDataLoader
 
-    from flower_app.dp_sgd import poisson_loader
+    from flower_app.privacy.dp_sgd import poisson_loader
 
     dataset = [torch.tensor([i]) for i in range(40)]
     ours = poisson_loader(
@@ -377,7 +377,7 @@ def test_the_poisson_loader_draws_as_opacus_dp_data_loader():
     ],
 )
 def test_dp_example_refuses_bad_settings_naming_the_key(overrides, key):
-    from flower_app.config import ConfigError
+    from flower_app.settings.config import ConfigError
 
     with pytest.raises(ConfigError, match=key):
         dp_config(**overrides)
@@ -408,7 +408,7 @@ def test_extractive_qa_is_refused_before_launch_the_unit_would_be_a_window(tmp_p
     """A SQuAD-style question whose context is longer than one window trains as several
     windows: DP-SGD would protect a window, not the question, so dp=example is refused
     before launch (the launcher's and the ServerApp's check) with that reason."""
-    from flower_app.launch_checks import check_names
+    from flower_app.preflight.references import check_names
     from flower_app.task_kinds import get_kind
 
     assert "window" in get_kind("extractive-qa").example_dp_refusal
@@ -457,7 +457,7 @@ def test_the_server_record_keeps_the_largest_epsilon_and_bounds_a_lost_ledger():
 def one_dp_step(tiny_bert_config, plan: DpSgdPlan, *, lr: float = 0.0, hook: bool = True):
     """One DP-SGD step of the tiny FLoRG BERT on ``batch``: (its model, the stats' metrics;
     None where ``hook`` is false, the step hook removed before the step)."""
-    from flower_app.training import make_optimizer
+    from flower_app.training.loop import make_optimizer
 
     model = florg_model(tiny_bert_config).train()
     data = batch(tiny_bert_config.vocab_size)
@@ -517,7 +517,7 @@ def test_the_mechanism_stats_leave_the_trained_parameters_bit_for_bit(tiny_bert_
 
 
 def test_an_empty_round_reports_no_per_example_statistics():
-    from flower_app.dp_sgd_mechanism import MechanismStats
+    from flower_app.privacy.dp_sgd_mechanism import MechanismStats
 
     found = MechanismStats(1.0, 2.0, 8).metrics()
     assert found == {

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from flower_app.client.dp_state import FILE
-from flower_app.dp_sgd import ClientAccountant
+from flower_app.privacy.dp_sgd import ClientAccountant
 from tests.harness.flower_harness import TINY_NUM_NODES, run_tiny_app
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Message encodings (``uplink-encoding`` / ``downlink-encoding``, flower_app/encoding.py):
+"""Message encodings (``uplink-encoding`` / ``downlink-encoding``, flower_app/wire/encoding.py):
 each encoding against an independent implementation (torch's bfloat16, numpy's float16),
 int8's per-row bound, its unbiasedness and its seeding, the bytes each saves, and the
 refusals."""
@@ -11,8 +11,8 @@ import torch
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.config import ConfigError, resolve_config
-from flower_app.encoding import (
+from flower_app.settings.config import ConfigError, resolve_config
+from flower_app.wire.encoding import (
     ENCODINGS,
     decode_record,
     encode_record,
@@ -20,7 +20,7 @@ from flower_app.encoding import (
     from_int8,
     to_int8,
 )
-from flower_app.records import message_bytes, to_array_record
+from flower_app.wire.records import message_bytes, to_array_record
 
 # a Message needs them outside a Flower app (as tests/runtime/test_flora.py)
 TaskIdentity.run_id = 1
@@ -40,7 +40,7 @@ def roundtrip(encoding: str, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def test_the_setting_offers_the_modules_encodings():
-    from flower_app.config import schema
+    from flower_app.settings.config import schema
 
     for key in ("uplink-encoding", "downlink-encoding"):
         assert schema()[key].check.options == ENCODINGS and schema()[key].default == "fp32"
@@ -156,7 +156,7 @@ def test_an_int8_reply_from_nan_is_a_failure_not_an_accepted_update():
     from flwr.app import Error
     from flwr.common.constant import ErrorCode
 
-    from flower_app.records import from_array_record
+    from flower_app.wire.records import from_array_record
     from tests.harness.strategy_helpers import strategy_for
 
     prev = {"l.lora_A": np.zeros((2, 3)), "l.lora_B": np.zeros((3, 2))}
@@ -221,7 +221,7 @@ def old_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 def test_bf16_bits_keep_every_nan_a_nan_and_the_infinities():
-    from flower_app.encoding import from_bf16_bits, to_bf16_bits
+    from flower_app.wire.encoding import from_bf16_bits, to_bf16_bits
 
     nans = np.array(
         [0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001, 0xFF800001, 0x7FC00000, 0xFFC00000, 0x7F80FFFF,

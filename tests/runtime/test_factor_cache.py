@@ -1,4 +1,4 @@
-"""FLoRG's factors formed once per training forward (flower_app/adapters/florg_layer.py,
+"""FLoRG's factors formed once per training forward (flower_app/adapters/florg/layer.py,
 ``form_pass_factors``): with gradient checkpointing the recomputed forward reuses them.
 
 Every check compares with the uncached path, the layer forming (L A^T D, A R) inside its
@@ -20,17 +20,17 @@ import pytest
 import torch
 from torch import nn
 
-from flower_app.adapters import florg_layer
-from flower_app.adapters.florg_layer import FLoRGLinear
-from flower_app.adapters.florg_model import (
+from flower_app.adapters.florg import layer as florg_layer
+from flower_app.adapters.florg.layer import FLoRGLinear
+from flower_app.adapters.florg.model import (
     FLoRGConfig,
     florg_layers,
     get_florg_state,
     inject_florg,
     set_florg_state,
 )
-from flower_app.precision import MixedPrecision, prepare_base_model
-from flower_app.training import make_optimizer, train_step
+from flower_app.training.loop import make_optimizer, train_step
+from flower_app.training.precision import MixedPrecision, prepare_base_model
 from tests.runtime.test_precision import lm_batch, tiny_llama
 
 TARGETS = ("q_proj", "v_proj")

@@ -12,7 +12,7 @@ from flwr.app import ConfigRecord, Context, Message, Metadata, MetricRecord, Rec
 
 from client_app.client_app import app
 from flower_app.client.faults import inject_faults
-from flower_app.records import from_array_record, to_array_record
+from flower_app.wire.records import from_array_record, to_array_record
 
 PAYLOAD = {
     "enc.q.A": np.full((2, 4), 0.5, np.float32),
@@ -109,7 +109,7 @@ def test_a_comma_list_gives_each_round_its_own_kind_cycled():
 
 
 def test_a_fault_kind_outside_the_list_is_a_config_error():
-    from flower_app.config import ConfigError, resolve_config
+    from flower_app.settings.config import ConfigError, resolve_config
 
     assert resolve_config({"fault-kind": "raise,nan"}).fault_kind == "raise,nan"
     with pytest.raises(ConfigError, match="fault-kind: bad value 'nan,melt'.*comma list"):

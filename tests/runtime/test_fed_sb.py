@@ -21,7 +21,7 @@ from peft import PeftModel
 from transformers import BertForSequenceClassification
 
 from florg_tools.synthetic import tiny_bert_config
-from flower_app.adapters.lora_sb import (
+from flower_app.adapters.lora_sb.layer import (
     LoRASBConfig,
     LoRASBLinear,
     export_peft_lora_sb,
@@ -31,13 +31,13 @@ from flower_app.adapters.lora_sb import (
     set_lora_sb_basis,
     set_lora_sb_state,
 )
+from flower_app.cache.per_process import cached_adapted_model
 from flower_app.client.round import local_batches
-from flower_app.config import ConfigError, resolve_config
-from flower_app.dp_accounting import epsilon_for
-from flower_app.dp_sgd import ClientAccountant, DpBudgetExceeded
 from flower_app.methods.registry import get_method
-from flower_app.records import from_array_record, to_array_record
-from flower_app.runtime import cached_adapted_model
+from flower_app.privacy.accounting import epsilon_for
+from flower_app.privacy.dp_sgd import ClientAccountant, DpBudgetExceeded
+from flower_app.settings.config import ConfigError, resolve_config
+from flower_app.wire.records import from_array_record, to_array_record
 from strategies.fed_sb.gradient import gradient_key
 from strategies.fed_sb.keys import BASIS, BASIS_CONTEXT, BASIS_HELD
 from strategies.fed_sb.private_gradient import (
@@ -677,7 +677,7 @@ def test_refusals_name_their_setting_and_reason(tiny_bert_dir, sentiment_task_di
     # dp=example is taken: round 0 is private on each client (test_round_0_under_dp_example_*)
     config = resolve_config({}, {"method": METHOD, "dp": "example"})
     assert config.dp == "example" and not get_method(METHOD).example_dp_refusal
-    from flower_app.launch_checks import check_run
+    from flower_app.preflight.references import check_run
 
     check_run(
         {"method": METHOD, "dp": "example", "model": str(tiny_bert_dir), "task": "local",
@@ -694,8 +694,8 @@ def test_refusals_name_their_setting_and_reason(tiny_bert_dir, sentiment_task_di
 
 
 def test_the_projected_run_counts_round_0_and_b_and_a_once():
-    from flower_app.comm_projection import project
-    from flower_app.leaderboard import megabytes
+    from florg_tools.comm_projection import project
+    from flower_app.preflight.leaderboard import megabytes
 
     config = resolve_config({}, {"method": METHOD, "rank": 4, "num-server-rounds": 5})
     shapes = {"q": (64, 32), "v": (64, 32)}

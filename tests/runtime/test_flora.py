@@ -13,10 +13,10 @@ import torch
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.config import resolve_config
+from flower_app.cache.per_process import cached_adapted_model
 from flower_app.methods.registry import get_method
-from flower_app.records import to_array_record
-from flower_app.runtime import cached_adapted_model
+from flower_app.settings.config import resolve_config
+from flower_app.wire.records import to_array_record
 from strategies.flora.rule import stack_flora
 from strategies.server.fold_messages import residuals_record
 from strategies.shared.folds import read_base, read_residuals
@@ -208,7 +208,7 @@ class _Context:
 def test_a_client_folds_every_update_it_missed_once_and_the_merged_export_holds_them(
     adapted, tmp_path
 ):
-    from flower_app.adapters.lora import lora_layers
+    from flower_app.adapters.lora.layer import lora_layers
     from strategies.shared.folds import Residual
 
     method = get_method("flora")

@@ -11,12 +11,12 @@ from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 from peft import PeftModel
 
-from flower_app.adapters.florg_layer import FLoRGLinear
-from flower_app.adapters.florg_model import export_peft_lora, inject_florg
-from flower_app.adapters.projections import make_projections
+from flower_app.adapters.florg.layer import FLoRGLinear
+from flower_app.adapters.florg.model import export_peft_lora, inject_florg
+from flower_app.adapters.florg.projections import make_projections
 from flower_app.methods.communication import round_communication
 from flower_app.methods.registry import get_method
-from flower_app.records import from_array_record, to_array_record
+from flower_app.wire.records import from_array_record, to_array_record
 from strategies.florg.rule import aggregate_florg
 from strategies.florg_signed.rule import aggregate_florg_signed, row_signs, sign_blocks
 from tests.harness.strategy_helpers import strategy_for
@@ -186,7 +186,7 @@ def test_fedavg_gap_own_keeps_the_runs_policy_and_off_records_none(rank_mismatch
 
 
 def test_a_bad_fedavg_gap_choice_is_refused():
-    from flower_app.config import ConfigError
+    from flower_app.settings.config import ConfigError
 
     with pytest.raises(ConfigError, match="fedavg-gap"):
         strategy_for("florg", {"enc.q.A": np.ones((2, 6))}, fedavg_gap="sometimes")

@@ -1,4 +1,4 @@
-"""The FlowerTune submission folder (flower_app/server/submission.py): its PEFT checkpoint
+"""The FlowerTune submission folder (flower_app/run_output/submission.py): its PEFT checkpoint
 loads the way the leaderboard's evaluation scripts load it
 (benchmarks/flowertune-llm/evaluation/*/eval.py in flwrlabs/flower:
 ``AutoModelForCausalLM.from_pretrained(base, quantization_config=..., torch_dtype=...)``
@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from florg_tools.synthetic import make_tiny_causal_lm
-from flower_app.config import resolve_config
-from flower_app.runtime import cached_adapted_model
-from flower_app.server.submission import write_submission
+from flower_app.cache.per_process import cached_adapted_model
+from flower_app.run_output.submission import write_submission
+from flower_app.settings.config import resolve_config
 
 ROUNDS = 3
 INPUT_IDS = torch.tensor([[5, 9, 12, 7, 3, 11], [4, 4, 8, 15, 2, 6]])

@@ -19,7 +19,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 import strategies.shared.folds as folds_module
 from flower_app.methods.registry import get_method
-from flower_app.records import from_array_record, record_params
+from flower_app.wire.records import from_array_record, record_params
 from strategies.server.fold_messages import residuals_record
 from strategies.shared.folds import Residual
 from tests.harness.strategy_helpers import strategy_for

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flower_app.ranks import truncate_to_rank
+from flower_app.wire.ranks import truncate_to_rank
 from strategies.federa.rule import aggregate_federa
 from strategies.fedit.rule import aggregate_fedit
 from strategies.flexlora.rule import aggregate_flexlora

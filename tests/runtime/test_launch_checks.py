@@ -1,6 +1,6 @@
 """The names a run refers to (task, data, model, adapted modules) are checked before
 anything starts: one line naming the key, no SuperLink, no run folder
-(flower_app/launch_checks.py, the launcher's default validation)."""
+(flower_app/preflight/references.py, the launcher's default validation)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import os
 import pytest
 
 from florg_tools.launch import main as launch_main
-from flower_app.config import ConfigError
-from flower_app.launch_checks import check_run
+from flower_app.preflight.references import check_run
+from flower_app.settings.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

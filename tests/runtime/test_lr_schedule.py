@@ -10,11 +10,11 @@ import time
 import pytest
 from flwr.app import ConfigRecord, Context, Message, Metadata, RecordDict
 
-import flower_app.training as training
-from flower_app.config import ConfigError, resolve_config
-from flower_app.lr_schedule import cosine_annealing, round_learning_rate, round_lr_factor
-from flower_app.records import to_array_record
-from flower_app.runtime import cached_adapted_model
+import flower_app.training.loop as training
+from flower_app.cache.per_process import cached_adapted_model
+from flower_app.settings.config import ConfigError, resolve_config
+from flower_app.training.lr_schedule import cosine_annealing, round_learning_rate, round_lr_factor
+from flower_app.wire.records import to_array_record
 
 
 def test_constant_is_the_default_and_every_round_trains_at_learning_rate():

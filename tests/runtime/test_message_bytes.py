@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, RecordDic
 from flwr.common.serde import error_to_proto, message_to_proto, recorddict_to_proto
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.records import message_bytes, record_params
+from flower_app.wire.records import message_bytes, record_params
 from strategies.server.ledger import CommunicationLedger
 
 # a Message needs them outside a Flower app (as tests/runtime/test_flora.py)

@@ -13,9 +13,9 @@ import pytest
 
 from florg_tools.flwr_cli import run_flower_app
 from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
-from flower_app.config import ConfigError, resolve_config
 from flower_app.methods.contract import Method
 from flower_app.methods.registry import get_method, method_names, register_method
+from flower_app.settings.config import ConfigError, resolve_config
 from tests.harness.app_copy import ROOT, app_with_method_folder, changed_files
 from tests.harness.flower_harness import local_simulation_superlink
 from tests.harness.strategy_helpers import strategy_for
@@ -79,7 +79,7 @@ METHODS = (
 CHECK_TOY = """
 import numpy as np
 import strategies.registry
-from flower_app.config import resolve_config
+from flower_app.settings.config import resolve_config
 from strategies.server.central_dp import CentralDP
 from flower_app.methods.registry import build_strategy
 
@@ -165,7 +165,7 @@ NEW_USE = (
 CHECK_NEW_OPTION = """
 import numpy as np
 import strategies.registry
-from flower_app.config import resolve_config
+from flower_app.settings.config import resolve_config
 from flower_app.methods.registry import build_strategy
 
 state = {"l.A": np.eye(2)}

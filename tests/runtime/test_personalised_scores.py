@@ -11,8 +11,8 @@ from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from florg_lab.tuning import selection_score
-from flower_app.config import resolve_config
-from flower_app.server.recorder import RunRecorder
+from flower_app.run_output.recorder import RunRecorder
+from flower_app.settings.config import resolve_config
 from tests.harness.strategy_helpers import strategy_for
 
 TaskIdentity.run_id = 1  # messages are normally built inside a run

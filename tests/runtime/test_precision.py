@@ -1,4 +1,4 @@
-"""The settings precision / gradient-checkpointing / quantization (flower_app/precision.py)
+"""The settings precision / gradient-checkpointing / quantization (flower_app/training/precision.py)
 and the adapters in bf16: FLoRG's dense-formula test in bf16, its gradients against float32,
 gradient checkpointing with FLoRG, and the app's PEFT LoRA path in bf16.
 
@@ -23,13 +23,14 @@ import pytest
 import torch
 from torch import nn
 
-from flower_app.adapters.florg_layer import FLoRGLinear
-from flower_app.adapters.florg_model import FLoRGConfig, florg_layers, inject_florg
-from flower_app.adapters.lora import LoRAConfig, inject_lora, lora_layers
-from flower_app.adapters.projections import make_projections
-from flower_app.config import defaults, resolve_config, schema
-from flower_app.config_checks import ConfigError
-from flower_app.precision import (
+from flower_app.adapters.florg.layer import FLoRGLinear
+from flower_app.adapters.florg.model import FLoRGConfig, florg_layers, inject_florg
+from flower_app.adapters.florg.projections import make_projections
+from flower_app.adapters.lora.layer import LoRAConfig, inject_lora, lora_layers
+from flower_app.settings.checks import ConfigError
+from flower_app.settings.config import defaults, resolve_config, schema
+from flower_app.training.loop import make_optimizer, train_step
+from flower_app.training.precision import (
     MixedPrecision,
     check_quantization_supported,
     enable_gradient_checkpointing,
@@ -39,7 +40,6 @@ from flower_app.precision import (
     prepare_base_model,
     quantization_config,
 )
-from flower_app.training import make_optimizer, train_step
 
 U_BF16 = 2.0**-8  # bf16 unit roundoff
 U_FP32 = 2.0**-24
@@ -117,7 +117,7 @@ def test_quantization_names_a_missing_bitsandbytes(monkeypatch):
     """Where CUDA is present but bitsandbytes is not, the error names the package only."""
     import importlib.util
 
-    import flower_app.precision as precision
+    import flower_app.training.precision as precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     real_find_spec = importlib.util.find_spec

@@ -1,8 +1,8 @@
 """The settings ``precision`` and ``gradient-checkpointing`` reach the app's own model and
-round (flower_app/runtime.py, client_round.py, task_eval.py), for every method: the frozen
+round (flower_app/cache/per_process.py, client_round.py, task_eval.py), for every method: the frozen
 base is held in bf16, what trains stays float32, a client round trains and the task's
 evaluation runs under the precision's autocast. ``tests/runtime/test_precision.py`` tests the
-pieces (flower_app/precision.py, the FLoRG layer in bf16) on their own."""
+pieces (flower_app/training/precision.py, the FLoRG layer in bf16) on their own."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from florg_tools.synthetic import make_generative_qa_task, make_tiny_causal_lm
+from flower_app.cache.per_process import cached_adapted_model
 from flower_app.client.round import local_batches, train_round
-from flower_app.config import ConfigError, resolve_config
 from flower_app.methods.registry import get_method, method_names
-from flower_app.runtime import cached_adapted_model
+from flower_app.settings.config import ConfigError, resolve_config
 from flower_app.task_data import load_task_data
 from flower_app.task_eval import evaluate_task
-from flower_app.training import is_adapter_parameter
+from flower_app.training.loop import is_adapter_parameter
 from tests.runtime.test_causal_lm import causal_settings
 
 
@@ -59,7 +59,7 @@ def _checkpointing(model: torch.nn.Module) -> bool:
 def _initialise_lora_sb(config, adapted) -> None:
     """A LoRA-SB adapter's B and A and initial R from this client's round-0 gradients (the
     gradient taken under the run's precision), as the server would from its one client."""
-    from flower_app.adapters.lora_sb import set_lora_sb_basis
+    from flower_app.adapters.lora_sb.layer import set_lora_sb_basis
     from strategies.fed_sb.gradient import gradient_key
     from strategies.fed_sb.rule import initial_factors
 

@@ -11,7 +11,7 @@ from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from flower_app.methods.registry import get_method, method_names
-from flower_app.records import from_array_record, to_array_record
+from flower_app.wire.records import from_array_record, to_array_record
 from strategies.florg.rule import aggregate_florg
 from tests.harness.strategy_helpers import strategy_for
 

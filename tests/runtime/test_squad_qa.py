@@ -13,8 +13,7 @@ import pytest
 
 from florg_tools import assets
 from florg_tools.synthetic import NEGATIVE, NEUTRAL, POSITIVE, make_tiny_bert
-from flower_app import asset_registry
-from flower_app.config import ConfigError, resolve_config
+from flower_app.cache import assets as asset_registry
 from flower_app.data.qa_features import (
     CONTEXT_OFFSETS,
     EXAMPLE_INDEX,
@@ -25,6 +24,7 @@ from flower_app.data.qa_features import (
 from flower_app.data.qa_loading import TITLE_BUCKET, TITLE_BUCKETS, load_qa_splits
 from flower_app.data.tasks import resolve_task
 from flower_app.methods.registry import method_names
+from flower_app.settings.config import ConfigError, resolve_config
 from flower_app.task_kinds.qa_eval import best_span, postprocess_predictions
 
 # The span head through the simulation: the methods whose round touches the task kind beyond
@@ -376,8 +376,8 @@ def test_every_method_trains_and_scores_the_span_head_in_process(tiny, method):
     import numpy as np
     import torch
 
+    from flower_app.cache.per_process import cached_adapted_model
     from flower_app.client.round import train_round
-    from flower_app.runtime import cached_adapted_model
     from flower_app.task_data import load_task_data
     from flower_app.task_eval import evaluate_task
 
@@ -460,7 +460,7 @@ def test_span_head_trains_through_the_flower_simulation(tiny, superlink, tmp_pat
 
 
 def test_rows_carry_the_headline_score(tmp_path):
-    from flower_app.server.recorder import RunRecorder
+    from flower_app.run_output.recorder import RunRecorder
     from flower_app.task_kinds import get_kind
 
     config = resolve_config({})

@@ -15,7 +15,7 @@ import pytest
 
 from florg_tools.flwr_cli import run_flower_app
 from florg_tools.synthetic import make_sentiment_task, make_tiny_bert
-from flower_app.config import ConfigError, resolve_config
+from flower_app.settings.config import ConfigError, resolve_config
 from flower_app.task_kinds import get_kind, kind_names, register_kind
 from tests.harness.app_copy import ROOT, app_with_registered_module
 from tests.harness.flower_harness import local_simulation_superlink
@@ -109,9 +109,9 @@ import strategies.registry
 import json, sys
 import torch
 from flower_app.client.round import train_round
-from flower_app.config import resolve_config
-from flower_app.server.recorder import RunRecorder
-from flower_app.runtime import cached_adapted_model
+from flower_app.settings.config import resolve_config
+from flower_app.run_output.recorder import RunRecorder
+from flower_app.cache.per_process import cached_adapted_model
 from flower_app.task_data import load_task_data, tokenized_split
 from flower_app.task_eval import evaluate_task
 

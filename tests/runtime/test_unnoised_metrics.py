@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from flower_app.cache.per_process import cached_adapted_model
 from flower_app.client.round import UNNOISED_METRICS, receive, train_round
-from flower_app.config import ConfigError, resolve_config
-from flower_app.dp_sgd import ClientAccountant
-from flower_app.dp_sgd_mechanism import DATA_DEPENDENT_KEYS
-from flower_app.runtime import cached_adapted_model
+from flower_app.privacy.dp_sgd import ClientAccountant
+from flower_app.privacy.dp_sgd_mechanism import DATA_DEPENDENT_KEYS
+from flower_app.settings.config import ConfigError, resolve_config
 
 
 @pytest.fixture(scope="module")

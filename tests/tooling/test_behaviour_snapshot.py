@@ -44,7 +44,7 @@ def test_compare_ignores_the_clock_and_catches_a_changed_number(tmp_path):
 
 
 def test_the_snapshot_covers_async_rounds_and_every_lossy_encoding():
-    from flower_app.encoding import LOSSY
+    from flower_app.wire.encoding import LOSSY
 
     settings = list(CASES.values())
     assert any(s.get("round-mode") == "async" for s in settings)

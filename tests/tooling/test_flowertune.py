@@ -1,4 +1,4 @@
-"""The FlowerTune LLM leaderboard's rules before launch (flower_app/leaderboard.py,
+"""The FlowerTune LLM leaderboard's rules before launch (flower_app/preflight/leaderboard.py,
 florg_tools/flowertune.py): the projected communication from a Mistral-7B-v0.3-shaped
 config (no weights), every refusal naming its rule before anything starts, the lift, the
 Hub named where a data set or a model's config cannot be had; and the templates' prompt
@@ -9,14 +9,14 @@ from __future__ import annotations
 import datasets
 import pytest
 
+from florg_tools.comm_projection import adapted_layer_shapes, clients_per_round, project
 from florg_tools.flowertune import main as flowertune_main
 from florg_tools.flwr_home import write_local_simulation_connection
 from florg_tools.launch import main as launch_main
 from florg_tools.run_config import load_preset
-from flower_app.comm_projection import adapted_layer_shapes, clients_per_round, project
-from flower_app.config import resolve_config
 from flower_app.data import sft
-from flower_app.leaderboard import BUDGET_MB, TRACKS
+from flower_app.preflight.leaderboard import BUDGET_MB, TRACKS
+from flower_app.settings.config import resolve_config
 
 ROOT = str(__import__("pathlib").Path(__file__).resolve().parents[2])
 
@@ -100,7 +100,7 @@ def home(tmp_path, monkeypatch):
     the Hub out of reach whatever this machine's network and caches (HF_HUB_OFFLINE, no
     cached copy), so no launch here gets past the checks to start a SuperLink."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr("flower_app.hub.cached", lambda repo_id, repo_type: False)
+    monkeypatch.setattr("flower_app.preflight.hub.cached", lambda repo_id, repo_type: False)
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "home"
 

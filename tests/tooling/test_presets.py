@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from florg_tools.run_config import load_preset, preset_path
-from flower_app.asset_registry import model_path
-from flower_app.config import resolve_config
-from flower_app.leaderboard import STATIC_KEYS, TEMPLATE_COMMIT, TRACKS, static_values
-from flower_app.lr_schedule import round_learning_rate
+from flower_app.cache.assets import model_path
+from flower_app.preflight.leaderboard import STATIC_KEYS, TEMPLATE_COMMIT, TRACKS, static_values
+from flower_app.settings.config import resolve_config
+from flower_app.training.lr_schedule import round_learning_rate
 
 
 def test_sft_cpu_is_smollm2_on_squad_gen_sized_for_a_cpu():
@@ -31,7 +31,7 @@ def test_sft_cpu_is_smollm2_on_squad_gen_sized_for_a_cpu():
 @pytest.mark.parametrize("track", sorted(TRACKS))
 def test_each_flowertune_preset_is_its_tracks_template(track):
     """conf/flowertune-<track>.toml: the template's static config and SuperNodes (what
-    flower_app/leaderboard.py checks), its defaults, and a header naming its source."""
+    flower_app/preflight/leaderboard.py checks), its defaults, and a header naming its source."""
     text = preset_path(f"flowertune-{track}").read_text()
     assert f"examples/flowertune-llm-{track}/pyproject.toml" in text
     assert TEMPLATE_COMMIT in text

@@ -11,7 +11,7 @@ import pytest
 
 from florg_tools.launch import main as launch_main
 from florg_tools.run_config import ConfigValidationError, rerun_run_config
-from flower_app.config import defaults, resolve_config
+from flower_app.settings.config import defaults, resolve_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = sorted((ROOT / "lab" / "evidence").glob("evidence-v2-exact/runs/*/*/config.json"))[

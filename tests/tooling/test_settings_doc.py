@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from florg_tools import settings as settings_tool
-from flower_app.config import schema
 from flower_app.methods.registry import method_names
+from flower_app.settings.config import schema
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "settings.md"

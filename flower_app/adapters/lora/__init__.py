@@ -1,0 +1,1 @@
+"""LoRA's adapter kind (PEFT's layers): W = W0 + s B A."""

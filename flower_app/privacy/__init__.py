@@ -1,0 +1,1 @@
+"""Differential privacy: central DP's accountant and checks, example-level DP-SGD."""

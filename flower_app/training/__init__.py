@@ -1,0 +1,1 @@
+"""Local training: the loops, the learning-rate schedule, precision and quantisation."""

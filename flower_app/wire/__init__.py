@@ -1,0 +1,1 @@
+"""What travels between ServerApp and ClientApps: records, encodings, adapter ranks."""
