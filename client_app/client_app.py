@@ -1,22 +1,18 @@
 """The ClientApp: train the method's adapter on this node's partition and send the payload.
 
 Everything method-specific comes from the method registry (flower_app/methods/registry.py),
-which the method folders of strategies/ fill when this module imports strategies.registry. State a
-node keeps between rounds lives in its Flower ``Context`` (per run): a method's personal
-parts (``Method.local``) and whatever its hook keeps (``receive_on_client``). A
-resumed run (flower_app/run_output/checkpoint.py) is a new Flower run with fresh contexts:
-a method's strategy re-sends what the node must fold again; personal parts are read back from the
-node's disk when the node operator sets ``$FLORG_NODE_STATE_DIR``
-(flower_app/client/node_state.py), else they restart from zero.
-
-A training round itself (receive, seed, train, reply) is flower_app/client/round.py, shared
-with the benchmarks; the testing settings ``fault-*`` act through the client mod
-flower_app/client/faults.py, attached here.
-"""
+filled when this module imports strategies.registry. A node keeps state between rounds in its
+Flower ``Context`` (per run): a method's personal parts (``Method.local``) and what its hook
+keeps (``receive_on_client``). A resumed run has fresh contexts: the strategy re-sends what a
+node must fold again, and personal parts come back from the node's disk where the operator sets
+``$FLORG_NODE_STATE_DIR`` (flower_app/client/node_state.py), else restart from zero. A round
+itself is flower_app/client/round.py; the client mod flower_app/client/faults.py is attached
+here."""
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -36,12 +32,15 @@ from flower_app.client.node_state import (
 from flower_app.client.round import local_batches, receive, train_round
 from flower_app.modeling import pick_device
 from flower_app.settings.client_ranks import config_at_rank, node_rank
-from flower_app.settings.config import resolve_config
+from flower_app.settings.config import RunConfig, resolve_config
 from flower_app.task_data import load_task_data
 from flower_app.task_eval import evaluate_task
 from flower_app.wire.encoding import UP, decode_record, encode_record, encoding_rng
 from flower_app.wire.ranks import truncate_to_rank
 from flower_app.wire.records import from_array_record, to_array_record
+
+if TYPE_CHECKING:
+    from flower_app.adapted import AdaptedModel
 
 app = ClientApp(mods=[inject_faults])  # fault-* (testing): flower_app/client/faults.py
 
@@ -55,7 +54,10 @@ def _partition(context: Context) -> tuple[int, int]:
     return int(node.get("partition-id", 0)), int(node.get("num-partitions", 1))
 
 
-def _prepare(msg: Message, context: Context, *, training: bool):
+def _node_model(context: Context) -> tuple[RunConfig, int, int, AdaptedModel, int]:
+    """(config, partition id, num-partitions, adapted model, rank) of this node: the run's
+    config with the node's own data settings, and the process's cached model at the node's
+    rank, before any arrays are loaded into it."""
     config = resolve_config(context.run_config)
     partition_id, num_partitions = _partition(context)
     config, num_partitions = use_node_data(config, context.node_config, num_partitions)
@@ -63,6 +65,11 @@ def _prepare(msg: Message, context: Context, *, training: bool):
     rank = node_rank(config, context.node_config, partition_id)
     data = load_task_data(config)
     adapted = cached_adapted_model(config_at_rank(config, rank), data.num_labels, data.spec.kind)
+    return config, partition_id, num_partitions, adapted, rank
+
+
+def _prepare(msg: Message, context: Context, *, training: bool):
+    config, partition_id, num_partitions, adapted, rank = _node_model(context)
     # a state of a larger rank (the server does not know this node's rank yet): the top rows
     # downlink-encoding: the arrays as float32 before anything reads them
     received = decode_record(msg.content["arrays"], config.downlink_encoding)
@@ -139,12 +146,7 @@ def query(msg: Message, context: Context) -> Message:
     DP-SGD ledger must compose: loaded here as ``train`` loads it, handed to the method,
     and saved after, so the training rounds continue the same ledger (and a resumed run,
     which never redoes round 0, reads it from the node's disk)."""
-    config = resolve_config(context.run_config)
-    pid, num_partitions = _partition(context)
-    config, num_partitions = use_node_data(config, context.node_config, num_partitions)
-    rank = node_rank(config, context.node_config, pid)
-    data = load_task_data(config)
-    adapted = cached_adapted_model(config_at_rank(config, rank), data.num_labels, data.spec.kind)
+    config, pid, num_partitions, adapted, rank = _node_model(context)
     batches = local_batches(config, pid, num_partitions)  # round 0's seed
     accountant = load_accountant(context, msg, pid) if config.dp == "example" else None
     arrays, answer = adapted.method.answer_query(config, adapted, batches, accountant)

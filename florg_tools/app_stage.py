@@ -1,17 +1,12 @@
-"""A staged copy of a Flower App: only the files its FAB can contain, for ``flwr run``.
+"""A staged copy of a Flower App: only the files its FAB can contain, for ``flwr run``
+(``stage_app``, ``fab_include_roots``).
 
-Flower 1.42's ``flwr run <app>`` builds the FAB by walking and resolving *every* file under
-the app's root before it filters them (``flwr.cli.utils.collect_files``). In a checkout
-with its ``.venv`` inside (``scripts/setup.sh`` puts it there), that is about 50,000 files
-and seconds on this project's 2-core machines, paid by every launch: the experiment grids,
-``florg launch`` and each of the integration tests' simulations.
-
-When the app's ``[tool.flwr.app] fab-include`` patterns all start with a literal folder
-(ours: ``flower_app/**/*.py`` and the other three packages), no file outside those folders
-can enter the FAB. ``stage_app`` copies ``pyproject.toml``, ``.gitignore`` and those
-folders' files that the patterns match into a fresh folder; ``flwr run`` on it builds the
-same FAB, byte for byte (tests/tooling/test_app_stage.py checks it on this repository), from a few
-hundred files. Without such patterns the app's own folder is used unchanged.
+``flwr run <app>`` walks and resolves every file under the app's root before it filters
+them (``flwr.cli.utils.collect_files``): seconds per launch in a checkout with its
+``.venv`` inside. When the app's ``[tool.flwr.app] fab-include`` patterns all start with a
+literal folder, ``stage_app`` copies ``pyproject.toml``, ``.gitignore`` and those folders'
+matching files into a fresh folder; ``flwr run`` on it builds the same FAB, byte for byte
+(tests/tooling/test_app_stage.py). Without such patterns the app's own folder is used.
 """
 
 from __future__ import annotations

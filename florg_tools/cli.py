@@ -1,20 +1,15 @@
-"""``florg``: one command for the project's tooling.
+"""``florg``: one command for the project's tooling (``main``, ``COMMANDS``).
 
     florg launch ...       run the app with `flwr run`, fail unless it completes
-                           (= python -m florg_tools.launch)
     florg deploy ...       SuperLink + SuperNodes with TLS and node auth
-                           (= python -m florg_tools.deploy)
-    florg experiments ...  experiment grids: run, report, list, evidence (the lab's,
-                           lab/: pip install -e lab; = python -m florg_lab)
+    florg experiments ...  experiment grids (the lab's, lab/: pip install -e lab)
     florg assets ...       fetch / check the offline models and datasets
-                           (= python -m florg_tools.assets)
     florg flwr-home ...    write $FLWR_HOME/config.toml connections
-                           (= python -m florg_tools.flwr_home)
     florg flowertune ...   FlowerTune LLM leaderboard: projected communication per track
-                           (= python -m florg_tools.flowertune)
 
-Each subcommand hands the rest of the command line to that module's ``main``, so
-``florg X --help`` shows X's own options.
+``florg X ...`` is ``python -m florg_tools.X ...`` (``florg experiments``: ``python -m
+florg_lab``): the rest of the command line goes to that module's ``main``, so ``florg X
+--help`` shows X's own options (docs/usage.md, "The launcher and the florg command").
 """
 
 from __future__ import annotations

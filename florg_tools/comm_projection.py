@@ -1,17 +1,14 @@
 """The communication a run will use, projected before it starts from its base model's config
-alone (the model is built on the meta device: no weights are read or allocated).
+alone (``project``; the model is built on the meta device: no weights are read).
 
-Per round, each sampled client receives and sends its method's shared parts
+Per round each sampled client receives and sends its method's shared parts
 (``flower_app.methods.communication.round_communication``, every registered method read
-generically); the clients sampled per round are Flower's FedAvg's,
-max(⌊N · fraction-train⌋, min-train-nodes) of the N SuperNodes; the run is
-``num-server-rounds`` such rounds, after a round 0 where a method has one (its clients'
-gradients for an initialisation). A causal LM has no task head, so only the adapters
-travel. Bytes are the arrays' entries under the run's ``uplink-encoding`` /
-``downlink-encoding`` (4 bytes an entry at fp32, 2 at bf16 / fp16, 1 and a float32 scale per
-row at int8; a method's extras down stay float32:
-``flower_app.methods.communication.RoundCommunication.encoded``); MB are the FlowerTune
-templates' (bytes / 1024², flower_app/preflight/leaderboard.py).
+generically); the clients per round are Flower FedAvg's, max(⌊N · fraction-train⌋,
+min-train-nodes) of the N SuperNodes (``clients_per_round``), over ``num-server-rounds``
+rounds after a method's round 0 where it has one. Bytes are the arrays' entries under the
+run's ``uplink-encoding`` / ``downlink-encoding``
+(``flower_app.methods.communication.RoundCommunication.encoded``); MB are the FlowerTune
+templates' (bytes / 1024²). docs/flowertune.md, "The rules, checked before launch".
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
-"""``florg flowertune`` and the launcher's FlowerTune gate: a run entered in a FlowerTune LLM
-leaderboard track (setting ``flowertune-track``) is checked against the track's rules
-before anything starts (flower_app/preflight/leaderboard.py), and its communication is projected
-from the base model's config for every registered method and printed
-(florg_tools/comm_projection.py).
-
-Command line::
+"""``florg flowertune`` and the launcher's FlowerTune gate (``leaderboard_gate``): a run in a
+FlowerTune LLM leaderboard track (setting ``flowertune-track``) is checked against the
+track's rules before anything starts (flower_app/preflight/leaderboard.py), and its
+communication is projected from the base model's config for every registered method and
+printed (``projection_table``; florg_tools/comm_projection.py).
 
     python -m florg_tools.flowertune projection [--preset NAME ...] [--set KEY=VALUE ...]
         [--num-supernodes N]
 
-prints the projection of each preset (default: the four ``flowertune-<track>`` presets)
-at its track's number of SuperNodes. ``--set`` applies to every preset (e.g. ``--set
-model=DIR``, a folder holding the base model's config.json where the Hub is out of reach).
-Exit status 0, or 2 for a setting or a model config that cannot be read.
+prints each preset's projection (default: the four ``flowertune-<track>`` presets) at its
+track's number of SuperNodes; ``--set`` applies to every preset. Exit status 0, or 2 for a
+setting or a model config that cannot be read (docs/flowertune.md).
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
-"""Calls to the ``flwr`` CLI, and ``run_flower_app``: run a Flower App and report whether
-the run really succeeded.
+"""Calls to the ``flwr`` CLI (``run_flwr``, ``flwr_env``, ``query_run_status``, ``stop_run``)
+and ``run_flower_app``: run a Flower App and report whether the run really succeeded.
 
 ``flwr run --stream`` exits 0 even when the ServerApp crashes, so ``run_flower_app``
-
-1. validates the run config (unknown keys; a caller-supplied ``validate``),
-2. submits the run with ``flwr run <app> <connection> --format json --run-config F.toml``
-   (the JSON reply carries the run id; the overrides travel as a temporary TOML file;
-   ``<app>`` is a staged copy of the files the FAB can hold, ``florg_tools.app_stage``),
-3. streams the run's log live with ``flwr log <run-id> <connection> --stream``,
-4. reads the final status with ``flwr ls <connection> --run-id N --format json``
-   (``finished:completed`` | ``finished:failed`` | ``finished:stopped``; while running:
-   ``pending`` | ``starting`` | ``running``) and fails unless it is ``finished:completed``.
-
-All ``flwr`` commands run with ``FLWR_HOME`` and
-``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` (otherwise the SuperLink builds a fresh
-environment for the app), and with this interpreter's ``bin`` directory first on ``PATH``
-(the SuperLink finds ``flower-superexec``/``flwr-simulation`` through ``PATH``).
+validates the run config, submits the run (``flwr run <app> <connection> --format json
+--run-config F.toml``; ``<app>`` a staged copy, ``florg_tools.app_stage``), streams its log
+(``flwr log <run-id> <connection> --stream``) and reads the final status (``flwr ls
+<connection> --run-id N --format json``), failing unless it is ``finished:completed``.
+Every ``flwr`` command runs with ``FLWR_HOME``,
+``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` (else the SuperLink builds a fresh
+environment for the app) and this interpreter's ``bin`` first on ``PATH`` (where the
+SuperLink finds ``flower-superexec`` and ``flwr-simulation``).
 """
 
 from __future__ import annotations

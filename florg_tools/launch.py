@@ -1,38 +1,15 @@
-"""``python -m florg_tools.launch`` (``florg launch``): run this Flower App with ``flwr run``
-and fail unless the run completes.
+"""``python -m florg_tools.launch`` (``florg launch``, ``main``): run this Flower App with
+``flwr run`` and fail unless the run completes.
 
-``flwr run --stream`` exits 0 even when the ServerApp crashes, so the launcher submits the
-run, streams its log and reads its final status (``florg_tools.flwr_cli.run_flower_app``).
-With ``--ephemeral-superlink``, and always for a local simulation connection (address
-``:local:``, whose SuperLink ``flwr run`` would start detached and leave running), it runs
-on a private simulation SuperLink on a free port, stopped afterwards together with every
-process it spawned (``florg_tools.superlink``): a launch, a resume included, leaves no
-Flower process behind.
-
-Command line::
-
-    python -m florg_tools.launch [--connection local-simulation] [--app .]
-        [--run-config-file F.toml] [--preset NAME] [--set key=value ...]
-        [--flwr-home DIR] [--timeout S] [--validate-with MODULE:FUNCTION]
-        [--ephemeral-superlink] [--resume RUN_DIR | --rerun RUN_DIR] [--quiet]
-
-Overrides are layered file < ``--preset`` < ``--set`` (``florg_tools.run_config``). A run
-in a FlowerTune LLM leaderboard track (``flowertune-track``) is checked against the
-track's rules and its communication projected first (``florg_tools.flowertune``).
-``--resume RUN_DIR`` submits the settings of ``RUN_DIR/config.json`` with
-``resume=RUN_DIR`` (the ServerApp continues from the last checkpointed round; ``--set`` may
-still change e.g. ``num-server-rounds``). ``--rerun RUN_DIR`` runs that run again from the
-start as a new run (``florg_tools.run_config.rerun_run_config``), a published run's
-``config.json`` included.
-
-Exit status: 0 finished:completed; 1 the run failed, was stopped or its status is
-unknown; 2 bad usage or run config; 3 timed out (the run is stopped); 130 interrupted.
-
-SIGTERM (or SIGHUP) is handled like Ctrl-C -- the run is asked to stop, the ephemeral
-SuperLink and everything it spawned are stopped, the temporary Flower home is removed --
-and then the launcher ends by that signal (``florg_tools.processes.signals_interrupt``). If
-it is killed outright (SIGKILL), the SuperLink's parent-death signal and its watchdog
-(``florg_tools.processes.spawn``) stop them instead.
+It submits the run, streams its log and reads its final status
+(``florg_tools.flwr_cli.run_flower_app``). With ``--ephemeral-superlink``, and always for a
+``:local:`` connection, the run gets a private simulation SuperLink
+(``florg_tools.superlink``), stopped afterwards with everything it spawned. Overrides are
+layered file < ``--preset`` < ``--set`` (``florg_tools.run_config``); a FlowerTune track's
+run is checked and projected first (``florg_tools.flowertune``); ``--resume RUN_DIR``
+continues a run, ``--rerun RUN_DIR`` runs it again as a new run. Exit status: 0 completed;
+1 failed, stopped or unknown; 2 bad usage or run config; 3 timed out; 130 interrupted.
+SIGTERM and SIGHUP act as Ctrl-C (docs/usage.md, "The launcher and the florg command").
 """
 
 from __future__ import annotations
@@ -62,6 +39,7 @@ from florg_tools.flwr_home import (
     ray_address_env,
     read_flower_config,
 )
+from florg_tools.flwr_home.ray_cluster import quiet_ray_env
 from florg_tools.processes import die_by_signal, signals_interrupt
 from florg_tools.run_config import (
     ConfigValidationError,
@@ -244,6 +222,9 @@ def _main(argv: list[str] | None) -> int:
                 # A Ray cluster address recorded in the connection reaches flwr-simulation
                 # only through the SuperLink's environment (RAY_ADDRESS; docs/deploy-ray.md).
                 ray_env = ray_address_env(flwr_home, name)
+                # and Ray's settings that keep its tip about accelerator variables and
+                # the actors' shutdown line off the run's log (quiet_ray_env)
+                ray_env.update(quiet_ray_env(flwr_home, name))
                 with local_superlink(Path(tmp), cwd=Path.cwd(), extra_env=ray_env) as superlink:
                     conn.update(address=superlink.address, insecure=True)
                     (Path(tmp) / CONFIG_FILE_NAME).write_text(

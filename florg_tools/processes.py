@@ -1,48 +1,15 @@
 """One process supervisor (psutil): process table, descendants, start-time-safe identity,
 stopping a process tree by pid, and finding the processes that carry a tag.
 
-A process is identified by its pid *and* its start time (``ProcInfo.key``), so a later
-process that reuses the pid is never mistaken for it (and never signalled). Processes we
-start get a unique environment tag (``TAG_ENV_VAR``, inherited by everything they spawn),
-which finds them again even after they re-parent to init (Ray's services, the SuperExec's
-children). Nothing is ever found or killed by name.
-
-``TrackedProcess`` follows one started process: it, its descendants and every process
-carrying its tag, sampled in the background so that short-lived children are recorded
-too; ``stop()`` ends them all (SIGTERM, then SIGKILL) and returns the survivors.
-
-Nothing outlives the process that started it (the *starter*), also when the starter is
-killed from outside -- SIGTERM from ``timeout``, or SIGKILL, which no handler sees.
-``spawn`` arms two mechanisms:
-
-* **a parent-death signal** on the started process itself: ``prctl(PR_SET_PDEATHSIG,
-  SIGKILL)`` (Linux, through ctypes on libc) in a ``preexec_fn``, so the kernel kills it
-  the moment its starter dies. It covers the direct child only, and it fires when the
-  *thread* that forked dies, so it is set only when ``spawn`` runs on the main thread
-  (a worker thread that ends would otherwise kill a SuperLink that should live on);
-* **a watchdog** per spawned process: a small Python process (this module,
-  ``_watchdog_main``; stdlib + psutil only) in its own session, so that signals sent to the
-  starter's process group (``timeout``, Ctrl-C) do not reach it. It holds the read end of a
-  pipe whose write end only the starter holds (close-on-exec: no program the starter
-  executes inherits it). When the starter dies, however it dies, the kernel closes
-  that end and the watchdog reads EOF (it also checks every second that its parent is
-  still the starter, for a write end kept open by a ``fork`` without ``exec``). It then
-  stops every process carrying the tag plus the started process and the members of its
-  process group (re-parented ones included), and their descendants
-  (SIGTERM, SIGKILL after 3 s, by pid and by process group: ``_signal_until_gone``), which
-  reaches the grandchildren PDEATHSIG cannot (``flower-superexec`` in its own session,
-  ``flwr-simulation``, Ray's services), and exits. ``TrackedProcess.stop()`` releases it
-  (closes the pipe: it finds nothing left and exits; it is reaped); a watchdog whose
-  process and tagged processes have all exited while the starter lives ends by itself.
-  SIGTERM to the watchdog itself (an outer tracker stopping the starter's tree, since the
-  watchdog carries the starter's own tag) also makes it sweep before it exits.
-
-Why a watchdog rather than only a signal handler in the starter: a handler never runs
-on SIGKILL, and PDEATHSIG alone would leave the SuperLink's SuperExec (another session)
-orphaned, holding its zombie ``flwr-simulation``. Handlers remain useful for a *graceful*
-stop; ``signals_interrupt`` (used by ``florg launch``) turns SIGTERM/SIGHUP into
-``KeyboardInterrupt``, so the usual ``finally`` blocks stop the run and the SuperLink, and
-``die_by_signal`` then ends the process with the signal's default action.
+A process is identified by its pid and its start time (``ProcInfo.key``), so a process
+that reuses the pid is never signalled. Processes started with ``spawn`` get a unique
+environment tag (``TAG_ENV_VAR``, inherited by everything they spawn), which finds them
+even after they re-parent to init; nothing is found or killed by name. ``TrackedProcess``
+follows one started process, its descendants and its tag in the background; ``stop()``
+ends them all (SIGTERM, then SIGKILL). Nothing ``spawn`` starts outlives its starter, even
+one killed by SIGKILL: a parent-death signal and a watchdog (``spawn`` says how).
+``signals_interrupt`` turns SIGTERM / SIGHUP into ``KeyboardInterrupt`` for a graceful
+stop; ``die_by_signal`` then ends the process by that signal.
 """
 
 from __future__ import annotations
@@ -365,10 +332,32 @@ def spawn(
     ``/dev/null`` and stdout + stderr appended to ``log_path`` (after a ``$ command`` line
     with ``header``); returns the process and its tag.
 
-    With ``die_with_starter`` (the default) the process gets a parent-death signal
-    (SIGKILL; only when called on the main thread) and a watchdog that stops everything
-    carrying the tag once this process dies, however it dies (module docstring);
-    ``TrackedProcess.stop()`` releases the watchdog."""
+    With ``die_with_starter`` (the default) nothing started outlives this process (the
+    *starter*), also when it is killed from outside (SIGTERM from ``timeout``, or SIGKILL,
+    which no handler sees), through two mechanisms:
+
+    * **a parent-death signal** on the started process itself: ``prctl(PR_SET_PDEATHSIG,
+      SIGKILL)`` (Linux, through ctypes on libc) in a ``preexec_fn``, so the kernel kills it
+      the moment its starter dies. It covers the direct child only, and it fires when the
+      *thread* that forked dies, so it is set only when ``spawn`` runs on the main thread
+      (a worker thread that ends would otherwise kill a SuperLink that should live on);
+    * **a watchdog**: a small Python process (``_watchdog_main``; stdlib + psutil only) in
+      its own session, so that signals sent to the starter's process group (``timeout``,
+      Ctrl-C) do not reach it. It holds the read end of a pipe whose write end only the
+      starter holds (close-on-exec: no program the starter executes inherits it). When the
+      starter dies, however it dies, the kernel closes that end and the watchdog reads EOF
+      (it also checks every second that its parent is still the starter, for a write end
+      kept open by a ``fork`` without ``exec``). It then stops every process carrying the
+      tag plus the started process, the members of its process group (re-parented ones
+      included) and their descendants (SIGTERM, SIGKILL after 3 s, by pid and by process
+      group: ``_signal_until_gone``), which reaches the grandchildren PDEATHSIG cannot
+      (``flower-superexec`` in its own session, ``flwr-simulation``, Ray's services), and
+      exits. SIGTERM to the watchdog itself (an outer tracker stopping the starter's tree:
+      the watchdog carries the starter's own tag) also makes it sweep before it exits.
+
+    ``TrackedProcess.stop()`` releases the watchdog (closes the pipe: it finds nothing left
+    and exits; it is reaped); a watchdog whose process and tagged processes have all exited
+    while the starter lives ends by itself."""
     tag = uuid.uuid4().hex
     log_path.parent.mkdir(parents=True, exist_ok=True)
     _reap_watchdogs()
@@ -459,7 +448,7 @@ def die_by_signal(signum: int) -> int:
 
 
 # --------------------------------------------------------------------------------------
-# Dying with the starter: parent-death signal and watchdog (module docstring)
+# Dying with the starter: parent-death signal and watchdog (``spawn``'s docstring)
 
 _PR_SET_PDEATHSIG = 1
 _WATCH_INTERVAL = 1.0  # seconds between the watchdog's checks of its parent

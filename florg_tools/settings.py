@@ -1,18 +1,15 @@
-"""pyproject.toml's ``[tool.flwr.app.config]`` and the reference page docs/settings.md,
-both generated from the one declaration of the run settings
-(``flower_app.settings.config.RunConfig``): every key with its default, its help and the cache
-groups it affects.
+"""pyproject.toml's ``[tool.flwr.app.config]`` and the reference page docs/settings.md, both
+generated from the one declaration of the run settings
+(``flower_app.settings.config.RunConfig``): every key with its default, its help and the
+cache groups it affects (``generated_table``, ``generated_doc``).
 
-Command line::
-
-    python -m florg_tools.settings --check   # exit 1 (and a diff) when either differs
-    python -m florg_tools.settings --write   # rewrite both from the schema
-    python -m florg_tools.settings           # print the generated table
+    python -m florg_tools.settings --check     # exit 1 (and a diff) when either differs
+    python -m florg_tools.settings --write     # rewrite both from the schema
+    python -m florg_tools.settings             # print the generated table
     python -m florg_tools.settings --doc-only  # print the generated page
 
-The table runs from its header to the next table header (or the end of the file); the
-lines before the header are kept as they are. The page is generated whole: its preamble
-is ``DOC_PREAMBLE`` below (edit it here), then one table row per key.
+The table runs from its header to the next table header or the end of the file; the lines
+before it are kept. The page's preamble is ``DOC_PREAMBLE`` (edit it here), then the keys.
 """
 
 from __future__ import annotations

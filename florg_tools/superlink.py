@@ -1,18 +1,15 @@
 """A private local SuperLink: ``flower-superlink --simulation`` on a free port, stopped
 together with every process it spawned (SuperExec, ``flwr-simulation``, the Ray cluster).
 
-All of those inherit a unique environment tag (``florg_tools.processes.TAG_ENV_VAR``), which
-is how they are found again even after they re-parent; stopping is by pid
-(``florg_tools.processes``), never by name. None of them outlives the process that started
-the SuperLink, even one killed with SIGTERM or SIGKILL: ``florg_tools.processes.spawn``
-gives the SuperLink a parent-death signal and a watchdog that stops everything carrying the
-tag once that process is gone (tests/deployment/test_orphans.py).
+All of those inherit a unique environment tag (``florg_tools.processes.TAG_ENV_VAR``) and
+are stopped by pid, never by name; none outlives the process that started the SuperLink,
+even one killed with SIGTERM or SIGKILL (``florg_tools.processes.spawn``;
+tests/deployment/test_orphans.py).
 
 * ``start_local_superlink`` / ``local_superlink``: the SuperLink alone (the caller writes a
   connection to ``SuperLinkProcess.address``);
-* ``local_simulation_superlink``: the SuperLink with its own ``FLWR_HOME`` and a simulation
-  connection pointing at it, checked on exit for processes that outlived it (tests,
-  benchmarks).
+* ``local_simulation_superlink``: with its own ``FLWR_HOME`` and a simulation connection
+  to it, checked on exit for processes that outlived it (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -122,7 +119,7 @@ def start_local_superlink(
 ) -> SuperLinkProcess:
     """Start ``flower-superlink --insecure --simulation`` on a free port.
 
-    In Flower 1.41 one HTTP port (``--host``/``--port``) serves the Control, Fleet and
+    One HTTP port (``--host``/``--port``) serves the Control, Fleet and
     Runtime (ServerAppIo) APIs; ``--control-api-address``/``--fleet-api-address`` are
     deprecated no-ops. The SuperLink runs in its own session; it spawns
     ``flower-superexec`` (another session), which spawns ``flwr-simulation`` and Ray.

@@ -1,17 +1,15 @@
 """A model carrying one method's adapter, and what of it travels between client and server.
 
-The method (``flower_app/methods/``) says which adapter kind to inject
-(``flower_app/adapters/``) and which of its parts travel (down and up, every round),
-stay on the client or stay frozen; the kind owns the parts, their state keys, injection,
-state and export. What travels, by kind:
+The method (``flower_app/methods/``) says which adapter kind to inject (``flower_app/adapters/``)
+and which of its parts travel (down and up, every round), stay on the client or stay frozen;
+the kind owns the parts, their state keys, injection, state and export. What travels:
 
     florg adapters   '<layer>.A' + head
     lora adapters    '<layer>.lora_A' and/or '<layer>.lora_B' + head (the method's shared parts)
     lora-sb adapters '<layer>.R' + head (B and A fixed: a method's hook loads them)
 
-A method's hooks may keep tensors on the model (``held_tensors``: e.g. a pristine
-W0); the disk cache stores them with the model.
-"""
+A method's hooks may keep tensors on the model (``held_tensors``: e.g. a pristine W0); the
+disk cache stores them with the model."""
 
 from __future__ import annotations
 

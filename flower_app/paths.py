@@ -1,21 +1,13 @@
 """Where a run may write: every file lies inside an output root the operator sets.
 
-Run settings (``output-dir``, ``run-name``, ``resume``) are chosen by whoever submits a
-run, so they never decide on their own where the ServerApp writes:
-
-* the **output root** is ``$FLORG_OUTPUT_ROOT`` in the environment of the process that runs
-  the ServerApp (the SuperLink's or the ServerApp SuperExec's: the operator's side), else
-  that process's working directory;
-* ``output-dir`` is a folder *inside* the root: a relative path is taken relative to the
-  root, an absolute one must already lie inside it; ``..`` that leaves the root, and
-  symbolic links that point out of it, are refused (the check is on the resolved path);
-* ``run-name`` is a single folder name: letters, digits and ``. _ = , + : @ % ~ -``,
-  starting with a letter or digit, at most 255 characters; ``/``, ``\\``, ``..``, spaces,
-  control characters and anything else are refused;
-* ``resume`` names an existing run folder, resolved like ``output-dir``.
-
-Every refusal is a ``ConfigError`` naming the key, raised before anything is written.
-"""
+The output root is ``$FLORG_OUTPUT_ROOT`` in the environment of the process that runs the
+ServerApp (the operator's side), else that process's working directory. The run settings only
+choose a folder inside it: ``output-dir`` (relative to the root, or absolute inside it),
+``run-name`` (a single folder name: letters, digits and ``. _ = , + : @ % ~ -``, starting with a
+letter or digit, at most 255 characters) and ``resume`` (an existing run folder, resolved like
+``output-dir``); ``..`` and symbolic links that leave the root are refused (the check is on the
+resolved path). Every refusal is a ``ConfigError`` naming the key, raised before anything is
+written (docs/faults.md, section 4)."""
 
 from __future__ import annotations
 

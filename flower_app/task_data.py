@@ -1,17 +1,12 @@
 """The run's data: the task's splits, a client's partition, and batches trimmed to their length.
 
-Both the server (validation split) and every client (its Dirichlet or IID share of
-the training pool, plus the same share of the validation split for personalised
-evaluation) go through ``load_task_data``, which is cached per process so a round
-never reloads or re-tokenises anything.
-
-What differs between kinds of task (classification, extractive QA, ...) is the task
-kind's (flower_app/task_kinds/): how the examples are read (``load_splits``), the column
-a Dirichlet partition skews over (``partition_field``; extractive QA partitions by
-question, over article-title buckets), and the features (``features``). This module
-subsets, partitions and caches them; ``SplitView`` hands a split or a partition to the
-kind's evaluation.
-"""
+The server (validation split) and every client (its Dirichlet or IID share of the training
+pool, plus the same share of the validation split for personalised evaluation) go through
+``load_task_data``, cached per process so a round never reloads or re-tokenises anything.
+What differs between kinds of task is the task kind's (flower_app/task_kinds/): how the examples
+are read (``load_splits``), the column a Dirichlet partition skews over (``partition_field``)
+and the features (``features``). This module subsets, partitions and caches them;
+``SplitView`` hands a split or a partition to the kind's evaluation."""
 
 from __future__ import annotations
 

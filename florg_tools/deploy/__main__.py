@@ -1,24 +1,15 @@
 """Command line for deployments: certificates, a SuperLink with SuperNodes, one SuperNode.
 
-    python -m florg_tools.deploy certs --out DIR --san HOST [--san ...] [--node-keys N]
-    python -m florg_tools.deploy up --nodes 3 [--num-partitions N] [--certs DIR | --insecure]
-        [--host 0.0.0.0] [--port 9093] [--san HOST ...] [--node-auth] [--isolation process]
-        [--netns]
-        [--data-path-template 'data/node-{i}'] [--node-ranks 2,4,8] [--dir .deploy]
-        [--connection NAME] [--flwr-home DIR] [--threads-per-node T]
-    python -m florg_tools.deploy superlink --certs DIR [--host 0.0.0.0] [--port 9093]
-        [--node-auth] [--isolation process]
-    python -m florg_tools.deploy node --superlink HOST:PORT --partition-id I
-        --num-partitions N (--root-certificates CA | --insecure) [--data-path P] [--rank R]
-        [--auth-key KEY] [--isolation process] [--runtime-port P]
-    python -m florg_tools.deploy connection --name NAME --address HOST:PORT
-        (--root-certificates CA | --insecure) [--flwr-home DIR]
+    python -m florg_tools.deploy certs --out DIR --san HOST [--node-keys N]
+    python -m florg_tools.deploy up --nodes 3 [--certs DIR | --insecure] [options]
+    python -m florg_tools.deploy superlink --certs DIR [--host H] [--port P] [--node-auth]
+    python -m florg_tools.deploy node --superlink HOST:PORT --partition-id I --num-partitions N
+        (--root-certificates CA | --insecure) [--data-path P] [--rank R] [--auth-key KEY]
+    python -m florg_tools.deploy connection --name NAME --address HOST:PORT (... | --insecure)
 
-``up`` starts everything on this machine (TLS unless ``--insecure``, which is refused
-off loopback), writes the connection NAME into ``--flwr-home`` (default ``$FLWR_HOME``,
-else ``<repo>/.flwr_home``) and waits; ``flwr run . NAME`` then runs the app on it.
-Ctrl-C stops every process it started, by pid. ``superlink`` and ``node`` replace
-themselves with the one Flower process (``exec``), for a server and a client machine.
+``up`` starts everything on this machine, writes the connection NAME into $FLWR_HOME and
+waits; Ctrl-C stops every process it started, by pid. ``superlink`` and ``node`` replace
+themselves with the one Flower process (``exec``). Options: docs/deploy-superlink.md.
 """
 
 from __future__ import annotations

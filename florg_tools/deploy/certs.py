@@ -1,25 +1,15 @@
-"""Demo TLS material for a deployment: a CA, the SuperLink's server certificate, node keys.
+"""Demo TLS material for a deployment, written with the ``cryptography`` package
+(``generate_certificates``, ``generate_node_keys``)::
 
-Written with the ``cryptography`` package (no ``openssl`` binary needed)::
-
-    python -m florg_tools.deploy.certs --out certs --san 10.200.1.1 --san superlink \
+    python -m florg_tools.deploy.certs --out certs --san 10.200.1.1 --san superlink
         [--node-keys 3] [--days 365] [--force]
 
-produces, under ``--out``:
-
-* ``ca.crt`` / ``ca.key``: a self-signed CA (RSA 2048). Give ``ca.crt`` to every SuperNode
-  (``--root-certificates``), to the ``flwr`` CLI (``root-certificates`` in
-  ``$FLWR_HOME/config.toml``) and to the SuperLink (``--ssl-ca-certfile``).
-* ``server.pem`` / ``server.key``: the SuperLink's certificate, signed by the CA, valid for
-  ``127.0.0.1``, ``::1``, ``localhost`` and every ``--san`` (an IP address or a DNS name:
-  each address SuperNodes and the CLI dial, e.g. the host's LAN address, the netns
-  host-side addresses, ``superlink`` for docker compose).
-* with ``--node-keys N``: ``node-keys/node-I`` / ``node-I.pub`` for I in 0..N-1, the EC
-  P-384 key pairs (OpenSSH format, as ``ssh-keygen -t ecdsa -b 384`` makes them) for
-  SuperNode authentication: ``flwr supernode register node-keys/node-I.pub CONNECTION``
-  on the CLI side, ``--auth-supernode-private-key node-keys/node-I`` on the node.
-
-These are for demos and tests. In production use your organisation's CA.
+writes ``ca.crt`` / ``ca.key`` (a self-signed CA, RSA 2048: for every SuperNode, the
+``flwr`` CLI and the SuperLink), ``server.pem`` / ``server.key`` (the SuperLink's
+certificate, valid for 127.0.0.1, ::1, localhost and every ``--san``) and, with
+``--node-keys N``, ``node-keys/node-I`` / ``node-I.pub``, EC P-384 key pairs in OpenSSH
+format for SuperNode authentication. For demos and tests; in production use your
+organisation's CA (docs/deploy-superlink.md, "Across machines").
 """
 
 from __future__ import annotations

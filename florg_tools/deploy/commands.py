@@ -1,35 +1,15 @@
-"""The argv of every Flower deployment process -- the single source of truth.
+"""The argv of every Flower deployment process, the single source of truth: ``superlink_argv``,
+``supernode_argv``, ``superexec_argv``, ``node_config_string`` and ``deployment_env``.
 
 Every function here is pure: addresses, ports, certificate paths, partition ids and the
-isolation mode in, an argv list (or an environment mapping) out. Nothing is read from disk
-and nothing is started; ``florg_tools.deploy.deployment`` runs these commands, the docker
-compose files are checked against them, and ``docs/deploy-superlink.md`` shows them.
-
-Flower 1.41 (checked with ``--help`` of the 1.41 executables):
-
-* ``flower-superlink`` serves its Fleet (SuperNodes), Control (``flwr`` CLI) and Runtime
-  (SuperExec/ServerApp) APIs on ONE HTTPS port: ``--host H --port P`` (default
-  ``127.0.0.1:8000``). TLS: ``--ssl-ca-certfile --ssl-certfile --ssl-keyfile``; plain HTTP
-  only with ``--insecure``. ``--isolation subprocess`` (default) makes it spawn its own
-  ``flower-superexec`` for the ServerApp; ``--isolation process`` leaves that to a separate
-  ``flower-superexec --runtime-api-address H:P``. ``--enable-supernode-auth`` admits only
-  SuperNodes whose public key was registered with ``flwr supernode register`` (needs TLS).
-* ``flower-supernode --superlink H:P`` connects over HTTPS, verifying the SuperLink with
-  ``--root-certificates CA`` (``--insecure`` for plain HTTP); ``--node-config`` carries
-  ``partition-id``/``num-partitions``/``data-path``; ``--auth-supernode-private-key`` is
-  its EC key (OpenSSH format) for node authentication. Its own Runtime API (for its
-  SuperExec and the ClientApp processes) listens on ``--host``/``--port`` (default
-  ``127.0.0.1:9094``), so SuperNodes sharing a host need distinct ``--port`` values.
-* ``flower-superexec --runtime-api-address H:P`` runs ServerApps (pointed at a SuperLink)
-  or ClientApps (pointed at a SuperNode): since 1.41 it picks the app type from the task,
-  ``--plugin-type`` is deprecated and ignored and ``--appio-api-address`` was renamed to
-  ``--runtime-api-address``; so this module emits neither old flag.
-
-Policy: TLS everywhere by default. ``insecure=True`` is accepted only when the address
-bound or dialled is a loopback address (``127.0.0.0/8``, ``::1``, ``localhost``);
-anything else raises ``DeployConfigError`` naming the address, unless the caller states
-``private_network=True`` (an isolated network that publishes no port, such as a docker
-compose bridge network; never the internet).
+isolation mode in, an argv list (or an environment mapping) out; nothing is read from disk
+and nothing is started. ``florg_tools.deploy.deployment`` runs these commands, the docker
+compose files are generated from them (``compose_gen``) and docs/deploy-superlink.md
+shows them, with the processes, their ports and flags. Policy: TLS everywhere by default;
+``insecure=True`` only where the address bound or dialled is a loopback address
+(127.0.0.0/8, ::1, localhost), else ``DeployConfigError`` naming the address, unless the
+caller states ``private_network=True`` (an isolated network that publishes no port, such
+as a docker compose bridge network; never the internet).
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
-"""Generate the docker compose files of the demo deployment from ``commands`` (the argv
-single source of truth), so the containers run exactly the commands and flags that the
-loopback deployment runs, only with docker host names and in-container certificate paths.
+"""Generate the docker compose files of the demo deployment from ``commands`` (the argv single
+source of truth), so the containers run exactly the commands and flags the loopback
+deployment runs, with docker host names and in-container certificate paths.
 
-Files (under ``docker/``; committed, and a test checks they equal what this module makes):
-
-* ``compose.yml``: a SuperLink (``flwr/superlink``), the ServerApp SuperExec (this app's
-  image, ``docker/Dockerfile``), and N SuperNodes (``flwr/supernode``), each with its
-  ClientApp SuperExec and its own ``--node-config "partition-id=I num-partitions=N"``.
-  Plain HTTP on the compose bridge network (``private_network=True`` in ``commands``);
-  the SuperLink's port is published on the host's loopback only, for the ``flwr`` CLI.
-* ``with-tls.yml``: the TLS overlay. A one-shot ``certs`` service runs
-  ``python -m florg_tools.deploy.certs`` (the SuperLink's CA and certificate, valid for
-  ``superlink``, ``localhost``, ``127.0.0.1``; one CA and certificate per SuperNode for
-  its Runtime API) into ``docker/certificates/``; every other service waits for it, mounts
-  only the files it needs (read-only) and swaps ``--insecure`` for the TLS flags.
-
-Command line::
-
-    python -m florg_tools.deploy.compose_gen --write docker      # (re)write the files
-    python -m florg_tools.deploy.compose_gen --check docker      # exit 1 if they differ
-    python -m florg_tools.deploy.compose_gen compose.yml         # print one file
-    python -m florg_tools.deploy.compose_gen connection --flwr-home DIR --name docker-tls \
-        --root-certificates docker/certificates/superlink/ca.crt   # the CLI's connection
-        (florg_tools.flwr_home.write_tls_connection; address 127.0.0.1:8000 by default)
+Under ``docker/`` (committed; a test checks they equal what this module makes):
+``compose.yml`` (a SuperLink, the ServerApp SuperExec, N SuperNodes each with its ClientApp
+SuperExec; plain HTTP on the compose bridge network, the SuperLink's port published on the
+host's loopback only) and ``with-tls.yml`` (the TLS overlay, with a one-shot ``certs``
+service). ``--write DIR`` / ``--check DIR`` (exit 1 if they differ) / ``FILE`` (print one);
+``connection --flwr-home DIR --name NAME ...`` writes the CLI's connection (127.0.0.1:8000
+by default). docs/deploy-docker.md, "The services" and "Plain and TLS".
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
-"""Offline builds of the docker compose demo's app image: the wheelhouse.
+"""Offline builds of the docker compose demo's app image: the wheelhouse
+(``build_wheelhouse``, ``sync_wheelhouse``, ``clear_wheelhouse``).
 
-``docker/Dockerfile`` installs from the package indexes; a build host that reaches no
-index (or whose builds get no network) fills ``docker/wheelhouse/`` first. Every package
-the image builds install -- pip, setuptools, torch (the CPU wheel pip finds through its
-configured find-links), flwr, the app's dependencies from ``pyproject.toml`` -- and the
-packages that carry the offline assets are fetched on the HOST by its own pip (its index,
-find-links and CA bundle configuration apply), into a cache folder keyed by what it holds
-(``cache_root()``: ``$FLORG_DOCKER_CACHE``, else ``~/.cache/florg-docker``), then linked
-into ``docker/wheelhouse/``. With wheels there, ``docker/Dockerfile`` installs from that
-folder only, through a BuildKit bind mount that no image layer keeps; the builds need no
-network and get none. Neither the torch wheel nor a CA bundle ends up in an image.
-
-The stand-ins for Flower's images, which this project's CI machines (no image registry)
-build with this wheelhouse, are test machinery: ``ci/docker_standin.py``.
-
-Command line (see docs/deploy-docker.md)::
+Every package the image builds install (pip, setuptools, the CPU torch wheel, flwr, the
+app's dependencies from ``pyproject.toml``) and the packages that carry the offline assets
+are fetched on the host by its own pip, with its own index, find-links and CA bundle, into a
+cache folder keyed by what it holds (``cache_root()``: ``$FLORG_DOCKER_CACHE``, else
+``~/.cache/florg-docker``), then linked into ``docker/wheelhouse/``; ``docker/Dockerfile``
+then installs from that folder only, through a BuildKit bind mount no layer keeps.
 
     python -m florg_tools.deploy.docker_offline wheelhouse   # fill docker/wheelhouse/
     python -m florg_tools.deploy.docker_offline clear        # empty docker/wheelhouse/

@@ -39,7 +39,7 @@ def _cpus_arg(text: str) -> int:
         return _positive_int_arg(text)
     except argparse.ArgumentTypeError as err:
         raise argparse.ArgumentTypeError(
-            f"{err} (Flower 1.41 stores client-resources num-cpus as an integer)"
+            f"{err} (Flower stores client-resources num-cpus as an integer)"
         ) from None
 
 

@@ -1,7 +1,7 @@
 """The connections of ``$FLWR_HOME/config.toml``: read the file, write a simulation
 connection or a TLS connection to a SuperLink you run, keeping every other table.
 
-(``florg_tools.flwr_home``'s docstring describes the file and Flower 1.41's reading of it.)
+(The file and how Flower reads it: docs/deploy-ray.md, "The simulation settings".)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ DEFAULT_CONNECTION_NAME = "local-simulation"
 # Magic address: the flwr CLI starts (and leaves running) a local simulation SuperLink.
 LOCAL_SUPERLINK_ADDRESS = ":local:"
 
-# What `flwr` itself writes when no config.toml exists (flwr.cli.constant in 1.41).
+# What `flwr` itself writes when no config.toml exists (flwr.cli.constant).
 _FLWR_DEFAULT_CONFIG: dict[str, Any] = {
     "superlink": {
         "default": "local",
@@ -49,14 +49,14 @@ def read_flower_config(flwr_home: Path) -> dict[str, Any]:
 
 
 def _integral_cpus(num_cpus_per_client: float) -> int:
-    # Flower 1.41 turns options.backend.client-resources.num-cpus into the protobuf field
-    # SimulationConfig.client_resources_num_cpus, an int64: a TOML float (even 1.0) makes
+    # Flower turns options.backend.client-resources.num-cpus into the protobuf field
+    # SimulationConfig.client_resources_num_cpus, a uint32: a TOML float (even 1.0) makes
     # `flwr run` crash with "TypeError: 'float' object cannot be interpreted as an integer".
     if isinstance(num_cpus_per_client, bool) or not math.isfinite(num_cpus_per_client):
         raise ValueError(f"num_cpus_per_client must be a number, got {num_cpus_per_client!r}")
     if num_cpus_per_client < 1 or float(num_cpus_per_client) != int(num_cpus_per_client):
         raise ValueError(
-            "num_cpus_per_client must be a whole number >= 1: Flower 1.41 stores "
+            "num_cpus_per_client must be a whole number >= 1: Flower stores "
             f"client-resources.num-cpus as an integer (got {num_cpus_per_client!r})"
         )
     return int(num_cpus_per_client)

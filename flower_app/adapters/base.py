@@ -17,16 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-# A run's settings (flower_app.settings.config.RunConfig), a method
-# (flower_app.methods.contract.Method) and a torch model, read by attribute: this module
-# imports none of them.
-RunSettings = Any
-MethodLike = Any
-Model = Any
+if TYPE_CHECKING:  # types only: the settings and the methods import this module
+    from torch.nn import Module as Model
+
+    from flower_app.methods.contract import Method
+    from flower_app.settings.run_settings import RunSettings
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ class AdapterKind:
         shapes = [self.parts[p].shape(d_out, d_in, r) for p in parts]
         return sum(int(shape[0]) if len(shape) > 1 else 1 for shape in shapes)
 
-    def check_method(self, method: MethodLike) -> None:
+    def check_method(self, method: Method) -> None:
         """A method's declared parts are this kind's, and it shares at least one."""
         declared = set(method.shared) | set(method.local) | set(method.frozen)
         if not declared <= set(self.parts) or not method.shared:
@@ -71,7 +70,7 @@ class AdapterKind:
             )
 
     # -- settings ------------------------------------------------------------------------
-    def check_settings(self, config: RunSettings, method: MethodLike) -> None:
+    def check_settings(self, config: RunSettings, method: Method) -> None:
         """Checks of the run's settings this kind needs, each ValueError naming its key."""
 
     def check_node_rank(self, config: RunSettings, r: int, r_max: int) -> None:
@@ -79,13 +78,13 @@ class AdapterKind:
         when this kind cannot (the message names the setting)."""
 
     # -- the model -------------------------------------------------------------------------
-    def inject(self, model: Model, config: RunSettings, method: MethodLike) -> Model:
+    def inject(self, model: Model, config: RunSettings, method: Method) -> Model:
         """The adapter injected into ``model`` (in place where the kind can), initialised
         from the run's settings; returns the model carrying it."""
         raise NotImplementedError
 
     def shared_state(
-        self, model: Model, config: RunSettings, method: MethodLike
+        self, model: Model, config: RunSettings, method: Method
     ) -> dict[str, np.ndarray]:
         """What travels (client -> server -> client): the method's shared parts and the head,
         as float32 arrays by state key."""
@@ -96,7 +95,7 @@ class AdapterKind:
         model: Model,
         arrays: Mapping[str, np.ndarray],
         config: RunSettings,
-        method: MethodLike,
+        method: Method,
     ) -> None:
         """Load ``arrays`` (the keys and shapes of ``shared_state``, exactly)."""
         raise NotImplementedError
@@ -119,7 +118,7 @@ class AdapterKind:
         float64 tensors, for every adapted layer (analyses and benchmarks)."""
         raise NotImplementedError
 
-    def subtracts_initial_update(self, config: RunSettings, method: MethodLike) -> bool:
+    def subtracts_initial_update(self, config: RunSettings, method: Method) -> bool:
         """Whether injection subtracted the adapter's initial update from W0 (so the model
         starts at W0 and the frozen weight is W0 minus it)."""
         return False

@@ -1,21 +1,14 @@
-"""What the project's own adapter layers share: FLoRG's ``FLoRGLinear`` (florg_layer.py,
-florg_model.py) and LoRA-SB's ``LoRASBLinear`` (lora_sb.py). PEFT's LoRA (lora.py) brings its
-own layers and injection, so it uses none of this.
+"""What the project's own adapter layers share: FLoRG's ``FLoRGLinear`` and LoRA-SB's
+``LoRASBLinear`` (PEFT's LoRA brings its own layers and uses none of this).
 
-- Precision: the adapter's dtype for a base weight (``adapter_dtype``) and the dtype its
-  per-token products run in (``compute_dtype``).
-- The layer: ``AdapterLinear`` wraps a frozen nn.Linear and adds s times a low-rank update
-  that the subclass computes, in the output's dtype.
-- The adapter on a model: ``CustomLayers`` (one per adapter: its layer type, the part that
-  trains) injects it (finds the targeted Linears outside the task head, checks the rank
-  against each, freezes the model, puts a layer in each place, unfreezes the head), lists
-  its layers, gets and sets what travels, and strips a copy back to the base model.
-- Export: ``save_peft_lora`` writes a stripped copy as a standard PEFT LoRA folder with the
-  given factors.
-
-Each adapter module keeps what is its own: the layer's parameters and update, how a layer is
-built from a Linear, its export factors and its configuration.
-"""
+- ``adapter_dtype``, ``compute_dtype``: an adapter's dtype over a base weight, and the dtype
+  its per-token products run in;
+- ``AdapterLinear``: a frozen nn.Linear plus s times a low-rank update that the subclass
+  computes, added in the output's dtype;
+- ``CustomLayers``: one adapter on a model: injects it (the targeted Linears outside the task
+  head, the rank checked against each, the rest frozen, the head trainable), lists its layers,
+  gets and sets what travels, and strips a copy back to the base model;
+- ``save_peft_lora``: a stripped copy as a standard PEFT LoRA folder with the given factors."""
 
 from __future__ import annotations
 

@@ -1,43 +1,15 @@
-"""On-disk caches of what a fresh process would otherwise rebuild: the tokenised partitions
-and the adapted model.
+"""On-disk caches of what a fresh ClientApp process (a SuperNode starts one per message) would
+otherwise rebuild: the tokenised partitions and the adapted model.
 
-In simulation a ClientApp worker lives through the whole run and ``functools.lru_cache``
-suffices. A SuperNode (deployment) starts a fresh ``flwr-clientapp`` process for every
-message, so without these caches every round re-reads and re-tokenises the node's data and
-rebuilds the model, including FLoRG's fixed L and R (a QR per projection). With them, the
-first process of a node builds and saves; later ones load:
-
-* ``disk_cached_dataset`` (``tokenized_split``): ``datasets`` ``save_to_disk`` /
-  ``load_from_disk`` (memory-mapped Arrow);
+* ``disk_cached_dataset`` (``tokenized_split``): ``datasets``' save_to_disk / load_from_disk;
 * ``disk_cached_model`` (``cached_adapted_model``): every tensor of the freshly built
-  ``AdaptedModel`` (before any state is loaded into it) as safetensors, its metadata as
-  JSON; a hit rebuilds the skeleton with the same code, skipping FLoRG's L/R computation,
-  and copies the tensors in. (``.pt`` pickles left by older versions are never read; the
-  size limit below evicts them like any other entry.)
+  ``AdaptedModel`` as safetensors, its metadata as JSON; a hit rebuilds the skeleton and copies
+  the tensors in. Nothing is unpickled; a file that does not parse or match is a miss.
 
-Nothing here is unpickled: whoever can write to the cache folder can change what a model
-computes (so keep it private to the node), but cannot run code (safetensors, JSON and
-Arrow are data formats; a file that does not parse, or holds other tensor names, shapes
-or dtypes than the model, is a miss and is rebuilt).
-
-Keys are SHA-256 hashes of everything the result depends on, none of it listed by hand
-(flower_app/cache/keys.py):
-
-* the run settings of the groups the cache declares (``groups=``): every key that
-  ``flower_app.settings.config`` tags as affecting the data, the tokenisation or the model (a new
-  setting must name the groups it affects, so it cannot be left out of a key);
-* the identity (name, size, mtime) of the model and data files, the library versions;
-* the source of the module that builds the result and of every module of this project it
-  imports, transitively, function-local imports included (``_code_hash``); for a model,
-  also the code of the modules that registered the methods (their hooks build the adapter;
-  ``flower_app.methods.registry.method_sources``).
-
-The cache lives in ``$FLORG_DERIVED_CACHE``, else ``<$FLORG_CACHE or
-~/.cache/florg>/derived``; entries are written atomically (temporary name, then rename), so
-concurrent processes are safe. ``FLORG_DISK_CACHE=0`` turns it off. The folder is kept
-under ``$FLORG_DERIVED_CACHE_MAX_MB`` (default 4096) by deleting the least recently used
-entries (flower_app/cache/eviction.py). Deleting the folder is always safe.
-"""
+Keys hash every setting of the groups a cache declares (``groups=``), the model and data files'
+identity, the library versions and the code that builds the result (flower_app/cache/keys.py).
+Folder: ``$FLORG_DERIVED_CACHE``, else ``<$FLORG_CACHE or ~/.cache/florg>/derived``, kept under
+``$FLORG_DERIVED_CACHE_MAX_MB`` (default 4096); ``FLORG_DISK_CACHE=0`` turns it off."""
 
 from __future__ import annotations
 

@@ -1,22 +1,15 @@
 """Client fault injection for tests and the poisoning benchmark: a Flower client mod.
 
-The ClientApp attaches ``inject_faults`` (``ClientApp(mods=[inject_faults])``, the idiom of
-Flower's own client mods such as DP clipping): a function ``(msg, context, call_next) ->
-Message`` around every message. On a training message of the partition named by the run
-setting ``fault-partition`` it misbehaves as ``fault-kind`` says:
+``inject_faults`` (attached as ``ClientApp(mods=[inject_faults])``) wraps every message. On a
+training message of the partition ``fault-partition`` (-1, the default: none) it misbehaves as
+``fault-kind`` says; a comma list gives round t (``server-round``) the t-th kind, cycled:
 
     raise   the ClientApp raises before training (the server gets an error reply)
     nan     the reply's first array is all NaN
     shape   the reply's first array loses its last column
     scale   every adapter array of the reply x ``fault-scale`` (poisoning)
     claim   the reply claims ``fault-scale`` examples (poisoning)
-
-A comma list (``raise,nan,shape``) gives each training round its own: round t (the
-message's ``server-round``) misbehaves as the t-th kind, cycled, so one run can go
-through several faults a round apart.
-Everything else passes through unchanged; with ``fault-partition = -1`` (the default) the
-mod does nothing. The round itself (flower_app/client/round.py) knows nothing of faults.
-"""
+Everything else passes through unchanged; the round itself (round.py) knows nothing of faults."""
 
 from __future__ import annotations
 

@@ -1,29 +1,15 @@
-"""What one client does in one round, written once.
+"""What one client does in one round, written once: the ClientApp (client_app/client_app.py)
+runs it for every training message, and the benchmarks that replay rounds outside Flower
+(benchmarks/overhead/loop.py; benchmarks/centralised/training.py: ``train_steps``) run it as is.
 
-The ClientApp (client_app/client_app.py) runs it for every training message; the
-benchmarks that replay rounds outside Flower (benchmarks/overhead/loop.py) run it as
-it is, and the centralised benchmarks (benchmarks/centralised/training.py) train with the same
-``train_steps``. A round:
+1. **receive**: the global arrays and the client's own parts into the adapted model (``receive``);
+2. **seed**: the partition's loader and torch's global generator (dropout) with ``round_seed`` =
+   run seed + 1000 x round + partition id, so a round trains the same wherever it runs;
+3. **train** the round's parts (``Method.trained_parts``) with the run's settings
+   (``train_steps``; DP-SGD steps under ``dp=example``, flower_app/privacy/dp_sgd.py);
+4. **reply**: the trained shared arrays and the metrics (``RoundReply``), and the own parts kept.
 
-1. **receive**: load the global arrays and the client's own parts into the adapted model
-   (``receive``; the ClientApp first fetches the own parts from its Flower context or the
-   node's disk, and runs the method's ``receive_on_client`` hook);
-2. **seed**: the partition's loader is shuffled with, and torch's global generator
-   (dropout) is seeded with, ``round_seed`` = run seed + 1000 x round + partition id, so a
-   round trains the same wherever and whenever it runs (a resumed run equals the
-   uninterrupted one);
-3. **train** the parts the method trains in this round (``Method.trained_parts``) with the
-   run's settings (``train_steps``: ``flower_app.training.loop.train_local`` with
-   ``learning-rate`` and the head's rate, both times the round's ``lr-schedule`` factor
-   (flower_app/training/lr_schedule.py), ``weight-decay``, ``local-epochs`` / ``local-steps``,
-   ``device``, ``progress-bar``; with ``dp=example`` every step is a DP-SGD step on a
-   Poisson batch, flower_app/privacy/dp_sgd.py, and the client's accountant composes it);
-4. **reply**: the shared arrays it trained and the training metrics (``RoundReply``; its
-   ``content`` is the reply's Flower RecordDict) and the own parts the client keeps.
-
-Fault injection (the testing settings ``fault-*``) is no part of a round: it is a Flower
-client mod around the ClientApp (flower_app/client/faults.py).
-"""
+Fault injection is no part of a round: it is a client mod (flower_app/client/faults.py)."""
 
 from __future__ import annotations
 
@@ -45,6 +31,7 @@ from flower_app.training.lr_schedule import round_lr_factor
 from flower_app.training.precision import MixedPrecision
 
 if TYPE_CHECKING:
+    import datasets
     from flwr.app import RecordDict
     from torch import nn
     from torch.utils.data import DataLoader
@@ -55,6 +42,16 @@ if TYPE_CHECKING:
 def round_seed(config: RunConfig, server_round: int, partition_id: int) -> int:
     """The seed of a partition's round: its loader's shuffle and torch's generator."""
     return config.seed + 1000 * server_round + partition_id
+
+
+def _round_loader(
+    config: RunConfig, partition_id: int, num_partitions: int, server_round: int
+) -> tuple[datasets.Dataset, DataLoader, int]:
+    """A partition's training split in ``server_round``: the dataset, its loader shuffled
+    with ``round_seed``, and that seed."""
+    dataset = tokenized_split(config, "train", partition_id, num_partitions)
+    seed = round_seed(config, server_round, partition_id)
+    return dataset, make_loader(dataset, config.batch_size, shuffle=True, seed=seed), seed
 
 
 @dataclass(frozen=True)
@@ -75,11 +72,10 @@ def local_batches(
     config: RunConfig, partition_id: int, num_partitions: int, server_round: int = 0
 ) -> LocalBatches:
     """The ``LocalBatches`` of a partition in ``server_round`` (0: before training)."""
-    dataset = tokenized_split(config, "train", partition_id, num_partitions)
-    seed = round_seed(config, server_round, partition_id)
+    _, loader, seed = _round_loader(config, partition_id, num_partitions, server_round)
     device = pick_device(config.device)
     return LocalBatches(
-        make_loader(dataset, config.batch_size, shuffle=True, seed=seed),
+        loader,
         load_task_data(config).kind.training_loss,
         MixedPrecision.for_run(config.precision, device),
         device,
@@ -189,9 +185,7 @@ def train_round(
     partition's size n (the count of Poisson-sampled examples would reveal the sampling).
     With dp on and ``dp-unnoised-metrics=withhold`` the reply leaves out
     ``UNNOISED_METRICS``."""
-    dataset = tokenized_split(config, "train", partition_id, num_partitions)
-    seed = round_seed(config, server_round, partition_id)
-    loader = make_loader(dataset, config.batch_size, shuffle=True, seed=seed)
+    dataset, loader, seed = _round_loader(config, partition_id, num_partitions, server_round)
     dp_sgd = None
     if accountant is not None:
         dp_sgd = private_round(config, accountant, len(dataset), seed, server_round, partition_id)

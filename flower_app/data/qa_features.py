@@ -1,17 +1,14 @@
 """Extractive-QA features: question + context windows with start/end token positions.
 
-The standard Hugging Face preprocessing: the question and the context are tokenised as a
-pair, truncating only the context (``only_second``) to ``max_length`` tokens; a long
-context becomes several windows (features) that overlap by ``doc_stride`` tokens. Each
-feature gets the token positions of its example's first answer, or the CLS index (0 when
-the tokenizer has no CLS token) when the answer is not wholly inside the window. For
-evaluation every feature also keeps ``example_index`` (its row in the examples) and
-``context_offsets``: each token's (start, end) character span in the context, (-1, -1)
-for tokens outside the context (question, special tokens, padding).
-
-Questions longer than ``max_question_tokens(max_length)`` tokens are cut (as BERT's
-``max_query_length``) so that every window has room for context and stride.
-"""
+The standard Hugging Face preprocessing: the question and the context are tokenised as a pair,
+truncating only the context (``only_second``) to ``max_length`` tokens; a long context becomes
+several windows (features) that overlap by ``doc_stride`` tokens. Each feature gets the token
+positions of its example's first answer, or the CLS index (0 when the tokenizer has no CLS
+token) when the answer is not wholly inside the window. For evaluation every feature also keeps
+``example_index`` (its row in the examples) and ``context_offsets`` (each token's (start, end)
+character span in the context, (-1, -1) outside it). Questions longer than
+``max_question_tokens(max_length)`` tokens are cut (as BERT's ``max_query_length``) so that
+every window has room for context and stride."""
 
 from __future__ import annotations
 

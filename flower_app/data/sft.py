@@ -1,31 +1,13 @@
-"""Instruction data for causal-LM fine-tuning: (prompt, response) examples and their
-features, the loss on response tokens only.
+"""Instruction data for causal-LM fine-tuning: (prompt, response) examples and their features,
+the loss on response tokens only.
 
-Rows come out of ``sft_examples`` as ``prompt``, ``response`` (the target the model learns
-to continue the prompt with), ``answers`` (the gold answers generation is scored against;
-an empty list when the task has no short answers) and ``bucket`` (the pseudo-label a
-Dirichlet partition skews over). Three sources:
-
-- **SQuAD schema** (``label_field`` = ``answers``, text fields (question, context), e.g.
-  ``squad-gen``): prompt = context + question, response = the first gold answer, scored
-  against all of them; bucket = the article's title bucket (``qa_loading``);
-- **classification** (an integer label with label names, e.g. ``snli-gen``): prompt = the
-  texts and the choices, response = the label's name; bucket = the label;
-- **instructions** (Alpaca / FlowerTune: ``instruction``, ``input``, ``output``; any other
-  local data: ``text_fields`` = (instruction[, input]), ``label_field`` = the output
-  column): the prompt of ``prompt_format`` (``alpaca``: the Alpaca sections;
-  ``flowertune``: the FlowerTune LLM templates' prompt, the text fields joined by a space
-  as the instruction); bucket = the instruction hashed into 10 buckets; no short answers,
-  so no generation scores.
-
-Features (``sft_features``): the prompt's tokens (``plain``: the prompt text, after the
-BOS token where the tokenizer starts texts with one; ``chat``: the tokenizer's chat
-template with the prompt as the user's message) then the response's and EOS, padded to
-``max_length``; ``labels`` are the response's tokens and EOS, and -100 (ignored by the
-loss) on the prompt and the padding.
-A pair longer than ``max_length`` keeps at most half of it for the response and cuts the
-prompt from the left (the question stays next to the answer).
-"""
+``sft_examples`` gives rows ``prompt``, ``response``, ``answers`` (the gold answers generation is
+scored against; empty when the task has no short answers) and ``bucket`` (the pseudo-label a
+Dirichlet partition skews over) from three sources: the SQuAD schema (e.g. ``squad-gen``), a
+classification task (e.g. ``snli-gen``: the label's name) and instructions (Alpaca / FlowerTune,
+``prompt_format`` ``alpaca`` or ``flowertune``). ``sft_features`` tokenises the prompt (``plain``
+or ``chat``), the response and EOS, padded to ``max_length``; ``labels`` are -100 on the prompt
+and the padding. docs/usage.md, "Causal-LM fine-tuning", has each source's prompt and bucket."""
 
 from __future__ import annotations
 

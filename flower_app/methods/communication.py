@@ -1,49 +1,26 @@
 """Exact per-round communication of every method, counted as the paper counts it (parameters).
 
-Per adapted layer with W0 of shape d_out x d_in, k = min(d_in, d_out), rank r, and a
-task head of H parameters (trained and FedAvg-ed by every method), each participating
-client sends up and receives down per round the method's shared parts
-(``Method.adapter_params``):
+Per adapted layer (W0 of d_out x d_in, k = min(d_in, d_out), rank r) each participating client
+sends up and receives down its method's shared parts (``Method.adapter_params``):
 
     FLoRG adapter, A shared      r k              (up and down)
     LoRA adapter, B and A        r (d_out + d_in) (up and down)
-    LoRA adapter, B only         r d_out          (A frozen and seeded)
-    LoRA adapter, A only         r d_in           (B kept on the client)
-
-plus H each way, plus whatever else a method sends down (``Method.extra_down_params``,
-which may depend on N, the number of clients aggregated in the round, and on the method's
-own settings in the run's ``config``; only in the rounds ``Method.extra_down_in_round``
-names).  Bytes are parameters times ``bytes_per_param`` (4:
-arrays travel as float32), or under a message encoding (``RoundCommunication.encoded``:
-2 bytes an entry for bf16 / fp16, 1 and a float32 scale per row for int8; a method's
-extras stay float32).
-
+    LoRA adapter, B / A only     r d_out / r d_in (the other frozen or kept on the client)
     LoRA-SB adapter, R only      r^2              (up and down; B, A fixed, sent once)
 
-Round 0 (``server_round=0``) is the initial model's evaluation: nothing travels, except for
-a method that initialises its adapter from its clients first (``Method.init_round_params``:
-the clients' gradient estimates of every adapted W0, d_out d_in each, up).
-
-A method that trains some shared parts only in some rounds (``Method.trained_parts``: one
-that alternates B and A, or one whose server re-factorises A after training B) sends up
-those parts only (``Method.up_adapter_params``, which takes the round), and receives every
-shared part down.
-
-Clients of different rank (``client_communication``): a client of rank r_n sends
-up the formula at r_n and receives down the formula at the rank it was sent, r_n once the
-server knows its rank, the run's largest rank r_max before (its first round).  The
-strategy counts the same from the arrays that travelled (``up-params-r<r>``,
-``down-params-r<r>``, ``up-params-per-client``, ``down-params-per-client`` in the metrics
-rows of a round with mixed ranks; tests/runtime/test_client_ranks.py holds the two equal).
-"""
+plus the head and a method's extras (``Method.extra_down_params``, ``init_round_params``).
+Bytes: ``RoundCommunication``; mixed ranks: ``client_communication`` (docs/architecture.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from flower_app.methods.contract import RunSettings
 from flower_app.methods.registry import get_method
+
+if TYPE_CHECKING:
+    from flower_app.settings.run_settings import RunSettings
 
 # Bytes an entry takes under each message encoding (flower_app/wire/encoding.py); int8 adds one
 # float32 scale per row of each array

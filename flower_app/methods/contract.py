@@ -1,58 +1,15 @@
-"""What a federated method is to the core: its client side, its server side and its flags,
-in one object. The core reads methods only through this contract and the registry
-(``registry.py``); it never imports a method.
+"""What a federated method is to the core: ``Method``, its client side, its server side and its
+flags in one object. The core reads methods only through this contract and the registry
+(``registry.py``) and never imports a method; the method folders (``strategies/<name>/``)
+register objects of ``strategies.shared.base_method.BaseMethod``, which adds the shared server side.
 
-Each method is one folder, ``strategies/<name>/``, registered by one line of
-``strategies/registry.py``: ``method.py`` creates its methods (``METHODS = (...)``, objects
-of ``strategies.shared.base_method.BaseMethod``, which adds the server side the methods
-share to this contract),
-``rule.py`` holds its server rule as a float64 numpy reference, and, where the common
-strategy does not suffice, ``strategy.py`` its own Flower strategy and further modules its
-batched or private paths. A method declares
-
-- **client side**: which adapter its clients train (``adapter``: ``florg`` is the paper's
-  ``W = W0 + s L AᵀA R``, ``lora`` is PEFT's ``W = W0 + s B A``, ``lora-sb`` is
-  ``W = W0 + s B R A`` with B, A fixed and only the r x r R trained), which of its parts
-  travel every round (``shared``), which stay on the client between rounds (``local``:
-  personal parts, so the global model alone is evaluated with them at their zero
-  initialisation and the clients evaluate by default), which are frozen at their seeded
-  initialisation (``frozen``), the LoRA initialisation it needs, and hooks for anything
-  else a client or the server's evaluator must do with a received message;
-- **server side**: its Flower strategy (``build_strategy``) and its rule (``aggregate``),
-  run by that strategy; only the server calls these hooks;
-- **flags** the common strategy and the settings' checks read, never a method's name:
-  ``heterogeneous_ranks``, ``dp_mechanism`` (with ``dp_refusal`` when None),
-  ``dp_initial_releases`` (its releases under dp=central before round 1),
-  ``example_dp_refusal`` (why DP-SGD on the clients, ``dp=example``, cannot run it; '' when
-  it can), ``writes_base_weights`` and ``async_update`` (with ``async_refusal`` when None:
-  how a buffered asynchronous update takes a stale reply);
-- **central differential privacy** (``dp=central``, docs/privacy.md): its mechanism
-  (``aggregate_private``; by default the mean mechanism of
-  ``strategies.server.central_dp``);
-- **communication**: derived from the shared parts (the paper counts parameters), plus
-  whatever else the method sends down (``extra_down_params``, in the rounds
-  ``extra_down_in_round`` names) and a round 0 before training where it has one
-  (``init_round_params``; its clients answer a query message, ``answer_query``).
-
-A method's own run settings (``settings``: a frozen dataclass of
-``flower_app.settings.setting`` fields, in ``strategies/<name>/settings.py``; several
-methods may share one) join the core's in the run config (``flower_app.settings.config``); their
-keys, defaults, help and checks are declared there and nowhere else. The settings a method
-needs checked beyond each value's own check (``check_settings``,
-run by ``flower_app.settings.config.resolve_config``, before anything is built) raise a ValueError
-naming the key (``BaseMethod`` adds dp=central's). Method modules import nothing heavy at
-module level (torch, PEFT, Flower are imported inside the hooks), so reading the registry
-costs nothing: the run-config validation uses it.
-
-Settings and methods depend one way: flower_app/settings/config.py reads the registry (the values
-the ``method`` setting may take), and no method imports flower_app.settings.config,
-not even for annotations. A method is handed the run's ``RunConfig`` (``config``) and
-reads the settings it needs from it by name: the strategy is built from it
-(``build_strategy``; the arguments every method shares: ``BaseMethod.strategy_settings``),
-and so are the settings a method derives (``evaluates_on_clients``, ``lora_init``). A new
-strategy option of one method is a field of its settings class plus its use in that
-method's module (docs/adding-a-strategy-option.md).
-"""
+- client side: the adapter kind (``adapter``), which parts travel (``shared``), stay on the
+  client (``local``) or stay frozen (``frozen``), ``lora_init``, hooks for received messages;
+- server side: its strategy (``build_strategy``) and rule (``aggregate``; under ``dp=central``
+  ``aggregate_private``), called only by the server;
+- flags the core reads, never a method's name (``heterogeneous_ranks``, ``dp_mechanism``,
+  ``async_update``, ...), the communication hooks and the method's own ``settings``.
+docs/architecture.md, "Adding a method", says what each declares and why."""
 
 from __future__ import annotations
 
@@ -65,13 +22,13 @@ import numpy as np
 
 from flower_app.adapters.registry import AdapterKind, adapter_kind_names, get_adapter_kind
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: the dependency runs settings -> methods, never back
     from flwr.serverapp.strategy import Strategy
 
-# A run's settings, flower_app.settings.config.RunConfig, and the model carrying a method's adapter,
-# flower_app.adapted.AdaptedModel (built from them): methods read their attributes by name
-# and import neither module (the dependency runs config -> methods only).
-RunSettings = Any
+    from flower_app.settings.run_settings import RunSettings
+
+# The model carrying a method's adapter (flower_app.adapted.AdaptedModel, built from the
+# settings and the method): read by attribute, never imported (it imports the methods).
 AdaptedModel = Any
 
 

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flower_app.methods.contract import Method, RunSettings
+from flower_app.methods.contract import Method
 
 if TYPE_CHECKING:
     from flwr.serverapp.strategy import Strategy
+
+    from flower_app.settings.run_settings import RunSettings
 
 __all__ = [
     "Method",
@@ -85,6 +87,6 @@ class RegisteredMethod:
 def build_strategy(
     config: RunSettings, initial_state: Mapping[str, np.ndarray], **kwargs: Any
 ) -> Strategy:
-    """The Flower strategy of the run ``config`` (a RunConfig): its method's
+    """The Flower strategy of the run ``config`` (a RunSettings): its method's
     ``build_strategy`` (keywords: ``fingerprint``, ``run_dir``)."""
     return get_method(config.method).build_strategy(config, initial_state, **kwargs)

@@ -1,25 +1,13 @@
-"""The FlowerTune LLM leaderboard (flower.ai/benchmarks/llm-leaderboard): its four tracks
-and the rules an entry keeps, checked on a run's settings.
+"""The FlowerTune LLM leaderboard (flower.ai/benchmarks/llm-leaderboard): its four tracks and the
+rules an entry keeps, checked on a run's settings (docs/flowertune.md).
 
-Taken from flwrlabs/flower at commit ``TEMPLATE_COMMIT``: the templates
-``examples/flowertune-llm-<track>/pyproject.toml`` and their README, and the evaluation
-``benchmarks/flowertune-llm/evaluation/<track>/``. What they fix:
-
-- the static config (``[tool.flwr.app.config.static]``: the data set) -- here every setting
-  that decides which examples the clients train on (``STATIC_KEYS``: the data set, no local
-  copy, the causal-LM kind, IID partitions, all of it);
-- the number of SuperNodes each README names (one IID partition per SuperNode);
-- the communication budget, 200,000 MB over the run, MB being bytes / 1024² of the arrays
-  of every training message, down and up (the templates' ``CommunicationTracker``);
-- one global model, evaluated as a PEFT checkpoint on the base model by the unmodified
-  evaluation scripts -- so a method whose clients keep personal parts, or that writes into
-  the base weights, has no checkpoint to enter (``check_method``).
-
-The rest of the templates' config (the base model, r, alpha, rounds, the fraction sampled,
-the learning rates, the lengths) is their default, which an entry may change within the
-budget; the presets (conf/flowertune-<track>.toml) start from it. Each check raises a
-``ConfigError`` whose message starts with ``leaderboard`` and names the rule.
-"""
+Taken from flwrlabs/flower at commit ``TEMPLATE_COMMIT`` (the templates
+``examples/flowertune-llm-<track>/`` and ``benchmarks/flowertune-llm/evaluation/<track>/``). The
+rules: the static config (``STATIC_KEYS``: every setting that decides which examples train),
+the number of SuperNodes each README names, the communication budget (200,000 MB, MB being
+bytes / 1024² of every training message's arrays, down and up) and one global PEFT checkpoint
+(``check_method``: no personal parts, no writes into the base weights). Each check raises a
+``ConfigError`` whose message starts with ``leaderboard`` and names the rule."""
 
 from __future__ import annotations
 

@@ -1,23 +1,11 @@
-"""What a run refers to by name, checked before anything starts.
-
-``resolve_config`` checks each value on its own and the settings against each other; it
-runs everywhere (both apps, every message), so it reads no file. The names a run points
-at are checked here, once, by the launcher before it starts a SuperLink and by the
-ServerApp before it makes the run folder, each failure a ``ConfigError`` of one line that
-names the key:
-
-- ``task`` (with ``data-path``, ``text-fields``, ``task-kind``): a known task whose data
-  is fetched, or local data that exists;
-- a task whose data is on the Hugging Face Hub: cached here, or the Hub reachable
-  (``flower_app.preflight.hub``: one quick request, so a machine without the Hub fails at once);
-- ``model``: a local folder, a name registered by ``florg assets fetch``, or a Hub name
-  (``name`` or ``org/name``; a path that does not exist is none of these);
-- ``dp=example`` with a task kind DP-SGD cannot train (``TaskKind.example_dp_refusal``: the
-  clients would refuse every round);
-- ``target-modules``: when the model's config is on this machine
-  (a local folder or a fetched model), every name matches a module of the model, built
-  from its config on the meta device (no weights are read).
-"""
+"""What a run refers to by name, checked once before anything starts: by the launcher before it
+starts a SuperLink and by the ServerApp before it makes the run folder (``resolve_config`` runs
+everywhere and reads no file). Each failure is a one-line ``ConfigError`` naming the key:
+``task`` (a known task whose data is fetched, local data that exists, or a Hub data set cached
+here or with the Hub reachable, ``flower_app.preflight.hub``), ``model`` (a local folder, a name
+registered by ``florg assets fetch``, or a Hub name), ``dp=example`` with a task kind DP-SGD
+cannot train (``TaskKind.example_dp_refusal``) and ``target-modules`` (every name a module of
+the model, built from its config on the meta device, where that config is on this machine)."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from flower_app.privacy.checks import (
 
 # --------------------------------------------------------------------------- accounting
 #
-# Library: Flower's own accountant, ``flwr.serverapp.RdpAccountant`` (flwr 1.41, unchanged
-# in 1.42: ``flwr.supercore.privacy_accounting``), is a ledger around Google's
+# Library: Flower's own accountant, ``flwr.serverapp.RdpAccountant`` (defined in
+# ``flwr.supercore.privacy_accounting``), is a ledger around Google's
 # ``dp-accounting`` RDP accountant, installed by the ``flwr[dp]`` extra (dp-accounting
 # >= 0.6, < 0.7).  Its events are integer (sample_size, population_size) pairs under one
 # fixed population per accountant, and its state schema embeds that configuration; the

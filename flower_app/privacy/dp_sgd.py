@@ -1,33 +1,14 @@
 """Example-level DP-SGD on a client (``dp=example``, docs/privacy.md section 9), with Opacus.
 
-Every local step of a client is a DP-SGD step (Abadi et al., CCS 2016): a batch drawn by
-Poisson sampling of the client's n examples at rate q = batch-size / n (Opacus' sampler,
-``poisson_loader``), the per-example gradient of everything the client trains (the adapter
-and the task head) computed by Opacus' hooks (``GradSampleModule``; FLoRG's A by
-flower_app/adapters/florg/grad_sample.py, LoRA-SB's R by lora_sb_grad_sample.py), each
-example's gradient clipped jointly over all those parameters to L2 norm C, and Gaussian
-noise N(0, (zC)^2 I) added to the clipped sum, divided by the expected batch size q n
-(Opacus' ``DPOptimizer``), then the AdamW update (post-processing). The unit is one
-example of one client.
-
-Accounting: each step is the sampled Gaussian mechanism with multiplier z at rate q, so a
-client's epsilon after S steps over all the rounds it trained in is that of S such steps
-composed, computed with the RDP accountant the server uses for central DP
-(flower_app/privacy/accounting.py: Google's dp-accounting, PoissonSampledDpEvent,
-add/remove-one), so both modes report epsilon from one accountant. Opacus' own RDP
-accountant gives the same curve (tests/runtime/test_dp_sgd.py compares them). A method whose
-clients release something computed from their data before training (a round 0) composes
-it into the same ledger first (``ClientAccountant.record_release``, ``check_release``), and
-a target epsilon is then calibrated for what is left (``noise_multiplier_after``). The ledger,
-``ClientAccountant``, lives in the node's state (the ClientApp keeps it in the Flower context
-and, where ``$FLORG_NODE_STATE_DIR`` is set, on the node's disk: flower_app/client/dp_state.py).
-
-Randomness: the Poisson sampling and the noise must be secret, so each round draws them
-from two generators seeded from OS entropy (``secrets``); ``dp-sgd-seeded-noise=true`` (tests)
-seeds them from the round's seed instead: reproducible, and not private. torch's generator
-is not cryptographic, nor is the float Gaussian sampler free of side channels (Mironov, CCS
-2012): out of scope, as for central DP.
-"""
+Every local step is a DP-SGD step (Abadi et al., CCS 2016): a Poisson batch at rate
+q = batch-size / n (``poisson_loader``), the per-example gradients of everything the client
+trains (Opacus' ``GradSampleModule``; FLoRG's A and LoRA-SB's R by the samplers in
+flower_app/adapters/) clipped jointly to L2 norm C, N(0, (zC)^2 I) added to their sum, divided
+by q n (``DPOptimizer``), then AdamW. ``ClientAccountant`` composes the steps, after a method's
+round-0 release (``record_release``), with the RDP accountant of central DP
+(flower_app/privacy/accounting.py), calibrates z for a target epsilon
+(``noise_multiplier_after``) and lives in the node's state (flower_app/client/dp_state.py).
+Sampling and noise draw from OS entropy; ``dp-sgd-seeded-noise=true`` (tests) is not private."""
 
 from __future__ import annotations
 
@@ -120,8 +101,8 @@ class ClientAccountant:
         """z for every training round: ``dp-sgd-noise-multiplier``, or the smallest z whose
         ``num-server-rounds`` rounds, composed after what the ledger already holds (a
         method's round 0, ``record_release``), end at ``dp-sgd-target-epsilon``. An empty
-        ledger takes ``noise_multiplier_for`` as before, so runs without a round 0 calibrate
-        exactly as they did."""
+        ledger takes ``noise_multiplier_for`` itself, so a run without a round 0 calibrates
+        exactly as that function does."""
         target = config.dp_sgd_target_epsilon
         if target <= 0:
             return float(config.dp_sgd_noise_multiplier)

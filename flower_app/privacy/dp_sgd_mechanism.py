@@ -1,35 +1,13 @@
-"""What DP-SGD's mechanism did in a client's round (``dp=example``, flower_app/privacy/dp_sgd.py).
+"""What DP-SGD's mechanism did in a client's round (``dp=example``, docs/privacy.md section 9).
 
-Opacus' ``DPOptimizer`` calls its step hook after it has clipped the per-example gradients
-into ``p.summed_grad`` and added the noise, before the wrapped AdamW step. ``MechanismStats``
-is that hook: it reads ``p.grad_sample`` (the per-example gradients of every trained
-parameter, what Opacus clipped) and ``p.summed_grad`` (their clipped sum) and writes nothing
-back, so what is trained stays bit for bit what it was without it: no random draw, no change
-to any tensor the update reads (tests/runtime/test_dp_sgd.py holds the trained parameters to a run
-without the hook).
-
-Per step it keeps each example's gradient norm, the joint L2 norm over every trained
-parameter that Opacus clips to C, computed as Opacus computes it, and the norm of the
-clipped mean gradient (the clipped sum over the expected batch size B). The round's reply
-then carries (``metrics``):
-
-- ``dp-sgd-clipped-fraction``: the fraction of the round's per-example gradients whose norm
-  exceeds C (over every step of the round);
-- ``dp-sgd-grad-norm-median``: the median per-example gradient norm before clipping;
-- ``dp-sgd-clipped-mean-norm``: the median over the round's steps of the clipped mean
-  gradient's norm, the signal the noise is added to;
-- ``dp-sgd-sum-noise-std``: the noise std added to the clipped sum, z C;
-- ``dp-sgd-expected-batch``: B, so that the noise std on the mean gradient is z C / B;
-- ``dp-sgd-trained-params``: d, the trained coordinates (the noise's norm is about
-  z C / B sqrt(d)).
-
-The first three are statistics of the client's data computed without noise
-(``DATA_DEPENDENT_KEYS``): like the reply's ``train-loss``, they are diagnostics outside the
-(epsilon, delta) guarantee of the update (docs/privacy.md section 9), and
-``dp-unnoised-metrics=withhold`` keeps them on the node. The last three follow from the
-settings and the client's example count. A round that drew no example at all reports no
-clipped fraction and no norm median.
-"""
+``MechanismStats`` is Opacus' ``DPOptimizer`` step hook: it reads the per-example gradients
+(``p.grad_sample``) and their clipped sum (``p.summed_grad``) and writes nothing, so what is
+trained is bit for bit what it is without it. The round's reply carries (``metrics``)
+``dp-sgd-clipped-fraction``, ``dp-sgd-grad-norm-median`` and ``dp-sgd-clipped-mean-norm``,
+statistics of the client's data computed without noise (``DATA_DEPENDENT_KEYS``: outside the
+(epsilon, delta) guarantee; ``dp-unnoised-metrics=withhold`` keeps them on the node), and
+``dp-sgd-sum-noise-std`` (z C), ``dp-sgd-expected-batch`` (B) and ``dp-sgd-trained-params`` (d),
+which follow from the settings and the client's example count."""
 
 from __future__ import annotations
 

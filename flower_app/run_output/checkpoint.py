@@ -1,26 +1,14 @@
 """Per-round checkpoints of the ServerApp, and what a resumed run needs from them.
 
-After every round (and after the round-0 evaluation) the ServerApp writes
-``<run_dir>/checkpoint/round-<t>/``:
-
-* ``arrays.safetensors``: the global arrays as the clients receive them (float32);
-* ``strategy.safetensors``: the strategy's own arrays (``AdapterStrategy.state_arrays``:
-  the float64 global state and whatever else the method's strategy keeps);
-* ``state.json``: the round, the resolved settings, the strategy's JSON state (the
-  node -> partition map, the strategy's own options), the state of Python's ``random`` (Flower
-  samples the nodes of a round with it), the metrics rows so far with their running totals
-  and elapsed seconds, and the run's lineage id (kept across resumes; clients use it to
-  find their own persisted state, see client_app).
-
-A round folder is written under a temporary name, every file fsynced, then renamed into
-place (atomic on POSIX), so a folder named ``round-<t>`` is always complete; the two most
-recent are kept. Nothing is pickled: safetensors and JSON only.
-
-``resume=<run folder>`` (or ``python -m florg_tools.launch --resume RUN_DIR``) loads the
-newest complete round t, checks that the run's settings equal the checkpoint's (up to the
-keys in ``RESUMABLE_KEYS``), rewrites ``metrics.jsonl`` with the rows of rounds 0..t, and
-runs rounds t+1..num-server-rounds: no round is run twice or skipped.
-"""
+After every round (and round 0's evaluation) the ServerApp writes
+``<run_dir>/checkpoint/round-<t>/``: ``arrays.safetensors`` (the global arrays as the clients
+receive them), ``strategy.safetensors`` (``AdapterStrategy.state_arrays``) and ``state.json``
+(the round, the settings, the strategy's JSON state, Python's ``random`` state, the metrics
+rows, the run's lineage id), written under a temporary name and renamed into place; the two
+newest are kept, and nothing is pickled. ``resume=<run folder>`` loads the newest complete round
+t, checks that the settings equal the checkpoint's (up to ``RESUMABLE_KEYS``), rewrites
+``metrics.jsonl`` with rounds 0..t and runs rounds t+1..num-server-rounds (docs/faults.md,
+section 1)."""
 
 from __future__ import annotations
 

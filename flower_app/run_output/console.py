@@ -1,19 +1,11 @@
 """The ServerApp's console: one progress line per round, Flower's record dumps at DEBUG.
 
-Flower's ``Strategy.start`` (flwr/serverapp/strategy/strategy.py, 1.41 and 1.42) logs
-every round's aggregated train and evaluate MetricRecords, the global evaluation's
-MetricRecord and, at the end, the whole ``Result`` (every round's records) at INFO: lines
-several hundred characters wide between our own ``[florg] round t/T | ...`` lines
-(flower_app/run_output/recorder.py).  ``install_console`` adds a filter to Flower's ``flwr`` logger
-that re-levels exactly those records to DEBUG; Flower's other INFO lines (strategy
-settings, ``[ROUND t/T]``, sampling and reply counts, timings) stay.  The records are
-matched by logger name and message *format string* (not the formatted text), so our own
-lines and anything else Flower logs are never touched.
-
-``log-level=debug`` lowers the ServerApp's console handler to DEBUG, which shows the
-demoted records again (with Flower's other DEBUG output); so does ``FLWR_LOG_LEVEL=DEBUG``.
-The metrics themselves are in the run folder (metrics.jsonl, tensorboard/).
-"""
+Flower's ``Strategy.start`` (flwr/serverapp/strategy/strategy.py) logs every round's aggregated
+MetricRecords, the global evaluation's and, at the end, the whole ``Result`` at INFO.
+``install_console`` adds a filter to Flower's ``flwr`` logger that re-levels exactly those
+records to DEBUG, matched by logger name and message format string, so our own
+``[florg] round t/T | ...`` lines (flower_app/run_output/recorder.py) and Flower's other INFO
+lines stay. ``log-level=debug`` (or ``FLWR_LOG_LEVEL=DEBUG``) shows them again."""
 
 from __future__ import annotations
 

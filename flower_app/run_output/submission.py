@@ -1,18 +1,15 @@
 """The FlowerTune LLM leaderboard submission folder a run in a track ends with,
-``<run>/submission/``:
+``<run>/submission/`` (docs/flowertune.md):
 
-- ``peft_<rounds>/``: the final global model as a PEFT LoRA checkpoint, what the
-  leaderboard's evaluation loads with ``PeftModel.from_pretrained`` on the 4-bit base (the
-  templates save ``peft_<round>``; the leaderboard asks for the last);
+- ``peft_<rounds>/``: the final global model as a PEFT LoRA checkpoint, what the leaderboard's
+  evaluation loads with ``PeftModel.from_pretrained`` on the 4-bit base;
 - ``config.json``: the run's resolved settings;
-- ``communication.json``: the MB of every round, their total against the budget, and
-  whether the leaderboard's checks were on;
+- ``communication.json``: the MB of every round, their total against the budget, and whether
+  the leaderboard's checks were on;
 - ``README.md``: the track, the template it follows, and its evaluation command.
 
 A method whose clients keep personal parts, or that writes into the base weights, has no
-such checkpoint (its global model is not what it trains): no ``peft_<rounds>/`` then, and
-the reason in ``communication.json`` and the README.
-"""
+``peft_<rounds>/``; ``communication.json`` and the README say why."""
 
 from __future__ import annotations
 

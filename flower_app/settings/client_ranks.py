@@ -1,26 +1,14 @@
 """Which adapter rank each client trains at (clients of different capacity).
 
-A node's rank r_n, highest precedence first:
-
-1. a ``rank=R`` entry of the SuperNode's ``--node-config`` (deployment: the node says
-   what it can afford);
-2. the run setting ``client-ranks``: a comma list of ranks cycled over partition ids
-   (partition p trains at ``client-ranks[p mod len]``; simulation);
-3. the run's ``rank`` (``client-ranks`` empty: every client).
-
-The run's largest rank r_max = max(``rank``, every rank in ``client-ranks``) is the rank
-of the server's global state and of its evaluation model (``server_model_config``), and
-the rank a node is sent before the server knows its rank (its first round): the node
-keeps the top r_n rows (``flower_app.wire.ranks.truncate_to_rank``).  A node whose
-node-config rank exceeds r_max fails with a ConfigError naming it (raise ``rank`` or list
-the rank in ``client-ranks``); so does FLoRG's ``subtract-init`` with ranks that differ
-(each node would subtract its own rank's initial Gram from W0, so W0 would differ).
-
-Every client uses the run's scaling s = alpha / ``rank``, whatever its r_n
-(``config_at_rank``): the server aggregates one quantity (FLoRG's Gram matrix, LoRA's
-factors or product) whose meaning must not depend on who trained it; a rank-r_n adapter
-is built with alpha' = alpha r_n / rank so that alpha' / r_n = alpha / rank.
-"""
+A node's rank r_n, highest precedence first: a ``rank=R`` entry of the SuperNode's
+``--node-config``; the run setting ``client-ranks`` (a comma list cycled over partition ids);
+the run's ``rank``. The run's largest rank r_max = max(``rank``, ``client-ranks``) is the rank
+of the server's state and evaluation model (``server_model_config``) and of what a node is sent
+before the server knows its rank (the node keeps the top r_n rows, flower_app/wire/ranks.py); a
+node-config rank above r_max is a ConfigError naming it. Every client uses the run's scaling
+s = alpha / ``rank`` (``config_at_rank`` builds a rank-r_n adapter with alpha' = alpha r_n /
+``rank``), so the aggregated quantity means the same whoever trained it
+(docs/architecture.md, "Clients of different rank")."""
 
 from __future__ import annotations
 

@@ -1,49 +1,15 @@
 """Run settings: one declaration each, from which everything else derives.
 
-Every setting is a field declared with ``setting(default, help, check=..., affects=...)``:
-the core's in ``RunConfig`` (its groups in flower_app/settings/), a method's own in its
-folder (``Method.settings``, ``strategies/<method>/settings.py``). ``run_config_class()`` is
-``RunConfig`` with every registered method's settings added; the field ``data_path`` is the
-key ``data-path``. Derived from it: ``schema()`` and ``defaults()``; pyproject.toml's
-``[tool.flwr.app.config]`` with the help as comments (written by ``python -m
-florg_tools.settings --write``; ``--check`` and tests/runtime/test_config.py fail when it
-differs); the keys of the on-disk caches
-(flower_app/cache/disk.py hashes every setting of the groups ``DATA``, ``TOKENISATION``,
-``MODEL`` that a cache depends on; each setting names the groups it ``affects``).
-
-Precedence, lowest first, the same for plain ``flwr run`` and for the launcher, because
-presets are resolved before a run starts:
-
-1. the defaults (pyproject's table);
-2. a preset: a flat TOML table of run-config keys, ``conf/<name>.toml``
-   (read and checked by the tooling, ``florg_tools.run_config.load_preset``; the apps
-   never read presets);
-3. explicit values: ``--run-config "key=value ..."`` (flwr run), ``--set key=value``
-   (launcher).
-
-``flwr run . CONNECTION --run-config conf/paper.toml`` runs a preset as it is (Flower 1.41
-takes a TOML file or key=value pairs, not both: to change a preset's value there, copy the
-file and edit it). ``python -m florg_tools.launch --preset paper --set batch-size=16``
-merges ``--run-config-file`` < ``--preset`` < ``--set`` and submits the result as one TOML
-file. Flower puts the given values over the defaults and the apps take every value as
-given, one equal to its default included: an explicit value always wins. (The apps cannot
-tell which keys a run config set, so nothing is layered inside them: the key ``preset``
-remains only to refuse ``preset=NAME`` with a pointer to the above; it must be ''.)
-Unknown keys and bad values raise ``ConfigError`` naming the key, before any model is
-built or any client trains (the value checks and the coercion: flower_app/settings/checks.py).
-
-Settings and methods depend one way, this module -> the method registry
-(flower_app/methods/registry.py, filled by strategies/registry.py): the values ``method``
-may take are the registered names (the registry's check ``RegisteredMethod``) and the
-keys a run may set include every registered method's own, and ``resolve_config`` is the one
-validation every caller runs (the apps, the launcher, the grids, the benchmarks), so it has
-to know them. The registry never imports this module, not
-even for annotations: a method is handed a ``RunConfig`` and reads the settings it needs by
-name, and what a method derives from the settings lives with the method
-(``Method.evaluates_on_clients``, ``Method.lora_init``, ``Method.build_strategy``). The
-other way round, with the check outside ``resolve_config``, a run with a misspelt method
-would pass every caller that only resolves settings.
-"""
+Every setting is a field declared with ``setting(default, help, check=..., affects=...)``: the
+core's in ``RunConfig`` (its groups in flower_app/settings/), a method's own in its folder
+(``Method.settings``). ``run_config_class()`` is ``RunConfig`` with every registered method's
+settings; derived from it: ``schema()``, ``defaults()``, pyproject.toml's
+``[tool.flwr.app.config]`` (``python -m florg_tools.settings --write``) and the disk caches' keys
+(the groups a setting ``affects``). ``resolve_config`` is the one validation every caller runs:
+unknown keys and bad values raise ``ConfigError`` naming the key. It reads the method registry
+(the values of ``method``, every method's own keys) and the registry never imports this module,
+so a misspelt method fails every caller that resolves settings. Precedence (defaults < preset <
+explicit values): docs/usage.md, "Presets and how settings combine"."""
 
 from __future__ import annotations
 
@@ -63,81 +29,20 @@ from flower_app.settings.checks import FOLDER_NAME_HINT as FOLDER_NAME_HINT  # r
 from flower_app.settings.checks import ConfigError, coerce
 from flower_app.settings.checks import is_folder_name as is_folder_name  # re-exported
 from flower_app.settings.cross_checks import CROSS_CHECKS
-from flower_app.settings.model_and_data import AdapterSettings, DataSettings, LocalData, WhatRuns
-from flower_app.settings.rounds import (
-    AsyncRoundSettings,
-    EvaluationSettings,
-    FederationSettings,
-    PrecisionSettings,
-    PrivacySettings,
-    ScreeningSettings,
-    TrainingSettings,
-)
-from flower_app.settings.run import LeaderboardSettings, OutputSettings, TestingSettings
+from flower_app.settings.run_settings import RunSettings
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the presets (the tooling's)
 
 
-# The groups in reverse: a dataclass lists its bases' fields from the last base on, so the
-# keys keep the order of flower_app/settings/.
 @dataclass(frozen=True)
-class RunConfig(
-    TestingSettings,
-    LeaderboardSettings,
-    OutputSettings,
-    PrivacySettings,
-    ScreeningSettings,
-    EvaluationSettings,
-    PrecisionSettings,
-    TrainingSettings,
-    AsyncRoundSettings,
-    FederationSettings,
-    AdapterSettings,
-    DataSettings,
-    LocalData,
-    WhatRuns,
-):
-    """Validated run settings: every group of flower_app/settings/ in one object, and, in
-    the instances ``resolve_config`` returns (``run_config_class()``), every registered
-    method's own settings after them.
+class RunConfig(RunSettings):
+    """Validated run settings: the core's (``RunSettings``) and, in the instances
+    ``resolve_config`` returns (``run_config_class()``), every registered method's own
+    settings after them.
 
     A field ``data_path`` is the key ``data-path`` (Flower's kebab-case convention);
     ``schema()``, ``defaults()``, pyproject's ``[tool.flwr.app.config]`` (generated:
     ``python -m florg_tools.settings --write``) and the cache keys derive from these."""
-
-    @property
-    def targets(self) -> tuple[str, ...]:
-        return tuple(t.strip() for t in self.target_modules.split(",") if t.strip())
-
-    @property
-    def heads(self) -> tuple[str, ...] | None:
-        names = tuple(h.strip() for h in self.head_modules.split(",") if h.strip())
-        return names or None
-
-    @property
-    def head_lr(self) -> float:
-        """The task head's learning rate: ``head-learning-rate``, or ``learning-rate``
-        where that is 0 (the default: one rate for everything, the paper's protocol)."""
-        return self.head_learning_rate or self.learning_rate
-
-    def tests_round(self, server_round: int) -> bool:
-        """Whether the server scores the held-out test split after ``server_round``:
-        round 0, every ``test-every``-th round and the last three (the reported ones)."""
-        return self.max_test_examples > 0 and self._scheduled(server_round, self.test_every)
-
-    def validates_round(self, server_round: int) -> bool:
-        """Whether the server scores the validation split after ``server_round``: round 0,
-        every ``eval-every``-th round and the last three (what tuning reads)."""
-        return self._scheduled(server_round, self.eval_every)
-
-    def in_last_rounds(self, server_round: int) -> bool:
-        """Whether ``server_round`` is one of the run's last three rounds, whose mean
-        validation score the tuning reads (so every method is scored there)."""
-        return server_round > self.num_server_rounds - 3
-
-    def _scheduled(self, server_round: int, every: int) -> bool:
-        periodic = every > 0 and server_round % every == 0
-        return server_round == 0 or periodic or self.in_last_rounds(server_round)
 
     def as_dict(self) -> dict[str, Any]:
         return {to_key(f.name): getattr(self, f.name) for f in fields(self)}

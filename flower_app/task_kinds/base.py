@@ -1,30 +1,14 @@
-"""What a task kind is: everything the app does differently for classification, extractive
-QA or any other kind of task, behind one interface.
+"""What a task kind is: everything the app does differently for classification, extractive QA or
+any other kind of task, behind one interface, ``TaskKind``.
 
-A task (``flower_app.data.tasks.TaskSpec``: where the data lives, which columns hold the
-inputs and targets) names its kind (``TaskSpec.kind``); the kind says
-
-- **data**: which specs it accepts (``check_spec``), how its (train, eval) examples are
-  read and subset (``load_splits``, with the number of labels the model's head needs) and
-  its held-out test split (``load_test``);
-- **partitioning**: the column a Dirichlet partition skews over (``partition_field``:
-  the label for classification, the article's title bucket for extractive QA);
-- **features**: the model inputs and targets of a split's examples (``features``; the
-  app caches them per split and partition, on disk too);
-- **model**: the base model with the kind's head (``load_model``);
-- **training loss**: ``training_loss(model, batch)`` (default: the model's own loss, the
-  batch carrying its targets);
-- **evaluation**: ``evaluate`` returns the kind's metrics (``metric_names``), ``loss``,
-  ``num-examples`` and ``score``, the headline metric as a fraction in [0, 1]
-  (``score_metric`` names the metric it comes from), and the console's words for them
-  (``console``).
-
-One module per kind in this folder defines its ``TaskKind`` subclass and ends with
-``KINDS = (...)``; the registry (``flower_app/task_kinds/__init__.py``) names the module
-in one line. Kind modules import flower_app.data and flower_app.modeling, never
-flower_app.task_data, task_eval or the apps (those import the registry): evaluation is
-handed a ``SplitView`` whose data the app has cached.
-"""
+A task (``flower_app.data.tasks.TaskSpec``) names its kind (``TaskSpec.kind``); the kind says how
+its data is checked and read (``check_spec``, ``load_splits``, ``load_test``), what a Dirichlet
+partition skews over (``partition_field``), its features (``features``), its model
+(``load_model``), its training loss (``training_loss``, by default the model's own) and its
+evaluation (``evaluate``, ``metric_names``, ``score_metric``, ``console``). One module per kind
+in this folder ends with ``KINDS = (...)``, named in one line of the registry
+(``flower_app/task_kinds/__init__.py``); kind modules never import flower_app.task_data,
+task_eval or the apps. docs/architecture.md, "Adding a task kind", has each hook."""
 
 from __future__ import annotations
 

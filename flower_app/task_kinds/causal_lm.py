@@ -1,22 +1,13 @@
-"""Causal-LM fine-tuning (instruction tuning, as FlowerTune does): (prompt, response)
-examples, the loss on the response tokens only, generative scores.
+"""Causal-LM fine-tuning (instruction tuning, as FlowerTune does): (prompt, response) examples,
+the loss on the response tokens only, generative scores (docs/usage.md, "Causal-LM fine-tuning").
 
-The model is ``AutoModelForCausalLM`` with no task head (only the adapters train and
-travel); its adapters go on ``q_proj,v_proj`` when ``target-modules`` is left at its
-default (``default_target_modules``). The examples and features are
-``flower_app.data.sft``'s: which source format a task is in follows from its columns
-(``label_field`` ``answers``: the SQuAD schema, e.g. ``squad-gen``; ``label``: a labelled
-classification task, the label as a word, e.g. ``snli-gen``; any other: instructions,
-``text_fields`` = (instruction[, input]) and ``label_field`` = the output, as Alpaca and
-FlowerTune's data are, their prompt's layout ``prompt-format``: ``alpaca`` or ``flowertune``),
-the prompt tokenised by ``prompt-template`` (``plain`` or ``chat``).
-
-Evaluation (``flower_app.task_kinds.sft_eval``): ``response-loss`` (= ``loss``, per response token)
-and ``perplexity`` every evaluated round; where the examples have short gold answers (SQuAD,
-labels), greedy generation of up to ``max-new-tokens`` tokens scored by ``gen-exact-match``
-and ``gen-f1`` (percent, SQuAD's normalisation, best over the gold answers). ``score`` is
-``gen-f1`` / 100 when there is generation, else -``response-loss``.
-"""
+The model is ``AutoModelForCausalLM`` with no task head; its adapters go on ``q_proj,v_proj``
+when ``target-modules`` is left at its default (``default_target_modules``). The examples and
+features are ``flower_app.data.sft``'s (the source format follows from the task's columns;
+``prompt-format``, ``prompt-template``). Evaluation (``flower_app.task_kinds.sft_eval``):
+``response-loss`` (= ``loss``) and ``perplexity``, and, where the examples have short gold
+answers, greedy generation scored by ``gen-exact-match`` and ``gen-f1``; ``score`` is
+``gen-f1`` / 100 where there is generation, else -``response-loss``."""
 
 from __future__ import annotations
 

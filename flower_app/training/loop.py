@@ -3,8 +3,8 @@
 The optimiser has two parameter groups when the task head's learning rate differs from the
 adapter's (the run setting ``head-learning-rate``): the adapter matrices (FLoRG's ``A``,
 LoRA's ``lora_A`` / ``lora_B``) train at ``lr``, every other trained parameter (the task
-head, and anything else a method leaves trainable) at ``head_lr``. With equal rates it is
-the one group it always was, so the default reproduces every earlier run bit for bit."""
+head, and anything else a method leaves trainable) at ``head_lr``. With equal rates (the
+default) there is one group of every trained parameter."""
 
 from __future__ import annotations
 

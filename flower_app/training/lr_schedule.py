@@ -1,17 +1,13 @@
 """The per-round learning-rate schedule (``lr-schedule``, ``min-learning-rate``).
 
 ``constant``: every round trains at ``learning-rate`` (the paper's protocol, the default).
-``cosine``: FlowerTune's ``cosine_annealing`` over rounds, as the flowertune-llm example's
-client applies it to Flower's 1-based ``server-round`` t of T = ``num-server-rounds``:
+``cosine``: FlowerTune's ``cosine_annealing`` over Flower's 1-based ``server-round`` t of
+T = ``num-server-rounds``, as the flowertune-llm example's client applies it:
 
     lr_t = lr_min + (lr - lr_min) * (1 + cos(pi * t / T)) / 2
 
-so round 1 trains just below ``learning-rate`` and the last round at ``min-learning-rate``
-exactly (FlowerTune's convention; the shifted variant (t - 1) / T would start at
-``learning-rate`` and never reach the floor). The head's rate (``head-learning-rate``, when
-set) is scaled by the same factor lr_t / lr. Each round's AdamW is fresh
-(flower_app/client/round.py), so the rate is constant within a round.
-"""
+so round 1 trains just below ``learning-rate`` and the last round at ``min-learning-rate``.
+The head's rate (``head-learning-rate``, when set) is scaled by the same factor lr_t / lr."""
 
 from __future__ import annotations
 

@@ -1,39 +1,14 @@
-"""Precision, gradient checkpointing and quantisation: applying the settings ``precision``,
-``gradient-checkpointing`` and ``quantization`` to a Hugging Face model and its training step.
+"""Precision, gradient checkpointing and quantisation: the settings ``precision``,
+``gradient-checkpointing`` and ``quantization`` applied to a Hugging Face model and its step.
 
-The recipe is QLoRA's (Dettmers et al., 2023) and Flower's flowertune-llm example's:
-
-- ``precision`` (fp32 | bf16 | fp16) is the dtype in which the *frozen* base weights are held
-  and in which the forward pass runs (``torch.autocast``). Everything that trains -- FLoRG's
-  A, LoRA's lora_A / lora_B, the task head -- stays float32 (master weights, as PEFT keeps
-  its adapters: ``get_peft_model(autocast_adapter_dtype=True)``), so AdamW updates are not
-  rounded away. fp16's narrow exponent range underflows small gradients, so fp16 steps go
-  through a ``GradScaler``; bf16 has float32's exponent range and needs none.
-- ``gradient-checkpointing``: ``activation_checkpointing_enable`` (formerly
-  ``gradient_checkpointing_enable``) with ``use_reentrant=False``, and the embedding output
-  requiring grad (``enable_input_require_grads``) because the embedding is frozen.
-- ``quantization`` (none | 4bit | 4bit-fp4 | 8bit): the base is loaded through bitsandbytes,
-  4bit as NF4 with double quantisation and the compute dtype of ``precision``; 4bit-fp4 as
-  ``BitsAndBytesConfig(load_in_4bit=True)`` alone (FP4, bitsandbytes' defaults: how the
-  FlowerTune LLM templates train and their evaluation loads the base). It needs CUDA and the
-  ``bitsandbytes`` package; ``check_quantization_supported`` refuses it before any model is
-  loaded, with a ConfigError naming the key and what is missing.
-
-The server step is not touched: it runs in float64 (strategies/).
-
-Use, at model-load time (flower_app/modeling.py)::
-
-    check_quantization_supported(config.quantization, device)
-    model = AutoModel...from_pretrained(source, **from_pretrained_kwargs(config.precision,
-                                                                          config.quantization))
-    prepare_base_model(model, config.precision, config.quantization,
-                       config.gradient_checkpointing)
-    ... inject the adapter ...
-    keep_trainable_float32(model)
-
-and in the training loop ``training.train_step(..., mixed=MixedPrecision.for_run(precision,
-device))``.
-"""
+The recipe is QLoRA's (Dettmers et al., 2023) and Flower's flowertune-llm example's: the frozen
+base in ``precision``'s dtype under ``torch.autocast``, everything that trains in float32 (fp16
+steps through a ``GradScaler``); non-reentrant checkpointing; a bitsandbytes base, which
+``check_quantization_supported`` refuses without CUDA or the package. At model load
+(flower_app/modeling.py): ``check_quantization_supported``, ``from_pretrained_kwargs``,
+``prepare_base_model``, the adapter, ``keep_trainable_float32``; in the training loop
+``train_step(..., mixed=MixedPrecision.for_run(precision, device))``. The server step stays
+float64. docs/usage.md, "Precision, gradient checkpointing, 4-bit and 8-bit bases"."""
 
 from __future__ import annotations
 

@@ -1,19 +1,15 @@
 """How a training message's arrays travel (``uplink-encoding``, ``downlink-encoding``).
 
 - ``fp32``: float32, the record ``to_array_record`` builds (the default).
-- ``fp16``: IEEE half, round to nearest; beyond ±65504 a value becomes ±inf, which the
-  server's reply checks refuse.
+- ``fp16``: IEEE half, round to nearest; beyond ±65504 a value becomes ±inf (the server refuses it).
 - ``bf16``: the float32's top 16 bits rounded to nearest even, as ``uint16`` (``<name>@bf16``).
-- ``int8``: per row (a 1-D array is one row) scale s_i = max_j |x_ij| / 127 and unbiased
-  stochastic rounding q_ij = floor(x_ij / s_i + u_ij), u_ij ~ U[0, 1) from the round's seed,
-  so |q_ij s_i - x_ij| < s_i: ``<name>@int8`` and the float32 scales ``<name>@int8-scale``.
+- ``int8``: per row scale s_i = max_j |x_ij| / 127 and unbiased stochastic rounding
+  q_ij = floor(x_ij / s_i + u_ij), u_ij ~ U[0, 1) from the round's seed: ``<name>@int8`` and
+  the float32 scales ``<name>@int8-scale``.
 
-Every shape travels, empty ones too (a 0-d array as shape (1,), as fp32 sends it). A lossy
-encoding refuses NaN and ±inf (``NonFiniteArray``): int8 cannot carry them (a NaN row would
-arrive as finite levels the server accepts), so the sender fails instead. ``decode_record``
+A lossy encoding refuses NaN and ±inf at the sender (``NonFiniteArray``). ``decode_record``
 gives the arrays back as float32 under their own names; what the run's encoding does not
-produce is left as it came, for the server's reply checks to refuse.
-"""
+produce is left as it came, for the server's reply checks to refuse."""
 
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
-"""Fed-SB's round 0 on a client: the gradient of the loss with respect to every adapted W0,
-summed over the client's first ``fed-sb-init-examples`` training examples.
-
-As the authors' ``estimate_and_process_grads_torch`` (fed_sb/utils/gradient_utils.py): the
-model in training mode, batches of ``batch-size`` cut so that exactly the first N examples
-count, each batch's loss divided by the batch's size before its backward pass, and the
-gradients summed over the batches. The sign processing and the SVD are the server's
-(``rule.py``), after it averages the clients' sums. The examples are the first N of the
-client's partition in the order round 0 shuffles it (seeded with the run's seed plus the
-partition id, the seed of a training round at round 0), and dropout draws from that seed,
-so the estimate is reproducible. The model is the initial one (R = 0: the update adds
-nothing), its task head the seeded head the server starts from.
-
-Only the base weights of the adapted layers take gradients while it runs; what trained
-before (R, the head) is frozen meanwhile and restored after.
-
-This is the estimate of dp=off and dp=central (where the server clips and noises each
-client's sum); under dp=example the client sends private_gradient.py's instead.
+"""Fed-SB's round 0 on a client (``estimate_gradients``): the gradient of the loss with respect
+to every adapted W0, summed over the client's first ``fed-sb-init-examples`` training
+examples, as the authors' ``estimate_and_process_grads_torch``
+(fed_sb/utils/gradient_utils.py) computes it: each batch's loss divided by the batch's size
+before its backward pass, the gradients summed. The server averages the clients' sums and
+takes the sign and the SVD (``rule.py``). Only the base weights of the adapted layers take
+gradients while it runs (``training_base_weights``); what trained before is frozen
+meanwhile and restored after. This is the estimate of dp=off and dp=central (where the
+server clips and noises each client's sum); under dp=example the client sends
+``private_gradient.py``'s. docs/architecture.md, "Fed-SB, and how it differs".
 """
 
 from __future__ import annotations
@@ -68,7 +60,16 @@ def estimate_gradients(
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """({'<layer>.grad': the summed gradient of W0}, {'num-examples': N used}) over the
     first ``num_examples`` examples of ``batches`` (``flower_app.client.round.LocalBatches``:
-    the loader, the task's loss, the precision, the device and the seed)."""
+    the loader, the task's loss, the precision, the device and the seed).
+
+    As the authors: the model in training mode, batches of ``batch-size`` cut so that
+    exactly the first N examples count, each batch's loss divided by the batch's size
+    before its backward pass, the gradients summed over the batches. The examples are the
+    first N of the client's partition in the order round 0 shuffles it (seeded with the
+    run's seed plus the partition id, the seed of a training round at round 0), and dropout
+    draws from that seed, so the estimate is reproducible. The model is the initial one
+    (R = 0: the update adds nothing), its task head the seeded head the server starts
+    from."""
     import torch
 
     model = adapted.model

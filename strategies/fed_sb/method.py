@@ -1,46 +1,48 @@
-"""Fed-SB (Singhal et al. 2025, arXiv 2502.15436): LoRA-SB on every client, W0 + B R A with
-B and A fixed and identical on every node, only the r x r R trained (scale s = 1 whatever
-the ``alpha`` setting, as in the authors' scripts: ``adapter_alpha``); the server averages R
-and the head (exact: ``rule.py``, eq. 1). Up and down: r² per layer and round, whatever
-the number of clients.
+"""Fed-SB (Singhal et al. 2025, arXiv 2502.15436): LoRA-SB on every client, W0 + B R A with B
+and A fixed and identical on every node, only the r x r R trained (scale s = 1 whatever
+``alpha``, as in the authors' scripts: ``adapter_alpha``); the server averages R and the
+head (exact: ``rule.py``, eq. 1). Up and down: r² per layer and round, whatever the number
+of clients.
 
-B and A come from a federated round 0 (``strategy.py``): the clients send the gradient of
-every adapted W0 over their first ``fed-sb-init-examples`` examples (``gradient.py``), the
-server averages them, takes -lr sign(.) and its rank-r truncated SVD, and sends B and A once
-to each node, with its first training message; the node keeps them in its Flower context.
-
-Privacy: under dp=central round 0 is one more Gaussian mechanism on the server (each
-client's gradients clipped jointly); under dp=example each client's estimate is itself the
-Gaussian mechanism on per-example clipped gradients (``private_gradient.py``), composed into
-the client's DP-SGD ledger before its training rounds, so its epsilon covers round 0.
+B and A come from a federated round 0 (``strategy.py``): the clients' gradients of every
+adapted W0 (``gradient.py``; under dp=example ``private_gradient.py``), averaged by the
+server, -lr sign(.) and its rank-r truncated SVD, sent once to each node with its first
+training message and kept in its Flower context. Under dp=central round 0 is one more
+Gaussian mechanism on the server; under dp=example each client's estimate is its own,
+composed into its DP-SGD ledger. docs/architecture.md, docs/privacy.md section 2.1.
 """
 
 from __future__ import annotations
 
-from flower_app.methods.contract import adapter_layers, stacked
+from typing import TYPE_CHECKING
+
 from strategies.fed_sb.keys import BASIS, BASIS_CONTEXT, BASIS_HELD
 from strategies.fed_sb.settings import FedSBSettings
 from strategies.shared.base_method import BaseMethod
+from strategies.shared.per_layer import aggregate_per_layer
+
+if TYPE_CHECKING:
+    from flower_app.settings.run_settings import RunSettings
+
+    class FedSBConfig(RunSettings, FedSBSettings):
+        """What Fed-SB reads: the core's settings and its own."""
 
 
 class FedSB(BaseMethod):
     def aggregate(self, sent, payloads, weights):
         from strategies.fed_sb.rule import aggregate_fed_sb
 
-        new = {}
-        for layer in adapter_layers(sent):
-            key = f"{layer}.R"
-            new[key] = aggregate_fed_sb(stacked(payloads, key), weights)
+        new, _ = aggregate_per_layer(sent, payloads, weights, ("R",), aggregate_fed_sb)
         return new, {}
 
-    def adapter_alpha(self, config) -> float:
+    def adapter_alpha(self, config: FedSBConfig) -> float:
         """alpha = rank, so s = 1: every one of the authors' scripts sets ``lora_alpha =
         lora_r``, and their model is W0 + B R A. With s = alpha / r != 1 the model would start
         at W0 + s B S_r A (s times the authors' first step) and each step on R would move W
         s times as far; the ``alpha`` setting does not apply to Fed-SB."""
         return float(config.rank)
 
-    def check_settings(self, config) -> None:
+    def check_settings(self, config: FedSBConfig) -> None:
         """The common checks, and: round 0 needs the gradient of every adapted W0, which a
         quantised base (bitsandbytes' packed format) does not give."""
         super().check_settings(config)
@@ -51,7 +53,7 @@ class FedSB(BaseMethod):
                 "bitsandbytes' packed format (no gradient); use quantization=none"
             )
 
-    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
+    def build_strategy(self, config: FedSBConfig, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.fed_sb.strategy import FedSBStrategy
 
         return FedSBStrategy(
@@ -63,7 +65,7 @@ class FedSB(BaseMethod):
         )
 
     # -- client side ----------------------------------------------------------------------
-    def answer_query(self, config, adapted, batches, accountant=None):
+    def answer_query(self, config: FedSBConfig, adapted, batches, accountant=None):
         """Round 0: the summed gradient of every adapted W0 (``gradient.py``); under
         dp=example the Gaussian mechanism on per-example clipped gradients, composed into
         the client's ledger (``private_gradient.py``)."""
@@ -102,7 +104,7 @@ class FedSB(BaseMethod):
             set_lora_sb_basis(adapted.model, basis)
 
     # -- communication ----------------------------------------------------------------------
-    def extra_down_params(self, d_out, d_in, r, num_clients, config):
+    def extra_down_params(self, d_out, d_in, r, num_clients, config: FedSBConfig | None):
         """B and A, r (d_out + d_in), once per node: with its first training message."""
         return r * (d_out + d_in)
 

@@ -1,33 +1,15 @@
-"""Fed-SB's round 0 on a client under ``dp=example``: the gradient estimate of every adapted
-W0 as one Gaussian mechanism on per-example clipped gradients, composed into the client's
-DP-SGD ledger (docs/privacy.md sections 2.1 and 9).
+"""Fed-SB's round 0 on a client under ``dp=example`` (``answer_private_query``): the gradient
+estimate of every adapted W0 as one Gaussian mechanism on per-example clipped gradients,
+composed into the client's DP-SGD ledger (docs/privacy.md sections 2.1 and 9).
 
-The estimate (``private_gradient_sum``) is, with g_i the gradient of example i's own loss
-with respect to every adapted W0, all layers jointly as one flat vector,
+    G~ = sum_{i in S} g_i min(1, C / ||g_i||) + N(0, (z0 C)^2 I)      (``private_gradient_sum``)
 
-    G~ = sum_{i in S} g_i min(1, C / ||g_i||) + N(0, (z0 C)^2 I),
-
-C = ``dp-sgd-clipping-norm``, z0 = ``fed-sb-init-noise-multiplier``, and S a Poisson sample
-of the client's n training examples: each example is in S independently with probability
-q0 = min(1, N / n), N = ``fed-sb-init-examples`` (the expected size of S; every example
-when N >= n). That is one step of DP-SGD's mechanism (Abadi et al. 2016, Alg. 1, without
-the division by the batch size, which is post-processing): adding or removing one example
-changes the clipped sum by at most C, so the release is the Poisson-sampled Gaussian
-mechanism (z0, q0), composed once into the client's ledger (``ClientAccountant.
-record_release``) before any training round, whose noise multiplier is then calibrated
-for what is left of ``dp-sgd-target-epsilon``. Poisson sampling, not "the first N of the
-shuffled partition": a fixed-size prefix of a shuffle seeded with the public seed, whose
-permutation depends on n, would change in more than one example when one is added or
-removed, and the sensitivity would not be C.
-
-The sampling and the noise come from the generators of DP-SGD's rounds
-(``flower_app.privacy.dp_sgd.round_generators``): OS entropy, or round 0's seed with
-``dp-sgd-seeded-noise`` (tests: reproducible, not private). The noise is drawn in float64
-on the CPU, layer by layer in the model's order of LoRA-SB layers, each as
-``randn(d_out, d_in) * z0 C``. Each example's gradient is taken alone (a batch of one, its
-own padding only): exact, and N is small. As in the non-private estimate (gradient.py) the
-model runs in training mode with torch seeded with round 0's seed (dropout), only the
-adapted W0 take gradients, and R and the head are frozen meanwhile and restored after.
+g_i the gradient of example i's loss with respect to every adapted W0 (all layers jointly),
+C = ``dp-sgd-clipping-norm``, z0 = ``fed-sb-init-noise-multiplier``, S a Poisson sample at
+q0 = min(1, N / n) (``init_sample_rate``), N = ``fed-sb-init-examples``, n the client's
+training examples. The release is the Poisson-sampled Gaussian mechanism (z0, q0), composed
+once into the ledger (``ClientAccountant.record_release``) before any training round, whose
+noise multiplier is then calibrated for what is left of ``dp-sgd-target-epsilon``.
 """
 
 from __future__ import annotations
@@ -67,7 +49,17 @@ def private_gradient_sum(
     """({'<layer>.grad': G~ of the layer (float64)}, the norms ||g_i|| before clipping, in
     the order the sampled examples were taken): the module docstring's estimate over
     ``batches`` (``flower_app.client.round.LocalBatches``; its loader's dataset and
-    collation, the task's loss, the device, round 0's seed)."""
+    collation, the task's loss, the device, round 0's seed).
+
+    The sampling and the noise come from the generators of DP-SGD's rounds
+    (``flower_app.privacy.dp_sgd.round_generators``): OS entropy, or round 0's seed with
+    ``dp-sgd-seeded-noise`` (tests: reproducible, not private). Each example's gradient is
+    taken alone (a batch of one, its own padding only: exact, and N is small). The noise is
+    drawn in float64 on the CPU, layer by layer in the model's order of LoRA-SB layers, each
+    as ``randn(d_out, d_in) * z0 C``. As in the non-private estimate (gradient.py) the
+    model runs in training mode with torch seeded with round 0's seed (dropout), only the
+    adapted W0 take gradients, and R and the head are frozen meanwhile and restored
+    after."""
     import torch
 
     from flower_app.privacy.dp_sgd import round_generators

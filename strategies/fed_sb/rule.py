@@ -1,28 +1,15 @@
-"""Fed-SB (Singhal et al. 2025, arXiv 2502.15436): LoRA-SB's fixed B and A, the average of
-R, and the initialisation's factorisation, as float64 numpy references.
-
-Every client's update of a layer is s B R_n A with the same B (d_out x r) and A (r x d_in),
-so the mean of the updates is exact:
+"""Fed-SB (Singhal et al. 2025, arXiv 2502.15436): LoRA-SB's fixed B and A, the average of R
+and the initialisation's factorisation, as float64 numpy references.
 
     sum_n w_n B R_n A = B (sum_n w_n R_n) A                                   (1)
 
-and the server averages R (r x r) alone (``aggregate_fed_sb``), as the authors'
-``aggregate_models_fed_sb`` (fed_sb/fed/fed_agg.py) averages the latent mapping.
-
-The initialisation (the authors' ``estimate_and_process_grads_torch`` and
-``find_and_initialize_grad`` with ``get_svd_grad``): G is the gradient of the loss with
-respect to the full weight W0 of a layer, summed over the first examples (each batch's
-loss divided by its size); its first step of a sign optimiser is P = -lr sign(G); the
-rank-r truncated SVD P ≈ U_r S_r V_rᵀ gives
-
-    B = U_r,  R = S_r (diagonal),  A = V_rᵀ,   so that B R A = the rank-r truncation of P.
-
-The authors take the SVD of Gᵀ with ``torch.svd_lowrank`` (randomised, 10 power
-iterations, float32, rounded to bf16) and transpose twice; here it is the exact SVD in
-float64 (``np.linalg.svd``), with each direction's sign fixed (the largest-magnitude entry
-of each row of A positive, its column of B flipped with it), so every node and the server
-derive the same B and A whatever the LAPACK build. Flipping a row of A with its column of B
-leaves B R A unchanged (R diagonal).
+so the server averages R (r x r) alone (``aggregate_fed_sb``), as the authors'
+``aggregate_models_fed_sb`` (fed_sb/fed/fed_agg.py). The initialisation (the authors'
+``find_and_initialize_grad`` with ``get_svd_grad``): P = -lr sign(G) (``sign_step``), G the
+summed gradient of the loss with respect to W0, and its rank-r truncated SVD
+P ≈ U_r S_r V_rᵀ gives B = U_r, R = S_r, A = V_rᵀ (``initial_factors``). The SVD is exact,
+float64, with each direction's sign fixed (``truncated_svd``), where the authors' is
+randomised and rounded to bf16: docs/architecture.md, "Fed-SB, and how it differs".
 """
 
 from __future__ import annotations
@@ -54,7 +41,11 @@ def sign_step(G: np.ndarray, lr: float) -> np.ndarray:
 
 def truncated_svd(P: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(U_r, s_r, V_rᵀ) of P (d_out x d_in), float64, r <= min(d_out, d_in), with the
-    largest-magnitude entry of each row of V_rᵀ positive."""
+    largest-magnitude entry of each row of V_rᵀ positive (its column of U_r flipped with
+    it), so every node and the server derive the same B and A whatever the LAPACK build;
+    flipping a row of A with its column of B leaves B R A unchanged (R diagonal). The
+    authors take the SVD of Gᵀ with ``torch.svd_lowrank`` (randomised, 10 power
+    iterations, float32, rounded to bf16) and transpose twice."""
     P = np.asarray(P, np.float64)
     if not 1 <= r <= min(P.shape):
         raise ValueError(f"rank r={r} must be in [1, min(d_out, d_in)={min(P.shape)}]")

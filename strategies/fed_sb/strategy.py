@@ -1,32 +1,15 @@
 """FedSBStrategy: the common strategy (R and the head averaged every round) plus round 0, the
 federated initialisation of the fixed B and A, and their delivery to every node.
 
-Round 0 (``initialise``, run by ``start`` before Flower's loop, only in a fresh run): the
-server sends a QUERY message to the nodes a training round would sample (FedAvg's fixed
-size, or the Poisson sample under ``client-sampling=poisson``); each answers with
-the summed gradient of every adapted W0 over its first ``fed-sb-init-examples`` examples
-(``gradient.py``). The server checks the replies (every layer's gradient, finite, of the
-shape most replies agree on), adds them up and divides by the examples they cover: the
-pooled gradient, whatever ``aggregation-weights`` (each reply is a sum already). Per layer
-it takes P = -lr sign(mean) and its rank-r truncated SVD (``rule.initial_factors``):
-B = U_r, A = V_rᵀ are kept here, R = S_r becomes the global R, so the model starts at
-W0 + B S_r A as in the authors' code (s = 1, ``FedSB.adapter_alpha``).
-
-Under dp=central round 0 is one more Gaussian mechanism: each client's gradients (all
-layers jointly) are clipped to C, the sum gets N(0, (zC)²) noise per entry and is divided by
-m (the nodes queried; q N under Poisson sampling), the accountant records it at the run's q,
-so a run of T rounds composes T + 1 releases (``Method.dp_initial_releases``); the sign and
-the SVD are post-processing. Under dp=example each client's reply is already private (the
-Gaussian mechanism on its per-example clipped gradients, ``private_gradient.py``, in its
-own ledger); the server pools the replies as without DP and records the epsilons they
-report (``example_dp.py``: row 0's ``dp-sgd-epsilon-max``, also logged). Its row 0 counts
-what travelled (``up-params``: the gradients; ``down-params``: the queries, which carry no
-arrays).
-
-B and A travel once per node: with a node's first training (or evaluation) message, until
-its reply's ``basis-held`` metric says it holds them (``node_synced``); they count in that
-round's ``down-params``. They are checkpointed; a resumed run (a new Flower run: fresh node
-contexts) never redoes round 0 and sends them again to every node.
+Round 0 (``initialise``, run by ``start`` before Flower's loop, only in a fresh run): a
+QUERY message to the nodes a training round would sample; each answers with its summed
+gradient of every adapted W0 (``gradient.py``). The server checks the replies
+(``check_gradients``), adds them up and divides by the examples they cover, whatever
+``aggregation-weights``, then per layer ``rule.initial_factors``: B and A kept here, R =
+S_r the global R. Under dp=central round 0 is one more Gaussian mechanism recorded by the
+accountant (``Method.dp_initial_releases``). B and A travel once per node, with its first
+training or evaluation message, until its reply's ``basis-held`` says it holds them
+(``node_synced``); they are checkpointed, and a resumed run sends them again to every node.
 """
 
 from __future__ import annotations
@@ -97,7 +80,14 @@ class FedSBStrategy(AdapterStrategy):
         """Round 0 (module docstring): query, check, average, factorise. ``lineage``: the
         run lineage the query carries (the node's state folder, as a training message's)."""
         t0 = time.perf_counter()
-        node_ids = self.round_sample(grid, 0, "round 0")
+        node_ids = self.sampling.round_sample(
+            grid,
+            0,
+            "round 0",
+            fraction=self.fraction_train,
+            min_train=self.min_train_nodes,
+            min_available=self.min_available_nodes,
+        )
         config = ConfigRecord({"server-round": 0, "fed-sb-init-examples": self.init_examples})
         if isinstance(lineage, str):
             config["lineage"] = lineage
@@ -118,7 +108,7 @@ class FedSBStrategy(AdapterStrategy):
             "down-params": sum(record_params(m.content) for m in messages),
             **traffic_metrics([message_bytes(m) for m in messages], replies),
             "examples": float(sum(sizes)),
-            **self.sampling_metrics(0),
+            **self.sampling.metrics(0),
         }
         if self.example_dp is not None:  # dp=example: each client's epsilon after round 0
             metrics.update(self.example_dp.observe(0, replies))
@@ -147,7 +137,7 @@ class FedSBStrategy(AdapterStrategy):
             )
             std = noise_std_mean(self.dp.clipping_norm, self.dp.noise_multiplier, m)
             metrics.update({"dp-noise-std": std, **sampled, **self.dp.release()})
-        r = self.largest_rank
+        r = self.router.largest_rank
         for layer in self.layers():
             B, R, A = initial_factors(mean[gradient_key(layer)], self.init_lr, r)
             self.basis[layer] = (B, A)
@@ -187,7 +177,7 @@ class FedSBStrategy(AdapterStrategy):
             for k in keys & set(arrays):
                 shapes[k][np.shape(arrays[k])] += 1
         common = {k: c.most_common(1)[0][0] for k, c in shapes.items() if c}
-        r = self.largest_rank
+        r = self.router.largest_rank
         kept = []
         for part, node, arrays, n in sorted(candidates, key=lambda c: (c[0], c[1])):
             reason = None

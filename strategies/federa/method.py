@@ -4,28 +4,31 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from flower_app.methods.contract import adapter_layers, stacked
 from strategies.federa.settings import FeDeRASettings
 from strategies.shared.base_method import BaseMethod
+from strategies.shared.per_layer import LORA_PARTS, aggregate_per_layer
+
+if TYPE_CHECKING:
+    from flower_app.settings.run_settings import RunSettings
+
+    class FeDeRAConfig(RunSettings, FeDeRASettings):
+        """What FeDeRA reads: the core's settings and its own."""
 
 
 class FeDeRA(BaseMethod):
-    def lora_init(self, config):
+    def lora_init(self, config: FeDeRAConfig):
         """``lora-init=federa-svd``: the adapter's SVD initialisation; 'default': PEFT's."""
         return "svd" if config.lora_init == "federa-svd" else "default"
 
     def aggregate(self, sent, payloads, weights):
         from strategies.federa.rule import aggregate_federa
 
-        new, errors = {}, []
-        for layer in adapter_layers(sent):
-            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
-            new[kb], new[ka], info = aggregate_federa(
-                stacked(payloads, kb), stacked(payloads, ka), weights
-            )
-            errors.append(info["trunc_rel_error"])
+        new, infos = aggregate_per_layer(sent, payloads, weights, LORA_PARTS, aggregate_federa)
+        errors = [info["trunc_rel_error"] for info in infos]
         return new, {"trunc_rel_error": float(np.mean(errors))}
 
     def aggregate_private(self, dp, sent, payloads, num_sampled):

@@ -8,8 +8,17 @@ as exact factors of rank ≤ (N + 1) r (``fedex-residual=factored``, ours).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from strategies.fedex_lora.settings import FedExLoRASettings
 from strategies.shared.folds import FoldsIntoW0
+
+if TYPE_CHECKING:
+    from flower_app.settings.run_settings import RunSettings
+
+    class FedExLoRAConfig(RunSettings, FedExLoRASettings):
+        """What FedEx-LoRA reads: the core's settings and its own."""
+
 
 # Why dp=central is refused rather than noised. The round's result is (avg B, avg A,
 # residual) with residual = sum_n w_n B_n A_n - avg(B) avg(A), folded into W0 so that the
@@ -29,7 +38,9 @@ FEDEX_REFUSAL = (
 class FedExLoRA(FoldsIntoW0):
     fold_prefix = "fedex"  # its context keys 'fedex-cumulative-residual', ... (folds.py)
 
-    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
+    def build_strategy(
+        self, config: FedExLoRAConfig, initial_state, *, fingerprint=None, run_dir=None
+    ):
         from strategies.fedex_lora.strategy import FedExLoRAStrategy
 
         return FedExLoRAStrategy(
@@ -39,7 +50,7 @@ class FedExLoRA(FoldsIntoW0):
             **self.strategy_settings(config, run_dir=run_dir),
         )
 
-    def extra_down_params(self, d_out, d_in, r, num_clients, config):
+    def extra_down_params(self, d_out, d_in, r, num_clients, config: FedExLoRAConfig | None):
         """The residual sent down (``fedex-residual``): d_out d_in (dense, the paper's
         version) or (N + 1) r (d_out + d_in) (its exact factors)."""
         from strategies.fedex_lora.rule import RESIDUAL_MODES

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from flower_app.methods.contract import adapter_layers, stacked
 from strategies.shared.base_method import BaseMethod
+from strategies.shared.per_layer import LORA_PARTS, aggregate_per_layer
 
 
 class FedIT(BaseMethod):
     def aggregate(self, sent, payloads, weights):
         from strategies.fedit.rule import aggregate_fedit
 
-        new = {}
-        for layer in adapter_layers(sent):
-            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
-            new[kb], new[ka] = aggregate_fedit(
-                stacked(payloads, kb), stacked(payloads, ka), weights
-            )
+        new, _ = aggregate_per_layer(sent, payloads, weights, LORA_PARTS, aggregate_fedit)
         return new, {}
 
 

@@ -5,18 +5,16 @@ with B = 0 and the clients evaluate their personalised models."""
 
 from __future__ import annotations
 
-from flower_app.methods.contract import adapter_layers, stacked
 from strategies.shared.base_method import BaseMethod
+from strategies.shared.per_layer import aggregate_per_layer
 
 
 class FedSALoRA(BaseMethod):
     def aggregate(self, sent, payloads, weights):
         from strategies.fedsa_lora.rule import aggregate_fedsa_lora
 
-        return {
-            f"{layer}.lora_A": aggregate_fedsa_lora(stacked(payloads, f"{layer}.lora_A"), weights)
-            for layer in adapter_layers(sent)
-        }, {}
+        new, _ = aggregate_per_layer(sent, payloads, weights, ("lora_A",), aggregate_fedsa_lora)
+        return new, {}
 
 
 FEDSA_LORA = FedSALoRA(

@@ -9,8 +9,9 @@ evidence protocol's rule for every method (docs/architecture.md).
 
 from __future__ import annotations
 
-from flower_app.methods.contract import adapter_layers, stacked
+from flower_app.methods.contract import stacked
 from strategies.shared.base_method import BaseMethod
+from strategies.shared.per_layer import LORA_PARTS, layer_keys
 
 
 class FedSVD(BaseMethod):
@@ -21,8 +22,7 @@ class FedSVD(BaseMethod):
         from strategies.fedsvd.rule import aggregate_fedsvd
 
         new = {}
-        for layer in adapter_layers(sent):
-            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+        for kb, ka in layer_keys(sent, LORA_PARTS):
             new[kb], new[ka] = aggregate_fedsvd(stacked(payloads, kb), sent[ka], weights)
         return new, {}
 
@@ -32,8 +32,7 @@ class FedSVD(BaseMethod):
         from strategies.fedsvd.rule import refactorise
 
         released, info = super().aggregate_private(dp, sent, payloads, num_sampled)
-        for layer in adapter_layers(sent):
-            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+        for kb, ka in layer_keys(sent, LORA_PARTS):
             released[kb], released[ka] = refactorise(released[kb], sent[ka])
         return released, info
 

@@ -1,18 +1,15 @@
-"""FedSVD (Lee et al., NeurIPS 2025): A fixed during local training, only B is trained and
-averaged; the server then re-factorises the product into an orthonormal A.
+"""FedSVD (Lee et al., NeurIPS 2025): A fixed during local training, only B trained and
+averaged; the server then re-factorises the product into an orthonormal A
+(``aggregate_fedsvd``, ``refactorise``).
 
-With A the same on every client, the mean is exact: sum_n w_n B_n A = B_bar A. The server
-then writes B_bar A = U S V^T (its rank-r thin SVD) and sends A' = V_r^T (orthonormal rows)
-and B' = U_r S_r, so B' A' = B_bar A exactly: the global model is unchanged, and the next
-round trains B against an orthonormal A fitted to the update so far.
-
-The authors' code (seanie12/fed-svd, misc/utils.py ``reinit_lora``, run after each round's
-mean of B alone with ``recalculate_svd_period = 1``) takes the SVD of the dense
-d_out x d_in product. Here the same factors come from QR of the two thin factors and the SVD
-of an r x r core, O((d_out + d_in) r^2) instead of O(d_out d_in min(d_out, d_in)); signs
-are fixed (each row of A' has its largest-magnitude entry positive) so the result does not
-depend on the LAPACK build. Flipping a row of A' with its column of B' leaves B' A' and the
-next round's training of the product unchanged.
+With A the same on every client the mean is exact: sum_n w_n B_n A = B_bar A. The server
+writes B_bar A = U S V^T (its rank-r thin SVD) and sends A' = V_r^T (orthonormal rows) and
+B' = U_r S_r, so B' A' = B_bar A: the global model is unchanged, and the next round trains
+B against an orthonormal A fitted to the update so far. The factors come from QR of the two
+thin factors and the SVD of the r x r core, O((d_out + d_in) r^2), where the authors'
+``reinit_lora`` (seanie12/fed-svd, misc/utils.py) takes the SVD of the dense product; signs
+are fixed (each row of A' has its largest-magnitude entry positive), which changes neither
+the product nor the next round's training: docs/architecture.md, "The math".
 """
 
 from __future__ import annotations

@@ -3,18 +3,16 @@ travels and is averaged (``strategies/ffa_lora/rule.py``)."""
 
 from __future__ import annotations
 
-from flower_app.methods.contract import adapter_layers, stacked
 from strategies.shared.base_method import BaseMethod
+from strategies.shared.per_layer import aggregate_per_layer
 
 
 class FFALoRA(BaseMethod):
     def aggregate(self, sent, payloads, weights):
         from strategies.ffa_lora.rule import aggregate_ffa_lora
 
-        return {
-            f"{layer}.lora_B": aggregate_ffa_lora(stacked(payloads, f"{layer}.lora_B"), weights)
-            for layer in adapter_layers(sent)
-        }, {}
+        new, _ = aggregate_per_layer(sent, payloads, weights, ("lora_B",), aggregate_ffa_lora)
+        return new, {}
 
 
 FFA_LORA = FFALoRA(

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from flower_app.methods.contract import adapter_layers, stacked
 from strategies.shared.base_method import BaseMethod
+from strategies.shared.per_layer import LORA_PARTS, aggregate_per_layer
 
 
 class FlexLoRA(BaseMethod):
@@ -18,13 +18,10 @@ class FlexLoRA(BaseMethod):
         from flower_app.wire.ranks import rank_of
         from strategies.flexlora.rule import aggregate_flexlora
 
-        new, errors = {}, []
-        for layer in adapter_layers(sent):
-            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
-            new[kb], new[ka], info = aggregate_flexlora(
-                stacked(payloads, kb), stacked(payloads, ka), weights, rank=rank_of(sent)
-            )
-            errors.append(info["trunc_rel_error"])
+        new, infos = aggregate_per_layer(
+            sent, payloads, weights, LORA_PARTS, aggregate_flexlora, rank=rank_of(sent)
+        )
+        errors = [info["trunc_rel_error"] for info in infos]
         return new, {"trunc_rel_error": float(np.mean(errors))}
 
     def aggregate_private(self, dp, sent, payloads, num_sampled):

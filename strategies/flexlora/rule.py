@@ -1,22 +1,15 @@
 """FlexLoRA (Bai et al., 2024, "Federated Fine-tuning of Large Language Models under
 Heterogeneous Tasks and Client Resources"): clients train LoRA at their own ranks r_n; the
-server averages the full products and hands each client the truncated SVD at its rank.
+server averages the products and hands each client the truncated SVD at its rank
+(``aggregate_flexlora``). Per layer, with B_n (d_out x r_n), A_n (r_n x d_in), R = sum r_n:
 
-Per layer, client n sends B_n (d_out x r_n) and A_n (r_n x d_in):
+    Delta = sum_n w_n B_n A_n = B_s A_s,  B_s = [sqrt(w_1) B_1, ...]  (d_out x R)
+                                          A_s = [sqrt(w_1) A_1; ...]  (R x d_in)
+    Delta = U S V^T,   B_r = U_r S_r^{1/2},   A_r = S_r^{1/2} V_r^T
 
-    Delta = sum_n w_n B_n A_n = B_s A_s,   B_s = [sqrt(w_1) B_1, ..., sqrt(w_N) B_N]  (d_out x R)
-                                           A_s = [sqrt(w_1) A_1; ...; sqrt(w_N) A_N]  (R x d_in)
-
-with R = sum_n r_n.  Delta (d_out x d_in) is never formed: thin QR of B_s and A_s^T and
-the SVD of the small R x R core (``strategies.shared.low_rank.truncated_product_svd``) give
-Delta = U S V^T.  The factors of rank r split the singular values symmetrically,
-
-    B_r = U_r S_r^{1/2},   A_r = S_r^{1/2} V_r^T,
-
-and since U, S, V are ordered by singular value, client n's rank-r_n factors are the first
-r_n columns of B_r / rows of A_r for any r >= r_n (``flower_app.wire.ranks.truncate_to_rank``):
-the server keeps one pair, at the global rank.  With every r_n = r this is the
-same stacking and the same truncated SVD as the product rule of equal ranks.
+Delta is never formed (``strategies.shared.low_rank.truncated_product_svd``). Client n gets
+the first r_n columns of B_r / rows of A_r (``flower_app.wire.ranks.truncate_to_rank``), so
+the server keeps one pair, at the global rank; with every r_n = r, the product rule of equal ranks.
 """
 
 from __future__ import annotations

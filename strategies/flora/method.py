@@ -11,7 +11,13 @@ Client weights: its authors weight each client by its dataset size (n_k / sum n,
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from strategies.shared.folds import FoldsIntoW0
+
+if TYPE_CHECKING:
+    from flower_app.settings.run_settings import RunSettings
+
 
 # Why dp=central is refused rather than noised. FLoRA's round releases the dense product
 # sum_n w_n B_n A_n and folds it into W0 whole, with no truncation afterwards. A Gaussian
@@ -32,7 +38,7 @@ FLORA_REFUSAL = (
 class FLoRA(FoldsIntoW0):
     fold_prefix = "flora"  # its context keys 'flora-cumulative-residual', ... (folds.py)
 
-    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
+    def build_strategy(self, config: RunSettings, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flora.strategy import FLoRAStrategy
 
         return FLoRAStrategy(
@@ -42,7 +48,7 @@ class FLoRA(FoldsIntoW0):
             **self.strategy_settings(config, run_dir=run_dir),
         )
 
-    def extra_down_params(self, d_out, d_in, r, num_clients, config):
+    def extra_down_params(self, d_out, d_in, r, num_clients, config: RunSettings | None):
         """The last round's stacked factors: N r (d_out + d_in), r_n summed over clients of
         different rank."""
         return num_clients * r * (d_out + d_in)

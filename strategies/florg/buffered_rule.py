@@ -1,28 +1,15 @@
-"""FLoRG's server step for a buffer of replies trained from different models (one layer),
-the update of ``round-mode=async`` (strategies/server/buffered_rounds.py).
+"""FLoRG's server step for a buffer of replies trained from different models, one layer
+(``aggregate_florg_buffered``), the update of ``round-mode=async``
+(strategies/server/buffered_rounds.py). A reply trained from an older A_τ enters as its
+Gram delta, scaled by its staleness factor cₙ = (1 + τₙ)^-a:
 
-The synchronous step decomposes the Gram average Q = Σ wₙ AₙᵀAₙ (eq. Gram_agg). Clients'
-models mix linearly in Q, so a reply trained from an older model A_τ enters as what it
-changed, its Gram delta, scaled by its staleness factor cₙ = (1 + τₙ)^-a:
+    Q = A_curᵀ A_cur + Σ wₙ cₙ (AₙᵀAₙ − A_τₙᵀ A_τₙ)      (Σ wₙ = 1; eq. Gram_agg)
 
-    Q = A_curᵀ A_cur + Σ wₙ cₙ (AₙᵀAₙ − A_τₙᵀ A_τₙ)      (Σ wₙ = 1)
-
-then the decomposition (eq. Gram_decompose) and the Procrustes alignment with A_cur
-(Theorem 1) exactly as in ``strategies.florg.rule``. With every reply fresh (τₙ = 0, so
-A_τₙ = A_cur and cₙ = 1) Q is the synchronous Gram average; the strategy then runs the
-synchronous step itself.
-
-Q is a signed sum of Gram matrices, so it may have negative eigenvalues (a stale reply
-that removed more than the others added); the step keeps Q's positive part, as a rank-r
-factor must, and reports the share of the spectrum dropped (``negative_share``).
-``gram_rel_error`` is ‖A_newᵀA_new − Q‖_F / ‖Q‖_F against the signed Q: its negative part
-lies in eigenvectors orthogonal to A_new's rows and to the positive part, so its squared
-norm adds to the error against the positive part and to ‖Q‖_F² alike.
-
-The thin path never forms Q: with M the stacked rows [A_cur; √(wc) Aₙ; √(wc) A_τₙ] and D
-their signs (+, +, −), Q = Mᵀ D M. A QR factorisation Mᵀ = U T (U k x p with orthonormal
-columns, p the stacked rows) gives Q = U (T D Tᵀ) Uᵀ, so the eigenpairs of the small
-symmetric T D Tᵀ = V Λ Vᵀ give Q's: eigenvectors U V, eigenvalues Λ.
+then the decomposition (eq. Gram_decompose) and Procrustes with A_cur (Theorem 1) as in
+``strategies.florg.rule``; with every reply fresh Q is the synchronous Gram average. Q may
+have negative eigenvalues: the step keeps its positive part and reports the share dropped
+(``negative_share``); ``gram_rel_error`` is against the signed Q. Q is never formed
+(``signed_gram_eigenpairs``). More: docs/async.md, "What an update does, per method".
 """
 
 from __future__ import annotations
@@ -48,7 +35,12 @@ from strategies.shared.validation import (
 
 def signed_gram_eigenpairs(M: np.ndarray, signs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q = Mᵀ diag(signs) M: its eigenvalues, signed and descending, and eigenvectors P
-    (k x min(rows, k); Q has no other nonzero eigenvalue)."""
+    (k x min(rows, k); Q has no other nonzero eigenvalue).
+
+    Q is never formed while M has no more rows p than columns: a QR factorisation
+    Mᵀ = U T (U k x p with orthonormal columns) gives Q = U (T D Tᵀ) Uᵀ, D = diag(signs),
+    so the eigenpairs of the small symmetric T D Tᵀ = V Λ Vᵀ give Q's: eigenvectors U V,
+    eigenvalues Λ."""
     rows, k = M.shape
     if rows <= k:
         U, T = np.linalg.qr(M.T)  # Mᵀ = U T
@@ -89,7 +81,8 @@ def aggregate_florg_buffered(
     rtol: float | None = None,
     rank_mismatch: str = "procrustes",
 ) -> tuple[np.ndarray, dict[str, float | int]]:
-    """One buffered FLoRG step for one layer (the module docstring's Q).
+    """One buffered FLoRG step for one layer (the module docstring's Q), Q = Mᵀ D M with M
+    the stacked rows [A_cur; √(wₙcₙ) Aₙ; √(wₙcₙ) A_τₙ] and D their signs (+, +, −).
 
     Args:
         client_As: the replies' A_n (r x k each).
@@ -130,7 +123,11 @@ def signed_gram_rel_error(
 ) -> float:
     """‖A_newᵀA_new − Q‖_F / ‖Q‖_F from the error relative to Q's positive part
     (``factor_for_rank``'s, over ``eigenvalues``, Q's clipped at 0) and Q's ``signed``
-    eigenvalues (the module docstring)."""
+    eigenvalues.
+
+    Q's negative part lies in eigenvectors orthogonal to A_new's rows and to the positive
+    part, so its squared norm adds alike to the squared error against the positive part
+    and to ‖Q‖_F²."""
     negative_sq = float(np.sum(signed[signed < 0] ** 2))
     if negative_sq == 0:
         return positive_rel_error

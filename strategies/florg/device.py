@@ -1,27 +1,14 @@
-"""The FLoRG server step's device side: where the stack of client matrices lives, how it
-gets there, and the two products whose fastest backend differs between CPU and CUDA.
+"""The FLoRG server step's device side: where the stack of client matrices lives, how it gets
+there, and the products whose fastest backend differs between CPU and CUDA.
 
-Where the time goes (one CPU thread, 7B decoder's q, v: 64 layers, k = 4096, N = 20,
-r = 8): the Gram products dominate, so A_prev rides along as r extra rows of the stack and
-one symmetric product [A; A_prev] A^T gives G and A_prev A^T together.  On CPU that
-product and the skinny S A go through NumPy's matmul on the same memory (no copy): it
-recognises T T^T and calls BLAS syrk, half the flops of torch's bmm, which has no
-symmetric variant.  The eigen- and singular-value decompositions are torch.linalg's,
-batched.  The stack is a buffer kept between calls (``_Staging``): the server aggregates
-the same shapes every round, and a fresh 335 MiB allocation costs more in page faults
-than the products on it.
-
-On CUDA: the products are torch on the device.  The inputs are stacked on the (pinned)
-host in their own dtype (float32 from the wire stays float32: half the bytes to move),
-copied as they are and converted to float64 on the device (torch's cross-device copy_
-with a dtype change converts on the CPU, into pageable memory: measured on an H100 at the
-7B shape, 270 ms of the step's 400 against 3 ms for the float32 copy).  The small
-symmetric eigenproblems (B >= 16 Grams of Nr x Nr, 32 < Nr <= 320) go back to the
-host and are solved there by LAPACK in a thread pool: cuSOLVER solves each matrix above
-32 x 32 on its own, a chain of small kernels (H100, 64 Grams of 160 x 160 in float64:
-eigvalsh 70 ms on the GPU, 8.2 ms on 16 host threads with both copies;
-``python -m benchmarks.core.server_profile --eigh-sizes``).  The numbers are the same as on
-the CPU up to rounding.
+``resolve_server_device`` reads the setting ``server-device``. ``stack_layers`` stacks each
+layer's A_1; ...; A_N with A_prev as its last r rows, in a buffer kept between calls
+(``STAGING``, ``release_staging_buffers``); for CUDA pinned on the host, in the wire's dtype,
+converted to float64 on the device. ``gram_and_cross`` gives G = M M^T and A_prev A^T from
+one symmetric product (BLAS syrk through NumPy on CPU, bmm on CUDA), ``times_stack`` the
+skinny S A, ``batched_eigh`` the eigenproblems (on CUDA, batches of small Grams go back to
+LAPACK on the host's thread pool, ``host_pool``). Results equal the CPU path's up to
+rounding. Why, with the measurements: docs/benchmarks.md, "Where the server step's time goes".
 """
 
 from __future__ import annotations
@@ -111,7 +98,10 @@ def stack_layers(
     G = M M^T and A_prev M^T (see ``gram_and_cross``).  The result is a view of a reused
     buffer (valid until the next call).  For CUDA the host side is pinned and float32 when
     every client input is float32 (exact: float32 -> float64 is lossless; half the bytes
-    to move), converted on the device.  Raises naming a non-finite input.
+    to move), copied as it is and converted on the device: torch's cross-device ``copy_``
+    with a dtype change converts on the CPU, into pageable memory (H100, 7B shape: 270 ms
+    of the step's 400, against 3 ms for the float32 copy).  Raises naming a non-finite
+    input.
     """
     first = mats[names[0]]
     n, (r, k) = len(first), first[0].shape
@@ -130,7 +120,7 @@ def stack_layers(
             stacked.copy_(host_t, non_blocking=True)
         else:
             # The copy in the wire's dtype, then the conversion on the device: copy_ with a
-            # dtype change across devices would convert on the host (see the module doc).
+            # dtype change across devices would convert on the host (see the docstring).
             wire = STAGING.get(shape, host_t.dtype, device)
             wire.copy_(host_t, non_blocking=True)
             stacked.copy_(wire)
@@ -194,8 +184,8 @@ def _split(count: int, parts: int) -> list[range]:
     return [range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-# Where the host pool beats cuSOLVER (H100 machine, 16 host threads; docs/results/
-# gpu-h100/eigh_sizes.txt): batches of at least HOST_EIGH_MIN_BATCH matrices of
+# Where the host pool beats cuSOLVER (H100 machine, 16 host threads; lab/evidence/
+# gpu-h100/server-step-2/eigh_sizes.txt): batches of at least HOST_EIGH_MIN_BATCH matrices of
 # 33..HOST_EIGH_MAX rows (64 of 160 x 160: eigvalsh 7.8 ms against 69.6, eigh 16.6 against
 # 76.4; at 512 rows the two are even, at 8 matrices of 160 the GPU wins).  Up to 32 x 32
 # torch batches the problems on the GPU with Jacobi.
@@ -226,8 +216,9 @@ def batched_eigh(
     """torch.linalg.eigh (or eigvalsh) of a batch of symmetric matrices, ascending, on
     S's device.  ``on_host`` None: on CUDA, batches of at least HOST_EIGH_MIN_BATCH
     matrices of 33..HOST_EIGH_MAX rows are solved on the host, the batch split over the
-    host pool's threads (see the module doc), and copied back; True / False force the
-    route (tests)."""
+    host pool's threads, and copied back (cuSOLVER solves each matrix above 32 x 32 on its
+    own, a chain of small kernels; the comment above ``HOST_EIGH_MAX``); True / False force
+    the route (tests)."""
     n = S.shape[-1]
     if on_host is None:
         on_host = (

@@ -202,6 +202,15 @@ def noised_mean_gram(
     return (gram - len(mats) * base + noise) / m + base
 
 
+def private_step_rank(r: int | None, prev_rows: int) -> int:
+    """The rank the private step keeps: ``r`` (None: prev_A's ``prev_rows``), checked to lie
+    in 1..prev_rows (the numpy and the torch step share this check)."""
+    r = prev_rows if r is None else int(r)
+    if not 1 <= r <= prev_rows:
+        raise ValueError(f"rank r={r} must be between 1 and prev_A's {prev_rows} rows")
+    return r
+
+
 def florg_private_step(
     noised_Q: Any, prev_A: Any, r: int | None = None, *, procrustes: bool = True
 ) -> tuple[np.ndarray, dict[str, float | int]]:
@@ -234,9 +243,7 @@ def florg_private_step(
     k = Q.shape[0]
     if Q.shape != (k, k) or prev.shape[1] != k:
         raise ValueError(f"noised_Q {Q.shape} and prev_A {prev.shape} do not match (k x k, r x k)")
-    r = prev.shape[0] if r is None else int(r)
-    if not 1 <= r <= prev.shape[0]:
-        raise ValueError(f"rank r={r} must be between 1 and prev_A's {prev.shape[0]} rows")
+    r = private_step_rank(r, prev.shape[0])
     lam, vecs = np.linalg.eigh((Q + Q.T) / 2)
     lam, vecs = lam[::-1], vecs[:, ::-1]
     r_prime = int(np.count_nonzero(lam[:r] > k * EPS64 * lam[0])) if lam[0] > 0 else 0
@@ -264,9 +271,11 @@ def _florg_inputs(
     noise_multiplier: float,
     centred: bool,
     num_sampled: float | None,
-) -> tuple[dict[str, list[np.ndarray]], dict[str, np.ndarray], float, float, int, float]:
-    """Checked inputs of ``private_florg_layers``: (mats, prevs, C, z, n, m), every client's
-    joint clipping verified."""
+) -> tuple[dict[str, list[np.ndarray]], dict[str, np.ndarray], int, float, float]:
+    """Checked inputs of ``private_florg_layers`` (and of its torch twin): (mats, prevs, n,
+    m, std), every client's joint clipping verified; ``std`` = z Delta is the noise std on
+    the Gram SUM, one Delta for all layers (``florg_sensitivity`` over the whole ``prevs``
+    when centred, C^2 otherwise)."""
     c = check_clipping_norm(clipping_norm)
     z = check_noise_multiplier(noise_multiplier, allow_zero=True)
     if not prev_As or set(prev_As) != set(clipped_client_As):
@@ -293,7 +302,8 @@ def _florg_inputs(
         what = f"client {i}: " + ("sum over layers of ||A - prev_A||" if centred else "||A||")
         _check_clipped(math.sqrt(sq), c, what)
     m = public_divisor(num_sampled, n)
-    return mats, prevs, c, z, n, m
+    delta = florg_sensitivity(c, prevs if centred else None)
+    return mats, prevs, n, m, z * delta
 
 
 def layer_noise(
@@ -326,15 +336,14 @@ def private_florg_layers(
     its own entry (its blocks partition A's rows, so the joint bound is the same).
     Returns (layer -> new A, layer -> info, with ``noise_std``, the std on Q^'s entries).
     """
-    mats, prevs, c, z, _, m = _florg_inputs(
+    mats, prevs, _, m, std = _florg_inputs(
         clipped_client_As, prev_As, clipping_norm, noise_multiplier, centred, num_sampled
     )
-    delta = florg_sensitivity(c, prevs if centred else None)
-    noise = layer_noise(prevs, z * delta, rng)
+    noise = layer_noise(prevs, std, rng)
     new_As: dict[str, np.ndarray] = {}
     infos: dict[str, dict[str, float | int]] = {}
     for name, prev in prevs.items():
         Q = noised_mean_gram(mats[name], noise[name], m, prev if centred else None)
         new_As[name], infos[name] = florg_private_step(Q, prev, procrustes=procrustes)
-        infos[name]["noise_std"] = z * delta / m
+        infos[name]["noise_std"] = std / m
     return new_As, infos

@@ -1,21 +1,15 @@
-"""The private FLoRG server step in torch, float64, batched over layers of equal k.
+"""The private FLoRG server step (dp=central) in torch, float64, batched over layers of equal
+k: ``private_florg_layers_torch``, what ``strategies.florg.dp.private_florg_layers``
+computes (same clipping check, Delta and noise, drawn on the host by
+``strategies.florg.dp.layer_noise`` in the same layer order; the tests hold the two to
+1e-10). Per group of layers with equal (r, k), on the server's device:
 
-``private_florg_layers_torch`` computes what the numpy reference
-``strategies.florg.dp.private_florg_layers`` computes (same clipping check, same Delta, the same
-noise: drawn by ``strategies.florg.dp.layer_noise`` on the host from the same Generator in the
-same layer order, then moved to the device; the tests hold the two to 1e-10).  What runs
-on the device, per group of layers with equal (r, k):
+    Q^  = (M^T M + E) / m    (B x k x k; centred: + (1 - N/m) P^T P)
+    eigh(Q^) -> top r, drop lambda <= k eps lambda_1, A~ = Lambda^{1/2} P,  A_new = S A~
 
-    M      = [A_1; ...; A_N]                  (B x Nr x k, ``florg_device.stack_layers``)
-    Q^     = (M^T M + E) / m                  (B x k x k; centred: + (1 - N/m) P^T P)
-    eigh(Q^) -> top r, drop lambda <= k eps lambda_1, A~ = Lambda^{1/2} P  (B x r x k)
-    S      = U V^T of A_prev A~^T, A_new = S A~   (``florg_torch._polar``)
-
-The k x k eigendecomposition cannot be replaced by the thin N r x N r path of
-strategies/florg/rule_torch.py: the noise E is full rank
-(``strategies.florg.dp.florg_private_step``).
-On CUDA, torch's batched eigh dispatches to cuSOLVER.  Staging memory: B k^2 float64 per
-group, chunked below ``MAX_GRAM_BYTES``.
+The k x k eigendecomposition (cuSOLVER on CUDA) has no thin path: the noise E is full rank
+(docs/privacy.md, section 4.3). Staging memory: B k^2 float64 per group, chunked below
+``MAX_GRAM_BYTES``.
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ import numpy as np
 import torch
 
 from strategies.florg.device import F64, STAGING, resolve_server_device, stack_layers
-from strategies.florg.dp import _florg_inputs, florg_sensitivity, layer_noise
+from strategies.florg.dp import _florg_inputs, layer_noise, private_step_rank
 from strategies.florg.rule_torch import _canonical_signs, _polar
 from strategies.server.central_dp import EPS64
 
@@ -51,10 +45,7 @@ def florg_private_steps_torch(
     prev_As (B x r_prev x k), float64 on one device.  Returns (A_new (B x r_prev x k),
     r' per layer, the eigenvalues of each Q^ in descending order)."""
     B, k, _ = noised_Qs.shape
-    r_prev = prev_As.shape[1]
-    r = r_prev if r is None else int(r)
-    if not 1 <= r <= r_prev:
-        raise ValueError(f"rank r={r} must be between 1 and prev_A's {r_prev} rows")
+    r = private_step_rank(r, prev_As.shape[1])
     lam, P = torch.linalg.eigh((noised_Qs + noised_Qs.mT) / 2)
     lam, P = lam.flip(-1), P.flip(-1)
     lam1 = lam[:, :1]
@@ -86,12 +77,11 @@ def private_florg_layers_torch(
     """``strategies.florg.dp.private_florg_layers`` batched in torch on ``device`` ('auto': CUDA
     when torch sees one).  Same arguments, same results (new A as float64 numpy, the same
     info keys) up to rounding."""
-    mats, prevs, c, z, n, m = _florg_inputs(
+    mats, prevs, n, m, std = _florg_inputs(
         clipped_client_As, prev_As, clipping_norm, noise_multiplier, centred, num_sampled
     )
     dev = resolve_server_device(device)
-    delta = florg_sensitivity(c, prevs if centred else None)
-    noise = layer_noise(prevs, z * delta, rng)  # the reference's draws, in its order
+    noise = layer_noise(prevs, std, rng)  # the reference's draws, in its order
     groups: dict[tuple[int, int], list[str]] = {}
     for name, prev in prevs.items():
         groups.setdefault(prev.shape, []).append(name)
@@ -126,6 +116,6 @@ def private_florg_layers_torch(
                         "eigengap": float(table[i, 1]),
                         "negative_eigenvalues": int(table[i, 2]),
                         "drift": float(table[i, 3]),
-                        "noise_std": z * delta / m,
+                        "noise_std": std / m,
                     }
     return {name: new_As[name] for name in prevs}, {name: infos[name] for name in prevs}

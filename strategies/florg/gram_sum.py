@@ -1,17 +1,13 @@
-"""FLoRG's aggregated Gram matrix summed block by block, for rounds with more stacked rows
-than columns (N r > k).
+"""FLoRG's aggregated Gram matrix summed block by block (``gram_sum``), for rounds with more
+stacked rows than columns (N r > k).
 
-The server step needs Q = sum_n w_n A_n^T A_n (k x k, eq. Gram_agg), or, when N r <= k,
-the stack M = [sqrt(w_1) A_1; ...; sqrt(w_N) A_N] (N r x k) whose small Gram matrix
-M M^T shares Q's nonzero eigenvalues (strategies/florg/rule_torch.py). When N r > k the
-step decomposes Q itself, so the stack is not needed: Q is summed here over blocks of at
-most floor(k / r) clients, each block a stack of at most k rows. The server's working
-memory per layer is then at most k x k for Q plus one block of k x k, i.e. of the order
-min(N r, k) x k, whatever the number of clients (docs/architecture.md, server memory),
-instead of the (N + 1) r x k stack.
-
-The blocks are summed in client order, so the result is deterministic; it equals
-M^T M of the full stack up to float64 rounding (the summation order differs).
+The server step decomposes Q = sum_n w_n A_n^T A_n (k x k, eq. Gram_agg) itself when
+N r > k, so the (N r x k) stack is not needed: Q is summed here over blocks of at most
+floor(k / r) clients (``clients_per_block``), each block a stack of at most k rows. The
+working memory per layer is then of the order min(N r, k) x k whatever the number of
+clients (docs/architecture.md, "What the server holds per round"). The blocks are summed
+in client order, so the result is deterministic; it equals M^T M of the full stack up to
+float64 rounding.
 """
 
 from __future__ import annotations

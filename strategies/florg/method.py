@@ -10,9 +10,16 @@ Procrustes (Algorithm 1; ``strategies/florg/rule.py``, batched in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from strategies.florg.settings import FLoRGSettings
 from strategies.shared.base_method import BaseMethod
+
+if TYPE_CHECKING:
+    from flower_app.settings.run_settings import RunSettings
+
+    class FLoRGConfig(RunSettings, FLoRGSettings):
+        """What FLoRG reads: the core's settings and its own."""
 
 
 @dataclass(frozen=True)
@@ -27,7 +34,7 @@ class FLoRG(BaseMethod):
 
         return FLoRGStrategy
 
-    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
+    def build_strategy(self, config: FLoRGConfig, initial_state, *, fingerprint=None, run_dir=None):
         return self.strategy_class()(
             initial_state,
             method=self,

@@ -1,31 +1,14 @@
-"""FLoRG with heterogeneous ranks in torch, float64, batched over layers.
+"""FLoRG with heterogeneous client ranks in torch, float64, batched over layers:
+``aggregate_florg_ranks_layers``, what ``strategies.florg.ranks.aggregate_florg_ranks``
+computes for one layer (same tolerance, policies and diagnostics; the tests hold the two to
+1e-12).
 
-``aggregate_florg_ranks_layers`` computes, for every adapted layer at once, what the numpy
-reference ``strategies.florg.ranks.aggregate_florg_ranks`` computes for one (same tolerance
-rule, policies and diagnostics; the tests hold the two to 1e-12).  Layers are grouped by
-(k, the clients' row counts r_1..r_N, the requested ranks); each group is one stack on the
-server's device (CPU or CUDA) and every step is one batched call:
-
-    A       = [A_1; ...; A_N]                   (B x R x k, R = sum_n r_n, unweighted)
-    d       = [sqrt(w_1) 1_{r_1}; ...]          (R), M = diag(d) A, Q = M^T M   (eq. Gram_agg)
-    G       = M M^T = (A A^T) o (d d^T)         (B x R x R)
-    (lambda, U) = eigh(G),  A~ = U_n^T M        (B x n x k)          (eq. Gram_decompose)
-
-with n the rows any requested rank needs (max r_t for 'truncate' and the ablation, the
-largest r' of the batch for 'procrustes'); rows beyond a layer's r' are zeroed, so that
-eigenvalues below the tolerance are dropped exactly as the reference drops them.  When
-R > k the k x k Q is the smaller matrix and is decomposed instead, as in the reference.
-One decomposition per layer serves every requested rank; then, per rank r_t, Theorem 1
-(S = U V^T of A_prev A~^T, batched SVD) on the rows the policy keeps, and the Gram-error
-diagnostic from the spectrum (``strategies.florg.rule_torch._from_factor``, shared with the
-homogeneous path).  A group with R = 0 (every client rank 0) stands in one zero row: Q = 0,
-r' = 0, every factor zero.
-
-The Gram products run through ``strategies.florg.device`` (BLAS syrk on CPU, bmm on CUDA).
-Unlike ``strategies.florg.rule_torch`` this path always takes eigenvectors (the direct path
-without them is for r' = R and the 'procrustes' policy only) and stacks without the reused
-staging buffer; both are optimisations the homogeneous strategy needs at 7B scale and this
-one can add when it is wired into a strategy.
+Layers are grouped by (k, the clients' row counts r_1..r_N, the requested ranks), each group
+one stack on the server's device. One decomposition per layer, A~ = U_n^T M from eigh of
+G = M M^T (of Q itself when R = sum_n r_n > k), serves every requested rank r_t: Theorem 1
+on the rows the policy keeps, batched, and the Gram-error diagnostic shared with the
+homogeneous path (``strategies.florg.rule_torch._from_factor``). Unlike that path it always
+takes eigenvectors and stacks without the reused staging buffer.
 """
 
 from __future__ import annotations
@@ -114,6 +97,10 @@ def _group_step(
     rank_mismatch: str,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
     """One batch of layers of equal (k, r_1..r_N, requested ranks).
+
+    One decomposition serves every requested rank r_t: A~'s first n rows, n the rows any
+    requested rank needs (max r_t for 'truncate' and the ablation, the batch's largest r'
+    for 'procrustes'), then Theorem 1 on the rows the policy keeps, per r_t.
 
     Returns Q's spectrum and r' per layer, and per requested rank (A_new, ||A_new^T A_new -
     Q||_F^2) per layer.

@@ -1,51 +1,15 @@
-"""FLoRG server step for one adapted layer: Gram aggregation, decomposition, Procrustes.
+"""FLoRG server step for one adapted layer, the float64 numpy reference (``aggregate_florg``).
 
-Shapes (paper, section 3.1): each client n sends A_n (r x k), k = min(d_in, d_out).
+    Q = sum_n w_n A_n^T A_n   (k x k; A_n: r x k, k = min(d_in, d_out))   eq. (Gram_agg)
+    Q = P^T Lambda P,  A~ = Lambda^{1/2} P   (r' x k)                   eq. (Gram_decompose)
+    S = U V^T from A_prev A~^T = U Sigma V^T,  A_new = S A~  (r x k)     Theorem 1
 
-    Q       = sum_n w_n A_n^T A_n                   (k x k)      eq. (Gram_agg)
-    Q       = P^T Lambda P,  A~ = Lambda^{1/2} P    (r' x k)     eq. (Gram_decompose)
-    A_prev A~^T = U Sigma V^T,  S = U V^T           (r x r')     Theorem 1
-    A_new   = S A~                                  (r x k)
-
-The thin path never forms Q.  With the stacked matrix
-
-    M = [sqrt(w_1) A_1; ...; sqrt(w_N) A_N]          (N r x k),  Q = M^T M,
-
-Q and the small (N r x N r) matrix G = M M^T share their nonzero eigenvalues:
-if G = U Lambda U^T, then Q = (U^T M)^T (U^T M) with the rows of U^T M orthogonal
-and of squared norms Lambda, i.e.  A~ = Lambda^{1/2} P = U_{r'}^T M  directly,
-without dividing by any eigenvalue.  This costs O(k (N r)^2) instead of the
-O(k^3) eigendecomposition of Q.  (A thin SVD of M gives the same A~ but LAPACK
-takes ~10x longer than eigh of G for these wide matrices.)
-
-Eigenvectors have a sign ambiguity; each row of A~ is given the sign that makes
-its largest-magnitude entry positive, so the ablation below is deterministic
-(Procrustes output is invariant to it anyway).
-
-Numerical rank: r' = #{i : lambda_i > rtol * lambda_1}, with the default
-rtol = max(k, N r) * eps_float64 (eigenvalues below it are rounding noise of
-the decomposition and are dropped, which also clamps tiny negative ones).
-
-Rank mismatch (r' != r), the run setting ``rank-mismatch``:
-
-- ``procrustes`` (default, the paper's Theorem 1 as written): S = U V^T from the thin SVD
-  of the r x r' matrix A_prev A~^T, applied to all r' rows of A~.  For r' <= r, S has
-  orthonormal columns (S^T S = I_r'), ||S A~||_F = ||A~||_F is fixed, so S minimises
-  ||S A~ - A_prev||_F (problem P1) and A_new^T A_new = Q exactly.  For r' > r, S has
-  orthonormal rows (S S^T = I_r): it maximises the trace alignment tr(A_prev A~^T S^T)
-  (problem P2) over such S, but it does NOT minimise ||S A~ - A_prev||_F then, because
-  ||S A~||_F depends on S (P1 and P2 are equivalent only when S^T S = I, the paper's
-  constraint (c11), which no r x r' matrix with r' > r satisfies).  It projects A~ onto
-  the r-dimensional row subspace best aligned with A_prev; the Gram matrix is approximated
-  (reported as gram_rel_error), not necessarily by its best rank-r approximation.
-- ``truncate``: keep the top-r eigenpairs of Q, A~_r = Lambda_r^{1/2} P_r (the
-  Eckart-Young best rank-r approximation of Q, error sqrt(sum_{i>r} lambda_i^2)), then the
-  r x r Procrustes rotation S = U V^T of A_prev A~_r^T (orthogonal, so here it does
-  minimise ||S A~_r - A_prev||_F).  For r' <= r both policies are the same computation.
-
-``strategies.florg.rule_torch.aggregate_florg_layers`` runs the same step for many layers at
-once in torch (float64, batched over layers of equal shape, on CPU or CUDA).
-This module's numpy ``aggregate_florg`` is its reference.
+Q is never formed: A~ = U_{r'}^T M, M = [sqrt(w_1) A_1; ...] (N r x k), from eigh of M M^T
+(``decompose_stacked_gram``; rows sign-fixed, largest entry positive). Numerical rank
+r' = #{i : lambda_i > rtol lambda_1}, rtol = max(k, N r) eps_float64 by default. For r' > r,
+'procrustes' (the paper's S over all r' rows) maximises tr(A_prev A~^T S^T) (P2) but does not
+minimise ||S A~ - A_prev||_F (P1); 'truncate' keeps the top r eigenpairs (Eckart-Young) first:
+docs/architecture.md. ``aggregate_florg_reference`` forms Q (O(k^3), tests and benchmarks).
 """
 
 from __future__ import annotations
@@ -96,8 +60,16 @@ def stack_weighted(client_As: Sequence[np.ndarray], weights: np.ndarray) -> np.n
 
 
 def _validated_inputs(
-    client_As: Sequence[np.ndarray], weights: Sequence[float] | np.ndarray | None, prev_A: Any
-) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    client_As: Sequence[np.ndarray],
+    weights: Sequence[float] | np.ndarray | None,
+    prev_A: Any,
+    rtol: float | None,
+    rank_mismatch: str,
+) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, float]:
+    """What both FLoRG steps (thin and reference) start from: the policy checked, the
+    clients' A_n (each r x k, float64), the normalised weights, prev_A as float64, and the
+    eigenvalue tolerance (``rtol``, else ``default_rtol`` for the N r stacked rows)."""
+    check_rank_mismatch(rank_mismatch)
     prev = as_float64_matrix(prev_A, "prev_A")
     r, k = prev.shape
     if r > k:
@@ -106,7 +78,8 @@ def _validated_inputs(
         raise AggregationInputError("prev_A: rank r must be at least 1")
     mats = check_client_matrices(client_As, (r, k), "client_As")
     w = normalize_weights(weights, len(mats))
-    return mats, w, prev
+    tol = default_rtol(k, len(mats) * r) if rtol is None else float(rtol)
+    return mats, w, prev, tol
 
 
 def procrustes_rotation(prev_A: np.ndarray, A_tilde: np.ndarray) -> np.ndarray:
@@ -252,10 +225,8 @@ def aggregate_florg(
         (||A_new^T A_new - Q||_F / ||Q||_F), ``drift`` (||A_new - A_prev||_F),
         ``eigengap`` (lambda_r - lambda_{r+1}) and ``eigengap_rel`` (that over lambda_1).
     """
-    check_rank_mismatch(rank_mismatch)
-    mats, w, prev = _validated_inputs(client_As, weights, prev_A)
+    mats, w, prev, tol = _validated_inputs(client_As, weights, prev_A, rtol, rank_mismatch)
     M = stack_weighted(mats, w)
-    tol = default_rtol(prev.shape[1], M.shape[0]) if rtol is None else float(rtol)
 
     eigenvalues, A_tilde = decompose_stacked_gram(M, tol)
     if A_tilde.shape[0] == 0:
@@ -278,11 +249,9 @@ def aggregate_florg_reference(
     O(k^3) per layer; kept for tests and the benchmark.  Same tolerance rule as
     ``aggregate_florg``; diagnostics are computed densely.
     """
-    check_rank_mismatch(rank_mismatch)
-    mats, w, prev = _validated_inputs(client_As, weights, prev_A)
-    r, k = prev.shape
+    mats, w, prev, tol = _validated_inputs(client_As, weights, prev_A, rtol, rank_mismatch)
+    r = prev.shape[0]
     Q = sum(wn * (a.T @ a) for wn, a in zip(w, mats, strict=True))
-    tol = default_rtol(k, len(mats) * r) if rtol is None else float(rtol)
     lam, vecs = np.linalg.eigh(Q)
     lam, vecs = np.clip(lam[::-1], 0.0, None), vecs[:, ::-1]
     r_prime = _numerical_rank(lam, tol)

@@ -1,42 +1,15 @@
-"""The FLoRG server step in torch, float64, batched over all layers of equal shape.
+"""The FLoRG server step in torch, float64, batched over all layers of equal shape:
+``aggregate_florg_layers`` (what ``FLoRGStrategy`` runs; ``aggregate_layers_torch`` takes
+the stack's memory bound as a parameter).
 
-``aggregate_layers_torch`` computes, for every adapted layer at once, what the numpy
-reference ``strategies.florg.rule.aggregate_florg`` computes for one (same tolerance rule,
-same rank-mismatch policies, same diagnostics; the tests hold the two to 1e-12).  Layers
-are grouped by (r, k); each group is one stack of tensors (B layers x N r rows x k) on the
-server's device (CPU or CUDA), and every step is one batched call:
-
-    A       = [A_1; ...; A_N]                 (B x Nr x k, the clients' matrices, unweighted)
-    d       = [sqrt(w_1) 1_r; ...]            (Nr), so M = diag(d) A and Q = M^T M  (eq. Gram_agg)
-    G       = M M^T = (A A^T) o (d d^T)       (B x Nr x Nr; Q's nonzero eigenvalues)
-    lambda  = eigvalsh(G)  or  (lambda, U) = eigh(G)                          (eq. Gram_decompose)
-
-Theorem 1 (Procrustes, policy 'procrustes') depends on Q and A_prev only, not on which
-factor of Q it is given: for any F = O A~ with O orthogonal, the SVD of A_prev F^T =
-(U Sigma V^T) O^T gives S_F = U V^T O^T and S_F F = U V^T A~.  When Q has full numerical
-rank (r' = Nr, the usual case), M itself is such a factor (M = U A~ with U the Nr x Nr
-eigenvectors of G), so
-
-    X = A_prev M^T = (A_prev A^T) o d,   S = U_X V_X^T (thin SVD of X, r x Nr),
-    A_new = S M = (S o d) A,
-
-which needs the eigenvalues of G (for r', the diagnostics) but no eigenvectors and never
-forms A~ (an Nr x Nr x k product per layer, the largest cost of the numpy loop).  Layers
-whose numerical rank is deficient (r' < Nr) take the eigenvector path, A~ = U_{r'}^T M, so
-that eigenvalues below the tolerance are dropped exactly as the reference drops them; so do
-the 'truncate' policy (A~_r = U_r^T M, then an r x r Procrustes) and the ablation without
-Procrustes (the top-r rows of A~, sign-fixed like the reference).  When Nr > k the k x k
-Q is the smaller matrix and is decomposed instead, as in the reference; it is then summed
-over blocks of clients without the stack (strategies/florg/gram_sum.py), so the working
-memory per layer is of the order min(Nr, k) x k.
-
-Gram error of the direct path: with Pi = S^T S (a rank-r projector) and P = I - Pi,
-A_new^T A_new - Q = -M^T P M, and ||M^T P M||_F^2 = tr(P G P G) = ||P G P||_F^2 (P^2 = P),
-an Nr x Nr quantity, so the diagnostic is computed without k x k matrices either.
-
-The stack itself (A_prev riding along as its last r rows, a buffer reused between calls,
-pinned and float32 on the host for CUDA), the choice of device and the Gram products,
-through BLAS syrk on CPU and bmm on CUDA: strategies/florg/device.py.
+For every adapted layer at once it computes what ``strategies.florg.rule.aggregate_florg``
+computes for one (same tolerance, rank-mismatch policies and diagnostics; the tests hold the
+two to 1e-12). Layers are grouped by (r, k), each group one stack (B x N r x k) on the
+server's device (CPU or CUDA), each step one batched call. With full numerical rank and
+'procrustes' no eigenvectors are needed: Theorem 1 on M itself (``_group_step`` derives it);
+deficient ranks, 'truncate' and the ablation take A~ = U_{r'}^T M. For N r > k, Q is summed
+block by block (``strategies.florg.gram_sum``) and decomposed. The stack, its device and
+the Gram products: ``strategies.florg.device``.
 """
 
 from __future__ import annotations
@@ -230,6 +203,29 @@ def _group_step(
     """One batch of layers of equal (r, k) with N r <= k, stacked as T = [A_1; ...; A_N;
     A_prev] (N r > k: ``_gram_step``).
 
+    With A = [A_1; ...; A_N] (B x Nr x k, unweighted) and d = [sqrt(w_1) 1_r; ...] (Nr),
+    M = diag(d) A and Q = M^T M (eq. Gram_agg); G = M M^T = (A A^T) o (d d^T) (B x Nr x Nr)
+    has Q's nonzero eigenvalues (eq. Gram_decompose).
+
+    Direct path (policy 'procrustes', full numerical rank r' = Nr: the usual case).
+    Theorem 1 depends on Q and A_prev only, not on which factor of Q it is given: for any
+    F = O A~ with O orthogonal, the SVD of A_prev F^T = (U Sigma V^T) O^T gives
+    S_F = U V^T O^T and S_F F = U V^T A~.  M itself is such a factor (M = U A~, U the
+    Nr x Nr eigenvectors of G), so
+
+        X = A_prev M^T = (A_prev A^T) o d,   S = U_X V_X^T (thin SVD of X, r x Nr),
+        A_new = S M = (S o d) A,
+
+    which needs G's eigenvalues (for r' and the diagnostics) but no eigenvectors, and never
+    forms A~ (an Nr x Nr x k product per layer).  Its Gram error: with Pi = S^T S (a rank-r
+    projector) and P = I - Pi, A_new^T A_new - Q = -M^T P M and
+    ||M^T P M||_F^2 = tr(P G P G) = ||P G P||_F^2 (P^2 = P), an Nr x Nr quantity.
+
+    Layers of deficient rank (r' < Nr) take the eigenvector path, A~ = U_{r'}^T M, so that
+    eigenvalues below the tolerance are dropped exactly as the reference drops them; so do
+    'truncate' (A~_r = U_r^T M, then an r x r Procrustes) and the ablation (the top-r rows
+    of A~, sign-fixed like the reference).
+
     Returns per layer: A_new, r', Q's spectrum (descending), ||A_new^T A_new - Q||_F^2.
     """
     B, rows, k = T.shape
@@ -255,7 +251,7 @@ def _group_step(
     full = rank == nr
     direct = torch.nonzero(full).flatten()
     if direct.numel():
-        # Theorem 1 applied to M itself (M = U A~ with U orthogonal): see the module doc.
+        # Theorem 1 applied to M itself (M = U A~ with U orthogonal): see the docstring.
         every = direct.numel() == B  # the usual case: no copy of the stack
         Ad, Gd, Xd = (A, G, X) if every else (A[direct], G[direct], X[direct])
         S = _polar(Xd)  # (B' x r x Nr), orthonormal rows

@@ -1,41 +1,16 @@
-"""FLoRGStrategy: Gram aggregation + decomposition + Procrustes for every adapted layer,
-batched over layers of equal shape on the server's device (``aggregate_florg_layers``);
+"""FLoRGStrategy: FLoRG's server step for every adapted layer at once (Gram aggregation,
+decomposition, Procrustes: ``aggregate_florg_layers``, batched on the server's device) and
+the task head's FedAvg.
 
-Every round also records how far the server step lands from plain FedAvg on A, under both
-rank-mismatch policies (``fedavg_gap_procrustes``, ``fedavg_gap_truncate``; mean over
-layers of ||A_new - Σ wₙ Aₙ||_F / ||A_new - A_prev||_F). With N r > r (every round of a
-federation) the paper's Procrustes over all r' = N r rows can land close to the plain
-mean, which would make FLoRG FedAvg on A in effect; this key measures it in every run.
-The other policy's gap costs a second server step (more than the step itself with its
-averaging, docs/benchmarks.md); the setting ``fedavg-gap`` keeps the run's own policy only
-('own') or skips the diagnostic ('off'). The model is the same either way.
-
-Clients of different rank: once a reply's A has r_n rows other than the global
-state's r_max, every later round runs ``strategies.florg.ranks_torch`` for every layer:
-Q = Σ wₙ AₙᵀAₙ through the thin stack of all Σ rₙ rows, one decomposition per layer, and
-for each rank r_t in use (r_max, every client rank seen) the factor of rank r_t aligned by
-Procrustes with ``prev_by_rank[r_t]``, the r_t-factor the clients of that rank started
-from (the top r_t rows of the global A where none was kept yet).  Each node then receives
-the factor of its own rank (``sent_state``).
-
-Two decisions (docs/architecture.md, "Clients of different rank"):
-
-- **A node of unknown rank** (its first round; a node that never replied) is sent the
-  r_max factor and keeps its top r_n rows.  In round 1 that is exact: the initial A is
-  drawn row by row from one seeded generator, so its top r_n rows are the A a rank-r_n
-  node draws.  Later it is a valid rank-r_n adapter but not the best one, because the
-  Procrustes rotation mixes the eigenvalue-ordered rows; from its first reply on the
-  node gets its own factor.  Sending every rank's factor to an unknown node instead would
-  cost Σ r_t k per layer for one round; the server does not know the rank before the
-  reply because a SuperNode's node-config is not visible to the ServerApp.
-- **The server's own model** (evaluation, checkpoint, the final adapter) is the r_max
-  factor: the best rank-r_max approximation of Q ('truncate'; the all-rows Procrustes
-  factor under 'procrustes', with its r' > r caveat, strategies/florg/ranks.py), i.e. the
-  closest to Q any client rank allows.  With r_max = max(rank, client-ranks) this is the
-  largest client rank seen as soon as one client has it.
-
-With every client at r_max nothing changes: the homogeneous path (``aggregate_florg_layers``)
-runs, bit for bit as before."""
+Each round also records ``fedavg_gap_procrustes`` / ``fedavg_gap_truncate``, how far the
+step lands from plain FedAvg on A (setting ``fedavg-gap``). Once a reply's A has r_n rows
+other than the global r_max, every later round runs ``strategies.florg.ranks_torch``: a
+factor per rank in use (``factors_by_rank``), each node sent the factor of its own rank
+(``sent_state``; a node of unknown rank the r_max one), the server's own model the r_max
+factor. With every client at r_max the homogeneous step runs. dp=central:
+``aggregate_private``; round-mode=async: ``aggregate_buffered``. The decisions and what
+they cost: docs/architecture.md, "Clients of different rank".
+"""
 
 from __future__ import annotations
 
@@ -135,7 +110,7 @@ class FLoRGStrategy(AdapterStrategy):
         ``gram_rel_error_r<r>`` and ``clients_r<r>`` per client rank)."""
         keys = [f"{layer}.A" for layer in self.layers()]
         ranks = [rank_of({k: p[k] for k in keys}) for p in payloads]
-        requested = sorted({self.largest_rank, *ranks, *self.factors_by_rank})
+        requested = sorted({self.router.largest_rank, *ranks, *self.factors_by_rank})
         prev = {key: {r: self.sent_state(r)[key][:r] for r in requested} for key in keys}
         new, infos = aggregate_florg_ranks_layers(
             {key: [p[key] for p in payloads] for key in keys},
@@ -145,7 +120,7 @@ class FLoRGStrategy(AdapterStrategy):
             procrustes=self.procrustes,
             rank_mismatch=self.rank_mismatch,
         )
-        top = self.largest_rank
+        top = self.router.largest_rank
         self.factors_by_rank = {
             r: {key: new[key][r] for key in keys} for r in requested if r != top
         }
@@ -175,8 +150,9 @@ class FLoRGStrategy(AdapterStrategy):
         aligned with the current A (strategies/florg/buffered_rule.py); the head as the
         common strategy moves it (strategies/server/buffered_rounds.py)."""
         from strategies.florg.buffered_rule import aggregate_florg_buffered
+        from strategies.server.buffered_update import moved_replies, staleness_factors
 
-        factors = self.staleness_factors(kept)
+        factors = staleness_factors(kept, self.staleness_exponent)
         new, per_layer = {}, {}
         for key in (f"{layer}.A" for layer in self.layers()):
             new[key], per_layer[key] = aggregate_florg_buffered(
@@ -188,7 +164,7 @@ class FLoRGStrategy(AdapterStrategy):
                 procrustes=self.procrustes,
                 rank_mismatch=self.rank_mismatch,
             )
-        heads = self.moved_replies(kept, self.head_keys())
+        heads = moved_replies(self.global_state, kept, self.staleness_exponent, self.head_keys())
         for key in self.head_keys():
             new[key] = weighted_average([h[key] for h in heads], weights, key)
         names = ("rank", "gram_rel_error", "drift", "eigengap", "negative_share")

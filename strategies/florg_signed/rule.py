@@ -1,21 +1,14 @@
-"""florg-signed's server step for one layer: two FLoRG steps, one per sign block of A.
+"""florg-signed's server step for one layer (``aggregate_florg_signed``): two FLoRG steps, one
+per sign block of A.
 
 The adapter is ``W = W0 + s L AᵀDA R`` with D = diag(+1 for the first p = ⌈r/2⌉ rows of A,
--1 for the other r - p). Writing A = [A₊; A₋] (p x k and (r-p) x k),
-
-    AᵀDA = A₊ᵀA₊ - A₋ᵀA₋,
-
-so the core is a difference of two Gram matrices and can be any symmetric k x k matrix of
-rank <= r (FLoRG's AᵀA only the positive semi-definite ones). The clients' mean core
-
-    Σ wₙ AₙᵀDAₙ = Σ wₙ A₊ₙᵀA₊ₙ - Σ wₙ A₋ₙᵀA₋ₙ = Q₊ - Q₋
-
-is linear in the two Gram averages, so the server aggregates each block exactly as FLoRG
-aggregates A (eq. Gram_agg, Gram_decompose, Theorem 1; ``strategies.florg.rule``): Q₊ from the
-A₊ₙ, anchored by Procrustes to the previous A₊, and Q₋ likewise. The new core equals
-Q₊ - Q₋ exactly whenever each block's stacked rank fits its rows (r'₊ <= p, r'₋ <= r - p),
-with the same caveat as FLoRG's r' > r otherwise (``rank-mismatch``). The traffic is
-FLoRG's: one r x k matrix per layer each way.
+-1 for the other r - p), A = [A₊; A₋], so AᵀDA = A₊ᵀA₊ - A₋ᵀA₋ can be any symmetric
+k x k matrix of rank <= r. The clients' mean core Σ wₙ AₙᵀDAₙ = Q₊ - Q₋ is linear in the two
+Gram averages, so each block is aggregated exactly as FLoRG aggregates A (eq. Gram_agg,
+Gram_decompose, Theorem 1; ``strategies.florg.rule``), anchored to the previous A₊ / A₋.
+The new core is exactly Q₊ - Q₋ when each block's stacked rank fits its rows (r'₊ <= p,
+r'₋ <= r - p), with FLoRG's r' > r caveat otherwise (``rank-mismatch``). Traffic: FLoRG's,
+one r x k matrix per layer each way. ``row_signs`` and ``sign_blocks`` give D and the blocks.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ weighted means of A and B."""
 
 from __future__ import annotations
 
-from flower_app.methods.contract import adapter_layers, stacked
 from strategies.shared.base_method import BaseMethod
+from strategies.shared.per_layer import LORA_PARTS, aggregate_per_layer
 
 
 class HetLoRA(BaseMethod):
@@ -16,12 +16,9 @@ class HetLoRA(BaseMethod):
         from flower_app.wire.ranks import rank_of
         from strategies.hetlora.rule import aggregate_hetlora
 
-        new = {}
-        for layer in adapter_layers(sent):
-            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
-            new[kb], new[ka] = aggregate_hetlora(
-                stacked(payloads, kb), stacked(payloads, ka), weights, rank=rank_of(sent)
-            )
+        new, _ = aggregate_per_layer(
+            sent, payloads, weights, LORA_PARTS, aggregate_hetlora, rank=rank_of(sent)
+        )
         return new, {}
 
 

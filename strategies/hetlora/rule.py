@@ -1,19 +1,15 @@
 """HetLoRA (Cho et al., 2024, "Heterogeneous LoRA for Federated Fine-tuning of On-Device
-Foundation Models"): clients train LoRA at their own ranks r_n; the server zero-pads.
-
-Per layer, client n sends B_n (d_out x r_n) and A_n (r_n x d_in).  With r = max(r_max,
-max_n r_n) (r_max: the global rank),
+Foundation Models"): clients train LoRA at their own ranks r_n; the server zero-pads
+(``aggregate_hetlora``, ``zero_pad``). With r = max(r_max, max_n r_n), r_max the global rank,
 
     B = sum_n w_n [B_n, 0]      (d_out x r: B_n's columns, zero columns up to r)
     A = sum_n w_n [A_n; 0]      (r x d_in:  A_n's rows, zero rows up to r)
 
 so the i-th rank-one direction averages over the clients that have it, the others counting
-as zero.  Client n is then sent B's first r_n columns and A's top r_n rows (the
-distribution by truncation; ``flower_app.wire.ranks.truncate_to_rank``).  With every
-r_n equal this is the separate weighted mean of A and of B exactly.
-
-Not implemented: the paper's rank self-pruning on the clients and its sparsity-weighted
-aggregation; the weights are the run's (``aggregation-weights``), like every other method.
+as zero. Client n is sent B's first r_n columns and A's top r_n rows
+(``flower_app.wire.ranks.truncate_to_rank``). With every r_n equal this is the separate
+weighted mean of A and of B. Not implemented: the paper's rank self-pruning on the clients
+and its sparsity-weighted aggregation; the weights are the run's (``aggregation-weights``).
 """
 
 from __future__ import annotations

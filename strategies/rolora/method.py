@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from flower_app.methods.contract import adapter_layers, stacked
+from flower_app.methods.contract import stacked
 from strategies.shared.base_method import BaseMethod
+from strategies.shared.per_layer import LORA_PARTS, layer_keys
 
 
 class RoLoRA(BaseMethod):
@@ -20,8 +21,8 @@ class RoLoRA(BaseMethod):
         from strategies.rolora.rule import aggregate_rolora
 
         new = {}
-        for layer in adapter_layers(sent):
-            for key in (f"{layer}.lora_B", f"{layer}.lora_A"):
+        for keys in layer_keys(sent, LORA_PARTS):
+            for key in keys:
                 moved = key in payloads[0]  # the round's trained factor
                 new[key] = (
                     aggregate_rolora(stacked(payloads, key), weights)

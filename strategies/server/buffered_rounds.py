@@ -2,32 +2,14 @@
 
 FedBuff's scheme (Nguyen et al., AISTATS 2022) on Flower's Message API: the server keeps
 ``async-concurrency`` clients training (``Grid.push_messages``), takes replies as they
-arrive (``Grid.pull_messages``), and every ``async-buffer-size`` replies applies one server
-update; a run is ``num-server-rounds`` updates, each a row of metrics.jsonl like a round's.
-
-The server records the model version each training message was sent from; a reply that
-trained from version v and is applied at update t + 1 has staleness τ = t − v, and the
-update is the method's own rule over the buffer, each reply entering as what it changed
-since its version, scaled by (1 + τ)^-a (strategies/server/buffered_update.py). A buffer whose
-replies all trained from the current version is the synchronous round, bit for bit.
-
-No node trains twice from one model: a node that replied waits for the next update. The
-server keeps the last ``async-max-staleness`` versions; a staler reply is refused
-(logged, counted in ``stale-rejected``). A task is sent as the round of the update it is
-for, or the node's last round plus one where that is later (``server-round``: a client's
-seeds and learning-rate schedule are per round, so no node trains twice with one seed). A
-row records ``version`` (the update), the buffer's ``partitions`` with each reply's
-``staleness``, ``in-flight``, and its ``elapsed-seconds``.
-
-A buffer that can fill no further (no task in flight, no node left to train from this
-version) is applied if it holds a reply; an empty one never is: the server waits for a node
-to train, and when none can within the run's ``timeout`` it stops with an error, returning
-the result so far.
-
-A checkpoint records each node's last round and the version it trained from, the state of
-the generator that picks the nodes (a resumed run continues its stream), and how many
-replies were in flight or received beyond the buffer; a resumed run counts those as lost
-(``lost-in-flight``): they are never applied twice.
+arrive (``Grid.pull_messages``) and every ``async-buffer-size`` replies applies one server
+update (strategies/server/buffered_update.py); a run is ``num-server-rounds`` updates, each
+a row of metrics.jsonl. A reply that trained from version v and is applied at update t + 1
+has staleness τ = t − v and enters scaled by (1 + τ)^-a. No node trains twice from one
+model; the server keeps the last ``async-max-staleness`` versions and refuses a staler reply
+(``stale-rejected``). ``BufferedRounds`` runs the loop and checkpoints it (``state_json``).
+A row's keys, a buffer that cannot fill, the server round a task carries, resuming:
+docs/async.md.
 """
 
 from __future__ import annotations
@@ -46,7 +28,7 @@ from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from flower_app.wire.records import declared_params, message_bytes, record_params, to_array_record
-from strategies.server.buffered_update import AsyncSettings, BufferedUpdate
+from strategies.server.buffered_update import AsyncSettings
 from strategies.server.ledger import traffic_metrics
 from strategies.server.replies import Reply, ReplyRejected, train_time_metrics
 
@@ -74,25 +56,26 @@ class Buffered:
     sender: str
 
 
-class BufferedRounds(BufferedUpdate):
-    """Mixed into the common strategy: the asynchronous loop and the buffered update. Reads
-    the strategy's ``global_state``, ``method``, ``communication``, ``ledger``, its sending
-    hooks (``extend_train_message``, ``at_node_rank``, ``encode_for``) and
-    ``aggregate_replies``."""
+class BufferedRounds:
+    """The asynchronous loop, held by the common strategy (``strategy``): it sends through
+    the strategy's hooks (``extend_train_message``, ``at_node_rank``, its encodings), checks
+    replies with ``check_reply`` and applies each buffer with ``aggregate_replies``; it keeps
+    what is in flight, each node's last round and version, and the picking generator."""
 
-    # set by ``restore``: replies in flight or beyond the buffer when the checkpoint was taken
-    lost_in_flight: int = 0
-
-    def use_async_rounds(self, settings: AsyncSettings | None) -> None:
-        self.async_settings = settings
+    def __init__(self, strategy: Any, settings: AsyncSettings) -> None:
+        self.strategy = strategy
+        self.settings = settings
         self.in_flight: dict[str, Task] = {}
         self.buffered: list[Buffered] = []  # replies received, not applied yet
         self.node_tasks: dict[int, int] = {}  # node -> the round of its last task
         self.node_versions: dict[int, int] = {}  # node -> the version its last task started
         self.pick_rng: np.random.Generator | None = None  # picks the idle nodes to train
+        # set by ``load_state_json``: replies in flight or beyond the buffer when the
+        # checkpoint was taken
+        self.lost_in_flight = 0
 
     # -- the loop ----------------------------------------------------------------------
-    def start_buffered(
+    def start(
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,
@@ -103,8 +86,7 @@ class BufferedRounds(BufferedUpdate):
         first_round: int,
     ) -> Result:
         """Run updates ``first_round`` .. ``num_rounds`` (module docstring)."""
-        settings = self.async_settings
-        assert settings is not None
+        settings = self.settings
         result = Result()
         version = first_round - 1
         arrays = initial_arrays
@@ -112,7 +94,7 @@ class BufferedRounds(BufferedUpdate):
             res = evaluate_fn(0, arrays)
             if res is not None:
                 result.evaluate_metrics_serverapp[0] = res
-        versions: dict[int, dict[str, np.ndarray]] = {version: dict(self.global_state)}
+        versions: dict[int, dict[str, np.ndarray]] = {version: dict(self.strategy.global_state)}
         if self.pick_rng is None:  # else restored from a checkpoint
             self.pick_rng = np.random.default_rng(settings.seed)
         rng = self.pick_rng
@@ -178,7 +160,7 @@ class BufferedRounds(BufferedUpdate):
                 result.arrays = arrays
             if metrics is not None:
                 result.train_metrics_clientapp[version] = metrics
-            versions[version] = dict(self.global_state)
+            versions[version] = dict(self.strategy.global_state)
             for old in [v for v in versions if v < version - settings.max_staleness]:
                 del versions[old]
             if evaluate_fn is not None:
@@ -199,8 +181,9 @@ class BufferedRounds(BufferedUpdate):
     def _concurrency(self, grid: Grid, settings: AsyncSettings) -> int:
         """``async-concurrency``, or the synchronous sample size, once
         ``min-available-nodes`` are connected."""
-        _, nodes = sample_nodes(grid, self.min_available_nodes, 0)  # type: ignore[attr-defined]
-        sync_size = max(int(len(nodes) * self.fraction_train), self.min_train_nodes)  # type: ignore[attr-defined]
+        _, nodes = sample_nodes(grid, self.strategy.min_available_nodes, 0)
+        strategy = self.strategy
+        sync_size = max(int(len(nodes) * strategy.fraction_train), strategy.min_train_nodes)
         return settings.concurrency or sync_size
 
     def _dispatch(
@@ -221,7 +204,7 @@ class BufferedRounds(BufferedUpdate):
         # by index: node ids are unsigned 64-bit, which numpy would turn into floats
         picks = rng.choice(len(idle), size=min(free, len(idle)), replace=False)
         chosen = sorted(idle[int(i)] for i in picks)
-        arrays = to_array_record(self.global_state)
+        arrays = to_array_record(self.strategy.global_state)
         messages = []
         for node in chosen:
             # the node's round: the update this task is for, and later than its last task
@@ -233,10 +216,10 @@ class BufferedRounds(BufferedUpdate):
                 dst_node_id=node,
                 message_type=MessageType.TRAIN,
             )
-            message = self.extend_train_message(version + 1, message)
-            messages.append(self.at_node_rank(version + 1, message))
+            message = self.strategy.extend_train_message(version + 1, message)
+            messages.append(self.strategy.at_node_rank(version + 1, message))
         pending.down_params += [record_params(m.content) for m in messages]
-        self.encode_for(messages, version + 1)  # downlink-encoding (nothing at fp32)
+        self.strategy.encodings.encode(messages, version + 1)  # downlink (nothing at fp32)
         pending.down_bytes += [message_bytes(m) for m in messages]
         now = time.monotonic()
         for message_id, message in zip(grid.push_messages(messages), messages, strict=True):
@@ -259,10 +242,10 @@ class BufferedRounds(BufferedUpdate):
         for message_id, task in list(self.in_flight.items()):
             if now - task.sent_at > timeout:
                 del self.in_flight[message_id]
-                pending.lost.append(self.ledger.partition_of(task.node))
+                pending.lost.append(self.strategy.ledger.partition_of(task.node))
                 log.warning(
                     "round-mode=async: node %s (partition %s) sent no reply in %.0f s; lost",
-                    task.node, self.ledger.partition_of(task.node), timeout,
+                    task.node, self.strategy.ledger.partition_of(task.node), timeout,
                 )  # fmt: skip
 
     def _receive(
@@ -279,9 +262,9 @@ class BufferedRounds(BufferedUpdate):
         if task is None:
             return None
         pending.replies.append(msg)
-        self.decode(msg)  # uplink-encoding
-        self.ledger.learn([msg])
-        where = f"node {task.node} (partition {self.ledger.partition_of(task.node)})"
+        self.strategy.encodings.decode(msg)  # uplink-encoding
+        self.strategy.ledger.learn([msg])
+        where = f"node {task.node} (partition {self.strategy.ledger.partition_of(task.node)})"
         if msg.has_error():
             pending.failures += 1
             log.warning("round-mode=async: %s failed, reply dropped: %s", where, msg.error.reason)
@@ -291,7 +274,7 @@ class BufferedRounds(BufferedUpdate):
             self._refuse_stale(where, task.version, version, settings, pending)
             return None
         try:
-            reply = self.check_reply(msg, None)
+            reply = self.strategy.check_reply(msg, None)
         except ReplyRejected as err:
             pending.rejected += 1
             log.warning("round-mode=async: rejected update from %s: %s", where, err)
@@ -329,10 +312,11 @@ class BufferedRounds(BufferedUpdate):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """One server update over the buffer (``aggregate_replies``), with the row's
         asynchronous metrics."""
-        self.communication.record_sent_counts(version, pending.down_params)
+        self.strategy.communication.record_sent_counts(version, pending.down_params)
         taken = sorted(taken, key=lambda b: (b.reply.partition, b.reply.node))
         messages = [b.message for b in taken]
-        example_dp = self.example_dp.observe(version, messages) if self.example_dp else {}
+        record = self.strategy.example_dp  # dp=example: the clients' epsilons
+        example_dp = record.observe(version, messages) if record else {}
         staleness = [b.reply.staleness for b in taken]
         node_metrics: dict[str, Any] = {
             "version": version,
@@ -349,7 +333,7 @@ class BufferedRounds(BufferedUpdate):
             **train_time_metrics(messages),
             **traffic_metrics(pending.down_bytes, pending.replies),
         }
-        return self.aggregate_replies(
+        return self.strategy.aggregate_replies(
             version,
             [b.reply for b in taken],
             failures=pending.failures,
@@ -359,7 +343,7 @@ class BufferedRounds(BufferedUpdate):
         )
 
     # -- checkpoints ---------------------------------------------------------------------
-    def async_state_json(self) -> dict[str, Any]:
+    def state_json(self) -> dict[str, Any]:
         """The replies in flight and those received beyond the buffer (lost if the run
         resumes from here), each node's last round and the version it trained from, and
         the state of the generator that picks the nodes."""
@@ -373,7 +357,7 @@ class BufferedRounds(BufferedUpdate):
             state["rng"] = self.pick_rng.bit_generator.state
         return state
 
-    def load_async_state_json(self, state: Mapping[str, Any]) -> None:
+    def load_state_json(self, state: Mapping[str, Any]) -> None:
         self.lost_in_flight = int(state.get("in-flight", 0)) + int(state.get("buffered", 0))
         self.node_tasks = {int(k): int(v) for k, v in state.get("node-tasks", {}).items()}
         self.node_versions = {int(k): int(v) for k, v in state.get("node-versions", {}).items()}

@@ -1,32 +1,25 @@
 """The server update of buffered asynchronous rounds (``round-mode=async``; the loop:
 strategies/server/buffered_rounds.py), FedBuff's (Nguyen et al., AISTATS 2022) with each
-method's own rule.
+method's own rule. A reply that trained from version v and is applied at update t + 1 has
+staleness τ = t − v and enters as what it changed since v, scaled by cₙ = (1 + τ)^-a
+(``async-staleness-exponent``, ``staleness_factor``); a buffer of fresh replies only is the
+synchronous round (``aggregate_replies``). The update, per method (docs/async.md):
 
-A reply that trained from version v and is applied at update t + 1 has staleness
-τ = t − v and enters as what it changed since v, scaled by cₙ = (1 + τ)^-a
-(``async-staleness-exponent``):
-
-- a method whose rule is a weighted mean of its shared parts (``Method.async_update ==
-  'mean'``): the rule over each reply moved onto the current model, x_t + cₙ (xₙ − x_vₙ),
-  so the update is x_t + Σ wₙ cₙ (xₙ − x_vₙ), FedBuff's with a server rate of 1;
-- a Gram-average method (``'gram'``): the Gram average moved by each reply's Gram delta,
-  Q = A_tᵀ A_t + Σ wₙ cₙ (AₙᵀAₙ − A_vₙᵀ A_vₙ), decomposed and aligned as in sync
-  (its folder's ``aggregate_buffered``, strategies/florg/buffered_rule.py).
-
-A buffer whose replies all trained from the current version is the synchronous round: the
-common strategy then runs its synchronous step on it (``aggregate_replies``), bit for bit,
-so with ``async-buffer-size`` = ``async-concurrency`` = every node the run is the
-synchronous run.
+- a mean method (``Method.async_update == 'mean'``): each reply moved onto the current model,
+  x_t + cₙ (xₙ − x_vₙ) (``moved_replies``), so the update is x_t + Σ wₙ cₙ (xₙ − x_vₙ),
+  FedBuff's with a server rate of 1 (the common strategy's ``aggregate_buffered``);
+- a Gram-average method (``'gram'``): Q = A_tᵀ A_t + Σ wₙ cₙ (AₙᵀAₙ − A_vₙᵀ A_vₙ), decomposed
+  and aligned as in sync (strategies/florg/buffered_rule.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from strategies.server.replies import Reply
-from strategies.shared.averaging import weighted_average
 
 
 def staleness_factor(staleness: int, exponent: float) -> float:
@@ -45,34 +38,21 @@ class AsyncSettings:
     seed: int = 0  # which idle nodes get work
 
 
-class BufferedUpdate:
-    """Mixed into the common strategy: the update over a buffer holding stale replies.
-    Reads the strategy's ``global_state``, ``aggregate_adapter`` and ``head_keys``."""
+def staleness_factors(kept: list[Reply], exponent: float) -> list[float]:
+    """Each reply's cₙ = (1 + τₙ)^-a."""
+    return [staleness_factor(r.staleness, exponent) for r in kept]
 
-    async_settings: AsyncSettings | None = None
 
-    def staleness_factors(self, kept: list[Reply]) -> list[float]:
-        exponent = self.async_settings.staleness_exponent if self.async_settings else 0.0
-        return [staleness_factor(r.staleness, exponent) for r in kept]
-
-    def moved_replies(self, kept: list[Reply], keys: list[str] | None = None) -> list[dict]:
-        """Each reply read from the current model, x_t + cₙ (xₙ − x_vₙ), over ``keys``
-        (None: every array it sent)."""
-        current = self.global_state
-        return [
-            {k: current[k] + c * (np.asarray(r.arrays[k], np.float64) - r.start[k])
-             for k in (r.arrays if keys is None else keys)}
-            for r, c in zip(kept, self.staleness_factors(kept), strict=True)
-        ]  # fmt: skip
-
-    def aggregate_buffered(
-        self, server_round: int, kept: list[Reply], weights: np.ndarray
-    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        """A buffer holding stale replies ('mean' methods): the method's rule over the
-        moved replies (``moved_replies``), so the update is x_t + Σ wₙ cₙ (xₙ − x_vₙ); the
-        head likewise. A Gram-average method overrides it in its folder."""
-        moved = self.moved_replies(kept)
-        new_state, info = self.aggregate_adapter(server_round, moved, weights)
-        for key in self.head_keys():
-            new_state[key] = weighted_average([m[key] for m in moved], weights, key)
-        return new_state, info
+def moved_replies(
+    current: Mapping[str, np.ndarray],
+    kept: list[Reply],
+    exponent: float,
+    keys: list[str] | None = None,
+) -> list[dict]:
+    """Each reply read from the current model, x_t + cₙ (xₙ − x_vₙ), over ``keys`` (None:
+    every array it sent)."""
+    return [
+        {k: current[k] + c * (np.asarray(r.arrays[k], np.float64) - r.start[k])
+         for k in (r.arrays if keys is None else keys)}
+        for r, c in zip(kept, staleness_factors(kept, exponent), strict=True)
+    ]  # fmt: skip

@@ -1,69 +1,20 @@
 """Central differential privacy: the settings, clipping, the noised mean, a run's ledger.
 
-Setting: a trusted server, user-level DP (one client = one unit: everything a client sends
-in a round may change arbitrarily between neighbouring federations), the add/remove-one
-neighbouring relation, the Gaussian mechanism, RDP accounting.  The run settings that drive
-these functions are named by their run-config keys: ``dp`` (off | central),
-``dp-clipping-norm`` C, ``dp-noise-multiplier`` z, ``dp-delta``.  The app's wiring: each
-method declares its mechanism (``Method.dp_mechanism``, strategies/), its strategy
-runs it (``AdapterStrategy.aggregate_private``, strategies/server/) with a ``CentralDP``
-(the settings, the noise source, the ledger; end of this module).  Derivations and threat
-model: docs/privacy.md.
-
-The rule behind every mechanism here: each client's contribution to a SUM is bounded in L2
-norm by a sensitivity Delta (by clipping), the sum gets Gaussian noise of std z * Delta per
-released coordinate, and everything after that (dividing by the public client count m,
-adding the public previous state, eigendecompositions, Procrustes, SVD truncation) is
-post-processing, which costs no privacy.  One round of any method below is therefore one
-Gaussian mechanism with noise multiplier z, and ``DpAccountant`` composes the rounds.
-
-Each method declares its mechanism (``Method.dp_mechanism``; None refuses dp=central with
-``Method.dp_refusal``) and implements it: the mean mechanism below (``mean_mechanism``:
-the uploaded arrays are averaged, so the update u_n = reply - sent over ALL shared arrays,
-adapter parts and head jointly, is clipped to ||u_n|| <= C and the noised mean released);
-the product mean of strategies/server/product_mean.py (methods that average B_n A_n); the
-Gram mechanism of strategies/florg/dp.py.  The accountant: flower_app/privacy/accounting.py.
-
-Mean mechanism and Flower.  ``clip_update`` + ``noised_mean`` is, in distribution, exactly
-what ``flwr.serverapp.strategy.DifferentialPrivacyServerSideFixedClipping`` does (flwr 1.41;
-the file and the helpers it calls, ``flwr.supercore.differential_privacy``, are identical in
-1.42): it replaces each reply by ``sent + clip(reply - sent, C)``
-(``compute_clip_model_update`` -> ``clip_inputs_inplace``: one scale factor
-min(1, C / ||flattened update||) for all arrays of the record), FedAvgs the clipped replies
-(its accounted mode requires equal weights, i.e. the uniform mean) and adds
-N(0, compute_stdv(z, C, m)^2) = N(0, (zC/m)^2) to every coordinate of the aggregate
-(``add_gaussian_noise_inplace``), m = ``num_sampled_clients``.  Uniform mean of
-sent + clipped updates + noise = sent + ``noised_mean``.  The tests hold ``clip_update`` to
-``clip_inputs_inplace`` and the std to ``compute_stdv``.  Why the helpers are not called:
-
-- ``clip_inputs_inplace`` divides C by the norm in Python floats: an all-zero update (a
-  client that did not move, a frozen part, a zero-step round) raises
-  ZeroDivisionError; and it scales in the array's own dtype, so a float32 reply clipped to
-  C = 0.1 comes out with norm 0.1000000036 > C (measured), a (tiny) breach of the bound
-  the sensitivity rests on.  Here the update is clipped in float64.
-- ``add_gaussian_noise_inplace`` draws from NumPy's legacy global RNG (``np.random.normal``):
-  no Generator can be passed, so the noise can neither be drawn from a dedicated source nor
-  reproduced in tests, and it is rounded to the array's dtype.  FLoRG's noise is also not
-  iid over the released matrix (it is symmetric), which no Flower helper draws.
-- the wrapper itself cannot wrap this app's strategies: it clips whole ArrayRecords and
-  noises the output of the inner strategy's ``aggregate_train``, which for the SVD and Gram
-  rules is a non-linear function of the replies (noise after an SVD or a Procrustes step is not
-  the Gaussian mechanism on a bounded-sensitivity statistic), and its accounted mode
-  accepts only ``FedAvg.aggregate_train`` itself.
-- layering: ``strategies/*.py`` are the framework-free numpy rules (no flwr import), and the
-  helpers live in ``flwr.supercore``, an internal package (they were in ``flwr.common``
-  before).
-
-Randomness: every function takes a ``numpy.random.Generator``.  The app draws it from OS
-entropy (``CentralDP``: ``np.random.default_rng()`` without a seed), never from the run's
-public ``seed`` setting: noise that can be regenerated from a known seed protects nothing.
-NumPy's PCG64 is not a cryptographic generator, and floating-point Gaussian sampling has
-known side channels (Mironov 2012, for Laplace); both are out of scope here and named in
-docs/privacy.md.
+User-level DP with a trusted server (add/remove-one neighbours, the Gaussian mechanism, RDP
+accounting), driven by ``dp`` (off | central), ``dp-clipping-norm`` C, ``dp-noise-multiplier``
+z and ``dp-delta``. Each client's contribution to a sum is clipped to a sensitivity Delta,
+the sum gets Gaussian noise of std z * Delta per released coordinate, and the rest is
+post-processing. The mean mechanism (``mean_mechanism``): u_n = reply - sent over all shared
+arrays jointly, clipped to ||u_n|| <= C in float64 (``clip_update``), released as
+``noised_mean`` = (sum_n u_n + N(0, (zC)^2 I)) / m, m public (``public_divisor``): in
+distribution Flower's ``DifferentialPrivacyServerSideFixedClipping``. ``CentralDP`` holds
+the settings, the noise source (OS entropy, never the public ``seed``) and the ledger.
+Other mechanisms: strategies/server/product_mean.py, strategies/florg/dp.py; docs/privacy.md.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -78,6 +29,7 @@ from flower_app.privacy.checks import (
     check_sample_rate,
 )
 
+log = logging.getLogger("flwr.florg")  # propagates to Flower's console handler
 EPS64 = float(np.finfo(np.float64).eps)
 # A clipped input may exceed C by float64 rounding of the scale factor, never by more.
 CLIP_SLACK = 1e-9
@@ -343,3 +295,22 @@ def check_strategy_dp(method: Any, dp: CentralDP, weighting: str, updates_dir: A
         raise ValueError("dp=central needs aggregation-weights='uniform'")
     if updates_dir is not None:
         raise ValueError("dp=central: save-client-updates would store the raw updates")
+
+
+def release_private(
+    strategy: Any, server_round: int, payloads: list[dict[str, np.ndarray]]
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """One round of the common strategy under dp=central: the method's mechanism
+    (``strategy.aggregate_private``) over the kept replies, m = ``strategy.private_divisor``,
+    the round recorded by the accountant. With no reply kept the mechanism still releases
+    (the sent state plus noise: as if one client had not moved), so that whether a round is
+    released never depends on the clients' data."""
+    assert strategy.dp is not None
+    m, sampled = strategy.private_divisor(server_round, len(payloads))  # q N: Poisson
+    if not payloads:
+        log.warning("round %d: no valid client update; dp=central releases noise only",
+                    server_round)  # fmt: skip
+    new_state, info = strategy.aggregate_private(
+        server_round, payloads or [dict(strategy.uplink_state(server_round))], m
+    )
+    return new_state, {**info, **sampled, **strategy.dp.release()}

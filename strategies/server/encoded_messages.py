@@ -1,7 +1,7 @@
 """The training messages' arrays as the run's encodings send them (``uplink-encoding``,
 ``downlink-encoding``; the encodings: flower_app/wire/encoding.py): the server encodes what it
-sends down and decodes what comes up, before anything reads it (``EncodedMessages``, mixed
-into the common strategy)."""
+sends down and decodes what comes up, before anything reads it (``MessageEncodings``, held
+by the common strategy)."""
 
 from __future__ import annotations
 
@@ -45,22 +45,18 @@ def decode_reply(message: Message, encoding: str) -> None:
         return
 
 
-class EncodedMessages:
-    """The strategy's encodings applied to what it sends and receives."""
+class MessageEncodings:
+    """The run's encodings of the training messages' arrays (``uplink-encoding``,
+    ``downlink-encoding``, flower_app/wire/encoding.py), held by the common strategy."""
 
-    uplink_encoding: str = "fp32"
-    downlink_encoding: str = "fp32"
-    encoding_seed: int = 0
+    def __init__(self, uplink: str = "fp32", downlink: str = "fp32", seed: int = 0) -> None:
+        self.uplink, self.downlink, self.seed = uplink, downlink, seed
 
-    def use_encodings(self, uplink: str, downlink: str, seed: int) -> None:
-        """How the training messages' arrays travel (flower_app/wire/encoding.py)."""
-        self.uplink_encoding, self.downlink_encoding, self.encoding_seed = uplink, downlink, seed
-
-    def encode_for(self, messages: list[Message], server_round: int) -> bool:
+    def encode(self, messages: list[Message], server_round: int) -> bool:
         """The messages' arrays encoded by ``downlink-encoding``, in place; False (nothing
         done) at fp32."""
-        return encode_downlink(messages, self.downlink_encoding, self.encoding_seed, server_round)
+        return encode_downlink(messages, self.downlink, self.seed, server_round)
 
     def decode(self, message: Message) -> None:
         """A reply's arrays decoded by ``uplink-encoding``, in place."""
-        decode_reply(message, self.uplink_encoding)
+        decode_reply(message, self.uplink)

@@ -1,38 +1,15 @@
 """The server's record of the clients' example-level epsilon (``dp=example``).
 
-Each client trains with DP-SGD and keeps its own accountant (flower_app/privacy/dp_sgd.py); its
-reply carries ``dp-sgd-epsilon``, its epsilon after the round at its own delta. The server
-keeps the latest value per partition (a client's epsilon only grows) and writes into every
-round's row, round 0 included:
-
-- ``dp-sgd-epsilon-max``: the largest epsilon over the clients that have trained so far;
-- ``dp-sgd-over-target``: how many of them are above the target, ``dp-sgd-target-epsilon``
-  (or ``dp-max-epsilon`` where no target is set; 0 with neither);
-- ``dp-sgd-clients``: how many clients have reported an epsilon.
-
-In a training round it also writes what the clients' DP-SGD did (their replies' metrics,
-flower_app/privacy/dp_sgd_mechanism.py), over the round's successful replies that carry them:
-
-- ``dp-sgd-clipped-fraction``: the mean over clients of the fraction of per-example
-  gradients clipped;
-- ``dp-sgd-grad-norm-median``: the median over clients of their median per-example
-  gradient norm before clipping;
-- ``dp-sgd-clipped-mean-norm``: the median over clients of the clipped mean gradient's norm
-  (each client's median over its steps), the signal the noise is set against;
-- ``dp-sgd-noise-std``: the median over clients of the noise std on the mean gradient,
-  z C / B (B the expected batch size), and ``dp-sgd-noise-norm``, that std times sqrt(d)
-  (d the trained coordinates): about the norm of the noise vector added to the mean.
-
-A round whose replies carry none of these (a method's round 0 release, runs of a client without
-them) has none of these keys.
-
-A client past ``dp-max-epsilon`` refuses to train: its reply is an error, counted in
-``failures`` and logged with its reason, and its last epsilon stays in the record.
-
-A count that goes down means the node lost its ledger (a resumed run whose node keeps no
-state on disk, flower_app/client/dp_state.py): the record then adds the new count to the
-old one, an upper bound on the composition by basic composition (epsilons of two mechanisms
-on the same data add up), and logs it. The record is checkpointed (``state_json``).
+Each client trains with DP-SGD and keeps its own accountant (flower_app/privacy/dp_sgd.py;
+docs/privacy.md, section 9); its reply carries ``dp-sgd-epsilon``. ``ExampleDpRecord`` keeps
+the latest per partition (checkpointed: ``state_json``) and writes into every round's row
+``dp-sgd-epsilon-max``, ``dp-sgd-over-target`` (above ``dp-sgd-target-epsilon``, else
+``dp-max-epsilon``) and ``dp-sgd-clients``. A value that goes down (a node that lost its
+ledger) is added to the old one, an upper bound by basic composition, and logged.
+``mechanism_metrics``: what the clients' DP-SGD did in a training round, over the successful
+replies that carry it (flower_app/privacy/dp_sgd_mechanism.py): the mean
+``dp-sgd-clipped-fraction``; medians over clients of ``dp-sgd-grad-norm-median``,
+``dp-sgd-clipped-mean-norm``, ``dp-sgd-noise-std`` = z C / B and ``dp-sgd-noise-norm``.
 """
 
 from __future__ import annotations

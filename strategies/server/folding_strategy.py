@@ -1,27 +1,15 @@
 """FoldingStrategy: the common strategy plus the folds into W0 (``strategies/shared/folds.py``).
 
-Every client must fold every round's update exactly once, including rounds it did not take
-part in. The server sends a node, with its next training message, the folds after the last
-round that node reported as folded (its ``residual-round`` metric). It does not keep every
-round's fold for that: it keeps a base, C_h = the float64 sum of the folds of rounds 1..h as
-a client sums them (the float32 arrays sent, cast to float64, added in round order from 0:
-``fold_messages.add_sent_folds``), and the folds of the rounds after h only. When round t's
-folds are recorded, round t - 1's are added to the base (h = t - 1), so the server holds per
-layer one dense base, one round's folds and the float64 cumulative fold it evaluates with
-(W0 + s (sum of folds) + s B A), whatever the number of rounds; so does the checkpoint.
-
-A node that folded round h or later is sent the rounds after its own, as before (with every
-node taking part every round, the messages are the same as when every round was kept). A
-node behind h (a node that missed rounds, a new node, every node of a resumed run) is sent
-the base, float64, then the later folds, and replaces its cumulative with the base: the same
-bits as folding the rounds it missed one by one (a factored fold's P @ Q in the base is the
-server's float64 product, the client's own wherever both run the same numpy and BLAS, as in
-the simulation). So a lagging node now receives one dense base (d_out d_in per layer, in
-float64) instead of every fold it missed: for dense folds that is never more parameters;
-for factored ones (a stack of N clients' rank-r factors, N r (d_out + d_in) per round) it is
-fewer once the node is behind by more than d_out d_in / (N r (d_out + d_in)) rounds, more
-before. These arrays count in the round's downlink. A method's strategy subclasses this one
-and returns the round's folds from ``aggregate_adapter`` through ``record_folds``.
+Every client folds every round's update exactly once, rounds it missed included: with its
+next training message a node is sent the folds after the last round it reported as folded
+(its ``residual-round`` metric). The server keeps a base, C_h = the float64 sum of the folds
+of rounds 1..h as a client sums them (``fold_messages.add_sent_folds``), and the folds after
+h only; recording round t's folds adds round t - 1's to the base (h = t - 1). It holds, and
+checkpoints, per layer one dense base, one round's folds and the float64 cumulative fold it
+evaluates with (W0 + s (sum of folds) + s B A). A node behind h is sent the base, then the
+later folds, and replaces its cumulative with the base. A method's strategy subclasses this
+one and returns the round's folds from ``aggregate_adapter`` through ``record_folds``. Why a
+base, and what a lagging node receives: docs/architecture.md, "The math" (folding methods).
 """
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
-"""The reply gate: what a client's reply must pass before it is aggregated.
+"""The reply gate: what a client's reply must pass before it is aggregated (docs/faults.md).
 
-1. Validation (``strategies.server.replies.check_reply``): other records, missing or extra
-   keys, a dtype other than float32/float64, a mis-shaped array (at the rank the reply
-   declares, ``RankRouter.expected_state``), an array whose serialised size exceeds its
-   expected size, NaN/Inf, a ``num-examples`` / ``partition-id`` / ``train-loss`` that is
+1. Validation (``ReplyGate.check``, ``strategies.server.replies.check_reply``): other records,
+   missing or extra keys, a dtype other than float32/float64, a mis-shaped array (at the rank
+   the reply declares, ``RankRouter.expected_state``), an array whose serialised size exceeds
+   its expected size, NaN/Inf, a ``num-examples`` / ``partition-id`` / ``train-loss`` that is
    not a finite number of the right kind: rejected with the reason, never aggregated.
-2. Screening (``screen-updates``, on by default; docs/faults.md,
-   ``strategies.server.screening``): an update whose distance from the state it started
-   from exceeds kappa times the round's median distance is rejected, and a claimed
-   ``num-examples`` above kappa times the median claim is clipped to it. Off under
-   dp=central: whether a client is kept would then depend on the other clients, which the
-   privacy analysis does not cover, and clipping already bounds what one client moves.
+2. Screening (``ReplyGate.screen``, ``strategies.server.screening``; ``screen-updates``, on by
+   default): an update whose distance from the state it started from exceeds kappa times the
+   round's median distance is rejected, and a claimed ``num-examples`` above kappa times the
+   median claim is clipped to it. Off under dp=central (``turn_off_screening_for_dp``).
 """
 
 from __future__ import annotations

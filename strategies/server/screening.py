@@ -1,18 +1,14 @@
 """Outlier screening of a round's checked replies (``screen-updates``; docs/faults.md).
 
-For each client n and each group of tensors it sends (the adapter: every layer's A, or
-lora_A / lora_B; the task head), d_n = ||x_n - x_prev||_F over the group, x_prev the
-global state the round started from.  A client is rejected when d_n > kappa * median(d)
-in any group (the lower median, see ``_low_median``).  FLoRG needs this most: its server
-step sums Q = sum_n w_n A_n^T A_n (paper, eq. Gram_agg), quadratic in A_n, so a client
-sending c * A weighs c^2 times its share; it is screened on ||A_n - A_prev||, linear in
-the attack.  Claimed example counts above kappa times the median claim are clipped to it.
-
-Every round also reports ``update-norm-median`` and ``update-norm-max``: over the checked
-replies, ||u_n|| with u_n = x_n - x_start over ALL the arrays a client sends (adapter and
-head jointly), the unit that ``dp=central`` clips to C for the mean methods and FLoRG
-(strategies/server/central_dp.py; docs/privacy.md, "Choosing C"): a non-private run's median is
-where a user starts choosing C.
+``screen``: for each client n and each group of tensors it sends (the adapter: every layer's
+A, or lora_A / lora_B; the task head), d_n = ||x_n - x_prev||_F over the group, x_prev the
+global state the round started from. A client is rejected when d_n > kappa * median(d) in
+any group (the lower median, ``_low_median``); claimed example counts above kappa times the
+median claim are clipped to it. FLoRG's server sums Q = sum_n w_n A_n^T A_n, quadratic in
+A_n (a client sending c * A weighs c^2 times its share), so it is screened on
+||A_n - A_prev||, linear in the attack. Every round also reports ``update-norm-median`` and
+``update-norm-max``: ||x_n - x_start|| over all the arrays a client sends, the unit that
+``dp=central`` clips to C (docs/privacy.md, "Choosing C").
 """
 
 from __future__ import annotations

@@ -1,36 +1,13 @@
-"""AdapterStrategy: the Flower Message-API strategy every method runs (or extends).
+"""AdapterStrategy: the Flower Message-API strategy every method runs (or extends in its folder).
 
-It samples nodes like FedAvg, then in ``aggregate_train``
-  1. drops error replies (a client that died) and logs them,
-  2. checks every reply (the reply gate, ``reply_gate.py``: a malformed reply, or one at a
-     rank the run cannot aggregate, is rejected with a logged reason, never aggregated),
-  3. screens the rest (``screen-updates``; docs/faults.md): an outlying update is
-     rejected, an outlying ``num-examples`` claim clipped,
-  4. weights the rest uniformly (the paper) or by ``num-examples``, in partition order
-     (so the result does not depend on the order replies arrive in),
-  5. runs the method's rule (``Method.aggregate``) and FedAvgs the task head,
-  6. returns the new global arrays with the round's metrics: aggregation seconds,
-     parameters and bytes actually sent and received (``ledger.py``), train loss, counts
-     of failed / rejected / screened / clipped replies and the rule's diagnostics.
-
-Its other parts, each in its own module: the rank router (``rank_router.py``: each node's
-rank, learnt from its replies, and the state of its rank it is sent), the node -> partition
-ledger (``participation.py``), the clients' own evaluation (``client_evaluation.py``), the
-run state for checkpoints and resume (``run_state.py``), the sampling (``client_sampling.py``).
-
-Central differential privacy (``dp=central``, docs/privacy.md): with ``dp``, a ``CentralDP``,
-steps 4 and 5 become the method's mechanism (``Method.aggregate_private``): each kept
-client's contribution (adapter and head jointly) is clipped to C and the sum gets Gaussian
-noise, divided by m = the number of clients sampled in the round (a client that failed or
-was rejected counts as one that did not move; with Poisson sampling q N), then
-post-processed by the method's rule; no screening (``ReplyGate.turn_off_screening_for_dp``).
-Each row has ``dp-epsilon``; the ledger goes into the checkpoint. ``dp=example``: the
-clients' epsilons, example_dp.py.
-
-The strategy never names a method: it reads the rule, the mechanism and the flags from the
-method it is built with (``MethodRules``). A method whose round needs more (FLoRG's
-batched step and per-rank factors, a residual sent with each message) subclasses it in its
-own folder.
+FedAvg's sampling and round loop; ``aggregate_train`` drops failed replies, checks each
+reply (``reply_gate.py``), screens the rest (``screen-updates``), weights them uniformly or
+by ``num-examples`` in partition order, runs the method's rule (``Method.aggregate``) or,
+under ``dp=central``, its mechanism (``Method.aggregate_private``), FedAvgs the task head
+and returns the new arrays with the round's metrics (docs/architecture.md walks a round).
+Its parts are members it calls (the class docstring); a resumed run's rounds are
+``run_state.resume_rounds`` and round-mode=async's loop ``BufferedRounds``. It never names
+a method: it reads the rules and flags of the method it is built with (``MethodRules``).
 """
 
 from __future__ import annotations
@@ -39,69 +16,44 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 
 from flower_app.wire.ranks import truncate_to_rank
 from flower_app.wire.records import declared_params, split_state, to_array_record
 from strategies.server.buffered_rounds import BufferedRounds
-from strategies.server.buffered_update import AsyncSettings
-from strategies.server.central_dp import CentralDP, check_strategy_dp
+from strategies.server.buffered_update import AsyncSettings, moved_replies
+from strategies.server.central_dp import CentralDP, check_strategy_dp, release_private
 from strategies.server.client_evaluation import personalised_metrics
-from strategies.server.client_sampling import SampledRounds
-from strategies.server.encoded_messages import EncodedMessages
+from strategies.server.client_sampling import ClientSampling
+from strategies.server.encoded_messages import MessageEncodings
 from strategies.server.example_dp import ExampleDpRecord
 from strategies.server.ledger import CommunicationLedger
+from strategies.server.method_rules import MethodRules
 from strategies.server.participation import NodeLedger
 from strategies.server.rank_router import RankRouter
 from strategies.server.replies import Reply, ReplyRejected, train_time_metrics
 from strategies.server.reply_gate import ReplyGate
-from strategies.server.run_state import CheckpointedRounds
+from strategies.server.run_state import restore, resume_rounds, state_arrays, state_json
 from strategies.server.saved_updates import save_round_updates
 from strategies.server.screening import DEFAULT_KAPPA
 from strategies.shared.averaging import weighted_average
 from strategies.shared.validation import normalize_weights
 
-
-class MethodRules(Protocol):
-    """What the strategy reads from the method that builds it (a
-    ``strategies.shared.base_method.BaseMethod``; the strategy never imports it, so the
-    dependency runs method -> strategy)."""
-
-    name: str
-    heterogeneous_ranks: bool
-
-    def check_dp_supported(self) -> str: ...
-
-    def uplink(
-        self, state: Mapping[str, np.ndarray], server_round: int
-    ) -> Mapping[str, np.ndarray]: ...
-
-    def aggregate(
-        self,
-        sent: Mapping[str, np.ndarray],
-        payloads: list[dict[str, np.ndarray]],
-        weights: np.ndarray,
-    ) -> tuple[dict[str, np.ndarray], dict[str, float]]: ...
-
-    def aggregate_private(
-        self,
-        dp: CentralDP,
-        sent: Mapping[str, np.ndarray],
-        payloads: list[dict[str, np.ndarray]],
-        num_sampled: float,
-    ) -> tuple[dict[str, np.ndarray], dict[str, float]]: ...
-
-
 log = logging.getLogger("flwr.florg")  # propagates to Flower's console handler
 
 
-class AdapterStrategy(BufferedRounds, CheckpointedRounds, EncodedMessages, SampledRounds, FedAvg):
-    """FedAvg's sampling plus validated, method-specific aggregation of adapter arrays."""
+class AdapterStrategy(FedAvg):
+    """FedAvg's sampling plus validated, method-specific aggregation of adapter arrays.
+
+    Its parts are members it calls: ``encodings`` (``MessageEncodings``), ``sampling``
+    (``ClientSampling``), ``gate`` (``ReplyGate``), ``router`` (``RankRouter``), ``ledger``
+    (``NodeLedger``), ``communication`` (``CommunicationLedger``), ``dp`` / ``example_dp``
+    and, under round-mode=async, ``async_rounds`` (``BufferedRounds``)."""
 
     def __init__(
         self,
@@ -127,11 +79,14 @@ class AdapterStrategy(BufferedRounds, CheckpointedRounds, EncodedMessages, Sampl
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
-            fraction_evaluate=1.0 if clients_evaluate else 0.0,
+            # set just below: FedAvg logs a WARNING for a 0.0 given here ("Federated
+            # evaluation will be skipped"), noise for an app that evaluates centrally
+            fraction_evaluate=1.0,
             min_train_nodes=min_train_nodes,
             min_evaluate_nodes=min_train_nodes if clients_evaluate else 0,
             min_available_nodes=min_available_nodes,
         )
+        self.fraction_evaluate = 1.0 if clients_evaluate else 0.0  # 0.0: no client evaluates
         if weighting not in ("uniform", "num-examples"):
             raise ValueError(f"weighting must be 'uniform' or 'num-examples', got {weighting!r}")
         # the method's rule, DP mechanism and flags (heterogeneous ranks, DP): never its name
@@ -139,7 +94,7 @@ class AdapterStrategy(BufferedRounds, CheckpointedRounds, EncodedMessages, Sampl
         self.weighting = weighting
         self.gate = ReplyGate(screen_updates=screen_updates, screen_kappa=screen_kappa)
         self.dp, self.example_dp = dp, example_dp  # example_dp: dp=example's record
-        self.use_sampling(client_sampling, fraction_train, sampling_seed, dp)
+        self.sampling = ClientSampling(client_sampling, fraction_train, sampling_seed, dp)
         if dp is not None:
             check_strategy_dp(self.method, dp, weighting, updates_dir)
             self.gate.turn_off_screening_for_dp()
@@ -147,30 +102,65 @@ class AdapterStrategy(BufferedRounds, CheckpointedRounds, EncodedMessages, Sampl
             k: np.asarray(v, np.float64) for k, v in initial_state.items()
         }
         self.updates_dir = Path(updates_dir) if updates_dir else None
-        self.use_encodings(uplink_encoding, downlink_encoding, encoding_seed)
+        self.encodings = MessageEncodings(uplink_encoding, downlink_encoding, encoding_seed)
         self.round_metrics: dict[int, dict[str, float]] = {}
         if dp is not None or example_dp is not None:  # the initial state is public
             self.round_metrics[0] = example_dp.metrics() if example_dp else {"dp-epsilon": 0.0}
         self.communication = CommunicationLedger()  # parameters sent and received
         self.ledger = NodeLedger()  # node id -> partition id; lost nodes per round
         self.router = RankRouter(self.global_state)  # each node's rank; r_max
-        self.use_async_rounds(async_rounds)  # round-mode=async (buffered_rounds.py)
+        # round-mode=async (buffered_rounds.py): the loop that replaces the rounds
+        self.async_rounds = None if async_rounds is None else BufferedRounds(self, async_rounds)
 
-    @property
-    def largest_rank(self) -> int:
-        """r_max: the global state's rank."""
-        return self.router.largest_rank
+    # -- the loop -----------------------------------------------------------------------
+    def start(  # type: ignore[override]
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Any = None,
+        first_round: int = 1,
+    ) -> Result:
+        """Flower's ``Strategy.start``; a resumed run (``first_round`` > 1) goes on from the
+        checkpoint (``resume_rounds``); round-mode=async runs ``BufferedRounds.start``."""
+        if self.async_rounds is not None:
+            train = ConfigRecord() if train_config is None else train_config
+            return self.async_rounds.start(
+                grid, initial_arrays, num_rounds, timeout, train, evaluate_fn, max(first_round, 1)
+            )
+        if first_round <= 1:
+            return super().start(
+                grid=grid,
+                initial_arrays=initial_arrays,
+                num_rounds=num_rounds,
+                timeout=timeout,
+                train_config=train_config,
+                evaluate_config=evaluate_config,
+                evaluate_fn=evaluate_fn,
+            )
+        return resume_rounds(self, grid, initial_arrays, num_rounds, timeout, train_config,
+                             evaluate_config, evaluate_fn, first_round)  # fmt: skip
 
     # -- sending ------------------------------------------------------------------------
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        """The round's training messages to FedAvg's sample or the Poisson sample
+        (``ClientSampling``), each at its node's rank with what the method adds, encoded by
+        ``downlink-encoding``."""
+        if self.sampling.sampler is None:
+            sampled = super().configure_train(server_round, arrays, config, grid)
+        else:
+            sampled = self.sampling.poisson_messages(self, server_round, arrays, config, grid)
         messages = [
             self.extend_train_message(server_round, self.at_node_rank(server_round, m))
-            for m in super().configure_train(server_round, arrays, config, grid)
+            for m in sampled
         ]
         self.communication.record_sent(server_round, messages)  # parameters and fp32 bytes
-        if self.encode_for(messages, server_round):
+        if self.encodings.encode(messages, server_round):
             self.communication.record_wire(server_round, messages)  # the bytes, encoded
         self.ledger.sent(server_round, messages)
         return messages
@@ -225,7 +215,7 @@ class AdapterStrategy(BufferedRounds, CheckpointedRounds, EncodedMessages, Sampl
         replies = list(replies)
         traffic = self.communication.bytes_metrics(server_round, replies)  # as they travelled
         for msg in replies:  # uplink-encoding: decoded before anything reads the arrays
-            self.decode(msg)
+            self.encodings.decode(msg)
         nodes = self.ledger.settle(server_round, replies)
         checked: list[Reply] = []
         failures = rejected = up_params = 0
@@ -295,7 +285,7 @@ class AdapterStrategy(BufferedRounds, CheckpointedRounds, EncodedMessages, Sampl
         }
         if mixed:
             metrics.update(self.communication.per_rank(checked))
-        metrics.update(self.sampling_metrics(server_round))
+        metrics.update(self.sampling.metrics(server_round))
         if not kept and self.dp is None:
             log.warning(
                 "round %d: no valid client update; the global model is unchanged", server_round
@@ -317,7 +307,7 @@ class AdapterStrategy(BufferedRounds, CheckpointedRounds, EncodedMessages, Sampl
                 for key in self.head_keys():
                     new_state[key] = weighted_average([p[key] for p in payloads], weights, key)
         else:
-            new_state, info = self.release_private(server_round, payloads)
+            new_state, info = release_private(self, server_round, payloads)
             weights = np.full(len(payloads), 1.0 / max(len(payloads), 1))
         metrics["agg-seconds"] = time.perf_counter() - t0
         self.global_state = new_state
@@ -341,32 +331,30 @@ class AdapterStrategy(BufferedRounds, CheckpointedRounds, EncodedMessages, Sampl
         """The method's rule over the adapter arrays (the head is FedAvg'd by the caller)."""
         return self.method.aggregate(self.global_state, payloads, weights)
 
-    # -- central differential privacy (docs/privacy.md) -----------------------------------
-    # Why not Flower's DifferentialPrivacyServerSideFixedClipping: it wraps a strategy's
-    # aggregate_train and noises its OUTPUT, which for the SVD and Gram rules is a non-linear
-    # function of the replies (an SVD, an eigendecomposition and Procrustes), so the noise
-    # would not be the Gaussian mechanism on a statistic of bounded sensitivity; it would
-    # also clip before this strategy's reply checks, and its accounted mode accepts only
-    # FedAvg.aggregate_train. For the mean methods our mechanism equals it in distribution
-    # (tests/runtime/test_dp.py); strategies/server/central_dp.py's docstring lists why its helpers
-    # are not called.
-    def release_private(
-        self, server_round: int, payloads: list[dict[str, np.ndarray]]
+    @property
+    def staleness_exponent(self) -> float:
+        """a of the staleness factor (1 + τ)^-a (``async-staleness-exponent``)."""
+        return 0.0 if self.async_rounds is None else self.async_rounds.settings.staleness_exponent
+
+    def aggregate_buffered(
+        self, server_round: int, kept: list[Reply], weights: np.ndarray
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        """One round under dp=central: the method's mechanism over the kept replies, the
-        round recorded by the accountant. With no reply kept the mechanism still releases
-        (the sent state plus noise: as if one client had not moved), so that whether a round
-        is released never depends on the clients' data."""
-        assert self.dp is not None
-        m, sampled = self.private_divisor(server_round, len(payloads))  # q N: Poisson sampling
-        if not payloads:
-            log.warning("round %d: no valid client update; dp=central releases noise only",
-                        server_round)  # fmt: skip
-        new_state, info = self.aggregate_private(
-            server_round, payloads or [dict(self.uplink_state(server_round))], m
-        )
-        info = {**info, **sampled, **self.dp.release()}
+        """A buffer holding stale replies ('mean' methods, buffered_update.py): the method's
+        rule over the replies moved onto the current model, x_t + cₙ (xₙ − x_vₙ), so the
+        update is x_t + Σ wₙ cₙ (xₙ − x_vₙ); the head likewise. A Gram-average method
+        overrides it in its folder."""
+        moved = moved_replies(self.global_state, kept, self.staleness_exponent)
+        new_state, info = self.aggregate_adapter(server_round, moved, weights)
+        for key in self.head_keys():
+            new_state[key] = weighted_average([m[key] for m in moved], weights, key)
         return new_state, info
+
+    # -- central DP (docs/privacy.md: also why not Flower's server-side DP wrapper) --------
+    def private_divisor(self, server_round: int, replies: int) -> tuple[float, dict[str, float]]:
+        """m of dp=central's noised mean and its metrics: the nodes sent a message (at least
+        the ``replies``), or q N under Poisson sampling (``ClientSampling.private_divisor``)."""
+        sent = self.communication.num_sampled(server_round, replies)
+        return self.sampling.private_divisor(server_round, sent)
 
     def aggregate_private(
         self, server_round: int, payloads: list[dict[str, np.ndarray]], num_sampled: float
@@ -386,8 +374,22 @@ class AdapterStrategy(BufferedRounds, CheckpointedRounds, EncodedMessages, Sampl
         self.round_metrics.setdefault(server_round, {}).update(result)
         return MetricRecord(result)
 
+    # -- checkpoints (flower_app/run_output/checkpoint.py; run_state.py) --------------------
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Arrays needed to continue (``run_state.state_arrays``; a method extends it)."""
+        return state_arrays(self)
+
+    def state_json(self) -> dict[str, Any]:
+        """JSON state needed to continue (``run_state.state_json``)."""
+        return state_json(self)
+
+    def restore(self, arrays: Mapping[str, np.ndarray], state: Mapping[str, Any]) -> None:
+        """Continue from ``state_arrays`` / ``state_json`` of a checkpoint."""
+        restore(self, arrays, state)
+
     # -- helpers for subclasses -----------------------------------------------------------
     def layers(self) -> dict[str, dict[str, np.ndarray]]:
+        """The adapter's arrays by layer."""
         return split_state(self.global_state)[0]
 
     def head_keys(self) -> list[str]:

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flower_app.methods.contract import Method, RunSettings
+from flower_app.methods.contract import Method
 from flower_app.privacy.checks import check_dp_settings
 
 if TYPE_CHECKING:
+    from flower_app.settings.run_settings import RunSettings
     from strategies.server.strategy import AdapterStrategy
 
 

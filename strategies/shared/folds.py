@@ -1,18 +1,15 @@
-"""Methods whose clients fold an exact dense update into their frozen W0 every round.
+"""Methods whose clients fold an exact dense update into their frozen W0 every round
+(``FoldsIntoW0``), and the folds' parts (``Residual``: dense, or exact factors ``P @ Q``).
 
-The server keeps the folds (a ``Residual``: dense, or exact factors ``P @ Q``) a node may
-still need and sends a node, with its next training message, every fold it has not applied
-yet (``strategies/server/folding_strategy.py``). The client adds them, in float64, to its
-cumulative fold (kept in its Flower context) and sets ``W0 ← W0_pristine + s · cumulative``;
-the pristine W0 is kept so one process can serve clients with different folds. A node
-behind the server's base (the sum of the folds up to round h, which the server keeps instead
-of the rounds themselves) is sent that base, and replaces its cumulative with it: the base
-is the same float64 sum, in the same order, so the node's bits are those of folding round
-by round. The server's evaluator folds the server's cumulative fold the same way
-(``FoldsIntoW0``'s hooks).
-
-Two methods fold: one folds the residual its averaged factors miss, the other the whole
-stacked update of the round. Each names its context and checkpoint keys by ``fold_prefix``.
+The server sends a node, with its next training message, every fold it has not applied yet
+(``strategies/server/folding_strategy.py``), or, for a node behind the server's base (the
+float64 sum of the folds up to round h), that base, which the node takes as its cumulative.
+The client adds the folds in float64 to its cumulative fold, kept in its Flower context, and
+sets ``W0 ← W0_pristine + s · cumulative`` (``fold_residual``; the pristine W0 is kept so one
+process can serve clients with different folds). The server's evaluator folds the server's
+cumulative the same way. Two methods fold: one the residual its averaged factors miss, the
+other the whole stacked update of the round; each names its context and checkpoint keys by
+``fold_prefix``. docs/architecture.md, "The math".
 """
 
 from __future__ import annotations

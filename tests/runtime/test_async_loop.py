@@ -197,11 +197,12 @@ def test_the_async_state_round_trips_through_a_checkpoint():
     assert saved["node-versions"] and saved["rng"]["bit_generator"] == "PCG64"
     resumed = async_strategy(6, 3, 2)
     resumed.restore(*checkpoints.saved[2])
-    assert resumed.node_tasks == {int(k): v for k, v in saved["node-tasks"].items()}
-    assert resumed.node_versions == {int(k): v for k, v in saved["node-versions"].items()}
-    assert resumed.pick_rng.bit_generator.state == saved["rng"]
-    assert resumed.lost_in_flight == saved["in-flight"] + saved["buffered"]
-    again = json.loads(json.dumps(resumed.async_state_json()))
+    loop = resumed.async_rounds
+    assert loop.node_tasks == {int(k): v for k, v in saved["node-tasks"].items()}
+    assert loop.node_versions == {int(k): v for k, v in saved["node-versions"].items()}
+    assert loop.pick_rng.bit_generator.state == saved["rng"]
+    assert loop.lost_in_flight == saved["in-flight"] + saved["buffered"]
+    again = json.loads(json.dumps(resumed.async_rounds.state_json()))
     assert {k: again[k] for k in ("node-tasks", "node-versions", "rng")} == {
         k: saved[k] for k in ("node-tasks", "node-versions", "rng")
     }
@@ -209,9 +210,9 @@ def test_the_async_state_round_trips_through_a_checkpoint():
 
 def test_a_checkpoint_without_the_new_keys_loads_as_before():
     strategy = async_strategy(6, 3, 2)
-    strategy.load_async_state_json({"in-flight": 2, "node-tasks": {"1": 3}})
-    assert strategy.lost_in_flight == 2 and strategy.node_tasks == {1: 3}
-    assert strategy.node_versions == {} and strategy.pick_rng is None
+    strategy.async_rounds.load_state_json({"in-flight": 2, "node-tasks": {"1": 3}})
+    assert strategy.async_rounds.lost_in_flight == 2 and strategy.async_rounds.node_tasks == {1: 3}
+    assert strategy.async_rounds.node_versions == {} and strategy.async_rounds.pick_rng is None
 
 
 def test_a_resumed_run_picks_the_nodes_the_uninterrupted_run_picks():

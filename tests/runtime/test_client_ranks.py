@@ -113,7 +113,7 @@ def test_a_bad_node_config_rank_fails_naming_it(value):
 # -- the server: checks, node ranks, FLoRG's mixed step ------------------------------------
 def test_florg_mixed_ranks_aggregate_every_layer_and_send_each_node_its_factor():
     strategy = strategy_for("florg", FLORG_STATE, rank_mismatch="truncate")
-    assert strategy.largest_rank == R_MAX
+    assert strategy.router.largest_rank == R_MAX
     sent = {1: client_state(2), 2: client_state(4), 3: client_state(2)}
     ranks = {1: 2, 2: 4, 3: 2}
     replies = [reply(n, sent[n], ranks[n], partition=n - 1) for n in sent]

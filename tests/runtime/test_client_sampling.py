@@ -193,7 +193,7 @@ def test_each_round_records_q_the_count_and_epsilon_at_q(method):
     sent = initial_state(method, rng)
     states = client_states(sent, rng, n=4)
     strategy = strategy_for(method, sent, **POISSON_DP)
-    assert strategy.dp.sample_rate == Q and strategy.sampler.secret
+    assert strategy.dp.sample_rate == Q and strategy.sampling.sampler.secret
     grid = Grid(list(range(1, 41)))
     for t in (1, 2, 3):
         nodes, metrics = _train_round(strategy, t, grid, states)
@@ -236,7 +236,7 @@ def test_a_round_that_samples_no_node_still_releases_and_is_accounted():
     rng = np.random.default_rng(6)
     sent = initial_state("florg", rng)
     strategy = strategy_for("florg", sent, **POISSON_DP)
-    strategy.sampler.rate = 1e-12  # no node drawn (the accountant keeps q)
+    strategy.sampling.sampler.rate = 1e-12  # no node drawn (the accountant keeps q)
     arrays = to_array_record(strategy.global_state)
     assert list(strategy.configure_train(1, arrays, ConfigRecord(), Grid([1, 2, 3]))) == []
     new, metrics = strategy.aggregate_train(1, [])
@@ -269,13 +269,13 @@ def test_without_dp_the_sample_follows_the_run_seed_and_fixed_sampling_is_unchan
     picks = []
     for _ in range(2):
         s = strategy_for("fedit", sent, client_sampling="poisson", fraction_train=0.4, seed=3)
-        assert s.dp is None and not s.sampler.secret
+        assert s.dp is None and not s.sampling.sampler.secret
         picks.append(
             [m.metadata.dst_node_id for m in s.configure_train(2, arrays, ConfigRecord(), grid)]
         )
     assert picks[0] == picks[1] and 0 < len(picks[0]) < 50
     fixed = strategy_for("fedit", sent, fraction_train=0.4, dp="central")
-    assert fixed.sampler is None and fixed.dp.sample_rate == 1.0
+    assert fixed.sampling.sampler is None and fixed.dp.sample_rate == 1.0
     assert len(list(fixed.configure_train(1, arrays, ConfigRecord(), grid))) == 20
 
 

@@ -378,7 +378,7 @@ def test_round_0_under_poisson_sampling_queries_the_poisson_sample_and_divides_b
     plain = strategy_for(METHOD, sb_state(rng), seed=7, **settings)
     grid = FakeGrid(answers)
     plain.initialise(grid, timeout=10)
-    sample = plain.sampler.rounds[0]
+    sample = plain.sampling.sampler.rounds[0]
     assert sample == (40, len(grid.sent)) and 0 < len(grid.sent) < 40
     row = plain.round_metrics[0]
     assert row["sample-rate"] == 0.25 and row["population"] == 40 and row["sampled"] == sample[1]

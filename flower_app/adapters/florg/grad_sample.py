@@ -1,30 +1,14 @@
-"""Per-example gradients of FLoRG's A for Opacus (``dp=example``, docs/privacy.md).
+"""Per-example gradients of FLoRG's A for Opacus (``dp=example``, docs/privacy.md section 9).
 
-Opacus computes per-example gradients with forward / backward hooks on every module that
-holds a trained parameter: the module's input x (n x T x d_in) and the gradient of the loss
-with respect to its output, g (n x T x d_out), per example, scaled so that g_i is the
-gradient of example i's own loss. nn.Linear has Opacus' own sampler (PEFT's lora_A / lora_B
-and the task head are nn.Linear); FLoRGLinear is not one, so this module registers one.
+FLoRGLinear is not an nn.Linear, so this module registers Opacus' grad sampler for it. From the
+layer's input x and output gradient g of each example (Z = X R^T, H = G L, T x k each):
 
-The layer adds y = s L A^T D A R x (D = diag(signs), I without them; paper section 3.1).
-With z = R x and h = L^T g per token (k-vectors), example i's loss depends on A through
-sum_t s h_t^T A^T D A z_t, whose gradient is
+    G_i = s D A (Z_i^T H_i + H_i^T Z_i)
 
-    G_i = s D sum_t [ (A z_t) h_t^T + (A h_t) z_t^T ]  =  s D A (Z_i^T H_i + H_i^T Z_i)
-
-(Z_i, H_i: T x k), the paper's eq. gradient_A, A (H + H^T) with H = L^T (grad W) R^T, per
-example. The rank-r products come first, so no token is ever projected onto the k-wide
-frame: with U = X (A R)^T and V = G (L A^T) (T x r each),
-
-    A Z_i^T H_i = (U_i^T G_i) L,    A H_i^T Z_i = (V_i^T X_i) R^T,
-
-an r x d sum over tokens per example, then one r x d by d x k product: n r (2 T (d_in +
-d_out) + k (d_in + d_out)) flops, about a LoRA layer's per-example cost, where projecting
-every token first (Z = X R^T, H = G L) costs n T k (d_in + d_out), k / r times more. The
-result does not depend on how the forward formed its factors
-(the pass-factor cache of florg_layer.py forms L A^T D and A R outside the layer): only x and
-g enter, and tests/runtime/test_dp_sgd.py holds it to a per-example autograd loop with the cache on.
-"""
+the paper's eq. gradient_A per example (D = diag(signs), I without them), computed with the
+rank-r products first, A Z_i^T H_i = (U_i^T G_i) L and A H_i^T Z_i = (V_i^T X_i) R^T with
+U = X (A R)^T and V = G (L A^T): about a LoRA layer's per-example cost, and only x and g enter
+(the pass-factor cache does not change it)."""
 
 from __future__ import annotations
 

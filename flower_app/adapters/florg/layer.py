@@ -1,67 +1,15 @@
-"""FLoRGLinear: a frozen nn.Linear plus the Gram update s * L A^T A R (paper, section 3.1).
+"""FLoRGLinear: a frozen nn.Linear plus the Gram update s * L A^T D A R (paper, section 3.1).
 
-With ``signs`` (a method's ``Method.florg_signs``) the update is s * L A^T D A R, D = diag(signs)
-a fixed r x r matrix of +-1: the core A^T D A is then any symmetric matrix of rank <= r
-rather than only a positive semi-definite one, and LAt below becomes L A^T D.
+W0 (d_out x d_in), L (d_out x k), A (r x k), R (k x d_in), k = min(d_in, d_out), and
+D = diag(signs) (a method's ``Method.florg_signs``, entries +-1; I without them). The forward
+is a rank-r LoRA with factors LAt = L A^T D and AR = A R, never a k x k or d_out x d_in matrix:
 
-Shapes: W0 (d_out x d_in), L (d_out x k), A (r x k), R (k x d_in), k = min(d_in, d_out).
-The forward never forms a k x k or d_out x d_in matrix:
+    y = W0 x + b + s * LAt (AR x)
 
-    AR  = A R       (r x d_in)     LAt = L A^T    (d_out x r)
-    y   = W0 x + b + s * LAt (AR x)
-
-which is a rank-r LoRA with factors (LAt, AR), so a training step costs what a PEFT
-LoRA step of the same rank costs plus the two skinny r x k x d factor products, formed once
-per step also under gradient checkpointing (below), and their backward (two more of that
-size, grad A = grad(LAt)^T L + grad(AR) R^T): 4 r k (d_in + d_out) flops per layer and step,
-which read L and R from memory each time.
-
-The factors once per pass: a model carrying FLoRG layers (``inject_florg``) has a forward
-pre-hook, ``form_pass_factors``, that in a training forward with grad enabled forms every
-layer's (LAt, AR) once, before the model's blocks run, and stores them on the layer
-(``set_group_pass_factors``, below); the layer's forward uses them, and so does the
-recomputed forward of gradient checkpointing in the backward pass, which otherwise would
-form them a second time (with checkpointing each block's forward runs twice per step).
-Gradients reach A through the stored factors' own graph exactly as before.
-
-Layers that share L and R (``projection-sharing=shape``: every q_proj of a decoder, say)
-have their factors formed together, one product each for the group (``set_group_pass_factors``):
-
-    [A_1; ...; A_n] L^T  ((n r) x d_out, row block i = (L A_i^T)^T)
-    [A_1; ...; A_n] R    ((n r) x d_in,  row block i = A_i R)
-
-the same products as n separate ones (each output row is its own row of A times L^T or
-R; the float rounding of a large product may differ from the small ones' in the last bit),
-at a fraction of the kernel launches and autograd nodes, which at small shapes on a GPU
-are what a step's time is made of. The stored pair is dropped when the backward pass has
-computed its gradient (a hook on the group's LAt product), and ignored
-(the layer forms its factors as it always did) in eval mode, without grad (evaluation,
-generation), and once A has changed or moved since (an optimiser step or a loaded A bump
-A's version). A forward with grad whose backward never runs leaves the pair until the
-next training forward replaces it. Copies and pickles of a layer never carry it. Not
-supported: a second backward through the same graph (``retain_graph=True``) under gradient
-checkpointing; the first backward dropped the pair, so the second one's recomputation forms
-the factors inside the block and torch refuses it (CheckpointError); nothing here does that.
-
-Precision (the setting ``precision``, flower_app/training/precision.py): A, L and R are held in
-float32 whatever the base weight's dtype (float64 only where the base is float64, in
-tests), and the two factor products L A^T and A R are formed in that dtype with autocast
-off. Why: A is the trained master weight (an AdamW step of lr 1e-4 on entries of size 0.02
-is below bf16's resolution 2^-8 relative, so a bf16 A would not move), and each factor
-entry sums k products, whose rounding in bf16 would put a relative error of order
-2^-8 sqrt(k) into the factors.
-
-The per-token products, AR x and LAt (AR x), run as PEFT's LoRA layers run: under autocast
-(precision=bf16 / fp16 trains under ``torch.autocast``) in autocast's dtype, the factors
-rounded to it once per pass (as autocast rounds lora_A / lora_B's float32 weights), with
-float32 accumulation inside the matrix products; without autocast in the adapter's dtype,
-x cast up. The update is added to the base output in the output's dtype. So FLoRG and LoRA
-round the same things in the same places at equal settings, and save the same activations
-for the backward pass (x itself, where x is already in autocast's dtype, rather than a
-float32 copy of it). Gradients reach the float32 A through the cast and the float32 factor
-products. ``compute_dtype`` names the rule and ``AdapterLinear`` applies it, for LoRA-SB's
-layer as for this one (both in custom_adapter.py).
-"""
+``form_pass_factors`` (a model pre-hook ``inject_florg`` installs) forms every layer's factors
+once per training forward, one product per group sharing L and R (``set_group_pass_factors``).
+A, L and R are float32 (float64 over a float64 base); the per-token products follow
+``compute_dtype`` (custom_adapter.py). Cost, cache rules, precision: docs/architecture.md."""
 
 from __future__ import annotations
 

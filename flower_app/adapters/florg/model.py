@@ -1,20 +1,14 @@
 """Injecting FLoRG into a Hugging Face model, its trainable state, and export to PEFT LoRA.
 
-``inject_florg`` replaces every targeted nn.Linear by a FLoRGLinear whose L, R come
-from (seed, layer shape) -- one FLoRGProjections shared by all modules of that shape --
-or, with ``projection_sharing='module'``, from (seed, module name), and whose A starts as
-seeded N(0, a_init_std^2) entries (seeded by module name in both modes):
-A = 0 is excluded because grad_A = A (H + H^T) vanishes there (paper, eq. gradient_A).
-Everything but the A matrices (and, if ``train_head``, the task head) is frozen. The model
-gets a forward pre-hook (``form_pass_factors``) that forms every layer's factors once per
-training forward, so gradient checkpointing's recomputation reuses them.
+``inject_florg`` replaces every targeted nn.Linear by a FLoRGLinear whose L, R come from the
+seed and the layer's shape (``projection_sharing='shape'``) or its module name (``'module'``),
+and whose A starts as N(0, a_init_std^2) entries seeded by module name (A = 0 is excluded:
+grad_A = A (H + H^T) vanishes there, paper eq. gradient_A). Everything but the A matrices (and,
+if ``train_head``, the task head) is frozen, and the ``form_pass_factors`` pre-hook installed.
 
-Export: L A^T A R = (L A^T)(A R), so a FLoRG layer *is* a rank-r LoRA with
-lora_B = L A^T (d_out x r), lora_A = A R (r x d_in) and the same scaling alpha/r.
-With ``subtract_init`` the frozen weight was W0 - s L A1^T A1 R, which exports
-exactly as the rank-2r LoRA  B = [L A^T, -L A1^T],  A = [A R; A1 R].
-With ``signs`` (a method's ``Method.florg_signs``, D = diag(signs)) every L A^T above is L A^T D.
-"""
+Export: L A^T D A R = (L A^T D)(A R), a rank-r LoRA with lora_B = L A^T D, lora_A = A R and the
+same scaling alpha/r; with ``subtract_init`` (the frozen weight W0 - s L A1^T D A1 R) exactly
+the rank-2r LoRA B = [L A^T D, -L A1^T D], A = [A R; A1 R]. D = diag(signs), I without them."""
 
 from __future__ import annotations
 

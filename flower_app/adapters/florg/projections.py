@@ -1,27 +1,14 @@
 """The fixed matrices L (d_out x k) and R (k x d_in) of a FLoRG layer, k = min(d_in, d_out).
 
-They are never trained and never sent: every node derives them from the run seed and a
-key, in float64, so they are bit-identical everywhere the same NumPy runs.  The key is
-set by ``projection-sharing`` (``projection_key``):
+Never trained nor sent: every node derives them in float64 from the run seed and a key
+(``projection_key``: the layer shape with ``projection-sharing=shape``, the default, so one
+pair per shape; the module name with ``module``), bit-identical wherever the same NumPy runs.
+``fingerprint`` hashes their float32 values so nodes can check that they agree. The
+initialisations (paper, Table "Matrix Initialization"):
 
-- ``shape`` (default): the layer shape, "shape:<d_out>x<d_in>", so every module of the
-  same shape uses the same L and R and a model holds one pair per shape (RoBERTa-large's
-  48 query/value modules: 8 MiB instead of 384 MiB of float32 buffers).
-- ``module``: the module name (the original derivation: one pair per module).
-
-Either way L and R are fixed and identical on every node, semi-orthogonal with the
-default initialisation (the paper asks for that; nothing in section 3.1 needs different
-modules to differ).  The ``svd`` initialisation depends on each module's own W0 and is
-always per module.  ``fingerprint`` hashes their float32 values so nodes can check that
-they agree.  Three initialisations (paper, Table "Matrix Initialization"):
-
-- ``semi-orthogonal`` (default): Q factor of a seeded Gaussian, signs fixed by
-  making the diagonal of the triangular factor positive, so L^T L = R R^T = I_k.
-- ``kaiming``: seeded Gaussian entries with std 1/sqrt(fan_in) (Kaiming normal,
-  linear gain), fan_in = k for L and d_in for R; not orthogonal.
-- ``svd``: the leading k left/right singular vectors of W0, W0 = U Sigma V^T,
-  L = U[:, :k], R = V^T[:k]; each pair's sign fixed so U's largest entry is positive.
-"""
+- ``semi-orthogonal`` (default): the Q factor of a seeded Gaussian, L^T L = R R^T = I_k;
+- ``kaiming``: seeded Gaussian entries of std 1/sqrt(fan_in), fan_in = k for L, d_in for R;
+- ``svd``: L = U[:, :k], R = V^T[:k] of W0 = U Sigma V^T, always per module."""
 
 from __future__ import annotations
 

@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flower_app.adapters.base import AdapterKind, Part
 
+if TYPE_CHECKING:
+    from torch.nn import Module as Model
+
+    from flower_app.methods.contract import Method
+    from flower_app.settings.run_settings import RunSettings
+
 
 class LoRAKind(AdapterKind):
-    def adapter_config(self, config, method):
+    def adapter_config(self, config: RunSettings, method: Method):
         """The adapter's settings (``LoRAConfig``), every field from the run's settings."""
         from flower_app.adapters.lora.layer import LoRAConfig
 
@@ -27,39 +34,39 @@ class LoRAKind(AdapterKind):
             train_head=config.train_head,
         )
 
-    def inject(self, model, config, method):
+    def inject(self, model: Model, config: RunSettings, method: Method):
         from flower_app.adapters.lora.layer import inject_lora
 
         return inject_lora(model, self.adapter_config(config, method))
 
-    def shared_state(self, model, config, method):
+    def shared_state(self, model: Model, config: RunSettings, method: Method):
         from flower_app.adapters.lora.layer import get_lora_state
 
         return get_lora_state(model, method.shared, config.train_head)
 
-    def load_shared_state(self, model, arrays, config, method) -> None:
+    def load_shared_state(self, model: Model, arrays, config: RunSettings, method: Method) -> None:
         from flower_app.adapters.lora.layer import set_lora_state
 
         set_lora_state(model, arrays, method.shared, config.train_head)
 
-    def train_parts(self, model, trained: set[str]) -> None:
+    def train_parts(self, model: Model, trained: set[str]) -> None:
         from flower_app.adapters.lora.layer import lora_layers
 
         for layer in lora_layers(model).values():
             layer.lora_A["default"].weight.requires_grad_("A" in trained)
             layer.lora_B["default"].weight.requires_grad_("B" in trained)
 
-    def local_state(self, model, parts):
+    def local_state(self, model: Model, parts):
         from flower_app.adapters.lora.layer import get_lora_state
 
         return get_lora_state(model, parts, include_head=False)
 
-    def load_local_state(self, model, arrays, parts) -> None:
+    def load_local_state(self, model: Model, arrays, parts) -> None:
         from flower_app.adapters.lora.layer import set_lora_state
 
         set_lora_state(model, arrays, parts, include_head=False)
 
-    def delta_weights(self, model):
+    def delta_weights(self, model: Model):
         import torch
 
         from flower_app.adapters.lora.layer import lora_layers
@@ -70,11 +77,11 @@ class LoRAKind(AdapterKind):
             for name, layer in lora_layers(model).items()
         }  # fmt: skip
 
-    def subtracts_initial_update(self, config, method) -> bool:
+    def subtracts_initial_update(self, config: RunSettings, method: Method) -> bool:
         """The SVD initialisation (PEFT's PiSSA) freezes W0 - s B A."""
         return method.lora_init(config) == "svd"
 
-    def save_peft(self, model, out_dir: Path, base_model: str) -> Path:
+    def save_peft(self, model: Model, out_dir: Path, base_model: str) -> Path:
         """PEFT's ``save_pretrained``, its config naming the base and, for a causal LM,
         ``task_type`` CAUSAL_LM (as the other kinds' exports do)."""
         from flower_app.adapters.custom_adapter import peft_task_type

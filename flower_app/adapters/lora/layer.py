@@ -1,20 +1,15 @@
 """PEFT LoRA adapters for the LoRA methods, with seeded initialisation and named state.
 
-Each targeted W0 (d_out x d_in) gets lora_B (d_out x r) and lora_A (r x d_in) with
-update s * B A, s = alpha / r (PEFT's ``LoraConfig``/``get_peft_model``).
+Each targeted W0 (d_out x d_in) gets lora_B (d_out x r) and lora_A (r x d_in) with update
+s * B A, s = alpha / r (PEFT's ``LoraConfig``/``get_peft_model``). Initialisations:
 
-Initialisations:
-- ``default``: B = 0 and A ~ U(-1/sqrt(d_in), 1/sqrt(d_in)) (PEFT's kaiming-uniform
-  bound) drawn from (seed, module name), so every node holds the same A without
-  any broadcast; a method that freezes A (``Method.frozen``) freezes exactly this A.
-- ``svd``: the SVD initialisation (Yan et al. 2024): start from the principal
-  singular triplets of W0, B = U_r sqrt(S_r / s), A = sqrt(S_r / s) V_r^T, and freeze
-  the residual W0 - s B A so the model's output is unchanged at the start.  This is
-  PEFT's ``init_lora_weights="pissa"``; the SVD is deterministic given W0.
+- ``default``: B = 0, A ~ U(-1/sqrt(d_in), 1/sqrt(d_in)) (PEFT's kaiming-uniform bound) drawn
+  from (seed, module name): every node holds the same A without a broadcast, and a method
+  that freezes A (``Method.frozen``) freezes exactly this A;
+- ``svd`` (Yan et al. 2024): B = U_r sqrt(S_r / s), A = sqrt(S_r / s) V_r^T from W0's principal
+  singular triplets, the residual W0 - s B A frozen (PEFT's ``init_lora_weights="pissa"``).
 
-State keys: '<module>.lora_A', '<module>.lora_B' (module names of the original model)
-and the head's '<head>.<param>' (PEFT's trainable ``modules_to_save`` copy).
-"""
+State keys: '<module>.lora_A', '<module>.lora_B' and the head's '<head>.<param>'."""
 
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
-"""Per-example gradients of LoRA-SB's R for Opacus (``dp=example``, docs/privacy.md).
+"""Per-example gradients of LoRA-SB's R for Opacus (``dp=example``, docs/privacy.md section 9).
 
-Opacus computes per-example gradients with hooks on every module that holds a trained
-parameter, from the module's input x (n x T x d_in) and the gradient of the loss with
-respect to its output, g (n x T x d_out), g_i scaled to be the gradient of example i's own
-loss (florg_grad_sample.py says more). LoRASBLinear is not an nn.Linear, so this module
-registers its sampler.
+LoRASBLinear is not an nn.Linear, so this module registers Opacus' grad sampler for it. The
+layer adds y_t = s B R A x_t, so from its input x and output gradient g of each example:
 
-The layer adds y_t = s B R A x_t (lora_sb.py), so example i's loss depends on R through
-sum_t s g_t^T B R A x_t, whose gradient is
+    G_i = s sum_t (B^T g_t) (A x_t)^T  =  s H_i^T U_i,   H_i = G_i B,  U_i = X_i A^T  (T x r)
 
-    G_i = s sum_t (B^T g_t) (A x_t)^T  =  s H_i^T U_i,   H_i = G_i B,  U_i = X_i A^T  (T x r),
-
-two skinny products per example and an r x r sum over tokens: n T r (d_in + d_out + r)
-flops. The frozen base (W0, its bias) and the fixed B, A take no gradient.
-"""
+two skinny products per example and an r x r sum over tokens. The frozen base (W0, its bias)
+and the fixed B, A take no gradient."""
 
 from __future__ import annotations
 

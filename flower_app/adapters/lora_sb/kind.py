@@ -5,12 +5,19 @@ r x r R trained. State: '<layer>.R' plus the head; export: a PEFT LoRA (B R, A).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flower_app.adapters.base import AdapterKind, Part
 
+if TYPE_CHECKING:
+    from torch.nn import Module as Model
+
+    from flower_app.methods.contract import Method
+    from flower_app.settings.run_settings import RunSettings
+
 
 class LoRASBKind(AdapterKind):
-    def adapter_config(self, config, method):
+    def adapter_config(self, config: RunSettings, method: Method):
         """The layers' settings (``LoRASBConfig``), every field from the run's settings; the
         scale from the method (``Method.adapter_alpha``)."""
         from flower_app.adapters.lora_sb.layer import LoRASBConfig
@@ -23,23 +30,23 @@ class LoRASBKind(AdapterKind):
             train_head=config.train_head,
         )
 
-    def inject(self, model, config, method):
+    def inject(self, model: Model, config: RunSettings, method: Method):
         from flower_app.adapters.lora_sb.layer import inject_lora_sb
 
         inject_lora_sb(model, self.adapter_config(config, method))
         return model
 
-    def shared_state(self, model, config, method):
+    def shared_state(self, model: Model, config: RunSettings, method: Method):
         from flower_app.adapters.lora_sb.layer import get_lora_sb_state
 
         return get_lora_sb_state(model)
 
-    def load_shared_state(self, model, arrays, config, method) -> None:
+    def load_shared_state(self, model: Model, arrays, config: RunSettings, method: Method) -> None:
         from flower_app.adapters.lora_sb.layer import set_lora_sb_state
 
         set_lora_sb_state(model, arrays)
 
-    def delta_weights(self, model):
+    def delta_weights(self, model: Model):
         import torch
 
         from flower_app.adapters.lora_sb.layer import lora_sb_layers
@@ -50,12 +57,12 @@ class LoRASBKind(AdapterKind):
             for name, layer in lora_sb_layers(model).items()
         }  # fmt: skip
 
-    def save_peft(self, model, out_dir: Path, base_model: str) -> Path:
+    def save_peft(self, model: Model, out_dir: Path, base_model: str) -> Path:
         from flower_app.adapters.lora_sb.layer import export_peft_lora_sb
 
         return export_peft_lora_sb(model, out_dir, base_model)
 
-    def export_peft(self, model, out_dir: Path, base_model: str) -> bool:
+    def export_peft(self, model: Model, out_dir: Path, base_model: str) -> bool:
         self.save_peft(model, out_dir, base_model)
         return True
 

@@ -1,23 +1,14 @@
-"""LoRA-SB (Ponkshe et al. 2024; Singhal et al. 2025): a frozen nn.Linear plus s * B R A
-with B (d_out x r) and A (r x d_in) fixed and identical on every node, and only the r x r
-R trained.
+"""LoRA-SB (Ponkshe et al. 2024; Singhal et al. 2025): a frozen nn.Linear plus s * B R A, with
+B (d_out x r) and A (r x d_in) fixed and identical on every node and only the r x r R trained.
 
     y = W0 x + b + s * B R A x,   computed as  s * ((x Aᵀ) Rᵀ) Bᵀ
 
-(three skinny products; never a d_out x d_in matrix). B and A are non-trainable,
-non-persistent buffers: a method fills them (``set_basis``) from its initialisation, which
-every node receives from the server; before that they are zero and the layer adds nothing.
-R starts at zero here and is a shared part ('<module>.R'); the task head trains as FLoRG's
-does (its own parameters, '<head>.<param>').
-
-Precision (``precision``, flower_app/training/precision.py), as FLoRG's layer: B, R, A are held in
-float32 over a bf16 / fp16 base (float64 over a float64 one, in tests); the per-token
-products run in autocast's dtype where autocast is on (as PEFT's LoRA layers do), else in the
-adapter's, and the update is added in the output's dtype.
-
-Export: B R A = (B R) A, so the layer is a rank-r LoRA with lora_B = B R, lora_A = A and the
-same scaling alpha / r (``export_peft_lora_sb``, loadable by ``PeftModel.from_pretrained``).
-"""
+B and A are non-persistent buffers a method fills (``set_basis``) from what every node receives
+from the server (zero before: the layer adds nothing); R starts at zero and travels as
+'<module>.R', the head as '<head>.<param>'. Precision as FLoRG's layer (B, R, A float32 over a
+bf16 / fp16 base; ``compute_dtype``, custom_adapter.py). Export (``export_peft_lora_sb``): a
+rank-r LoRA with lora_B = B R, lora_A = A and the same scaling alpha / r, loadable by
+``PeftModel.from_pretrained``."""
 
 from __future__ import annotations
 
