@@ -13,8 +13,14 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[test,tracking]"
+# setuptools announces every editable install of a flat layout like this one with an
+# informational "Editable installation." UserWarning (folders named like a package may
+# shadow it), which pip prints as a BuildBackendWarning block. The editable modes do not
+# avoid it (strict adds its own, compat a deprecation), so these two installs filter that
+# one message, by its start; every other warning and every error still shows.
+QUIET_EDITABLE="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation:UserWarning"
+PYTHONWARNINGS="$QUIET_EDITABLE" python -m pip install -q -e ".[test,tracking]"
 # The lab (lab/README.md: the experiment grids, their tools, the published evidence), a
 # package of its own beside the app; the tests cover it too.
-python -m pip install -q -e lab
+PYTHONWARNINGS="$QUIET_EDITABLE" python -m pip install -q -e lab
 echo "setup: done ($(python -c 'import torch, flwr; print("torch", torch.__version__, "flwr", flwr.__version__)'))"
