@@ -8,13 +8,14 @@
 the synthetic sentiment task, and keeps each run's ``metrics.jsonl`` and
 ``adapter.safetensors`` in ``OUT/<case>/``. Central DP's noise, drawn from OS entropy by the
 app, is seeded in these runs only (``ci/seeded_noise/sitecustomize.py``). The assets are built
-once into ``--assets``
-(default ``OUT/assets``) and should be shared between the two snapshots compared, so that
-both read the very same files: build them at one commit, pass the folder to the other.
+once into ``--assets`` (default ``OUT/assets``) and should be shared between the two
+snapshots compared, so that both read the very same files: build them at one commit, pass
+the folder to the other.
 
 ``compare`` holds every case of AFTER to BEFORE: the metrics rows must be equal once the
 wall-clock keys are dropped, and every array of the adapter equal bit for bit. It prints
-one line per case and exits 1 on any difference.
+one line per case and exits 1 on any difference (a case BEFORE's commit did not have yet
+is listed as new).
 
 Run it before a refactor (at the old commit, e.g. in a ``git worktree``) and after it.
 """
@@ -76,6 +77,10 @@ CASES: dict[str, dict[str, object]] = {
     "fedit-int8": {"method": "fedit", "uplink-encoding": "int8", "downlink-encoding": "int8"},
     "rolora-bf16-fp16": {"method": "rolora", "uplink-encoding": "bf16",
                          "downlink-encoding": "fp16"},
+    "florg-int4g-int8g": {"method": "florg", "uplink-encoding": "int4-g",
+                          "downlink-encoding": "int8-g"},
+    "fedit-int8g-int4g": {"method": "fedit", "uplink-encoding": "int8-g",
+                          "downlink-encoding": "int4-g"},
 }  # fmt: skip
 # Keys of a metrics row that measure time or the machine, not the computation.
 WALL_CLOCK_KEYS = ("time", "seconds", "wall", "duration", "elapsed", "-s", "timestamp")
@@ -190,9 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for name in CASES:
         before, after = args.before / name, args.after / name
-        if not (before / "metrics.jsonl").exists() or not (after / "metrics.jsonl").exists():
-            print(f"{name}: MISSING in {'before' if not before.exists() else 'after'}")
+        if not (after / "metrics.jsonl").exists():
+            print(f"{name}: MISSING in after")
             failed += 1
+            continue
+        if not (before / "metrics.jsonl").exists():  # a case newer than BEFORE's commit
+            print(f"{name}: new, not in before (nothing to compare)")
             continue
         problems = compare_case(before, after)
         print(f"{name}: {'identical' if not problems else 'DIFFERS: ' + '; '.join(problems)}")

@@ -4,6 +4,7 @@ round (``uplink-encoding`` / ``downlink-encoding``, flower_app/wire/encoding.py)
     python -m benchmarks.core.encoding_cost       # the 7B shape: 32 layers, q and v, r = 16
     python -m benchmarks.core.encoding_cost --methods florg --clients 4 --repeats 3
     python -m benchmarks.core.encoding_cost --quick           # a tiny shape (the test's)
+    python -m benchmarks.core.encoding_cost --encodings all   # int8-g and int4-g too
 
 For each method the round is built as ``benchmarks.core.server_methods`` builds it (the
 strategy the ServerApp builds, N clients' seeded round-1 replies at the shape, float32).
@@ -38,6 +39,7 @@ from benchmarks.core.settings import ServerShape
 # The issue's 7B shape: 32 decoder layers, q and v adapted (64 layers), k = 4096, r = 16.
 SHAPE_7B = ServerShape("7b-r16", layers=64, k=4096, clients=10, rank=16, dense_reference=False)
 SHAPE_QUICK = ServerShape("quick", layers=4, k=96, clients=3, rank=4, dense_reference=False)
+# the encodings a run compares by default; --encodings all: every one the module offers
 ENCODINGS = ("fp32", "bf16", "fp16", "int8")
 
 
@@ -65,7 +67,7 @@ def _median(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def codec_rows(case: Case, repeats: int) -> list[Row]:
+def codec_rows(case: Case, repeats: int, encodings: Sequence[str] = ENCODINGS) -> list[Row]:
     """Every encoding of ``case``'s round, with the aggregation timed in the same pass."""
     import numpy as np
     from flwr.app import RecordDict
@@ -75,7 +77,7 @@ def codec_rows(case: Case, repeats: int) -> list[Row]:
 
     global_state = {k: np.asarray(v, np.float32) for k, v in case.strategy.global_state.items()}
     rows = []
-    for encoding in ENCODINGS:
+    for encoding in encodings:
         rng = np.random.default_rng(0)
         replies = [encode_record(p, encoding, rng) for p in case.payloads]
 
@@ -132,9 +134,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=None, help="adapted layers (default 64)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a tiny shape, for the tests")
+    parser.add_argument(
+        "--encodings",
+        default=",".join(ENCODINGS),
+        help="a comma list (fp32, the baseline, always runs first), or 'all': every "
+        "encoding of flower_app/wire/encoding.py",
+    )
     args = parser.parse_args(argv)
     import strategies.registry  # noqa: F401  (the methods register)
+    from flower_app.wire.encoding import ENCODINGS as OFFERED
 
+    chosen = args.encodings.split(",") if args.encodings != "all" else list(OFFERED)
+    unknown = [e for e in chosen if e.strip() not in OFFERED]
+    if unknown:
+        parser.error(f"--encodings: unknown {unknown}; choose from {OFFERED} or 'all'")
+    # fp32 first: the rows' "vs fp32" column divides by its bytes
+    encodings = ["fp32", *(e.strip() for e in chosen if e.strip() != "fp32")]
     shape = SHAPE_QUICK if args.quick else SHAPE_7B
     if args.clients is not None or args.layers is not None:
         shape = ServerShape(
@@ -152,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with blas_threads(1):
             for name in args.methods.split(","):
                 case = build_case(name.strip(), shape, shape.layers, "cpu")
-                rows += codec_rows(case, args.repeats)
+                rows += codec_rows(case, args.repeats, encodings)
                 del case
     finally:
         flwr_log.setLevel(level)

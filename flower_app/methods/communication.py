@@ -13,26 +13,31 @@ Bytes: ``RoundCommunication``; mixed ranks: ``client_communication`` (docs/archi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from flower_app.methods.registry import get_method
+from flower_app.wire.encoding import BYTES_PER_ENTRY, GROUP, GROUPED
 
 if TYPE_CHECKING:
     from flower_app.settings.run_settings import RunSettings
 
-# Bytes an entry takes under each message encoding (flower_app/wire/encoding.py); int8 adds one
-# float32 scale per row of each array
-BYTES_PER_ENTRY = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
-INT8_SCALE_BYTES = 4
+INT8_SCALE_BYTES = 4  # int8: one float32 scale per row of each array
+GROUP_SCALE_BYTES = 2  # int8-g / int4-g: one bfloat16 scale per group of GROUP entries
 
 
 def encoded_bytes(params: int, rows: int, encoding: str) -> int:
     """What ``params`` entries in arrays of ``rows`` rows in all take under ``encoding``
-    (the arrays' names, dtypes and shapes aside: under 1% of a round, docs/flowertune.md)."""
+    (flower_app/wire/encoding.py; the arrays' names, dtypes and shapes aside: under 1% of a
+    round, docs/flowertune.md). The grouped encodings' scales are counted as if the groups
+    ran across arrays (at most one more group per array)."""
+    if encoding in GROUPED:
+        bits = GROUPED[encoding][1]
+        return math.ceil(params * bits / 8) + math.ceil(params / GROUP) * GROUP_SCALE_BYTES
     scales = rows * INT8_SCALE_BYTES if encoding == "int8" else 0
-    return params * BYTES_PER_ENTRY[encoding] + scales
+    return params * int(BYTES_PER_ENTRY[encoding]) + scales
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,18 @@
 - ``fp32``: float32, the record ``to_array_record`` builds (the default).
 - ``fp16``: IEEE half, round to nearest; beyond ±65504 a value becomes ±inf (the server refuses it).
 - ``bf16``: the float32's top 16 bits rounded to nearest even, as ``uint16`` (``<name>@bf16``).
-- ``int8``: per row scale s_i = max_j |x_ij| / 127 and unbiased stochastic rounding
-  q_ij = floor(x_ij / s_i + u_ij), u_ij ~ U[0, 1) from the round's seed: ``<name>@int8`` and
-  the float32 scales ``<name>@int8-scale``.
+- ``int8``: per row scale s_i = max_j |x_ij| / 127, unbiased stochastic rounding
+  q_ij = floor(x_ij / s_i + u_ij), u_ij ~ U[0, 1) from the round's seed (``<name>@int8``).
+- ``int8-g`` / ``int4-g``: a scale per ``GROUP`` entries along each array's long axis, the
+  same rounding to ±127 / ±7; one message's arrays in one uint8 buffer (``@packed``).
 
 A lossy encoding refuses NaN and ±inf at the sender (``NonFiniteArray``). ``decode_record``
-gives the arrays back as float32 under their own names; what the run's encoding does not
-produce is left as it came, for the server's reply checks to refuse."""
+gives float32 back under the arrays' own names; other forms stay as they came, for the checks."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -20,16 +22,21 @@ from flwr.app import Array, ArrayRecord
 
 from flower_app.wire.records import to_array_record
 
-ENCODINGS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8")
-LOSSY: tuple[str, ...] = ("bf16", "fp16", "int8")
+ENCODINGS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8", "int8-g", "int4-g")
+LOSSY: tuple[str, ...] = ("bf16", "fp16", "int8", "int8-g", "int4-g")
 BF16, INT8, INT8_SCALE = "@bf16", "@int8", "@int8-scale"
 INT8_LEVELS = 127  # symmetric: q in [-127, 127]
+# The grouped encodings: their symmetric levels (q in [-L, L]) and bits an entry
+GROUPED: dict[str, tuple[int, int]] = {"int8-g": (127, 8), "int4-g": (7, 4)}
+GROUP = 128  # entries a scale covers, consecutive along an array's long axis
+PACKED = "@packed"  # the one array a grouped message carries
+PACK_MAGIC = b"FLP1"  # a packed buffer's first bytes: its format and version
 # Which stream a rounding draws from (``encoding_rng``): the server's training messages,
 # the same for every node, or one client's reply.
 DOWN, UP = 0, 1
 
-# bytes per entry on the wire, before the per-row scales and the framing
-BYTES_PER_ENTRY = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
+# bytes per entry on the wire, before the scales and the framing
+BYTES_PER_ENTRY = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "int8-g": 1, "int4-g": 0.5}
 BF16_QUIET = 0x0040  # the top mantissa bit of a bfloat16: set, a NaN stays a NaN
 
 
@@ -47,23 +54,21 @@ def encoding_rng(seed: int, server_round: int, direction: int, partition: int = 
 def encode_record(
     state: Mapping[str, np.ndarray], encoding: str, rng: np.random.Generator | None = None
 ) -> ArrayRecord:
-    """``state`` as it travels under ``encoding`` (``rng``: int8's rounding)."""
+    """``state`` as it travels under ``encoding`` (``rng``: the integer encodings' rounding)."""
     if encoding == "fp32":
         return to_array_record(state)
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown encoding {encoding!r}; choose one of {ENCODINGS}")
+    if encoding in GROUPED:
+        if rng is None:
+            raise ValueError(f"{encoding} encoding draws its stochastic rounding from an rng")
+        return ArrayRecord(array_dict={PACKED: Array(pack_groups(state, encoding, rng))})
     if encoding == "int8" and rng is None:
         raise ValueError("int8 encoding draws its stochastic rounding from an rng")
     arrays: dict[str, Array] = {}
     for name, value in state.items():
         x = np.ascontiguousarray(value, dtype=np.float32)  # a 0-d array: shape (1,), as fp32
-        finite = np.isfinite(x)
-        if not finite.all():  # one pass on the finite path
-            bad = x.size - np.count_nonzero(finite)
-            raise NonFiniteArray(
-                f"array {name!r} holds {bad} NaN/inf of {x.size} entries: the {encoding} "
-                "encoding refuses non-finite values (int8 cannot carry them)"
-            )
+        _refuse_non_finite(name, x, encoding)
         if encoding == "fp16":
             arrays[name] = Array(x.astype(np.float16))
         elif encoding == "bf16":
@@ -73,6 +78,16 @@ def encode_record(
             arrays[name + INT8] = Array(q)
             arrays[name + INT8_SCALE] = Array(scale)
     return ArrayRecord(array_dict=arrays)
+
+
+def _refuse_non_finite(name: str, x: np.ndarray, encoding: str) -> None:
+    finite = np.isfinite(x)
+    if not finite.all():  # one pass on the finite path
+        bad = x.size - np.count_nonzero(finite)
+        raise NonFiniteArray(
+            f"array {name!r} holds {bad} NaN/inf of {x.size} entries: the {encoding} "
+            "encoding refuses non-finite values (its levels cannot carry them)"
+        )
 
 
 def decode_record(record: ArrayRecord, encoding: str) -> ArrayRecord:
@@ -98,6 +113,11 @@ def decode_record(record: ArrayRecord, encoding: str) -> ArrayRecord:
             out[name] = Array(from_int8(value, arrays[name + INT8_SCALE]))
         elif encoding == "fp16" and value.dtype == np.float16:
             out[key] = Array(value.astype(np.float32))
+        elif encoding in GROUPED and key == PACKED and value.dtype == np.uint8:
+            for name, x in unpack_groups(value, encoding).items():
+                if name in arrays or name in out:
+                    raise ValueError(f"packed array {name!r} arrived twice in one record")
+                out[name] = Array(x)
         else:  # not this encoding's form: as it came, for the receiver's checks
             out[key] = Array(np.ascontiguousarray(value))
     return ArrayRecord(array_dict=out)
@@ -147,3 +167,177 @@ def to_int8(x: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.nda
 def from_int8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     rows = _rows(q)
     return (rows.astype(np.float32) * scale.reshape(-1, 1)).reshape(q.shape)
+
+
+# -- int8-g / int4-g: group-wise scales, one packed buffer per message ---------------------
+#
+# The buffer: PACK_MAGIC, the header's length (uint32, little-endian), the header (compact
+# JSON, space-padded to an even length: {"encoding", "group", "arrays": [[name, shape]...]}),
+# every array's scales (bfloat16 bits, uint16 little-endian), then every array's levels
+# (int8 bytes, or int4 two to a byte, the first in the low nibble). Each array's offsets
+# follow from its shape and the group, so the header holds no offset that could disagree.
+
+
+def _lines(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """(rows, cols, lines, length) of an array of ``shape``: its first axis by the rest (1-D
+    and 0-d: one row), then the lines its groups run along, on the longer axis, and their
+    length: (rows, cols), or (cols, rows) when rows > cols (groups run down the columns)."""
+    if len(shape) > 1:
+        rows, cols = int(shape[0]), math.prod(int(n) for n in shape[1:])
+    else:
+        rows, cols = 1, math.prod(int(n) for n in shape)
+    if rows > cols:
+        return rows, cols, cols, rows
+    return rows, cols, rows, cols
+
+
+def _counts(shape: tuple[int, ...], group: int) -> tuple[int, int]:
+    """(entries, scales) of an array of ``shape`` grouped by ``group``."""
+    _, _, lines, length = _lines(shape)
+    return lines * length, lines * -(-length // group)
+
+
+def _bf16_up(x: np.ndarray) -> np.ndarray:
+    """The bits of the smallest bfloat16 >= each positive finite float32 entry: a scale
+    rounded up, so no entry exceeds the levels and the error stays within one step."""
+    bits = x.view(np.uint32)
+    return ((bits >> 16) + ((bits & 0xFFFF) != 0)).astype(np.uint16)
+
+
+def to_groups(
+    x: np.ndarray, levels: int, rng: np.random.Generator, group: int = GROUP
+) -> tuple[np.ndarray, np.ndarray]:
+    """(q, s): the levels of float32 ``x`` as int8 of shape (lines, length) (``_lines``) and
+    each group's scale as bfloat16 bits, s >= max |x| / levels rounded up (1: all zero)."""
+    rows, cols, lines, length = _lines(x.shape)
+    m = x.reshape(rows, cols)
+    if lines != rows:
+        m = m.T
+    groups = -(-length // group)
+    if m.size == 0:
+        return np.zeros((lines, length), np.int8), np.zeros(lines * groups, np.uint16)
+    padded = np.zeros((lines, groups, group), np.float32)  # zeros: no group's max changes
+    padded.reshape(lines, -1)[:, :length] = m
+    absmax = np.abs(padded).max(axis=2)
+    scale = np.where(absmax > 0, absmax / levels, 1.0).astype(np.float32)
+    scale[scale == 0] = 1.0  # a group of subnormals whose absmax / levels underflows
+    bits = _bf16_up(scale)
+    padded /= from_bf16_bits(bits)[:, :, None]
+    y = padded.reshape(lines, -1)[:, :length]
+    y += rng.random((lines, length), dtype=np.float32)
+    q = np.clip(np.floor(y), -levels, levels).astype(np.int8)
+    return q, bits.reshape(-1)
+
+
+def from_groups(
+    q: np.ndarray, bits: np.ndarray, shape: tuple[int, ...], group: int = GROUP
+) -> np.ndarray:
+    """float32 of ``shape`` from its levels ``q`` (lines x length, flat) and scale bits."""
+    rows, cols, lines, length = _lines(shape)
+    if lines * length == 0:
+        return np.zeros(shape, np.float32)
+    groups = -(-length // group)
+    padded = np.zeros((lines, groups, group), np.float32)
+    padded.reshape(lines, -1)[:, :length] = q.reshape(lines, length)
+    padded *= from_bf16_bits(bits).reshape(lines, groups, 1)
+    m = padded.reshape(lines, -1)[:, :length]
+    if lines != rows:
+        m = m.T
+    return np.ascontiguousarray(m.reshape(shape))
+
+
+def pack_groups(
+    state: Mapping[str, np.ndarray], encoding: str, rng: np.random.Generator
+) -> np.ndarray:
+    """``state`` under ``encoding`` (int8-g, int4-g) as one packed uint8 buffer."""
+    levels, nbits = GROUPED[encoding]
+    index, scales, entries = [], [], []
+    for name, value in state.items():
+        x = np.ascontiguousarray(value, dtype=np.float32)  # a 0-d array: shape (1,), as fp32
+        _refuse_non_finite(name, x, encoding)
+        q, bits = to_groups(x, levels, rng)
+        index.append([name, list(x.shape)])
+        scales.append(bits.astype("<u2"))
+        entries.append(q.reshape(-1))
+    header = json.dumps(
+        {"encoding": encoding, "group": GROUP, "arrays": index}, separators=(",", ":")
+    ).encode()
+    header += b" " * (len(header) % 2)  # the scales start on an even byte
+    levels_q = np.concatenate(entries) if entries else np.zeros(0, np.int8)
+    if nbits == 4:  # two's complement nibbles, two to a byte
+        nibbles = levels_q.view(np.uint8) & 0x0F
+        if nibbles.size % 2:
+            nibbles = np.append(nibbles, np.uint8(0))
+        body = nibbles[0::2] | (nibbles[1::2] << 4)
+    else:
+        body = levels_q.view(np.uint8)
+    parts = [
+        np.frombuffer(PACK_MAGIC + len(header).to_bytes(4, "little") + header, np.uint8),
+        *(s.view(np.uint8) for s in scales),
+        body,
+    ]
+    return np.concatenate(parts)
+
+
+def _header(buffer: np.ndarray, encoding: str) -> tuple[int, list[tuple[str, tuple]], int]:
+    """(group, [(name, shape)], where the scales start) of a packed buffer, checked."""
+    if buffer.ndim != 1 or buffer.size < 8 or buffer[:4].tobytes() != PACK_MAGIC:
+        raise ValueError(f"{PACKED} is not a packed {encoding} buffer (no {PACK_MAGIC!r} mark)")
+    size = int.from_bytes(buffer[4:8].tobytes(), "little")
+    if 8 + size > buffer.size:
+        raise ValueError(f"{PACKED} is truncated: its header needs {size} bytes")
+    try:
+        header = json.loads(buffer[8 : 8 + size].tobytes().decode("utf-8"))
+        group, arrays = header["group"], header["arrays"]
+        sent = header["encoding"]
+        index = [(name, tuple(shape)) for name, shape in arrays]
+    except (ValueError, KeyError, TypeError) as err:  # JSON, UTF-8, a missing or bad field
+        raise ValueError(f"{PACKED} has a malformed header: {err}") from err
+    if not all(isinstance(name, str) for name, _ in index):
+        raise ValueError(f"{PACKED} has a malformed header: an array's name is not a string")
+    if sent != encoding:
+        raise ValueError(f"{PACKED} was packed under {sent!r}, not the run's {encoding!r}")
+    if not isinstance(group, int) or group < 1:
+        raise ValueError(f"{PACKED} has a bad group size {group!r}")
+    for name, shape in index:
+        if not all(isinstance(n, int) and 0 <= n < 2**31 for n in shape):
+            raise ValueError(f"{PACKED} gives array {name!r} a bad shape {shape!r}")
+    if len({name for name, _ in index}) != len(index):
+        raise ValueError(f"{PACKED} names an array twice")
+    return group, index, 8 + size
+
+
+def unpack_groups(buffer: np.ndarray, encoding: str) -> dict[str, np.ndarray]:
+    """The float32 arrays, under their own names and shapes, of a buffer ``pack_groups``
+    made under ``encoding``; a malformed buffer (truncated, a bad header, sizes that do
+    not add up, levels or scales no encoder makes) raises ValueError."""
+    levels, nbits = GROUPED[encoding]
+    group, index, at = _header(buffer, encoding)
+    counts = [_counts(shape, group) for _, shape in index]
+    entries = sum(n for n, _ in counts)
+    n_scales = sum(s for _, s in counts)
+    expected = at + 2 * n_scales + (entries if nbits == 8 else -(-entries // 2))
+    if buffer.size != expected:
+        raise ValueError(
+            f"{PACKED} holds {buffer.size} bytes where its header's {len(index)} arrays take "
+            f"{expected}: truncated or mismatched"
+        )
+    bits = buffer[at : at + 2 * n_scales].copy().view("<u2").astype(np.uint16)
+    scale = from_bf16_bits(bits)
+    if not (np.isfinite(scale) & (scale > 0)).all():
+        raise ValueError(f"{PACKED} holds a scale that is not positive and finite")
+    body = buffer[at + 2 * n_scales :]
+    if nbits == 4:
+        nibbles = np.empty(2 * body.size, np.uint8)
+        nibbles[0::2], nibbles[1::2] = body & 0x0F, body >> 4
+        q = ((nibbles[:entries] ^ 8).astype(np.int8) - 8).astype(np.int8)  # sign-extended
+    else:
+        q = body.view(np.int8)
+    if q.size and (q.min() < -levels or q.max() > levels):
+        raise ValueError(f"{PACKED} holds a level beyond ±{levels}")
+    out: dict[str, np.ndarray] = {}
+    e = s = 0
+    for (name, shape), (n, k) in zip(index, counts, strict=True):
+        out[name] = from_groups(q[e : e + n], bits[s : s + k], shape, group)
+        e, s = e + n, s + k
+    return out

@@ -14,6 +14,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from flower_app.settings.config import ConfigError, resolve_config
 from flower_app.wire.encoding import (
     ENCODINGS,
+    GROUPED,
     decode_record,
     encode_record,
     encoding_rng,
@@ -198,6 +199,9 @@ def test_every_shape_round_trips_under_every_encoding(encoding, shape):
         scale = np.abs(rows).max(axis=1, keepdims=True, initial=0) / 127
         assert np.all(np.abs(y.reshape(rows.shape) - rows) <= scale * (1 + 1e-6))
         assert record["x@int8-scale"].numpy().shape == (rows.shape[0],)  # one scale a row
+    elif encoding in GROUPED:  # within its group's scale: tests/runtime/test_encoding_groups.py
+        step = np.abs(x).max(initial=0) / GROUPED[encoding][0] * (1 + 2**-7)
+        assert np.all(np.abs(y - x) <= step * (1 + 1e-6))
     else:
         expected = x.astype(np.float16) if encoding == "fp16" else x
         np.testing.assert_allclose(y, expected, rtol=2**-8)
@@ -211,7 +215,8 @@ def test_a_0d_scalar_travels_as_one_entry_under_every_encoding():
         record = encode_record({"s": np.float32(0.75)}, encoding, np.random.default_rng(0))
         y = decode_record(record, encoding)["s"].numpy()
         assert y.dtype == np.float32 and y.shape == (1,), encoding
-        assert abs(y[0] - 0.75) <= (0.75 / 127 if encoding == "int8" else 0), encoding
+        levels = 127 if encoding == "int8" else GROUPED.get(encoding, (0,))[0]
+        assert abs(y[0] - 0.75) <= (0.75 / levels * (1 + 2**-7) if levels else 0), encoding
 
 
 def old_to_bf16_bits(x: np.ndarray) -> np.ndarray:
