@@ -169,6 +169,12 @@ def _check_async_rounds(config: RunConfig) -> None:
             raise ConfigError(
                 "async-concurrency / async-buffer-size: set only with round-mode=async"
             )
+        if config.async_server_lr != 1.0:  # a synchronous round applies the mean as it is
+            raise ConfigError(
+                f"async-server-lr: {config.async_server_lr} is FedBuff's server rate and "
+                "set only with round-mode=async (a synchronous round applies the clients' "
+                "aggregate as it is)"
+            )
         return
     method = get_method(config.method)
     if method.async_update is None:

@@ -17,6 +17,7 @@ from flower_app.settings.checks import (
     one_of,
     partition_list,
     positive,
+    positive_finite,
 )
 
 
@@ -54,10 +55,11 @@ class FederationSettings:
     uplink_encoding: str = setting(
         "fp32",
         "how the arrays of the clients' training replies travel: 'fp32' (as always), 'bf16', "
-        "'fp16', or 'int8' (per-row absmax scale, unbiased stochastic rounding from the "
-        "round's seed); the server decodes them before anything reads them "
-        "(flower_app/wire/encoding.py)",
-        check=one_of("fp32", "bf16", "fp16", "int8"),
+        "'fp16', 'int8' (per-row absmax scale, unbiased stochastic rounding from the "
+        "round's seed), or 'int8-g' / 'int4-g' (the same rounding with a scale per 128 "
+        "entries along each array's long axis, the message's arrays packed in one buffer); "
+        "the server decodes them before anything reads them (flower_app/wire/encoding.py)",
+        check=one_of("fp32", "bf16", "fp16", "int8", "int8-g", "int4-g"),
         affects=(),
     )
     downlink_encoding: str = setting(
@@ -65,7 +67,7 @@ class FederationSettings:
         "how the arrays of the server's training messages travel (as uplink-encoding; one "
         "rounding for every node, so every node decodes the same model); what a method sends "
         "besides them (its folds into W0, its fixed bases) travels fp32",
-        check=one_of("fp32", "bf16", "fp16", "int8"),
+        check=one_of("fp32", "bf16", "fp16", "int8", "int8-g", "int4-g"),
         affects=(),
     )
 
@@ -103,6 +105,14 @@ class AsyncRoundSettings:
         "round-mode=async: a reply trained from a model tau updates old moves the model by "
         "(1 + tau)^-a of its delta (a = this; 0 = no discount)",
         check=non_negative_finite,
+        affects=(),
+    )
+    async_server_lr: float = setting(
+        1.0,
+        "round-mode=async: FedBuff's server learning rate eta_g: an update moves the model "
+        "by eta_g times the weighted mean of the buffer's staleness-scaled deltas (1 = that "
+        "mean; another rate steps eta_g of the way to a buffer of fresh replies' mean too)",
+        check=positive_finite,
         affects=(),
     )
     async_max_staleness: int = setting(

@@ -1,15 +1,15 @@
 """FLoRG's server step for a buffer of replies trained from different models, one layer
 (``aggregate_florg_buffered``), the update of ``round-mode=async``
 (strategies/server/buffered_rounds.py). A reply trained from an older A_τ enters as its
-Gram delta, scaled by its staleness factor cₙ = (1 + τₙ)^-a:
+Gram delta, scaled by its staleness factor cₙ = (1 + τₙ)^-a and FedBuff's server rate η_g:
 
-    Q = A_curᵀ A_cur + Σ wₙ cₙ (AₙᵀAₙ − A_τₙᵀ A_τₙ)      (Σ wₙ = 1; eq. Gram_agg)
+    Q = A_curᵀ A_cur + η_g Σ wₙ cₙ (AₙᵀAₙ − A_τₙᵀ A_τₙ)      (Σ wₙ = 1; eq. Gram_agg)
 
 then the decomposition (eq. Gram_decompose) and Procrustes with A_cur (Theorem 1) as in
-``strategies.florg.rule``; with every reply fresh Q is the synchronous Gram average. Q may
-have negative eigenvalues: the step keeps its positive part and reports the share dropped
-(``negative_share``); ``gram_rel_error`` is against the signed Q. Q is never formed
-(``signed_gram_eigenpairs``). More: docs/async.md, "What an update does, per method".
+``strategies.florg.rule``; with every reply fresh and η_g = 1 Q is the synchronous Gram
+average. Q may have negative eigenvalues: the step keeps its positive part and reports the
+share dropped (``negative_share``); ``gram_rel_error`` is against the signed Q. Q is never
+formed (``signed_gram_eigenpairs``). More: docs/async.md, "What an update does, per method".
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def aggregate_florg_buffered(
         client_As: the replies' A_n (r x k each).
         start_As: the global A each reply trained from (A_τₙ; r x k each).
         weights: the replies' weights (normalised here; None: uniform).
-        factors: each reply's staleness factor cₙ
-            (``strategies.server.buffered_update.staleness_factor``).
+        factors: each reply's share of its Gram delta, η_g cₙ: its staleness factor
+            times the server rate (``strategies.server.buffered_update.staleness_factors``).
         current_A: the current global A, Q's base and the Procrustes anchor.
 
     Returns the new A (r x k) and ``strategies.florg.rule``'s diagnostics

@@ -145,14 +145,15 @@ class FLoRGStrategy(AdapterStrategy):
         return new_As, info
 
     def aggregate_buffered(self, server_round, kept, weights):
-        """round-mode=async with stale replies: each layer's Gram average moved by every
-        reply's Gram delta AₙᵀAₙ − A_vₙᵀA_vₙ, scaled by its staleness factor, decomposed and
-        aligned with the current A (strategies/florg/buffered_rule.py); the head as the
-        common strategy moves it (strategies/server/buffered_rounds.py)."""
+        """round-mode=async with stale replies (or any buffer under a server rate η_g != 1):
+        each layer's Gram average moved by every reply's Gram delta AₙᵀAₙ − A_vₙᵀA_vₙ, scaled
+        by η_g times its staleness factor, decomposed and aligned with the current A
+        (strategies/florg/buffered_rule.py); the head as the common strategy moves it
+        (strategies/server/buffered_update.py)."""
         from strategies.florg.buffered_rule import aggregate_florg_buffered
         from strategies.server.buffered_update import moved_replies, staleness_factors
 
-        factors = staleness_factors(kept, self.staleness_exponent)
+        factors = staleness_factors(kept, self.staleness_exponent, self.server_lr)
         new, per_layer = {}, {}
         for key in (f"{layer}.A" for layer in self.layers()):
             new[key], per_layer[key] = aggregate_florg_buffered(
@@ -164,7 +165,9 @@ class FLoRGStrategy(AdapterStrategy):
                 procrustes=self.procrustes,
                 rank_mismatch=self.rank_mismatch,
             )
-        heads = moved_replies(self.global_state, kept, self.staleness_exponent, self.head_keys())
+        heads = moved_replies(
+            self.global_state, kept, self.staleness_exponent, self.head_keys(), self.server_lr
+        )
         for key in self.head_keys():
             new[key] = weighted_average([h[key] for h in heads], weights, key)
         names = ("rank", "gram_rel_error", "drift", "eigengap", "negative_share")

@@ -31,6 +31,7 @@ from flower_app.wire.records import declared_params, message_bytes, record_param
 from strategies.server.buffered_update import AsyncSettings
 from strategies.server.ledger import traffic_metrics
 from strategies.server.replies import Reply, ReplyRejected, train_time_metrics
+from strategies.server.simulation_slots import warn_simulation_slots
 
 log = logging.getLogger("flwr.florg")
 POLL_SECONDS = 0.2  # how often the server asks the SuperLink for replies
@@ -108,9 +109,11 @@ class BufferedRounds:
         flwr_log(
             logging.INFO,
             "round-mode=async: %d clients in flight, an update every %d replies, "
-            "staleness exponent %g, versions kept %d",
-            concurrency, buffer_size, settings.staleness_exponent, settings.max_staleness,
+            "staleness exponent %g, server rate %g, versions kept %d",
+            concurrency, buffer_size, settings.staleness_exponent, settings.server_lr,
+            settings.max_staleness,
         )  # fmt: skip
+        warn_simulation_slots(grid, concurrency)
         pending = _Pending(lost_in_flight=self.lost_in_flight)
         self._dispatch(grid, version, concurrency, rng, train_config, pending)
         self.buffered = []

@@ -3,13 +3,13 @@ strategies/server/buffered_rounds.py), FedBuff's (Nguyen et al., AISTATS 2022) w
 method's own rule. A reply that trained from version v and is applied at update t + 1 has
 staleness τ = t − v and enters as what it changed since v, scaled by cₙ = (1 + τ)^-a
 (``async-staleness-exponent``, ``staleness_factor``); a buffer of fresh replies only is the
-synchronous round (``aggregate_replies``). The update, per method (docs/async.md):
+synchronous round when η_g = 1 (``aggregate_replies``). The update, per method (docs/async.md):
 
 - a mean method (``Method.async_update == 'mean'``): each reply moved onto the current model,
-  x_t + cₙ (xₙ − x_vₙ) (``moved_replies``), so the update is x_t + Σ wₙ cₙ (xₙ − x_vₙ),
-  FedBuff's with a server rate of 1 (the common strategy's ``aggregate_buffered``);
-- a Gram-average method (``'gram'``): Q = A_tᵀ A_t + Σ wₙ cₙ (AₙᵀAₙ − A_vₙᵀ A_vₙ), decomposed
-  and aligned as in sync (strategies/florg/buffered_rule.py).
+  x_t + η_g cₙ (xₙ − x_vₙ) (``moved_replies``), so the update is FedBuff's
+  x_t + η_g Σ wₙ cₙ (xₙ − x_vₙ), η_g its server rate (``async-server-lr``);
+- a Gram-average method (``'gram'``): Q = A_tᵀ A_t + η_g Σ wₙ cₙ (AₙᵀAₙ − A_vₙᵀ A_vₙ),
+  decomposed and aligned as in sync (strategies/florg/buffered_rule.py).
 """
 
 from __future__ import annotations
@@ -36,11 +36,13 @@ class AsyncSettings:
     staleness_exponent: float = 0.5
     max_staleness: int = 8
     seed: int = 0  # which idle nodes get work
+    server_lr: float = 1.0  # η_g, FedBuff's server learning rate
 
 
-def staleness_factors(kept: list[Reply], exponent: float) -> list[float]:
-    """Each reply's cₙ = (1 + τₙ)^-a."""
-    return [staleness_factor(r.staleness, exponent) for r in kept]
+def staleness_factors(kept: list[Reply], exponent: float, server_lr: float = 1.0) -> list[float]:
+    """Each reply's share of its delta, η_g cₙ = η_g (1 + τₙ)^-a (η_g: ``server_lr``)."""
+    # η_g = 1 leaves cₙ bit for bit: 1.0 × c is exactly c in IEEE arithmetic
+    return [server_lr * staleness_factor(r.staleness, exponent) for r in kept]
 
 
 def moved_replies(
@@ -48,11 +50,13 @@ def moved_replies(
     kept: list[Reply],
     exponent: float,
     keys: list[str] | None = None,
+    server_lr: float = 1.0,
 ) -> list[dict]:
-    """Each reply read from the current model, x_t + cₙ (xₙ − x_vₙ), over ``keys`` (None:
-    every array it sent)."""
+    """Each reply read from the current model, x_t + η_g cₙ (xₙ − x_vₙ), over ``keys``
+    (None: every array it sent); their weighted mean is FedBuff's update (η_g:
+    ``server_lr``)."""
     return [
         {k: current[k] + c * (np.asarray(r.arrays[k], np.float64) - r.start[k])
          for k in (r.arrays if keys is None else keys)}
-        for r, c in zip(kept, staleness_factors(kept, exponent), strict=True)
+        for r, c in zip(kept, staleness_factors(kept, exponent, server_lr), strict=True)
     ]  # fmt: skip

@@ -79,14 +79,13 @@ class AdapterStrategy(FedAvg):
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
-            # set just below: FedAvg logs a WARNING for a 0.0 given here ("Federated
-            # evaluation will be skipped"), noise for an app that evaluates centrally
-            fraction_evaluate=1.0,
+            fraction_evaluate=1.0,  # set below: FedAvg warns about a 0.0 given here
             min_train_nodes=min_train_nodes,
             min_evaluate_nodes=min_train_nodes if clients_evaluate else 0,
             min_available_nodes=min_available_nodes,
         )
-        self.fraction_evaluate = 1.0 if clients_evaluate else 0.0  # 0.0: no client evaluates
+        # 0.0: no client evaluates (the server evaluates centrally every round)
+        self.fraction_evaluate = 1.0 if clients_evaluate else 0.0
         if weighting not in ("uniform", "num-examples"):
             raise ValueError(f"weighting must be 'uniform' or 'num-examples', got {weighting!r}")
         # the method's rule, DP mechanism and flags (heterogeneous ranks, DP): never its name
@@ -173,10 +172,8 @@ class AdapterStrategy(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """FedAvg's, each node sent the state of its own rank."""
-        return [
-            self.at_node_rank(None, m)
-            for m in super().configure_evaluate(server_round, arrays, config, grid)
-        ]
+        sent = super().configure_evaluate(server_round, arrays, config, grid)
+        return [self.at_node_rank(None, m) for m in sent]
 
     # -- clients of different rank (rank_router.py) ----------------------------------------
     def sent_state(self, rank: int) -> dict[str, np.ndarray]:
@@ -300,7 +297,8 @@ class AdapterStrategy(FedAvg):
             weights = normalize_weights(
                 None if self.weighting == "uniform" else sizes, len(payloads)
             )
-            if any(r.staleness for r in kept):  # buffered_rounds.py: deltas from their starts
+            # deltas from their starts (buffered_update.py), also when η_g != 1 steps them
+            if any(r.staleness for r in kept) or self.server_lr != 1.0:
                 new_state, info = self.aggregate_buffered(server_round, kept, weights)
             else:
                 new_state, info = self.aggregate_adapter(server_round, payloads, weights)
@@ -333,17 +331,22 @@ class AdapterStrategy(FedAvg):
 
     @property
     def staleness_exponent(self) -> float:
-        """a of the staleness factor (1 + τ)^-a (``async-staleness-exponent``)."""
-        return 0.0 if self.async_rounds is None else self.async_rounds.settings.staleness_exponent
+        """a of the staleness factor (1 + τ)^-a (``async-staleness-exponent``; 0 in sync)."""
+        return self.async_rounds.settings.staleness_exponent if self.async_rounds else 0.0
+
+    @property
+    def server_lr(self) -> float:
+        """η_g, FedBuff's server rate (``async-server-lr``; 1 in a synchronous run)."""
+        return self.async_rounds.settings.server_lr if self.async_rounds else 1.0
 
     def aggregate_buffered(
         self, server_round: int, kept: list[Reply], weights: np.ndarray
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        """A buffer holding stale replies ('mean' methods, buffered_update.py): the method's
-        rule over the replies moved onto the current model, x_t + cₙ (xₙ − x_vₙ), so the
-        update is x_t + Σ wₙ cₙ (xₙ − x_vₙ); the head likewise. A Gram-average method
-        overrides it in its folder."""
-        moved = moved_replies(self.global_state, kept, self.staleness_exponent)
+        """FedBuff's x_t + η_g Σ wₙ cₙ (xₙ − x_vₙ) ('mean' methods, buffered_update.py): the
+        method's rule over the replies moved onto the current model, the head likewise."""
+        moved = moved_replies(
+            self.global_state, kept, self.staleness_exponent, server_lr=self.server_lr
+        )
         new_state, info = self.aggregate_adapter(server_round, moved, weights)
         for key in self.head_keys():
             new_state[key] = weighted_average([m[key] for m in moved], weights, key)

@@ -135,6 +135,7 @@ class BaseMethod(Method):
                 staleness_exponent=config.async_staleness_exponent,
                 max_staleness=config.async_max_staleness,
                 seed=config.seed,
+                server_lr=config.async_server_lr,
             )
             if config.round_mode == "async"
             else None
