@@ -21,6 +21,7 @@ from flwr.common.logger import log as flwr_log
 import strategies.registry  # noqa: F401  (every method registers with the core's registry)
 from flower_app.cache.per_process import cached_adapted_model
 from flower_app.client.dp_state import load_accountant, save_accountant
+from flower_app.client.error_feedback import encode_with_feedback
 from flower_app.client.faults import inject_faults
 from flower_app.client.node_config import node_slowdown, use_node_data
 from flower_app.client.node_state import (
@@ -131,7 +132,13 @@ def train(msg: Message, context: Context) -> Message:
         # as Flower logs a ClientApp's exception on the node and returns it to the server as
         # an error reply with the exception's text, which the strategy counts as a failure
         rng = encoding_rng(config.seed, server_round, UP, pid)
-        content["arrays"] = encode_record(reply.shared, config.uplink_encoding, rng)
+        if config.uplink_error_feedback:  # plus what earlier replies' encoding left out
+            content["arrays"] = encode_with_feedback(
+                msg, context, config, adapted, reply.shared,
+                rank=rank, partition_id=pid, server_round=server_round, rng=rng,
+            )  # fmt: skip
+        else:
+            content["arrays"] = encode_record(reply.shared, config.uplink_encoding, rng)
     slowdown = node_slowdown(config, context.node_config, pid)
     if slowdown > 1:
         time.sleep((slowdown - 1) * trained)

@@ -131,6 +131,17 @@ def _check_encodings(config: RunConfig) -> None:
         )
 
 
+def _check_error_feedback(config: RunConfig) -> None:
+    """``uplink-error-feedback`` feeds back what a lossy uplink encoding leaves out; fp32
+    leaves nothing out."""
+    if config.uplink_error_feedback and config.uplink_encoding == "fp32":
+        raise ConfigError(
+            "uplink-error-feedback: true needs a lossy uplink-encoding (bf16, fp16, int8, "
+            "int8-g, int4-g); uplink-encoding=fp32 sends the update exactly and leaves "
+            "nothing to feed back"
+        )
+
+
 def _check_unnoised_metrics(config: RunConfig) -> None:
     """``dp-unnoised-metrics=withhold`` keeps the clients' unnoised metrics on the nodes
     (flower_app/client/round.py): it means something only with DP on, and client
@@ -223,6 +234,7 @@ CROSS_CHECKS = (
     _check_example_dp,
     _check_unnoised_metrics,
     _check_encodings,
+    _check_error_feedback,
     _check_async_rounds,
     _check_method_settings,
 )

@@ -62,6 +62,15 @@ class FederationSettings:
         check=one_of("fp32", "bf16", "fp16", "int8", "int8-g", "int4-g"),
         affects=(),
     )
+    uplink_error_feedback: bool = setting(
+        False,
+        "error feedback for a lossy uplink-encoding: each client adds to its update what the "
+        "encoding left out of its earlier replies and keeps what it leaves out now (in the "
+        "node's state and, with $FLORG_NODE_STATE_DIR, on its disk: "
+        "flower_app/client/error_feedback.py), so the sum of the updates the server decodes "
+        "is off by one rounding, not one a round; refused with uplink-encoding=fp32",
+        affects=(),
+    )
     downlink_encoding: str = setting(
         "fp32",
         "how the arrays of the server's training messages travel (as uplink-encoding; one "
