@@ -54,6 +54,7 @@ CASES: dict[str, dict[str, object]] = {
     "fedsvd": {"method": "fedsvd"},
     "flora": {"method": "flora"},  # its folds' resend and fresh LoRA by round
     "fed-sb": {"method": "fed-sb"},
+    "fedrot-lora": {"method": "fedrot-lora"},
     "florg-ranks": {"method": "florg", "client-ranks": "1,2,2"},
     "fedit-dp": {"method": "fedit", "dp": "central", "dp-noise-multiplier": 0.5},
     "florg-dp": {"method": "florg", "dp": "central", "dp-noise-multiplier": 0.5},

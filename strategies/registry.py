@@ -29,6 +29,7 @@ METHOD_FOLDERS = (
     "fedsvd",
     "flora",
     "fed_sb",
+    "fedrot_lora",
 )
 for _folder in METHOD_FOLDERS:
     for _method in import_module(f"strategies.{_folder}.method").METHODS:

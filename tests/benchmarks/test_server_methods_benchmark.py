@@ -28,6 +28,7 @@ def rule_reference(case: Case) -> dict[str, np.ndarray]:
     from strategies.federa.rule import aggregate_federa
     from strategies.fedex_lora.rule import aggregate_fedex_lora
     from strategies.fedit.rule import aggregate_fedit
+    from strategies.fedrot_lora.rule import aggregate_fedrot_lora
     from strategies.fedsa_lora.rule import aggregate_fedsa_lora
     from strategies.fedsvd.rule import aggregate_fedsvd
     from strategies.ffa_lora.rule import aggregate_ffa_lora
@@ -71,6 +72,10 @@ def rule_reference(case: Case) -> dict[str, np.ndarray]:
             out[f"fold:{layer}"] = stack_flora(stacked(p, kb), stacked(p, ka), w).to_dense()
         elif name == "fed-sb":
             out[kR] = aggregate_fed_sb(stacked(p, kR), w)
+        elif name == "fedrot-lora":  # round 1 rotates nothing (None): the factor-wise means
+            out[kb], out[ka], _ = aggregate_fedrot_lora(
+                stacked(p, kb), stacked(p, ka), w, sent[kb], sent[ka], None
+            )
         else:
             raise AssertionError(f"no reference for {name!r}: add it here")
     return out

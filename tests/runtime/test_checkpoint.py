@@ -83,11 +83,13 @@ def reply(state, pid) -> Message:
 
 # FedIT (the global adapter only) and every method whose server keeps state between rounds
 # beyond it: FLoRG's factor (Procrustes' reference), FedEx-LoRA's and FLoRA's folds, Fed-SB's
-# B and A, RoLoRA's and FedSVD's round-dependent parts. The resumed runs through the simulation:
+# B and A, RoLoRA's and FedSVD's round-dependent parts, FedRot-LoRA's round-dependent
+# alignment (round 3 aligns B). The resumed runs through the simulation:
 # tests/runtime/test_app_e2e.py (FedSA-LoRA, Fed-SB), tests/deployment/test_deploy_faults.py
 # (FLoRG).
 @pytest.mark.parametrize(
-    "method", ["florg", "fedex-lora", "fedit", "flora", "fed-sb", "rolora", "fedsvd"]
+    "method",
+    ["florg", "fedex-lora", "fedit", "flora", "fed-sb", "rolora", "fedsvd", "fedrot-lora"],
 )
 def test_a_restored_strategy_continues_exactly(method):
     rng = np.random.default_rng(0)

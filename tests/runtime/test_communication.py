@@ -65,6 +65,7 @@ def test_counts_match_the_tensors_each_method_sends(layout, tiny_bert_config):
         # at rank r; a client of rank r_n: its r_n (tests/runtime/test_client_ranks.py)
         "hetlora": both,
         "flexlora": both,
+        "fedrot-lora": both,  # its rotation runs on the server: the factor-wise average's
     }
     # up in rounds 1 and 2, down: B then A, both down (RoLoRA); B up, both down (FedSVD)
     by_round = {"rolora": ((only_b, only_a), both), "fedsvd": ((only_b, only_b), both)}

@@ -43,6 +43,7 @@ MECHANISMS = {
     "rolora": "mean",  # over the round's trained factor and the head
     "fedsvd": "mean",  # over B and the head, then the re-factorisation (post-processing)
     "fed-sb": "mean",  # over R and the head (round 0's gradients: tests/runtime/test_fed_sb.py)
+    "fedrot-lora": "mean",  # on the rotated replies (round 2 on: tests/runtime/test_fedrot_lora.py)
 }
 
 TaskIdentity.run_id = 1

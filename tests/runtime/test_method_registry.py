@@ -107,6 +107,7 @@ def test_every_method_is_registered_with_a_consistent_declaration():
     assert method_names() == (
         "florg", "florg-no-procrustes", "florg-signed", "fedit", "federa", "ffa-lora",
         "fedsa-lora", "fedex-lora", "hetlora", "flexlora", "rolora", "fedsvd", "flora", "fed-sb",
+        "fedrot-lora",
     )  # fmt: skip
     assert get_method("fedsa-lora").personal and not get_method("fedit").personal
     assert get_method("ffa-lora").frozen == ("A",)
