@@ -19,9 +19,14 @@ Side by side, every encoding once per repeat, the median of ``--repeats`` after 
   the state it was sent.
 
 Each row prints the server codec's share of the aggregation (the goal: at most 5%) and the
-bytes a reply's content takes on the wire (its serialised Flower RecordDict; the message
-adds a few hundred bytes of metadata). fp32 is the
+bytes a reply's content takes serialised (its Flower RecordDict as protobuf). fp32 is the
 baseline: its records are built as every round builds them, and decoding them is free.
+
+A second table times the byte count of the metrics rows (``wire_bytes_each``,
+flower_app/wire/deployment_bytes.py) over the round's 2N messages (N training messages
+sharing the encoded global record, N replies with their metrics) against the same
+aggregation (the goal: under 1%), with a reply's and a training message's bytes as a
+deployment sends them against their contents' protobuf.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from benchmarks.core.server_methods import Case, blas_threads, build_case
 from benchmarks.core.settings import ServerShape
@@ -51,10 +57,19 @@ class Row:
     server_codec_s: float
     client_codec_s: float
     reply_bytes: int
+    count_s: float = 0.0  # counting the round's 2N messages' bytes (wire_bytes_each)
+    reply_wire: int = 0  # a reply's bytes as a deployment sends it
+    reply_proto: int = 0  # the reply's content (arrays and metrics) serialised (protobuf)
+    sent_wire: int = 0  # a training message's bytes as a deployment sends it
+    sent_proto: int = 0  # its content (arrays and config) serialised
 
     @property
     def share(self) -> float:
         return self.server_codec_s / self.aggregation_s
+
+    @property
+    def count_share(self) -> float:
+        return self.count_s / self.aggregation_s
 
 
 def _median(fn: Callable[[], object], repeats: int) -> float:
@@ -67,12 +82,45 @@ def _median(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+def round_messages(sent: Any, replies: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """A round's messages as the ServerApp sends and receives them: one training message a
+    client, all carrying the one encoded global record ``sent`` with their config, and each
+    client's reply record with its metrics."""
+    from flwr.app import ConfigRecord, Message, Metadata, MetricRecord, RecordDict
+
+    def metadata(node: int, reply_to: str) -> Metadata:
+        return Metadata(
+            run_id=1, message_id="", src_node_id=1, dst_node_id=node,
+            reply_to_message_id=reply_to, group_id="1", created_at=time.time(), ttl=3600.0,
+            message_type="train",
+        )  # fmt: skip
+
+    down = [
+        Message(
+            metadata=metadata(node, ""),
+            content=RecordDict({"arrays": sent, "config": ConfigRecord({"server-round": 1})}),
+        )
+        for node in range(2, 2 + len(replies))
+    ]
+    up = [
+        Message(
+            metadata=metadata(1, f"{node:064x}"),
+            content=RecordDict(
+                {"arrays": record, "metrics": MetricRecord({"num-examples": 256, "loss": 1.5})}
+            ),
+        )
+        for node, record in enumerate(replies, start=2)
+    ]
+    return down, up
+
+
 def codec_rows(case: Case, repeats: int, encodings: Sequence[str] = ENCODINGS) -> list[Row]:
     """Every encoding of ``case``'s round, with the aggregation timed in the same pass."""
     import numpy as np
     from flwr.app import RecordDict
     from flwr.common.serde import recorddict_to_proto
 
+    from flower_app.wire.deployment_bytes import wire_bytes, wire_bytes_each
     from flower_app.wire.encoding import decode_record, encode_record
 
     global_state = {k: np.asarray(v, np.float32) for k, v in case.strategy.global_state.items()}
@@ -91,6 +139,12 @@ def codec_rows(case: Case, repeats: int, encodings: Sequence[str] = ENCODINGS) -
             decode_record(sent, encoding)
             encode_record(case.payloads[0], encoding, rng)
 
+        down, up = round_messages(encode_record(global_state, encoding, rng), replies)
+
+        def count(down=down, up=up) -> None:
+            wire_bytes_each(down)
+            wire_bytes_each(up)
+
         aggregation = _median(case.round, repeats)
         content = recorddict_to_proto(RecordDict({"arrays": replies[0]}))
         rows.append(
@@ -101,6 +155,11 @@ def codec_rows(case: Case, repeats: int, encodings: Sequence[str] = ENCODINGS) -
                 _median(server, repeats),
                 _median(client, repeats),
                 content.ByteSize(),
+                count_s=_median(count, repeats),
+                reply_wire=wire_bytes(up[0]),
+                reply_proto=recorddict_to_proto(up[0].content).ByteSize(),
+                sent_wire=wire_bytes(down[0]),
+                sent_proto=recorddict_to_proto(down[0].content).ByteSize(),
             )
         )
     return rows
@@ -121,6 +180,21 @@ def table(rows: Sequence[Row], shape: ServerShape) -> str:
             f"| {r.method} | {r.encoding} | {r.aggregation_s:.3f} | {r.server_codec_s:.3f} | "
             f"{r.share:.1%} | {r.client_codec_s:.3f} | {r.reply_bytes:,} | "
             f"{r.reply_bytes / fp32[r.method]:.3f} |"
+        )
+    lines += [
+        "",
+        "byte count of the metrics rows (wire_bytes_each) over the round's 2N messages; a "
+        "reply's and a training message's bytes as a deployment sends them, against protobuf",
+        "",
+        "| method | encoding | aggregation s | byte count s | count / aggregation | "
+        "reply wire bytes | vs protobuf | sent wire bytes | vs protobuf |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.method} | {r.encoding} | {r.aggregation_s:.3f} | {r.count_s:.4f} | "
+            f"{r.count_share:.2%} | {r.reply_wire:,} | {r.reply_wire / r.reply_proto:.3f} | "
+            f"{r.sent_wire:,} | {r.sent_wire / r.sent_proto:.3f} |"
         )
     return "\n".join(lines)
 

@@ -2,9 +2,9 @@
 
 Each training round's row carries what travelled: the parameters (``up-params``,
 ``down-params``, and ``up-bytes`` / ``down-bytes`` = 4 per parameter, the paper's count) and
-the bytes read from the serialised messages (``uplink-bytes``, ``downlink-bytes``, per
-client and the largest, with their running totals ``cum-uplink-bytes`` /
-``cum-downlink-bytes``). A run in a FlowerTune LLM leaderboard track
+the bytes a deployment sends (flower_app/wire/deployment_bytes.py: ``uplink-bytes``,
+``downlink-bytes``, per client and the largest, with their running totals
+``cum-uplink-bytes`` / ``cum-downlink-bytes``). A run in a FlowerTune LLM leaderboard track
 (``flowertune-track``) also records its cumulative communication in the leaderboard's MB
 (``comm-mb``: the measured bytes / 1024²) against the budget (``comm-budget-mb``).
 
@@ -33,7 +33,7 @@ from flower_app.run_output.tracking import open_tracker
 from flower_app.settings.config import RunConfig
 from flower_app.task_kinds import TaskKind, get_kind
 
-# The bytes a round's messages took, read from the serialised messages by the strategy
+# The bytes a round's messages take in a deployment, counted by the strategy
 # (strategies/server/ledger.py); the recorder adds their running totals, cum-<key>.
 MEASURED_BYTES = ("uplink-bytes", "downlink-bytes")
 
@@ -152,7 +152,7 @@ class RunRecorder:
         for key, value in round_metrics.items():
             if key not in ("up-params", "down-params"):
                 row[key] = value
-        for key in MEASURED_BYTES:  # the bytes read from the serialised messages, summed
+        for key in MEASURED_BYTES:  # the bytes the messages take on the wire, summed
             if key in round_metrics:
                 self.totals[key] = self.totals.get(key, 0) + int(round_metrics[key])
                 row[f"cum-{key}"] = self.totals[key]

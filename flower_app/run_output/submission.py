@@ -48,7 +48,7 @@ def no_checkpoint_reason(adapted: AdaptedModel) -> str | None:
 
 def communication_record(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's communication in the templates' MB, per round and in total: the bytes
-    that travelled (``uplink-bytes`` + ``downlink-bytes``, read from the serialised
+    that travelled (``uplink-bytes`` + ``downlink-bytes``, as a deployment sends the
     messages), or, for rows from before those were recorded, the parameters at 4 bytes."""
     per_round = [
         {"round": r["round"], "mb": _round_mb(r), "cum-mb": _round_mb(r, "cum-")}

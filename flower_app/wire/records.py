@@ -6,9 +6,9 @@ LoRA-SB's ``R``),
 every other key belongs to the task head, which every method FedAvgs (``split_state``).
 The counts (``record_params``, ``declared_params``) are the parameters a round actually
 sends and receives, reported as the ``down-params`` / ``up-params`` metrics;
-``message_bytes`` is the size of a message's content as it travels (Flower's protobuf of
-its RecordDict: every array's bytes with its dtype, shape and name, the configs and
-metrics), reported as ``downlink-bytes`` / ``uplink-bytes``.
+``message_bytes`` is the size of a message's content as protobuf (the encodings' tests
+compare it); the ``downlink-bytes`` / ``uplink-bytes`` metrics are the bytes a deployment
+sends (flower_app/wire/deployment_bytes.py).
 """
 
 from __future__ import annotations
@@ -35,12 +35,11 @@ def from_array_record(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 def message_bytes(message: Any) -> int:
     """The size in bytes of ``message``'s content (a Flower ``Message``'s RecordDict)
-    serialised as Flower sends it (``flwr.common.serde.recorddict_to_proto``). The routing
-    metadata (about 100 bytes of ids and timestamps) is left out: its ids are random
-    varints whose length differs between runs, and a rerun must count the same bytes.
-    A failed reply counts its error (code and reason). Exact for the content by
-    construction; it costs one serialisation (about 20 ms per MB on a 2-core CPU), as the
-    transport's own does."""
+    serialised to protobuf (``flwr.common.serde.recorddict_to_proto``); a failed reply's,
+    its error (code and reason). The routing metadata is left out (its random ids would
+    make a rerun count different bytes). It costs one serialisation (about 20 ms per MB on
+    a 2-core CPU); what a deployment sends, counted without one, is
+    ``flower_app.wire.deployment_bytes.wire_bytes``."""
     from flwr.common.serde import error_to_proto, recorddict_to_proto
 
     if message.has_error():

@@ -23,10 +23,10 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
+from flower_app.wire.deployment_bytes import wire_bytes_each
 from flower_app.wire.records import (
     declared_params,
     from_array_record,
-    message_bytes,
     record_params,
     to_array_record,
 )
@@ -106,7 +106,7 @@ class FedSBStrategy(AdapterStrategy):
             "clients": len(grads),
             "up-params": sum(declared_params(m.content) for m in replies if not m.has_error()),
             "down-params": sum(record_params(m.content) for m in messages),
-            **traffic_metrics([message_bytes(m) for m in messages], replies),
+            **traffic_metrics(wire_bytes_each(messages), replies),
             "examples": float(sum(sizes)),
             **self.sampling.metrics(0),
         }

@@ -27,7 +27,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from flower_app.wire.records import declared_params, message_bytes, record_params, to_array_record
+from flower_app.wire.deployment_bytes import wire_bytes_each
+from flower_app.wire.records import declared_params, record_params, to_array_record
 from strategies.server.buffered_update import AsyncSettings
 from strategies.server.ledger import traffic_metrics
 from strategies.server.replies import Reply, ReplyRejected, train_time_metrics
@@ -223,7 +224,7 @@ class BufferedRounds:
             messages.append(self.strategy.at_node_rank(version + 1, message))
         pending.down_params += [record_params(m.content) for m in messages]
         self.strategy.encodings.encode(messages, version + 1)  # downlink (nothing at fp32)
-        pending.down_bytes += [message_bytes(m) for m in messages]
+        pending.down_bytes += wire_bytes_each(messages)
         now = time.monotonic()
         for message_id, message in zip(grid.push_messages(messages), messages, strict=True):
             self.in_flight[message_id] = Task(message.metadata.dst_node_id, version, now)

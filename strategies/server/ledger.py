@@ -8,7 +8,8 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import Message
 
-from flower_app.wire.records import message_bytes, record_params
+from flower_app.wire.deployment_bytes import wire_bytes_each
+from flower_app.wire.records import record_params
 from strategies.server.replies import Reply
 
 
@@ -25,7 +26,7 @@ class CommunicationLedger:
         messages = list(messages)
         self.down_params[server_round] = sum(record_params(m.content) for m in messages)
         self.down_by_node = {m.metadata.dst_node_id: record_params(m.content) for m in messages}
-        self.down_bytes[server_round] = [message_bytes(m) for m in messages]
+        self.down_bytes[server_round] = wire_bytes_each(messages)
         self.sampled[server_round] = len(messages)
 
     def record_sent_counts(self, server_round: int, params: list[int]) -> None:
@@ -36,14 +37,14 @@ class CommunicationLedger:
 
     def record_wire(self, server_round: int, messages: Iterable[Message]) -> None:
         """The round's messages as they travel (encoded): their bytes."""
-        self.down_bytes[server_round] = [message_bytes(m) for m in messages]
+        self.down_bytes[server_round] = wire_bytes_each(messages)
 
     def down(self, server_round: int) -> int:
         return self.down_params.get(server_round, 0)
 
     def bytes_metrics(self, server_round: int, replies: Iterable[Message]) -> dict[str, float]:
-        """The bytes that travelled in ``server_round``, read from the serialised messages
-        (``message_bytes``): ``downlink-bytes`` (every training message sent) and
+        """The bytes that travelled in ``server_round``, as a deployment sends the messages
+        (``wire_bytes_each``): ``downlink-bytes`` (every training message sent) and
         ``uplink-bytes`` (every reply received, failed and rejected ones included), in
         total and per client (``-per-client``: the mean over the messages; ``-max``: the
         largest)."""
@@ -76,8 +77,8 @@ class CommunicationLedger:
 
 def traffic_metrics(down: list[int], replies: Iterable[Message]) -> dict[str, float]:
     """``downlink-bytes*`` from the bytes of each message sent (``down``) and
-    ``uplink-bytes*`` from the replies, each serialised (``message_bytes``)."""
-    up = [message_bytes(m) for m in replies]
+    ``uplink-bytes*`` from the replies, each as a deployment sends it (``wire_bytes_each``)."""
+    up = wire_bytes_each(replies)
     out: dict[str, float] = {}
     for direction, sizes in (("downlink", down), ("uplink", up)):
         out[f"{direction}-bytes"] = float(sum(sizes))

@@ -1,7 +1,7 @@
-"""The bytes a round's messages take (``uplink-bytes``, ``downlink-bytes``): read from the
-messages' contents as Flower serialises them, in total, per client and the largest, failed
-replies included; against the serialised contents' lengths; the same whatever the random
-node and run ids."""
+"""``message_bytes``: a message's content as Flower serialises it to protobuf (the size the
+encoding tests compare), against the serialised contents' lengths, failed replies included;
+the same whatever the random node and run ids. A round with nothing sent counts zero bytes
+(the rows' ``uplink-bytes`` / ``downlink-bytes``: tests/runtime/test_wire_bytes.py)."""
 
 from __future__ import annotations
 
@@ -32,19 +32,12 @@ def wire_length(message: Message) -> int:
     return len(recorddict_to_proto(message.content).SerializeToString())
 
 
-def test_a_rounds_bytes_are_the_serialised_messages_lengths():
+def test_message_bytes_are_the_serialised_contents_lengths():
     sent = [training_message(node, rows) for node, rows in ((1, 2), (2, 4), (3, 8))]
-    ledger = CommunicationLedger()
-    ledger.record_sent(1, sent)
     replies = [training_message(9, 4), training_message(9, 2)]
     failed = Message(Error(code=0, reason="boom"), reply_to=sent[0])
-    metrics = ledger.bytes_metrics(1, [*replies, failed])
-
-    down = [wire_length(m) for m in sent]
-    up = [wire_length(m) for m in [*replies, failed]]
-    assert metrics["downlink-bytes"] == sum(down) and metrics["uplink-bytes"] == sum(up)
-    assert metrics["downlink-bytes-per-client"] == np.mean(down)
-    assert metrics["uplink-bytes-max"] == max(up) and metrics["downlink-bytes-max"] == max(down)
+    for message in [*sent, *replies, failed]:
+        assert message_bytes(message) == wire_length(message)
     # float32: 4 bytes an entry, plus a few hundred bytes of framing a message
     for message in sent:
         params = record_params(message.content)
