@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from flower_app.precision import MixedPrecision
+from flower_app.training.precision import MixedPrecision
 from tests.runtime.test_precision import _florg_and_peft_twins
 
 f_layer, l_layer = _florg_and_peft_twins()
