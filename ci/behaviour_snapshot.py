@@ -13,7 +13,8 @@ snapshots compared, so that both read the very same files: build them at one com
 the folder to the other.
 
 ``compare`` holds every case of AFTER to BEFORE: the metrics rows must be equal once the
-wall-clock keys are dropped, and every array of the adapter equal bit for bit. It prints
+wall-clock keys (and the keys given to ``--ignore``: those a change means to alter) are
+dropped, and every array of the adapter equal bit for bit. It prints
 one line per case and exits 1 on any difference (a case BEFORE's commit did not have yet
 is listed as new).
 
@@ -140,16 +141,20 @@ def is_wall_clock(key: str) -> bool:
     return any(part in key for part in WALL_CLOCK_KEYS)
 
 
-def comparable_rows(path: Path) -> list[dict]:
+def comparable_rows(path: Path, ignored: tuple[str, ...] = ()) -> list[dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [{k: v for k, v in row.items() if not is_wall_clock(k)} for row in rows]
+    return [
+        {k: v for k, v in row.items() if not is_wall_clock(k) and k not in ignored} for row in rows
+    ]
 
 
-def compare_case(before: Path, after: Path) -> list[str]:
+def compare_case(before: Path, after: Path, ignored: tuple[str, ...] = ()) -> list[str]:
     from safetensors.numpy import load_file
 
     problems = []
-    rows_before, rows_after = (comparable_rows(p / "metrics.jsonl") for p in (before, after))
+    rows_before, rows_after = (
+        comparable_rows(p / "metrics.jsonl", ignored) for p in (before, after)
+    )
     if rows_before != rows_after:
         for i, (a, b) in enumerate(zip(rows_before, rows_after, strict=False)):
             keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
@@ -179,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     compare = sub.add_parser("compare")
     compare.add_argument("before", type=Path)
     compare.add_argument("after", type=Path)
+    compare.add_argument(
+        "--ignore", nargs="*", default=[], help="metrics keys a change meant to alter"
+    )
+    compare.add_argument("--only", nargs="*", default=None, help="compare these cases only")
     args = parser.parse_args(argv)
     if args.command == "run":
         out = args.out.resolve()
@@ -194,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_case(name, settings, model, task, out)
         return 0
     failed = 0
-    for name in CASES:
+    for name in CASES if args.only is None else args.only:
         before, after = args.before / name, args.after / name
         if not (after / "metrics.jsonl").exists():
             print(f"{name}: MISSING in after")
@@ -203,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (before / "metrics.jsonl").exists():  # a case newer than BEFORE's commit
             print(f"{name}: new, not in before (nothing to compare)")
             continue
-        problems = compare_case(before, after)
+        problems = compare_case(before, after, tuple(args.ignore))
         print(f"{name}: {'identical' if not problems else 'DIFFERS: ' + '; '.join(problems)}")
         failed += bool(problems)
     return 1 if failed else 0

@@ -50,3 +50,11 @@ def test_the_snapshot_covers_async_rounds_and_every_lossy_encoding():
     assert any(s.get("round-mode") == "async" for s in settings)
     sent = {s.get(k) for s in settings for k in ("uplink-encoding", "downlink-encoding")}
     assert set(LOSSY) <= sent, set(LOSSY) - sent
+
+
+def test_compare_can_ignore_the_keys_a_change_means_to_alter(tmp_path):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    before = _case(tmp_path / "before", 0.5, a)
+    after = _case(tmp_path / "after", 0.6, a)
+    assert compare_case(before, after) != []
+    assert compare_case(before, after, ("accuracy",)) == []
