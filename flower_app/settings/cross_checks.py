@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from flower_app.methods.registry import get_method, method_names
 from flower_app.settings.checks import ConfigError
+from flower_app.settings.rounds import OVERSELECT_FRACTION
 
 if TYPE_CHECKING:
     from flower_app.settings.config import RunConfig
@@ -222,6 +223,48 @@ def _check_async_rounds(config: RunConfig) -> None:
         )
 
 
+def _check_overselected_rounds(config: RunConfig) -> None:
+    """``round-mode=sync-overselect`` (strategies/server/overselected_rounds.py) keeps the
+    first K replies of the ceil(K (1 + f)) it sends: the fastest clients, not a sample, so no
+    central DP (its accountant counts releases of a uniform sample); a fixed sample size (K
+    is one); no client evaluation rounds; no method that folds into W0 (what each node is
+    sent is read from its replies in the strategy's own ``aggregate_train``, which the loop
+    does not run). Its settings are refused in the other modes, as the async ones are in
+    this one (``_check_async_rounds``)."""
+    if config.round_mode != "sync-overselect":
+        if config.overselect_fraction != OVERSELECT_FRACTION:
+            raise ConfigError(
+                "overselect-fraction: set only with round-mode=sync-overselect (another "
+                "mode sends a round's tasks to its sample alone)"
+            )
+        if config.round_deadline:
+            raise ConfigError(
+                "round-deadline: set only with round-mode=sync-overselect (a synchronous "
+                "round waits for its sample up to the run's timeout)"
+            )
+        return
+    method = get_method(config.method)
+    refusals = (
+        (config.dp == "central", "dp",
+         "dp=central is refused with round-mode=sync-overselect: its accountant counts "
+         "releases of a uniform sample of clients, and an over-selected round keeps the "
+         "clients that replied first"),
+        (config.client_sampling != "fixed", "client-sampling",
+         "client-sampling=poisson is a sample of random size; round-mode=sync-overselect "
+         "over-selects a fixed sample size K: use client-sampling=fixed"),
+        (method.evaluates_on_clients(config), "client-eval",
+         "round-mode=sync-overselect has no client evaluation rounds; set client-eval=off (a "
+         "method with personal parts evaluates on its clients and is refused)"),
+        (method.writes_base_weights, "round-mode",
+         f"sync-overselect is refused for method={config.method!r}: each node's folds into "
+         "W0 are tracked from its replies in the method's own aggregate_train, which the "
+         "over-selected loop does not run (it checks each reply as it arrives)"),
+    )  # fmt: skip
+    for refused, key, why in refusals:
+        if refused:
+            raise ConfigError(f"{key}: {why}")
+
+
 # The one validation pipeline of ``resolve_config``: the checks across settings, in order,
 # each raising a ConfigError that names its key; a method adds its own through
 # ``Method.check_settings``. (Each value's own check runs first, in ``coerce_setting``; the
@@ -236,5 +279,6 @@ CROSS_CHECKS = (
     _check_encodings,
     _check_error_feedback,
     _check_async_rounds,
+    _check_overselected_rounds,
     _check_method_settings,
 )

@@ -20,6 +20,8 @@ from flower_app.settings.checks import (
     positive_finite,
 )
 
+OVERSELECT_FRACTION = 0.3  # overselect-fraction's default (another needs sync-overselect)
+
 
 @dataclass(frozen=True)
 class FederationSettings:
@@ -84,15 +86,34 @@ class FederationSettings:
 @dataclass(frozen=True)
 class AsyncRoundSettings:
     """Settings: buffered asynchronous rounds (``round-mode=async``, FedBuff's scheme;
-    strategies/server/buffered_rounds.py) and the stragglers a simulation can set."""
+    strategies/server/buffered_rounds.py), their synchronous rival with over-selection
+    (``sync-overselect``: overselected_rounds.py there) and a simulation's stragglers."""
 
     round_mode: str = setting(
         "sync",
         "'sync': every round waits for its sampled clients (Flower's loop); 'async': the "
         "server keeps async-concurrency clients training and applies one update per "
         "async-buffer-size replies, each weighted by its staleness (docs/async.md); a run "
-        "is num-server-rounds updates",
-        check=one_of("sync", "async"),
+        "is num-server-rounds updates; 'sync-overselect': each round sends the model to "
+        "ceil(K (1 + overselect-fraction)) nodes, K the sample size, and closes at the first K "
+        "replies or at round-deadline, discarding the later ones",
+        check=one_of("sync", "async", "sync-overselect"),
+        affects=(),
+    )
+    overselect_fraction: float = setting(
+        OVERSELECT_FRACTION,
+        "round-mode=sync-overselect: f, a round sends the model to ceil(K (1 + f)) nodes (K "
+        "= max(fraction-train x N, min-train-nodes), both at most the N connected nodes) and "
+        "keeps the first K replies (0 = no over-selection)",
+        check=non_negative_finite,
+        affects=(),
+    )
+    round_deadline: float = setting(
+        0.0,
+        "round-mode=sync-overselect: seconds after its tasks are sent when a round closes "
+        "with the replies it has, fewer than K included (0 = no deadline: it closes at K "
+        "replies, or when none of its tasks is left in flight)",
+        check=non_negative_finite,
         affects=(),
     )
     async_concurrency: int = setting(

@@ -106,7 +106,7 @@ class FedSBStrategy(AdapterStrategy):
             "clients": len(grads),
             "up-params": sum(declared_params(m.content) for m in replies if not m.has_error()),
             "down-params": sum(record_params(m.content) for m in messages),
-            **traffic_metrics(wire_bytes_each(messages), replies),
+            **traffic_metrics(wire_bytes_each(messages), wire_bytes_each(replies)),
             "examples": float(sum(sizes)),
             **self.sampling.metrics(0),
         }

@@ -27,7 +27,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from flower_app.wire.deployment_bytes import wire_bytes_each
+from flower_app.wire.deployment_bytes import wire_bytes, wire_bytes_each
 from flower_app.wire.records import declared_params, record_params, to_array_record
 from strategies.server.buffered_update import AsyncSettings
 from strategies.server.ledger import traffic_metrics
@@ -266,6 +266,7 @@ class BufferedRounds:
         if task is None:
             return None
         pending.replies.append(msg)
+        pending.up_bytes.append(wire_bytes(msg))  # as it travelled, before it is decoded
         self.strategy.encodings.decode(msg)  # uplink-encoding
         self.strategy.ledger.learn([msg])
         where = f"node {task.node} (partition {self.strategy.ledger.partition_of(task.node)})"
@@ -335,7 +336,7 @@ class BufferedRounds:
             **({"lost-in-flight": pending.lost_in_flight} if pending.lost_in_flight else {}),
             **example_dp,
             **train_time_metrics(messages),
-            **traffic_metrics(pending.down_bytes, pending.replies),
+            **traffic_metrics(pending.down_bytes, pending.up_bytes),
         }
         return self.strategy.aggregate_replies(
             version,
@@ -376,6 +377,7 @@ class _Pending:
 
     down_params: list[int] = field(default_factory=list)
     down_bytes: list[int] = field(default_factory=list)
+    up_bytes: list[int] = field(default_factory=list)
     replies: list[Message] = field(default_factory=list)
     failures: int = 0
     rejected: int = 0

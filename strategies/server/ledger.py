@@ -48,7 +48,7 @@ class CommunicationLedger:
         ``uplink-bytes`` (every reply received, failed and rejected ones included), in
         total and per client (``-per-client``: the mean over the messages; ``-max``: the
         largest)."""
-        return traffic_metrics(self.down_bytes.get(server_round, []), replies)
+        return traffic_metrics(self.down_bytes.get(server_round, []), wire_bytes_each(replies))
 
     def num_sampled(self, server_round: int, replies: int) -> int:
         """m: the nodes sent a training message this round (public), at least the replies
@@ -75,10 +75,10 @@ class CommunicationLedger:
         return out
 
 
-def traffic_metrics(down: list[int], replies: Iterable[Message]) -> dict[str, float]:
-    """``downlink-bytes*`` from the bytes of each message sent (``down``) and
-    ``uplink-bytes*`` from the replies, each as a deployment sends it (``wire_bytes_each``)."""
-    up = wire_bytes_each(replies)
+def traffic_metrics(down: list[int], up: list[int]) -> dict[str, float]:
+    """``downlink-bytes*`` and ``uplink-bytes*`` from the bytes of each message sent
+    (``down``) and each reply received (``up``), counted as they travelled (``wire_bytes``:
+    a reply's before it is decoded)."""
     out: dict[str, float] = {}
     for direction, sizes in (("downlink", down), ("uplink", up)):
         out[f"{direction}-bytes"] = float(sum(sizes))

@@ -43,8 +43,8 @@ def state_json(strategy: Any) -> dict[str, Any]:
         state["dp"] = strategy.dp.state_dict()
     if strategy.example_dp is not None:
         state["example-dp"] = strategy.example_dp.state_json()
-    if strategy.async_rounds is not None:
-        state["async"] = strategy.async_rounds.state_json()
+    if strategy.round_loop is not None:  # the mode's loop: what was in flight
+        state["async"] = strategy.round_loop.state_json()
     return state
 
 
@@ -70,8 +70,8 @@ def restore(strategy: Any, arrays: Mapping[str, np.ndarray], state: Mapping[str,
         raise ValueError("checkpoint and run differ in dp (example or not)")
     if strategy.example_dp is not None:
         strategy.example_dp.load_state_json(state["example-dp"])
-    if strategy.async_rounds is not None:
-        strategy.async_rounds.load_state_json(state.get("async", {}))
+    if strategy.round_loop is not None:
+        strategy.round_loop.load_state_json(state.get("async", {}))
 
 
 def resume_rounds(

@@ -1,13 +1,9 @@
 """AdapterStrategy: the Flower Message-API strategy every method runs (or extends in its folder).
 
-FedAvg's sampling and round loop; ``aggregate_train`` drops failed replies, checks each
-reply (``reply_gate.py``), screens the rest (``screen-updates``), weights them uniformly or
-by ``num-examples`` in partition order, runs the method's rule (``Method.aggregate``) or,
-under ``dp=central``, its mechanism (``Method.aggregate_private``), FedAvgs the task head
-and returns the new arrays with the round's metrics (docs/architecture.md walks a round).
-Its parts are members it calls (the class docstring); a resumed run's rounds are
-``run_state.resume_rounds`` and round-mode=async's loop ``BufferedRounds``. It never names
-a method: it reads the rules and flags of the method it is built with (``MethodRules``).
+FedAvg's sampling and round loop; ``aggregate_train`` drops failed replies, checks each reply
+(``reply_gate.py``), screens the rest, weights them in partition order, runs the method's rule
+or, under ``dp=central``, its mechanism, FedAvgs the task head and returns the new arrays with
+the round's metrics (docs/architecture.md); it never names a method: it reads ``MethodRules``.
 """
 
 from __future__ import annotations
@@ -34,6 +30,7 @@ from strategies.server.encoded_messages import MessageEncodings
 from strategies.server.example_dp import ExampleDpRecord
 from strategies.server.ledger import CommunicationLedger
 from strategies.server.method_rules import MethodRules
+from strategies.server.overselected_rounds import OverselectedRounds, OverselectSettings
 from strategies.server.participation import NodeLedger
 from strategies.server.rank_router import RankRouter
 from strategies.server.replies import Reply, ReplyRejected, train_time_metrics
@@ -52,8 +49,8 @@ class AdapterStrategy(FedAvg):
 
     Its parts are members it calls: ``encodings`` (``MessageEncodings``), ``sampling``
     (``ClientSampling``), ``gate`` (``ReplyGate``), ``router`` (``RankRouter``), ``ledger``
-    (``NodeLedger``), ``communication`` (``CommunicationLedger``), ``dp`` / ``example_dp``
-    and, under round-mode=async, ``async_rounds`` (``BufferedRounds``)."""
+    (``NodeLedger``), ``communication`` (``CommunicationLedger``), ``dp`` / ``example_dp``,
+    ``round_loop`` (async's ``BufferedRounds``, sync-overselect's ``OverselectedRounds``)."""
 
     def __init__(
         self,
@@ -76,6 +73,7 @@ class AdapterStrategy(FedAvg):
         downlink_encoding: str = "fp32",
         encoding_seed: int = 0,
         async_rounds: AsyncSettings | None = None,
+        overselected_rounds: OverselectSettings | None = None,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -108,8 +106,11 @@ class AdapterStrategy(FedAvg):
         self.communication = CommunicationLedger()  # parameters sent and received
         self.ledger = NodeLedger()  # node id -> partition id; lost nodes per round
         self.router = RankRouter(self.global_state)  # each node's rank; r_max
-        # round-mode=async (buffered_rounds.py): the loop that replaces the rounds
-        self.async_rounds = None if async_rounds is None else BufferedRounds(self, async_rounds)
+        self.round_loop: BufferedRounds | OverselectedRounds | None = None
+        if async_rounds is not None:  # round-mode=async's loop (checkpointed: run_state.py)
+            self.round_loop = BufferedRounds(self, async_rounds)
+        elif overselected_rounds is not None:  # round-mode=sync-overselect's
+            self.round_loop = OverselectedRounds(self, overselected_rounds)
 
     # -- the loop -----------------------------------------------------------------------
     def start(  # type: ignore[override]
@@ -123,11 +124,10 @@ class AdapterStrategy(FedAvg):
         evaluate_fn: Any = None,
         first_round: int = 1,
     ) -> Result:
-        """Flower's ``Strategy.start``; a resumed run (``first_round`` > 1) goes on from the
-        checkpoint (``resume_rounds``); round-mode=async runs ``BufferedRounds.start``."""
-        if self.async_rounds is not None:
+        """Flower's ``Strategy.start``, resumed (``resume_rounds``) or the mode's own loop."""
+        if self.round_loop is not None:
             train = ConfigRecord() if train_config is None else train_config
-            return self.async_rounds.start(
+            return self.round_loop.start(
                 grid, initial_arrays, num_rounds, timeout, train, evaluate_fn, max(first_round, 1)
             )
         if first_round <= 1:
@@ -332,12 +332,12 @@ class AdapterStrategy(FedAvg):
     @property
     def staleness_exponent(self) -> float:
         """a of the staleness factor (1 + τ)^-a (``async-staleness-exponent``; 0 in sync)."""
-        return self.async_rounds.settings.staleness_exponent if self.async_rounds else 0.0
+        return self.round_loop.settings.staleness_exponent if self.round_loop else 0.0
 
     @property
     def server_lr(self) -> float:
         """η_g, FedBuff's server rate (``async-server-lr``; 1 in a synchronous run)."""
-        return self.async_rounds.settings.server_lr if self.async_rounds else 1.0
+        return self.round_loop.settings.server_lr if self.round_loop else 1.0
 
     def aggregate_buffered(
         self, server_round: int, kept: list[Reply], weights: np.ndarray

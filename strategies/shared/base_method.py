@@ -123,9 +123,11 @@ class BaseMethod(Method):
         """The ``AdapterStrategy`` arguments every method takes from the settings:
         sampling (fixed-size or Poisson, seeded from the run's ``seed`` without DP),
         weighting, whether clients evaluate, where client updates are saved,
-        screening, central differential privacy, encodings, asynchronous rounds."""
+        screening, central differential privacy, encodings, asynchronous rounds and
+        over-selected synchronous ones."""
         from strategies.server.buffered_update import AsyncSettings
         from strategies.server.example_dp import example_dp_record
+        from strategies.server.overselected_rounds import OverselectSettings
 
         save = run_dir is not None and config.save_client_updates
         async_rounds = (
@@ -138,6 +140,15 @@ class BaseMethod(Method):
                 server_lr=config.async_server_lr,
             )
             if config.round_mode == "async"
+            else None
+        )
+        overselected_rounds = (
+            OverselectSettings(
+                fraction=config.overselect_fraction,
+                deadline=config.round_deadline,
+                seed=config.seed,
+            )
+            if config.round_mode == "sync-overselect"
             else None
         )
         return {
@@ -157,4 +168,5 @@ class BaseMethod(Method):
             "downlink_encoding": config.downlink_encoding,
             "encoding_seed": config.seed,
             "async_rounds": async_rounds,
+            "overselected_rounds": overselected_rounds,
         }

@@ -197,12 +197,12 @@ def test_the_async_state_round_trips_through_a_checkpoint():
     assert saved["node-versions"] and saved["rng"]["bit_generator"] == "PCG64"
     resumed = async_strategy(6, 3, 2)
     resumed.restore(*checkpoints.saved[2])
-    loop = resumed.async_rounds
+    loop = resumed.round_loop
     assert loop.node_tasks == {int(k): v for k, v in saved["node-tasks"].items()}
     assert loop.node_versions == {int(k): v for k, v in saved["node-versions"].items()}
     assert loop.pick_rng.bit_generator.state == saved["rng"]
     assert loop.lost_in_flight == saved["in-flight"] + saved["buffered"]
-    again = json.loads(json.dumps(resumed.async_rounds.state_json()))
+    again = json.loads(json.dumps(resumed.round_loop.state_json()))
     assert {k: again[k] for k in ("node-tasks", "node-versions", "rng")} == {
         k: saved[k] for k in ("node-tasks", "node-versions", "rng")
     }
@@ -210,9 +210,9 @@ def test_the_async_state_round_trips_through_a_checkpoint():
 
 def test_a_checkpoint_without_the_new_keys_loads_as_before():
     strategy = async_strategy(6, 3, 2)
-    strategy.async_rounds.load_state_json({"in-flight": 2, "node-tasks": {"1": 3}})
-    assert strategy.async_rounds.lost_in_flight == 2 and strategy.async_rounds.node_tasks == {1: 3}
-    assert strategy.async_rounds.node_versions == {} and strategy.async_rounds.pick_rng is None
+    strategy.round_loop.load_state_json({"in-flight": 2, "node-tasks": {"1": 3}})
+    assert strategy.round_loop.lost_in_flight == 2 and strategy.round_loop.node_tasks == {1: 3}
+    assert strategy.round_loop.node_versions == {} and strategy.round_loop.pick_rng is None
 
 
 def test_a_resumed_run_picks_the_nodes_the_uninterrupted_run_picks():
@@ -243,3 +243,34 @@ def test_replies_received_beyond_the_buffer_count_as_lost_on_resume():
     assert resumed.round_metrics[2]["lost-in-flight"] == 1
     saved = checkpoints.saved[1][1]["async"]
     assert saved["in-flight"] == 0 and saved["buffered"] == 1
+
+
+def test_an_update_counts_the_uplink_bytes_as_they_travelled_not_decoded(fast_polls):
+    """Under a lossy uplink-encoding a reply's bytes are those of its encoded arrays (as
+    the synchronous ledger counts them), not of the float32 arrays it is decoded into."""
+    from flower_app.wire.deployment_bytes import wire_bytes
+    from flower_app.wire.encoding import UP, encode_record, encoding_rng
+
+    sent_replies: list[Message] = []
+
+    def int8_reply(message: Message) -> Message:
+        reply = trained(message)
+        rng = encoding_rng(0, int(message.content["config"]["server-round"]), UP)
+        encoded = encode_record(from_array_record(reply.content["arrays"]), "int8", rng)
+        content = RecordDict({"arrays": encoded, "metrics": reply.content["metrics"]})
+        out = Message(content, reply_to=message)
+        sent_replies.append(out)
+        return out
+
+    strategy = strategy_for(
+        "fedit", initial_state(), round_mode="async", async_concurrency=3,
+        async_buffer_size=3, min_available_nodes=3, min_train_nodes=3,
+        screen_updates=False, uplink_encoding="int8",
+    )  # fmt: skip
+    travelled = []
+    grid = Grid(
+        [1, 2, 3], answer=lambda m: (r := int8_reply(m), travelled.append(wire_bytes(r)))[0]
+    )
+    run(strategy, grid, 1)
+    row = strategy.round_metrics[1]
+    assert row["uplink-bytes"] == float(sum(travelled[:3]))

@@ -99,7 +99,7 @@ def test_a_buffer_of_fresh_replies_is_the_synchronous_round(method: str):
     current = make(rng)
     buffer = replies(rng, current, [current] * 3, [0, 0, 0], [1, 2, 3])
     buffered, synchronous = strategy(method, current), strategy(method, current)
-    synchronous.async_rounds = None
+    synchronous.round_loop = None
     buffered.aggregate_replies(1, buffer)
     synchronous.aggregate_replies(
         1, [Reply(r.node, r.partition, r.arrays, r.num_examples, r.train_loss) for r in buffer]

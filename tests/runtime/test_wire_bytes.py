@@ -229,4 +229,4 @@ def test_the_metrics_rows_carry_the_count():
     assert metrics["downlink-bytes"] == sum(down) and metrics["uplink-bytes"] == sum(up)
     assert metrics["downlink-bytes-per-client"] == np.mean(down)
     assert metrics["uplink-bytes-max"] == max(up)
-    assert traffic_metrics(down, replies) == metrics
+    assert traffic_metrics(down, wire_bytes_each(replies)) == metrics
