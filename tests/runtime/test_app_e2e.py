@@ -508,14 +508,20 @@ def test_encoded_messages_cut_the_bytes_and_the_run_still_learns(
         assert mine["clients"] == NUM_NODES and mine["rejected"] == 0, outcome.log_text[-3000:]
         # the same parameters travel, encoded: bf16 in half the payload; int8 in a quarter
         # plus a scale a row (at the tiny model's sizes the framing of the scales' arrays
-        # outweighs the saving; tests/runtime/test_encoding.py measures it at real sizes)
+        # outweighs the saving; tests/runtime/test_encoding.py measures it at real sizes);
+        # an array met twice in a message travels once, whatever its encoding
         assert (mine["up-params"], mine["down-params"]) == (fp32["up-params"], fp32["down-params"])
         for direction, encoding in (("uplink", up), ("downlink", down)):
             assert mine[f"{direction}-bytes"] != fp32[f"{direction}-bytes"], direction
             if encoding == "bf16":
                 saved = fp32[f"{direction}-bytes"] - mine[f"{direction}-bytes"]
                 params = mine["up-params" if direction == "uplink" else "down-params"]
-                assert saved == pytest.approx(2 * params, rel=0.05), direction
+                if direction == "downlink" and mine["round"] == 1:
+                    # round 1 sends LoRA's initial B = 0 of every layer: identical arrays,
+                    # each sent once (flower_app/wire/deployment_bytes.py), so it saves less
+                    assert 0 < saved < 2 * params, direction
+                else:
+                    assert saved == pytest.approx(2 * params, rel=0.05), direction
     assert np.isfinite(encoded[-1]["loss"])
     # a rounding, not a different run: the encoded run's model stays near the fp32 run's
     assert abs(encoded[-1]["accuracy"] - plain[-1]["accuracy"]) <= 0.25
