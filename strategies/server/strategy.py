@@ -1,7 +1,7 @@
 """AdapterStrategy: the Flower Message-API strategy every method runs (or extends in its folder).
 
 FedAvg's sampling and round loop; ``aggregate_train`` drops failed replies, checks each reply
-(``reply_gate.py``), screens the rest, weights them in partition order, runs the method's rule
+(``replies.py``), screens the rest, weights them in partition order, runs the method's rule
 or, under ``dp=central``, its mechanism, FedAvgs the task head and returns the new arrays with
 the round's metrics (docs/architecture.md); it never names a method: it reads ``MethodRules``.
 """
@@ -28,16 +28,20 @@ from strategies.server.client_evaluation import personalised_metrics
 from strategies.server.client_sampling import ClientSampling
 from strategies.server.encoded_messages import MessageEncodings
 from strategies.server.example_dp import ExampleDpRecord
-from strategies.server.ledger import CommunicationLedger
+from strategies.server.ledger import CommunicationLedger, NodeLedger
 from strategies.server.method_rules import MethodRules
 from strategies.server.overselected_rounds import OverselectedRounds, OverselectSettings
-from strategies.server.participation import NodeLedger
 from strategies.server.rank_router import RankRouter
-from strategies.server.replies import Reply, ReplyRejected, train_time_metrics
-from strategies.server.reply_gate import ReplyGate
+from strategies.server.replies import (
+    DEFAULT_KAPPA,
+    Reply,
+    ReplyGate,
+    ReplyRejected,
+    train_time_metrics,
+)
 from strategies.server.run_state import restore, resume_rounds, state_arrays, state_json
 from strategies.server.saved_updates import save_round_updates
-from strategies.server.screening import DEFAULT_KAPPA
+from strategies.server.virtual_clock import ClockSettings, clock_for
 from strategies.shared.averaging import weighted_average
 from strategies.shared.validation import normalize_weights
 
@@ -74,6 +78,7 @@ class AdapterStrategy(FedAvg):
         encoding_seed: int = 0,
         async_rounds: AsyncSettings | None = None,
         overselected_rounds: OverselectSettings | None = None,
+        virtual_clock: ClockSettings | None = None,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -106,6 +111,7 @@ class AdapterStrategy(FedAvg):
         self.communication = CommunicationLedger()  # parameters sent and received
         self.ledger = NodeLedger()  # node id -> partition id; lost nodes per round
         self.router = RankRouter(self.global_state)  # each node's rank; r_max
+        self.clock = clock_for(virtual_clock, self)  # virtual-clock (None: off); loops read it
         self.round_loop: BufferedRounds | OverselectedRounds | None = None
         if async_rounds is not None:  # round-mode=async's loop (checkpointed: run_state.py)
             self.round_loop = BufferedRounds(self, async_rounds)
@@ -131,15 +137,10 @@ class AdapterStrategy(FedAvg):
                 grid, initial_arrays, num_rounds, timeout, train, evaluate_fn, max(first_round, 1)
             )
         if first_round <= 1:
-            return super().start(
-                grid=grid,
-                initial_arrays=initial_arrays,
-                num_rounds=num_rounds,
-                timeout=timeout,
-                train_config=train_config,
-                evaluate_config=evaluate_config,
-                evaluate_fn=evaluate_fn,
-            )
+            return super().start(grid=grid, initial_arrays=initial_arrays,
+                                 num_rounds=num_rounds, timeout=timeout,
+                                 train_config=train_config, evaluate_config=evaluate_config,
+                                 evaluate_fn=evaluate_fn)  # fmt: skip
         return resume_rounds(self, grid, initial_arrays, num_rounds, timeout, train_config,
                              evaluate_config, evaluate_fn, first_round)  # fmt: skip
 
@@ -161,6 +162,8 @@ class AdapterStrategy(FedAvg):
         self.communication.record_sent(server_round, messages)  # parameters and fp32 bytes
         if self.encodings.encode(messages, server_round):
             self.communication.record_wire(server_round, messages)  # the bytes, encoded
+        if self.clock is not None:  # virtual-clock: each task's duration
+            self.clock.sync_round(grid, server_round, messages)
         self.ledger.sent(server_round, messages)
         return messages
 
@@ -197,14 +200,9 @@ class AdapterStrategy(FedAvg):
     def check_reply(self, message: Message, server_round: int | None = None) -> Reply:
         """The checked reply to round ``server_round``, or ReplyRejected with the reason
         (``ReplyGate.check``)."""
-        return self.gate.check(
-            message,
-            self.uplink_state(server_round),
-            self.router,
-            method_name=self.method.name,
-            heterogeneous=self.method.heterogeneous_ranks,
-            private=self.dp is not None,
-        )
+        return self.gate.check(message, self.uplink_state(server_round), self.router,
+                               method_name=self.method.name, private=self.dp is not None,
+                               heterogeneous=self.method.heterogeneous_ranks)  # fmt: skip
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -238,6 +236,7 @@ class AdapterStrategy(FedAvg):
                 )  # fmt: skip
         example_dp = self.example_dp.observe(server_round, replies) if self.example_dp else {}
         node_metrics = {**nodes.metrics(), **example_dp, **train_time_metrics(replies)}
+        node_metrics |= self.clock.sync_close(server_round, replies) if self.clock else {}
         return self.aggregate_replies(
             server_round,
             checked,

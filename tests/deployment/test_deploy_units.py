@@ -32,7 +32,7 @@ from flower_app.client.node_config import use_node_data
 from flower_app.modeling import pick_device
 from flower_app.settings.config import ConfigError, resolve_config
 from flower_app.task_data import load_task_data, tokenized_split
-from strategies.server.participation import NodeLedger
+from strategies.server.ledger import NodeLedger
 
 TaskIdentity.run_id = 1
 TaskIdentity.task_id = 1

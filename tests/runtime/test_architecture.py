@@ -366,28 +366,3 @@ def test_a_method_is_named_only_in_its_own_folder_and_the_registry():
                 offenders += [f"{relative}: {m.group(0)}" for m in pattern.finditer(text)]
     assert not offenders, offenders
 
-
-# A registry that loads its folder's modules by name (importlib) imports them all.
-REGISTRY_FOLDERS = {
-    "flower_app.adapters.registry": "flower_app.adapters.",
-    "flower_app.task_kinds": "flower_app.task_kinds.",
-    "strategies.registry": "strategies.",
-}
-
-
-def test_the_documented_round_walk_lists_at_most_twelve_files_the_apps_load():
-    """docs/architecture.md's "One FLoRG round, end to end": its numbered files exist, are
-    at most twelve, and each is loaded by the ServerApp or the ClientApp (the import graph,
-    function-local imports and the registries' by-name loading included)."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    section = text.split("## One FLoRG round, end to end", 1)[1].split("\n## ", 1)[0]
-    files = re.findall(r"^\d+\. `([\w/]+\.py)`", section, re.MULTILINE)
-    assert 8 <= len(files) <= 12 and len(set(files)) == len(files), files
-    graph = import_graph()
-    for registry, prefix in REGISTRY_FOLDERS.items():
-        graph[registry] = graph[registry] | {m for m in graph if m.startswith(prefix)}
-    loaded = reachable(graph, {"server_app.server_app", "client_app.client_app"})
-    loaded |= {"server_app.server_app", "client_app.client_app"}
-    for file in files:
-        assert (ROOT / file).is_file(), file
-        assert file.removesuffix(".py").replace("/", ".") in loaded, file

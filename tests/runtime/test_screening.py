@@ -184,8 +184,7 @@ def test_kappa_below_one_is_refused():
 def test_every_round_reports_the_update_norms_that_dp_clips():
     """``update-norm-median`` / ``update-norm-max``: ||reply - start|| over all arrays (adapter
     and head jointly), the unit dp=central clips to C (docs/privacy.md, "Choosing C")."""
-    from strategies.server.replies import Reply
-    from strategies.server.screening import screen
+    from strategies.server.replies import Reply, screen
 
     rng = np.random.default_rng(3)
     prev = florg_state(rng)
