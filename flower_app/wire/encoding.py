@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
+from flwr.common.constant import SType
 
 from flower_app.wire.records import to_array_record
 
@@ -90,6 +91,28 @@ def _refuse_non_finite(name: str, x: np.ndarray, encoding: str) -> None:
         )
 
 
+class DecodedArray(Array):
+    """A decoded float32 array as a Flower ``Array`` the receiver reads without the .npy round
+    trip: ``numpy()`` returns it (read-only), and ``data``, the bytes ``Array(x)`` holds, is
+    made only if something asks for it (the object ids of a message sent on)."""
+
+    def __init__(self, value: np.ndarray) -> None:  # sets the dataclass fields itself
+        value = np.ascontiguousarray(value)
+        value.flags.writeable = False
+        self.__dict__.update(dtype=str(value.dtype), shape=tuple(value.shape), stype=SType.NUMPY)
+        self._value = value
+
+    def __getattr__(self, name: str) -> bytes:
+        if name != "data":
+            raise AttributeError(name)
+        data = Array(self._value).data  # np.save's bytes, as any Array of it holds
+        self.__dict__["data"] = data
+        return data
+
+    def numpy(self) -> np.ndarray:
+        return self._value
+
+
 def decode_record(record: ArrayRecord, encoding: str) -> ArrayRecord:
     """``record``, sent under ``encoding``, with its encoded arrays back as float32 under
     their own names; under ``fp32`` (or with nothing encoded) the record itself. Only the
@@ -105,22 +128,25 @@ def decode_record(record: ArrayRecord, encoding: str) -> ArrayRecord:
         if encoding == "int8" and key.endswith(INT8_SCALE):
             continue
         if encoding == "bf16" and key.endswith(BF16) and value.dtype == np.uint16:
-            out[key.removesuffix(BF16)] = Array(from_bf16_bits(value))
+            out[key.removesuffix(BF16)] = DecodedArray(from_bf16_bits(value))
         elif encoding == "int8" and key.endswith(INT8) and value.dtype == np.int8:
             name = key.removesuffix(INT8)
             if name + INT8_SCALE not in arrays:
                 raise ValueError(f"int8 array {name!r} arrived without its scales")
-            out[name] = Array(from_int8(value, arrays[name + INT8_SCALE]))
+            out[name] = DecodedArray(from_int8(value, arrays[name + INT8_SCALE]))
         elif encoding == "fp16" and value.dtype == np.float16:
-            out[key] = Array(value.astype(np.float32))
+            out[key] = DecodedArray(value.astype(np.float32))
         elif encoding in GROUPED and key == PACKED and value.dtype == np.uint8:
             for name, x in unpack_groups(value, encoding).items():
                 if name in arrays or name in out:
                     raise ValueError(f"packed array {name!r} arrived twice in one record")
-                out[name] = Array(x)
+                out[name] = DecodedArray(x)
         else:  # not this encoding's form: as it came, for the receiver's checks
             out[key] = Array(np.ascontiguousarray(value))
-    return ArrayRecord(array_dict=out)
+    record = ArrayRecord()  # set item by item: ArrayRecord(array_dict=) re-serialises each
+    for key, array in out.items():
+        record[key] = array
+    return record
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.app import Array, Message
 
+from flower_app.wire.encoding import DecodedArray
 from flower_app.wire.records import split_state
 
 if TYPE_CHECKING:
@@ -74,7 +75,9 @@ def check_array(key: str, array: Array, expected: tuple[int, ...]) -> np.ndarray
     """One reply array, deserialised only once its size is plausible; ReplyRejected
     unless it is a float32/float64 array of exactly the ``expected`` shape."""
     limit = int(np.prod(expected, dtype=np.int64)) * 8 + NPY_HEADER_SLACK
-    if len(array.data) > limit:
+    # a decoded array is already in memory, made by the server's own decoder: no bytes to
+    # bound (reading its ``data`` would serialise it)
+    if not isinstance(array, DecodedArray) and len(array.data) > limit:
         raise ReplyRejected(
             f"{key}: {len(array.data)} bytes, more than the {limit} an array of shape "
             f"{expected} can take"

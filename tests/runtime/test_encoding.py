@@ -264,3 +264,33 @@ def test_int8_of_a_row_of_subnormals_stays_finite_and_warns_nothing():
     decoded = from_int8(q, scale)
     assert np.isfinite(scale).all() and (scale > 0).all()
     assert np.all(np.abs(decoded - tiny) <= scale.reshape(-1, 1))
+
+
+@pytest.mark.parametrize("encoding", [e for e in ENCODINGS if e != "fp32"])
+def test_a_decoded_array_reads_without_the_npy_round_trip_and_keeps_its_bytes(encoding):
+    """The decoder's arrays hold their values: ``numpy()`` gives them (read-only, the same
+    object each time, no np.load), the record keeps them as they are (no np.save), and their
+    ``data``, made only when asked for, are the bytes ``Array(x)`` holds; the reply checks
+    read them as they read a received float32 array."""
+    from flwr.app import Array
+
+    from flower_app.wire.encoding import DecodedArray
+    from strategies.server.replies import check_array
+
+    record = decode_record(encode_record(STATE, encoding, np.random.default_rng(0)), encoding)
+    assert set(record) == set(STATE)
+    for name, array in record.items():
+        assert isinstance(array, DecodedArray)
+        assert "data" not in array.__dict__  # nothing serialised yet
+        value = array.numpy()
+        assert value is array.numpy() and not value.flags.writeable
+        assert value.dtype == np.float32 and value.shape == STATE[name].shape
+        np.testing.assert_array_equal(check_array(name, array, STATE[name].shape), value)
+        plain = Array(np.array(value))
+        assert (array.dtype, tuple(array.shape), array.stype) == (
+            plain.dtype, tuple(plain.shape), plain.stype,
+        )  # fmt: skip
+        assert "data" not in array.__dict__  # the checks did not serialise it
+        assert array.data == plain.data
+        np.testing.assert_array_equal(Array(array.dtype, tuple(array.shape), array.stype,
+                                            array.data).numpy(), value)  # fmt: skip
