@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."  # the repository root
 ROOT="${1:-../florg-evidence}"
 mkdir -p "$ROOT"
 ROOT=$(cd "$ROOT" && pwd)
-GROUPS_COMMIT=e97def6  # int8-g / int4-g packed messages, uplink error feedback, wire byte count
+GROUPS_COMMIT=3c119fc  # int8-g / int4-g packed messages, uplink error feedback, wire byte count
 read -r -a GRIDS <<< "${GRIDS:-encodings-groups encodings-groups-snli}"
 PUBLISHED=lab/evidence/encodings-groups  # runs/<grid>/<run>: config, metrics, summary
 . lab/scripts/fixed_worktree.sh
