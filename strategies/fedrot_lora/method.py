@@ -1,23 +1,35 @@
 """FedRot-LoRA: each client's LoRA pair is rotated in its rank space toward the round's global
 factors by orthogonal Procrustes, then B and A are averaged separately
 (``strategies/fedrot_lora/rule.py``). Up and down: B and A, as a factor-wise average sends.
+``fedrot-rotation`` (settings.py): 'orthogonal', the authors' default, the best Rₙ in O(r),
+a reflection kept; 'proper', the best Rₙ in SO(r) (the determinant fix, Kabsch's).
 
 The authors' clients rotate after training, against the global model they were sent. Here the
 server computes the same Rₙ from what it holds, the reply's Bₙ, Aₙ and the global state it
 sent: Rₙ depends on nothing else, and (Bₙ Rₙ)(Rₙᵀ Aₙ) = Bₙ Aₙ whoever applies it. So no client
 code runs and nothing more travels. The aligned factor depends on the round, which the
-method's strategy (``strategy.py``) passes to ``aggregate`` and ``aggregate_private``.
+method's strategy (``strategy.py``) passes to ``aggregate`` and ``aggregate_private``, with
+the run's ``fedrot-rotation``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from flower_app.methods.contract import stacked
+from strategies.fedrot_lora.settings import FedRotLoRASettings
 from strategies.shared.base_method import BaseMethod
 from strategies.shared.per_layer import LORA_PARTS, layer_keys
+
+if TYPE_CHECKING:
+    from flower_app.settings.run_settings import RunSettings
+
+    class FedRotLoRAConfig(RunSettings, FedRotLoRASettings):
+        """What FedRot-LoRA reads: the core's settings and its own."""
+
 
 # Why round-mode=async is refused: which factor aligns, and to what, is the round a reply
 # trained in and the global state it was sent then; a buffered update applies replies
@@ -29,11 +41,16 @@ ASYNC_REFUSAL = (
 
 
 class FedRotLoRA(BaseMethod):
-    def build_strategy(self, config, initial_state, *, fingerprint=None, run_dir=None):
+    def build_strategy(
+        self, config: FedRotLoRAConfig, initial_state, *, fingerprint=None, run_dir=None
+    ):
         from strategies.fedrot_lora.strategy import FedRotLoRAStrategy
 
         return FedRotLoRAStrategy(
-            initial_state, method=self, **self.strategy_settings(config, run_dir=run_dir)
+            initial_state,
+            method=self,
+            rotation=config.fedrot_rotation,
+            **self.strategy_settings(config, run_dir=run_dir),
         )
 
     def aligned(
@@ -41,21 +58,33 @@ class FedRotLoRA(BaseMethod):
         sent: Mapping[str, np.ndarray],
         payloads: list[dict[str, np.ndarray]],
         server_round: int,
+        rotation: str = "orthogonal",
     ) -> list[dict[str, np.ndarray]]:
         """Each reply with every layer's (Bₙ, Aₙ) replaced by (Bₙ Rₙ, Rₙᵀ Aₙ), Rₙ aligning
-        the round's factor to ``sent``'s (``rule.aligned_pair``); the head as it came."""
+        the round's factor to ``sent``'s in ``rotation``'s group (``rule.aligned_pair``);
+        the head as it came."""
         from strategies.fedrot_lora.rule import aligned_pair, aligned_part
 
         part = aligned_part(server_round)
         out = [dict(p) for p in payloads]
         for kb, ka in layer_keys(sent, LORA_PARTS):
             for p in out:
-                p[kb], p[ka], _ = aligned_pair(p[kb], p[ka], sent[kb], sent[ka], part)
+                p[kb], p[ka], _ = aligned_pair(p[kb], p[ka], sent[kb], sent[ka], part, rotation)
         return out
 
-    def aggregate(self, sent, payloads, weights, *, server_round: int | None = None):
-        """Per layer Σ wₙ Bₙ Rₙ and Σ wₙ Rₙᵀ Aₙ; ``rotation_norm``: the mean ‖Rₙ − I‖_F over
-        clients and layers (0 in round 1, near 0 when the clients barely rotate)."""
+    def aggregate(
+        self,
+        sent,
+        payloads,
+        weights,
+        *,
+        server_round: int | None = None,
+        rotation: str = "orthogonal",
+    ):
+        """Per layer Σ wₙ Bₙ Rₙ and Σ wₙ Rₙᵀ Aₙ, each Rₙ in ``rotation``'s group (the run's
+        ``fedrot-rotation``, which the strategy passes); ``rotation_norm``: the mean
+        ‖Rₙ − I‖_F over clients and layers (0 in round 1, near 0 when the clients barely
+        rotate)."""
         from strategies.fedrot_lora.rule import aggregate_fedrot_lora, aligned_part
 
         if server_round is None:
@@ -65,19 +94,27 @@ class FedRotLoRA(BaseMethod):
         moved = []
         for kb, ka in layer_keys(sent, LORA_PARTS):
             new[kb], new[ka], norm = aggregate_fedrot_lora(
-                stacked(payloads, kb), stacked(payloads, ka), weights, sent[kb], sent[ka], part
+                stacked(payloads, kb),
+                stacked(payloads, ka),
+                weights,
+                sent[kb],
+                sent[ka],
+                part,
+                rotation,
             )
             moved.append(norm)
         return new, {"rotation_norm": float(np.mean(moved)) if moved else 0.0}
 
-    def aggregate_private(self, dp, sent, payloads, num_sampled, *, server_round=None):
+    def aggregate_private(
+        self, dp, sent, payloads, num_sampled, *, server_round=None, rotation="orthogonal"
+    ):
         """The mean mechanism on the rotated replies: each Rₙ reads that client's reply and
         the public global state only, so it is the client's own step before clipping (as
         where the authors run it) and a client's clipped update still moves the sum by at
         most C. The rotation's diagnostic reads the raw replies and is not released."""
         if server_round is None:
             raise ValueError(f"method {self.name!r} aligns by round: pass server_round")
-        aligned = self.aligned(sent, payloads, server_round)
+        aligned = self.aligned(sent, payloads, server_round, rotation)
         return super().aggregate_private(dp, sent, aligned, num_sampled)
 
 
@@ -86,6 +123,7 @@ FEDROT_LORA = FedRotLoRA(
     summary="rotate each client's B, A toward the global factors (Procrustes), then average",
     adapter="lora",
     shared=("A", "B"),
+    settings=FedRotLoRASettings,
     # one common rank, as the authors': Rₙ is r × r against the global factor of rank r
     heterogeneous_ranks=False,
     # rotate each reply, clip reply - sent over A, B and the head; noised mean

@@ -7,8 +7,9 @@ its factors closest to the round's broadcast global factor, then B and A are ave
 separately with the round's weights. Which factor aligns alternates by round
 (``aligned_part``), as in the authors' client (haoran-zh/FedRot-LoRA,
 ``federatedscope/core/workers/client.py`` and ``rotation_alignment_tools.py``): none in the
-first round, then A, B, A, ... Their default (``rotate_lambda`` 1.5 > 1) is the hard
-rotation, Rₙ = U Vᵀ with no determinant fix (Rₙ in O(r)) and no soft interpolation.
+first round, then A, B, A, ... ``fedrot-rotation``: 'orthogonal' (the default) is the
+authors' default (``rotate_lambda`` 1.5 > 1), the hard rotation Rₙ = U Vᵀ in O(r), a
+reflection kept, no soft interpolation; 'proper' adds the determinant fix (Kabsch): SO(r).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from strategies.shared.averaging import weighted_average
 from strategies.shared.validation import AggregationInputError, as_float64_matrix
 
 ALIGNED_PARTS = ("A", "B")
+# ``fedrot-rotation``'s values (settings.py): the group Rₙ is sought in, O(r) or SO(r)
+ROTATIONS = ("orthogonal", "proper")
 
 
 def aligned_part(server_round: int) -> str | None:
@@ -35,19 +38,29 @@ def aligned_part(server_round: int) -> str | None:
     return "A" if server_round % 2 == 0 else "B"
 
 
-def procrustes_rotation(factor: np.ndarray, reference: np.ndarray, part: str) -> np.ndarray:
+def procrustes_rotation(
+    factor: np.ndarray, reference: np.ndarray, part: str, rotation: str = "orthogonal"
+) -> np.ndarray:
     """Rₙ (r × r) minimising ‖Rᵀ Aₙ − A_g‖_F (part 'A', A r × d_in) or ‖Bₙ R − B_g‖_F (part
-    'B', B d_out × r) over orthogonal R: both maximise tr(Rᵀ M) with M = Aₙ A_gᵀ or Bₙᵀ B_g,
-    solved by R = U Vᵀ from M = U S Vᵀ (the orthogonal Procrustes problem). As the authors'
-    default, a reflection (det R = −1) is kept: it preserves the product as a rotation does."""
+    'B', B d_out × r): both maximise tr(Rᵀ M) with M = Aₙ A_gᵀ or Bₙᵀ B_g = U S Vᵀ.
+    ``rotation`` 'orthogonal' (the authors' default): over O(r), R = U Vᵀ (the orthogonal
+    Procrustes problem), a reflection (det R = −1) kept, as it preserves the product as a
+    rotation does. 'proper': over SO(r), R = U D Vᵀ with D = diag(1, ..., 1, det(U Vᵀ))
+    (Kabsch): when U Vᵀ is a reflection, U's last column, of the smallest singular value, is
+    negated, which costs the least of tr(Rᵀ M)."""
     if part not in ALIGNED_PARTS:
         raise ValueError(f"the aligned factor must be one of {ALIGNED_PARTS}, got {part!r}")
+    if rotation not in ROTATIONS:
+        raise ValueError(f"fedrot-rotation must be one of {ROTATIONS}, got {rotation!r}")
     x = as_float64_matrix(factor, part)
     ref = as_float64_matrix(reference, f"global {part}")
     if x.shape != ref.shape:
         raise AggregationInputError(f"{part}: shape {x.shape} != the global {ref.shape}")
     m = x @ ref.T if part == "A" else x.T @ ref
     u, _, vt = np.linalg.svd(m)
+    if rotation == "proper" and np.linalg.det(u @ vt) < 0:
+        # numpy orders the singular values descending: the last column is the smallest's
+        u[:, -1] = -u[:, -1]
     return u @ vt
 
 
@@ -57,14 +70,21 @@ def rotate(B: np.ndarray, A: np.ndarray, R: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def aligned_pair(
-    B: np.ndarray, A: np.ndarray, global_B: np.ndarray, global_A: np.ndarray, part: str | None
+    B: np.ndarray,
+    A: np.ndarray,
+    global_B: np.ndarray,
+    global_A: np.ndarray,
+    part: str | None,
+    rotation: str = "orthogonal",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(B Rₙ, Rₙᵀ A, Rₙ) for one client and layer, Rₙ aligning ``part`` to the global factor
-    (``part`` None: Rₙ = I, the pair as sent)."""
+    in ``rotation``'s group (``procrustes_rotation``; ``part`` None: Rₙ = I, the pair as
+    sent)."""
     B, A = as_float64_matrix(B, "B"), as_float64_matrix(A, "A")
     if part is None:
         return B, A, np.eye(A.shape[0])
-    R = procrustes_rotation(A if part == "A" else B, global_A if part == "A" else global_B, part)
+    factor, reference = (A, global_A) if part == "A" else (B, global_B)
+    R = procrustes_rotation(factor, reference, part, rotation)
     return (*rotate(B, A, R), R)
 
 
@@ -75,13 +95,14 @@ def aggregate_fedrot_lora(
     global_B: np.ndarray,
     global_A: np.ndarray,
     part: str | None,
+    rotation: str = "orthogonal",
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """(Σ wₙ Bₙ Rₙ, Σ wₙ Rₙᵀ Aₙ, mean ‖Rₙ − I‖_F) with each Rₙ aligning ``part`` to the
-    global factor (``aligned_pair``); weights are normalised."""
+    global factor in ``rotation``'s group (``aligned_pair``); weights are normalised."""
     if len(client_Bs) != len(client_As):
         raise AggregationInputError(f"got {len(client_Bs)} B matrices but {len(client_As)} A")
     pairs = [
-        aligned_pair(B, A, global_B, global_A, part)
+        aligned_pair(B, A, global_B, global_A, part, rotation)
         for B, A in zip(client_Bs, client_As, strict=True)
     ]
     moved = [float(np.linalg.norm(R - np.eye(R.shape[0]))) for _, _, R in pairs]
