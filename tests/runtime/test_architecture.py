@@ -365,4 +365,3 @@ def test_a_method_is_named_only_in_its_own_folder_and_the_registry():
                 text = path.read_text()
                 offenders += [f"{relative}: {m.group(0)}" for m in pattern.finditer(text)]
     assert not offenders, offenders
-
