@@ -12,6 +12,7 @@ here."""
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
@@ -24,6 +25,7 @@ from flower_app.client.dp_state import load_accountant, save_accountant
 from flower_app.client.error_feedback import encode_with_feedback
 from flower_app.client.faults import inject_faults
 from flower_app.client.node_config import node_slowdown, use_node_data
+from flower_app.client.node_speed import node_costs
 from flower_app.client.node_state import (
     load_local_state,
     message_config,
@@ -34,7 +36,7 @@ from flower_app.client.round import local_batches, receive, train_round
 from flower_app.modeling import pick_device
 from flower_app.settings.client_ranks import config_at_rank, node_rank
 from flower_app.settings.config import RunConfig, resolve_config
-from flower_app.task_data import load_task_data
+from flower_app.task_data import load_task_data, tokenized_split
 from flower_app.task_eval import evaluate_task
 from flower_app.wire.encoding import UP, decode_record, encode_record, encoding_rng
 from flower_app.wire.ranks import truncate_to_rank
@@ -95,7 +97,7 @@ def _prepare(msg: Message, context: Context, *, training: bool):
 def train(msg: Message, context: Context) -> Message:
     """One training round (flower_app/client/round.py); the node keeps its own parts. A
     straggler (``slowdown`` > 1, flower_app/client/node_config.py) then waits (slowdown - 1)
-    times its local steps' time before replying."""
+    times its local steps' time before replying, unless the virtual clock models it."""
     config, pid, num_partitions, adapted, rank = _prepare(msg, context, training=True)
     server_round = int(msg.content["config"].get("server-round", 0))
     metrics: dict[str, float] = {
@@ -140,7 +142,7 @@ def train(msg: Message, context: Context) -> Message:
         else:
             content["arrays"] = encode_record(reply.shared, config.uplink_encoding, rng)
     slowdown = node_slowdown(config, context.node_config, pid)
-    if slowdown > 1:
+    if slowdown > 1 and not config.virtual_clock:  # under the clock, the clock models it
         time.sleep((slowdown - 1) * trained)
     return Message(content=content, reply_to=msg)
 
@@ -162,6 +164,24 @@ def query(msg: Message, context: Context) -> Message:
     metrics = MetricRecord({"partition-id": pid, "rank": rank, **answer})
     content = RecordDict({"arrays": to_array_record(arrays), "metrics": metrics})
     return Message(content=content, reply_to=msg)
+
+
+@app.query("profile")
+def profile(msg: Message, context: Context) -> Message:
+    """This node's profile for the server's virtual clock (``virtual-clock``;
+    strategies/server/virtual_clock.py), without building the model: its partition id, its
+    training examples (its tokenised share of the train split, the disk-cached one its
+    rounds train on) and its costs (flower_app/client/node_speed.py)."""
+    config = resolve_config(context.run_config)
+    pid, num_partitions = _partition(context)
+    config, num_partitions = use_node_data(config, context.node_config, num_partitions)
+    costs = node_costs(config, context.node_config, pid)
+    examples = len(tokenized_split(config, "train", pid, num_partitions))
+    metrics = MetricRecord(
+        {"partition-id": pid, "num-examples": examples,
+         **{key.replace("_", "-"): value for key, value in asdict(costs).items()}}
+    )  # fmt: skip
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 
 
 @app.evaluate()

@@ -213,6 +213,8 @@ class RunRecorder:
             over = int(row.get("dp-sgd-over-target", 0))
             parts.append(f"dp-sgd epsilon max {row['dp-sgd-epsilon-max']:.4g}, {over} over target")
         parts.append(f"{row['elapsed-seconds']:.0f}s")
+        if "virtual-seconds" in row:  # virtual-clock: the modelled time beside the wall clock
+            parts.append(f"virtual {row['virtual-seconds']:.1f}s")
         flwr_log(INFO, " | ".join(parts))
 
     def _test_summary(self, key: str) -> dict[str, Any]:

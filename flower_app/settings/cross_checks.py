@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from flower_app.methods.registry import get_method, method_names
 from flower_app.settings.checks import ConfigError
-from flower_app.settings.rounds import OVERSELECT_FRACTION
+from flower_app.settings.rounds import OVERSELECT_FRACTION, VirtualClockSettings
 
 if TYPE_CHECKING:
     from flower_app.settings.config import RunConfig
@@ -265,6 +265,32 @@ def _check_overselected_rounds(config: RunConfig) -> None:
             raise ConfigError(f"{key}: {why}")
 
 
+def _check_virtual_clock(config: RunConfig) -> None:
+    """``virtual-clock`` (strategies/server/virtual_clock.py) orders replies by a modelled
+    finish time: its settings are refused without it, ``node-speed-sigma`` without
+    ``node-speeds=lognormal`` and ``slow-partitions`` with it (the draw sets every node's
+    speed). The loops' own refusals stand; a task lost by the run's timeout stays a
+    wall-clock event, which no setting here can make deterministic."""
+    defaults = VirtualClockSettings()
+    if not config.virtual_clock:
+        for key in ("node-seconds-per-example", "node-bandwidth-mbps", "node-latency",
+                    "node-speeds", "node-speed-sigma"):  # fmt: skip
+            attr = key.replace("-", "_")
+            if getattr(config, attr) != getattr(defaults, attr):
+                raise ConfigError(f"{key}: set only with virtual-clock=true (it models the nodes)")
+        return
+    if config.node_speeds != "lognormal" and config.node_speed_sigma != defaults.node_speed_sigma:
+        raise ConfigError(
+            "node-speed-sigma: set only with node-speeds=lognormal (node-speeds=fixed takes "
+            "slowdown for slow-partitions and 1 for the others)"
+        )
+    if config.node_speeds == "lognormal" and config.slow_partitions.strip():
+        raise ConfigError(
+            "slow-partitions: node-speeds=lognormal draws every partition's compute "
+            "multiplier; use node-speeds=fixed for named slow partitions"
+        )
+
+
 # The one validation pipeline of ``resolve_config``: the checks across settings, in order,
 # each raising a ConfigError that names its key; a method adds its own through
 # ``Method.check_settings``. (Each value's own check runs first, in ``coerce_setting``; the
@@ -280,5 +306,6 @@ CROSS_CHECKS = (
     _check_error_feedback,
     _check_async_rounds,
     _check_overselected_rounds,
+    _check_virtual_clock,
     _check_method_settings,
 )

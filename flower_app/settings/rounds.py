@@ -169,6 +169,57 @@ class AsyncRoundSettings:
 
 
 @dataclass(frozen=True)
+class VirtualClockSettings:
+    """Settings: a deterministic virtual clock for the nodes' speed and bandwidth
+    (strategies/server/virtual_clock.py; docs/async.md, "The virtual clock")."""
+
+    virtual_clock: bool = setting(
+        False,
+        "replies are taken in the order of a modelled (virtual) finish time, each task "
+        "costing 2 x latency + the bytes sent and returned / bandwidth + its examples x "
+        "seconds-per-example, so a run's rows do not depend on the machine's speed; rows "
+        "gain virtual-seconds and virtual-round-seconds, and stragglers do not sleep",
+        affects=(),
+    )
+    node_seconds_per_example: float = setting(
+        0.05,
+        "virtual-clock: a reference node's compute seconds per training example (a "
+        "SuperNode's node-config seconds-per-example sets its own)",
+        check=positive_finite,
+        affects=(),
+    )
+    node_bandwidth_mbps: float = setting(
+        20.0,
+        "virtual-clock: each node's bandwidth in megabits per second, both directions "
+        "(node-config bandwidth-mbps sets a node's own)",
+        check=positive_finite,
+        affects=(),
+    )
+    node_latency: float = setting(
+        0.05,
+        "virtual-clock: seconds each message takes each way before its bytes (node-config "
+        "latency sets a node's own)",
+        check=non_negative_finite,
+        affects=(),
+    )
+    node_speeds: str = setting(
+        "fixed",
+        "virtual-clock: each node's compute multiplier: 'fixed' (slowdown for a partition "
+        "of slow-partitions, else 1) or 'lognormal' (exp(node-speed-sigma x z), z ~ N(0, 1) "
+        "drawn from the run's seed and the partition id); a node-config slowdown overrides "
+        "either",
+        check=one_of("fixed", "lognormal"),
+        affects=(),
+    )
+    node_speed_sigma: float = setting(
+        0.5,
+        "virtual-clock, node-speeds=lognormal: sigma of the log of the compute multipliers",
+        check=non_negative_finite,
+        affects=(),
+    )
+
+
+@dataclass(frozen=True)
 class TrainingSettings:
     """Settings: local training on each client."""
 

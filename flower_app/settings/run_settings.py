@@ -15,6 +15,7 @@ from flower_app.settings.rounds import (
     PrecisionSettings,
     ScreeningSettings,
     TrainingSettings,
+    VirtualClockSettings,
 )
 from flower_app.settings.run import LeaderboardSettings, OutputSettings, TestingSettings
 
@@ -31,6 +32,7 @@ class RunSettings(
     EvaluationSettings,
     PrecisionSettings,
     TrainingSettings,
+    VirtualClockSettings,
     AsyncRoundSettings,
     FederationSettings,
     AdapterSettings,

@@ -33,6 +33,7 @@ from strategies.server.buffered_update import AsyncSettings
 from strategies.server.ledger import traffic_metrics
 from strategies.server.replies import Reply, ReplyRejected, train_time_metrics
 from strategies.server.simulation_slots import warn_simulation_slots
+from strategies.server.virtual_clock import VirtualClock
 
 log = logging.getLogger("flwr.florg")
 POLL_SECONDS = 0.2  # how often the server asks the SuperLink for replies
@@ -72,6 +73,7 @@ class BufferedRounds:
         self.node_tasks: dict[int, int] = {}  # node -> the round of its last task
         self.node_versions: dict[int, int] = {}  # node -> the version its last task started
         self.pick_rng: np.random.Generator | None = None  # picks the idle nodes to train
+        self.clock: VirtualClock | None = getattr(strategy, "clock", None)  # virtual-clock
         # set by ``load_state_json``: replies in flight or beyond the buffer when the
         # checkpoint was taken
         self.lost_in_flight = 0
@@ -120,8 +122,12 @@ class BufferedRounds:
         self.buffered = []
         stuck_since: float | None = None  # when the buffer got stuck empty
         while version < num_rounds:
-            arrived = list(grid.pull_messages(list(self.in_flight)))
-            self._expire(timeout, pending)
+            if self.clock is None:
+                arrived = list(grid.pull_messages(list(self.in_flight)))
+                self._expire(timeout, pending)
+            else:  # the earliest task's reply on the virtual clock, once its real one is in
+                self._expire(timeout, pending)
+                arrived = [m for m in [self.clock.next_reply(grid, self.in_flight)] if m]
             for msg in arrived:
                 entry = self._receive(msg, version, versions, settings, pending)
                 if entry is not None:
@@ -224,10 +230,14 @@ class BufferedRounds:
             messages.append(self.strategy.at_node_rank(version + 1, message))
         pending.down_params += [record_params(m.content) for m in messages]
         self.strategy.encodings.encode(messages, version + 1)  # downlink (nothing at fp32)
-        pending.down_bytes += wire_bytes_each(messages)
-        now = time.monotonic()
-        for message_id, message in zip(grid.push_messages(messages), messages, strict=True):
+        pending.down_bytes += (down := wire_bytes_each(messages))
+        clock = self.clock  # virtual-clock: the tasks' durations (profiles learnt first)
+        seconds = clock.durations(grid, messages, version + 1, down) if clock else []
+        now, ids = time.monotonic(), list(grid.push_messages(messages))
+        for message_id, message in zip(ids, messages, strict=True):
             self.in_flight[message_id] = Task(message.metadata.dst_node_id, version, now)
+        if clock is not None:  # each task finishes on the virtual clock, sent at its now
+            clock.start(ids, messages, seconds)
 
     def _eligible(self, grid: Grid, version: int) -> list[int]:
         """The connected nodes that are idle and have not trained from ``version`` yet: no
@@ -244,7 +254,7 @@ class BufferedRounds:
         """Tasks older than ``timeout`` are lost: the node is free again."""
         now = time.monotonic()
         for message_id, task in list(self.in_flight.items()):
-            if now - task.sent_at > timeout:
+            if now - task.sent_at > timeout and not (self.clock and self.clock.is_held(message_id)):
                 del self.in_flight[message_id]
                 pending.lost.append(self.strategy.ledger.partition_of(task.node))
                 log.warning(
@@ -337,6 +347,7 @@ class BufferedRounds:
             **example_dp,
             **train_time_metrics(messages),
             **traffic_metrics(pending.down_bytes, pending.up_bytes),
+            **(self.clock.row() if self.clock else {}),
         }
         return self.strategy.aggregate_replies(
             version,

@@ -32,6 +32,7 @@ from flower_app.wire.deployment_bytes import wire_bytes
 from flower_app.wire.records import declared_params, to_array_record
 from strategies.server.ledger import traffic_metrics
 from strategies.server.replies import Reply, ReplyRejected, train_time_metrics
+from strategies.server.virtual_clock import VirtualClock, clocked_idle, clocked_round
 
 log = logging.getLogger("flwr.florg")
 POLL_SECONDS = 0.2  # how often the server asks the SuperLink for replies
@@ -108,6 +109,7 @@ class OverselectedRounds:
         self.settings = settings
         self.in_flight: dict[str, _Task] = {}
         self.pick_rng: np.random.Generator | None = None  # picks the idle nodes to train
+        self.clock: VirtualClock | None = getattr(strategy, "clock", None)  # virtual-clock
         self.lost_in_flight = 0  # set by ``load_state_json``: tasks out at the checkpoint
 
     # -- the loop ----------------------------------------------------------------------
@@ -181,6 +183,8 @@ class OverselectedRounds:
             MODE, server_round, row.sent, k,
             f" or those in by {self.settings.deadline:g} s" if self.settings.deadline else "",
         )  # fmt: skip
+        if self.clock is not None:  # in virtual finish order, the deadline virtual seconds
+            return clocked_round(self, grid, server_round, k, timeout, POLL_SECONDS, row)
         kept: list[tuple[Message, Reply]] = []
         deadline, started = self.settings.deadline, time.monotonic()
         while True:
@@ -208,6 +212,8 @@ class OverselectedRounds:
     def _idle_nodes(self, grid: Grid, timeout: float, row: _Row) -> list[int]:
         """The connected nodes not training a task of an earlier round (its reply pulled and
         discarded first, if in); none for ``timeout``: []."""
+        if self.clock is not None:  # the late replies taken in virtual finish order
+            return clocked_idle(self, grid, timeout, POLL_SECONDS, row)
         waited = time.monotonic()
         while True:
             self._take(self._pull(grid), 0, 0, [], row)  # earlier rounds' replies only
@@ -248,9 +254,13 @@ class OverselectedRounds:
         strategy.communication.record_sent(server_round, messages)  # parameters and fp32 bytes
         if strategy.encodings.encode(messages, server_round):
             strategy.communication.record_wire(server_round, messages)  # the bytes, encoded
-        now = time.monotonic()
-        for message_id, message in zip(grid.push_messages(messages), messages, strict=True):
+        clock = self.clock  # virtual-clock: the tasks' durations (profiles learnt first)
+        seconds = clock.durations(grid, messages, server_round) if clock else []
+        now, ids = time.monotonic(), list(grid.push_messages(messages))
+        for message_id, message in zip(ids, messages, strict=True):
             self.in_flight[message_id] = _Task(message.metadata.dst_node_id, server_round, now)
+        if clock is not None:  # each task finishes on the virtual clock, sent at its now
+            clock.start(ids, messages, seconds)
         row.sent = len(messages)
 
     def _take(
@@ -321,7 +331,7 @@ class OverselectedRounds:
         """Tasks older than ``timeout`` are lost: the node is free again."""
         now = time.monotonic()
         for message_id, task in list(self.in_flight.items()):
-            if now - task.sent_at > timeout:
+            if now - task.sent_at > timeout and not (self.clock and self.clock.is_held(message_id)):
                 del self.in_flight[message_id]
                 row.lost.append(self.strategy.ledger.partition_of(task.node))
                 log.warning(
@@ -350,6 +360,7 @@ class OverselectedRounds:
             **example_dp,
             **train_time_metrics(row.taken),
             **traffic_metrics(down, row.up_bytes),
+            **(self.clock.row() if self.clock else {}),
         }
         return strategy.aggregate_replies(
             server_round,

@@ -31,8 +31,8 @@ def state_arrays(strategy: Any) -> dict[str, np.ndarray]:
 
 def state_json(strategy: Any) -> dict[str, Any]:
     """JSON state needed to continue: the node -> partition map learnt so far, the
-    nodes' ranks, the privacy ledgers (dp=central, dp=example) and, under
-    round-mode=async, what was in flight."""
+    nodes' ranks, the privacy ledgers (dp=central, dp=example), under round-mode=async or
+    sync-overselect what was in flight and, under virtual-clock, the clock."""
     state: dict[str, Any] = {
         "method": strategy.method.name,
         "partitions": {str(k): v for k, v in strategy.ledger.partitions.items()},
@@ -45,6 +45,8 @@ def state_json(strategy: Any) -> dict[str, Any]:
         state["example-dp"] = strategy.example_dp.state_json()
     if strategy.round_loop is not None:  # the mode's loop: what was in flight
         state["async"] = strategy.round_loop.state_json()
+    if getattr(strategy, "clock", None) is not None:  # virtual-clock: now, busy-until
+        state["virtual-clock"] = strategy.clock.state_json()
     return state
 
 
@@ -72,6 +74,8 @@ def restore(strategy: Any, arrays: Mapping[str, np.ndarray], state: Mapping[str,
         strategy.example_dp.load_state_json(state["example-dp"])
     if strategy.round_loop is not None:
         strategy.round_loop.load_state_json(state.get("async", {}))
+    if getattr(strategy, "clock", None) is not None:
+        strategy.clock.load_state_json(state.get("virtual-clock", {}))
 
 
 def resume_rounds(

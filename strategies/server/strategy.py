@@ -41,6 +41,7 @@ from strategies.server.replies import (
 )
 from strategies.server.run_state import restore, resume_rounds, state_arrays, state_json
 from strategies.server.saved_updates import save_round_updates
+from strategies.server.virtual_clock import ClockSettings, clock_for
 from strategies.shared.averaging import weighted_average
 from strategies.shared.validation import normalize_weights
 
@@ -77,6 +78,7 @@ class AdapterStrategy(FedAvg):
         encoding_seed: int = 0,
         async_rounds: AsyncSettings | None = None,
         overselected_rounds: OverselectSettings | None = None,
+        virtual_clock: ClockSettings | None = None,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -109,6 +111,7 @@ class AdapterStrategy(FedAvg):
         self.communication = CommunicationLedger()  # parameters sent and received
         self.ledger = NodeLedger()  # node id -> partition id; lost nodes per round
         self.router = RankRouter(self.global_state)  # each node's rank; r_max
+        self.clock = clock_for(virtual_clock, self)  # virtual-clock (None: off); loops read it
         self.round_loop: BufferedRounds | OverselectedRounds | None = None
         if async_rounds is not None:  # round-mode=async's loop (checkpointed: run_state.py)
             self.round_loop = BufferedRounds(self, async_rounds)
@@ -159,6 +162,8 @@ class AdapterStrategy(FedAvg):
         self.communication.record_sent(server_round, messages)  # parameters and fp32 bytes
         if self.encodings.encode(messages, server_round):
             self.communication.record_wire(server_round, messages)  # the bytes, encoded
+        if self.clock is not None:  # virtual-clock: each task's duration
+            self.clock.sync_round(grid, server_round, messages)
         self.ledger.sent(server_round, messages)
         return messages
 
@@ -195,14 +200,9 @@ class AdapterStrategy(FedAvg):
     def check_reply(self, message: Message, server_round: int | None = None) -> Reply:
         """The checked reply to round ``server_round``, or ReplyRejected with the reason
         (``ReplyGate.check``)."""
-        return self.gate.check(
-            message,
-            self.uplink_state(server_round),
-            self.router,
-            method_name=self.method.name,
-            heterogeneous=self.method.heterogeneous_ranks,
-            private=self.dp is not None,
-        )
+        return self.gate.check(message, self.uplink_state(server_round), self.router,
+                               method_name=self.method.name, private=self.dp is not None,
+                               heterogeneous=self.method.heterogeneous_ranks)  # fmt: skip
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -236,6 +236,7 @@ class AdapterStrategy(FedAvg):
                 )  # fmt: skip
         example_dp = self.example_dp.observe(server_round, replies) if self.example_dp else {}
         node_metrics = {**nodes.metrics(), **example_dp, **train_time_metrics(replies)}
+        node_metrics |= self.clock.sync_close(server_round, replies) if self.clock else {}
         return self.aggregate_replies(
             server_round,
             checked,

@@ -123,11 +123,12 @@ class BaseMethod(Method):
         """The ``AdapterStrategy`` arguments every method takes from the settings:
         sampling (fixed-size or Poisson, seeded from the run's ``seed`` without DP),
         weighting, whether clients evaluate, where client updates are saved,
-        screening, central differential privacy, encodings, asynchronous rounds and
-        over-selected synchronous ones."""
+        screening, central differential privacy, encodings, asynchronous rounds,
+        over-selected synchronous ones and the virtual clock."""
         from strategies.server.buffered_update import AsyncSettings
         from strategies.server.example_dp import example_dp_record
         from strategies.server.overselected_rounds import OverselectSettings
+        from strategies.server.virtual_clock import ClockSettings
 
         save = run_dir is not None and config.save_client_updates
         async_rounds = (
@@ -169,4 +170,9 @@ class BaseMethod(Method):
             "encoding_seed": config.seed,
             "async_rounds": async_rounds,
             "overselected_rounds": overselected_rounds,
+            "virtual_clock": ClockSettings(
+                config.local_steps, config.local_epochs, config.batch_size
+            )
+            if config.virtual_clock
+            else None,
         }
