@@ -59,7 +59,8 @@ SHAPES: dict[str, ServerShape] = {
     "quick": replace(QUICK_SERVER_SHAPES[0], name="quick"),  # tiny: the test's shape
 }
 BASELINE = "florg"
-SERVER_ROUND = 1  # rolora trains B in odd rounds; fedsvd sends B only
+SERVER_ROUND = 1  # the default round: rolora trains B in odd rounds; fedsvd sends B only;
+# fedrot-lora rotates nothing in round 1 (--round 2: A aligned, 3: B)
 CLIENT_REL_NOISE = 0.05  # a client's arrays: the global ones plus 5 % noise (server.py's)
 
 # What each method's server computes per round, in one phrase.
@@ -78,6 +79,7 @@ COMPUTES: dict[str, str] = {
     "fedsvd": "weighted mean of B; SVD re-factorisation of B A (thin QRs)",
     "flora": "stack sqrt(w) B, A (exact update); dense cumulative fold; fresh LoRA",
     "fed-sb": "weighted mean of the r x r R",
+    "fedrot-lora": "per client an r x r Procrustes SVD (A or B by round), rotate; means of A, B",
 }
 
 
@@ -139,20 +141,25 @@ class Case:
     step: Callable[[], Any] | None = None  # the rule alone, where the round does more
     received_params: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    server_round: int = SERVER_ROUND  # the round whose replies are aggregated
 
     def round(self) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """The round's adapter aggregation, as ``aggregate_replies`` calls it."""
-        return self.strategy.aggregate_adapter(SERVER_ROUND, self.payloads, self.weights)
+        return self.strategy.aggregate_adapter(self.server_round, self.payloads, self.weights)
 
     def folds(self) -> dict[str, np.ndarray]:
         """The dense folds into W0 the last ``round`` recorded ({} for a method without)."""
-        residuals = getattr(self.strategy, "residuals", {}).get(SERVER_ROUND, {})
+        residuals = getattr(self.strategy, "residuals", {}).get(self.server_round, {})
         return {layer: res.to_dense() for layer, res in residuals.items()}
 
 
-def build_case(name: str, shape: ServerShape, layers: int, device: str, seed: int = 0) -> Case:
-    """``name``'s strategy as the ServerApp builds it and its clients' seeded round-1
-    payloads at ``shape`` with ``layers`` adapted layers (ValueError: unknown method)."""
+def build_case(
+    name: str, shape: ServerShape, layers: int, device: str, seed: int = 0,
+    server_round: int = SERVER_ROUND,
+) -> Case:  # fmt: skip
+    """``name``'s strategy as the ServerApp builds it and its clients' seeded payloads of
+    ``server_round`` at ``shape`` with ``layers`` adapted layers (ValueError: unknown
+    method)."""
     from flower_app.methods.registry import get_method
     from flower_app.settings.config import resolve_config
     from strategies.shared.validation import normalize_weights
@@ -180,14 +187,15 @@ def build_case(name: str, shape: ServerShape, layers: int, device: str, seed: in
             key: (g + CLIENT_REL_NOISE * 0.02 * rng.standard_normal(g.shape)).astype(np.float32)
             for key, g in state.items()
         }
-        payloads.append(dict(method.uplink(client, SERVER_ROUND)))
+        payloads.append(dict(method.uplink(client, server_round)))
     weights = normalize_weights(rng.integers(50, 500, size=n).astype(np.float64), n)
-    received = n * layers * method.up_adapter_params(k, k, r, SERVER_ROUND)
+    received = n * layers * method.up_adapter_params(k, k, r, server_round)
     sent_up = sum(int(a.size) for p in payloads for a in p.values())
     if received != sent_up:  # the method's counting and its uplink must agree
         raise AssertionError(f"{name}: counted {received} parameters up, payloads hold {sent_up}")
     runs_on = str(getattr(strategy, "server_device", "cpu"))
-    case = Case(name, method, strategy, payloads, weights, runs_on, received_params=received)
+    case = Case(name, method, strategy, payloads, weights, runs_on, received_params=received,
+                server_round=server_round)  # fmt: skip
     case.step = rule_alone(case)
     return case
 
@@ -299,6 +307,7 @@ def run(
     threads: int = 0,
     memory: bool = True,
     seed: int = 0,
+    server_round: int = SERVER_ROUND,
 ) -> dict[str, Any]:
     """Time every method's round (and rule alone) at ``shape_name``; the result as a dict
     (``table`` formats it). ValueError: unknown shape or method, CUDA asked for without it."""
@@ -312,8 +321,8 @@ def run(
         raise ValueError("--device cuda: CUDA is not available to torch on this machine")
     shape = SHAPES[shape_name]
     layers = shape.layers if layers is None else int(layers)
-    if layers < 1 or repeats < 1:
-        raise ValueError("--layers and --repeats must be >= 1")
+    if layers < 1 or repeats < 1 or server_round < 1:
+        raise ValueError("--layers, --repeats and --round must be >= 1")
     names = list(methods) if methods else list(method_names())
     for name in names:
         get_method(name)  # ValueError naming the registered methods
@@ -322,7 +331,7 @@ def run(
     names = list(dict.fromkeys(names))
     threads = threads or (1 if device == "cpu" else (os.cpu_count() or 1))
     with blas_threads(threads) as blas_set:
-        return _timed_cases(names, shape, layers, device, repeats, memory, seed) | {
+        return _timed_cases(names, shape, layers, device, repeats, memory, seed, server_round) | {
             "threads": threads,
             "blas_threads_set": blas_set,
         }
@@ -336,10 +345,11 @@ def _timed_cases(
     repeats: int,
     memory: bool,
     seed: int,
+    server_round: int = SERVER_ROUND,
 ) -> dict[str, Any]:
     """``run``'s measurement once its threads are set: every case's rounds and steps timed,
     rotated, then its peak memory; the result dict without the thread fields."""
-    cases = {name: build_case(name, shape, layers, device, seed) for name in names}
+    cases = {name: build_case(name, shape, layers, device, seed, server_round) for name in names}
     for case in cases.values():  # warm-up: imports, thread pools, FLoRG's staging buffer
         case.round()
         if case.step is not None:
@@ -388,7 +398,7 @@ def _timed_cases(
         "device": device,
         "device_name": torch.cuda.get_device_name(0) if device == "cuda" else "CPU",
         "repeats": repeats,
-        "server_round": SERVER_ROUND,
+        "server_round": server_round,
         "load_avg": os.getloadavg(),
         "rows": rows,
     }
@@ -409,7 +419,7 @@ def table(result: dict[str, Any]) -> str:
         f"# server step of every method, shape {s['name']}: {s['layers']} layers{cut}, "
         f"k = {s['k']}, N = {s['clients']}, r = {s['rank']}; --device {result['device']} "
         f"({result['device_name']}), {result['threads']} threads, median of "
-        f"{result['repeats']} after one warm-up; load average "
+        f"{result['repeats']} after one warm-up, round {result['server_round']}; load average "
         f"{', '.join(f'{x:.1f}' for x in result['load_avg'])}"
     )
     cuda = result["device"] == "cuda"
@@ -456,6 +466,10 @@ def main(argv: list[str] | None = None) -> None:
         "--threads", type=int, default=0, help="BLAS, torch threads (0: 1 on cpu, all on cuda)"
     )
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
+    p.add_argument(
+        "--round", type=int, default=SERVER_ROUND,
+        help="the round whose replies are aggregated (default 1; fedrot-lora rotates from 2)",
+    )  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the result here")
     args = p.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -468,6 +482,7 @@ def main(argv: list[str] | None = None) -> None:
             args.layers,
             args.threads,
             memory=not args.no_memory,
+            server_round=args.round,
         )
     except ValueError as err:
         raise SystemExit(f"server_methods: {err}") from None

@@ -140,3 +140,29 @@ def test_unknown_method_and_missing_cuda_are_refused():
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match=r"--device cuda: CUDA is not available"):
             main(["--shape", "quick", "--device", "cuda"])
+
+
+@pytest.mark.parametrize("server_round, part", [(2, "A"), (3, "B")])
+def test_a_later_round_times_fedrot_loras_rotation(server_round, part):
+    """``--round``: from round 2 FedRot-LoRA rotates each reply (A in even rounds, B in odd)
+    before its means; the timed round is the rule's at that round, not round 1's plain means."""
+    from strategies.fedrot_lora.rule import aggregate_fedrot_lora
+    from strategies.shared.per_layer import LORA_PARTS, layer_keys
+
+    case = build_case("fedrot-lora", SHAPES["quick"], layers=2, device="cpu",
+                      server_round=server_round)  # fmt: skip
+    new, _ = case.round()
+    sent, p, w = case.strategy.global_state, case.payloads, case.weights
+    for kb, ka in layer_keys(sent, LORA_PARTS):
+        B, A, moved = aggregate_fedrot_lora(stacked(p, kb), stacked(p, ka), w, sent[kb],
+                                            sent[ka], part)  # fmt: skip
+        plain_B, plain_A, _ = aggregate_fedrot_lora(stacked(p, kb), stacked(p, ka), w,
+                                                    sent[kb], sent[ka], None)  # fmt: skip
+        np.testing.assert_allclose(new[kb], B, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(new[ka], A, rtol=1e-9, atol=1e-12)
+        assert moved > 0 and not np.allclose(new[ka], plain_A)
+    text = table(run("quick", "cpu", methods=["fedrot-lora"], repeats=1, memory=False,
+                     server_round=server_round))  # fmt: skip
+    assert f"round {server_round};" in text
+    with pytest.raises(ValueError, match="--round must be >= 1"):
+        run("quick", "cpu", methods=["fedit"], repeats=1, memory=False, server_round=0)
