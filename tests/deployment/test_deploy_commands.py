@@ -1,4 +1,4 @@
-"""The deployment argv (florg_tools.deploy.commands) as Flower 1.41's own parsers read it."""
+"""The deployment argv (florg_tools.deploy.commands) as Flower's own parsers read it."""
 
 from __future__ import annotations
 

@@ -85,7 +85,7 @@ def test_setup_writes_client_resources_and_the_ray_address(tmp_path: Path) -> No
     assert conn["options"]["num-supernodes"] == 20
     resources = conn["options"]["backend"]["client-resources"]
     assert resources == {"num-cpus": 2, "num-gpus": 0.25}
-    assert type(resources["num-cpus"]) is int  # a TOML float crashes `flwr run` in 1.41
+    assert type(resources["num-cpus"]) is int  # Flower carries it in an integer field
     assert conn["options"]["backend"]["init-args"] == {"address": "10.0.0.5:6379"}
     assert ray_address_env(home) == {RAY_ADDRESS_ENV_VAR: "10.0.0.5:6379"}
     assert ray_address_env(home, CONN) == {RAY_ADDRESS_ENV_VAR: "10.0.0.5:6379"}
