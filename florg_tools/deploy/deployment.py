@@ -305,6 +305,7 @@ class Deployment:
         num_partitions: int,
         *,
         superlink_host: str | None = None,
+        superlink_port: int | None = None,
         data_path: str | Path | None = None,
         rank: int | None = None,
         netns: str | None = None,
@@ -316,7 +317,8 @@ class Deployment:
     ) -> ManagedProcess:
         """Start the SuperNode for ``partition_id`` (replacing a stopped one).
 
-        ``superlink_host`` is the address it dials (default: ``address``'s host);
+        ``superlink_host`` is the address it dials (default: ``address``'s host),
+        ``superlink_port`` the port (default: the SuperLink's; another for a proxy);
         ``rank``: the node's adapter rank (node-config ``rank``; issue 30).
         ``netns`` runs it (and its SuperExec and ClientApps) in that network namespace.
         ``node_config``: further node-config keys (``slowdown``, a straggler).
@@ -329,7 +331,7 @@ class Deployment:
         if old is not None and old.alive():
             raise LaunchError(f"SuperNode for partition {partition_id} is already running")
         host = superlink_host or split_address(self.address)[0]
-        superlink = f"{host}:{self.port}"
+        superlink = f"{host}:{superlink_port or self.port}"
         # Each SuperNode's own Runtime API port; in its own netns the default is free.
         runtime_port = None
         if netns is None:
