@@ -6,8 +6,8 @@ Flower ``Context`` (per run): a method's personal parts (``Method.local``) and w
 keeps (``receive_on_client``). A resumed run has fresh contexts: the strategy re-sends what a
 node must fold again, and personal parts come back from the node's disk where the operator sets
 ``$FLORG_NODE_STATE_DIR`` (flower_app/client/node_state.py), else restart from zero. A round
-itself is flower_app/client/round.py; the client mod flower_app/client/faults.py is attached
-here."""
+itself is flower_app/client/round.py; the client mods flower_app/secure/client_mod.py and
+flower_app/client/faults.py are attached here."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from flower_app.client.node_state import (
 )
 from flower_app.client.round import local_batches, receive, train_round
 from flower_app.modeling import pick_device
+from flower_app.secure.client_mod import secure_aggregation_mod
 from flower_app.settings.client_ranks import config_at_rank, node_rank
 from flower_app.settings.config import RunConfig, resolve_config
 from flower_app.task_data import load_task_data, tokenized_split
@@ -45,7 +46,9 @@ from flower_app.wire.records import from_array_record, to_array_record
 if TYPE_CHECKING:
     from flower_app.adapted import AdaptedModel
 
-app = ClientApp(mods=[inject_faults])  # fault-* (testing): flower_app/client/faults.py
+# secure-aggregation's stages (flower_app/secure/client_mod.py: inactive unless the server
+# runs them) around fault-* (testing: flower_app/client/faults.py)
+app = ClientApp(mods=[secure_aggregation_mod, inject_faults])
 
 LOCAL_STATE = "local-state"  # the context's record of a method's personal parts
 WARNING = 30

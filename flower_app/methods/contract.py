@@ -70,6 +70,12 @@ class Method:
     # reply's Aₙᵀ Aₙ − A_τᵀ A_τ); None: refused, with ``async_refusal``.
     async_update: str | None = None
     async_refusal: str = ""
+    # What its clients add up under ``secure-aggregation`` (docs/secure-aggregation.md):
+    # 'mean' (the uploaded arrays: its rule is linear in the replies, so the rule over their
+    # weighted mean is the rule over them), 'gram' (FLoRG: each layer's Gram AₙᵀAₙ, which
+    # its server step decomposes); None: refused, with ``secure_refusal``.
+    secure_sum: str | None = None
+    secure_refusal: str = ""
 
     def __post_init__(self) -> None:
         if self.adapter not in adapter_kind_names():
@@ -150,6 +156,18 @@ class Method:
         ``dp=example`` the node's DP-SGD ledger (``flower_app.privacy.dp_sgd.ClientAccountant``),
         into which the reply's release must be composed (the caller keeps it), else None."""
         raise NotImplementedError(f"method {self.name!r} sends no query to its clients")
+
+    def secure_contribution(
+        self, arrays: Mapping[str, np.ndarray], server_round: int
+    ) -> dict[str, np.ndarray]:
+        """What a client adds to the secure sum of ``server_round`` from the ``arrays`` it
+        would upload (the caller weights it): the arrays themselves ('mean'); a method that
+        sums something else overrides this and ``secure_shapes``."""
+        return {key: np.asarray(value, np.float64) for key, value in arrays.items()}
+
+    def secure_shapes(self, uplink: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+        """The shapes of ``secure_contribution`` for a reply shaped as ``uplink``."""
+        return {key: tuple(np.shape(value)) for key, value in uplink.items()}
 
     # -- settings -----------------------------------------------------------------------
     def check_settings(self, config: RunSettings) -> None:

@@ -1,12 +1,18 @@
 """SecAgg+'s settings, ``SecAggPlusSettings``, named as Flower's ``SecAggPlusWorkflow`` names
-them and checked when built (a ValueError naming the setting). In the core, not beside the
-server's protocol (strategies/server/secure_sum.py), so that the app's settings can build
-and check them once secure aggregation is wired in (docs/secure-aggregation.md)."""
+them and checked when built (a ValueError naming the setting), and built from the run's
+``secaggplus-*`` settings (``secaggplus_settings``). In the core, not beside the server's
+protocol (strategies/server/secure_sum.py), so that the run settings' checks can build them."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from flower_app.settings.checks import ConfigError
+
+if TYPE_CHECKING:
+    from flower_app.settings.run_settings import RunSettings
 
 
 def _is_int(value: object) -> bool:
@@ -83,3 +89,40 @@ class SecAggPlusSettings:
         t = self.timeout
         if t is not None and not (_is_real(t) and math.isfinite(t) and t > 0):
             raise ValueError(f"timeout must be None or a finite number > 0, got {t!r}")
+
+
+def _count_or_fraction(value: float, key: str, least: int) -> int | float:
+    """A fraction in (0, 1] as a float, or a whole count >= ``least`` as an int."""
+    if value <= 1:
+        return float(value)
+    if value != int(value) or value < least:
+        raise ConfigError(f"{key}: a fraction in (0, 1] or a whole count >= {least}, got {value}")
+    return int(value)
+
+
+def secaggplus_settings(config: RunSettings, timeout: float | None = None) -> SecAggPlusSettings:
+    """The run's ``SecAggPlusSettings`` (``secaggplus-*``, flower_app/settings/secure.py;
+    checked: a ConfigError naming the key); the weight every client sends is 1 (uniform
+    weights), so ``max_weight`` is 1."""
+    keys = {
+        "num_shares": "secaggplus-num-shares",
+        "reconstruction_threshold": "secaggplus-reconstruction-threshold",
+    }
+    try:
+        return SecAggPlusSettings(
+            num_shares=_count_or_fraction(config.secaggplus_num_shares, keys["num_shares"], 3),
+            reconstruction_threshold=_count_or_fraction(
+                config.secaggplus_reconstruction_threshold, keys["reconstruction_threshold"], 2
+            ),
+            clipping_range=config.secaggplus_clipping_range,
+            quantization_range=config.secaggplus_quantization_range,
+            modulus_range=config.secaggplus_modulus_range,
+            max_weight=1.0,
+            timeout=config.secaggplus_timeout or timeout,
+        )
+    except ValueError as err:
+        if isinstance(err, ConfigError):
+            raise
+        name = str(err).split(" ")[0]  # SecAggPlusSettings names its field first
+        key = keys.get(name, "secaggplus-" + name.replace("_", "-"))
+        raise ConfigError(f"{key}: {err}") from None

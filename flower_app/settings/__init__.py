@@ -3,11 +3,11 @@
 Each group is a frozen dataclass of ``setting(...)`` fields, in the module of its concern:
 ``model_and_data.py`` (the method, the model, the task and its data, the adapter),
 ``rounds.py`` (the federation, local training, precision, evaluation, screening),
-``privacy.py`` (central DP and DP-SGD) and ``run.py`` (the run folder and console; the
-testing-only fault injection, apart). ``RunSettings`` (run_settings.py) is all of them
-together, so a setting has one declaration and one obvious group; ``RunConfig``
-(config.py) adds the registered methods' own. ``setting`` records a field's help, the check of its
-values and the cached artefacts it ``affects``.
+``privacy.py`` (central DP and DP-SGD), ``secure.py`` (secure aggregation) and ``run.py``
+(the run folder and console; the testing-only fault injection, apart). ``RunSettings``
+(run_settings.py) is all of them together, so a setting has one declaration and one obvious
+group; ``RunConfig`` (config.py) adds the registered methods' own. ``setting`` records a
+field's help, the check of its values and the cached artefacts it ``affects``.
 """
 
 from __future__ import annotations

@@ -291,6 +291,46 @@ def _check_virtual_clock(config: RunConfig) -> None:
         )
 
 
+# What reads one client's reply, which the server never sees under secure aggregation:
+# each is refused with the reason (the setting's key first).
+_REFUSED = (
+    (lambda c: c.round_mode != "sync", "round-mode: secure aggregation runs synchronous "
+     "rounds; async and sync-overselect apply or keep single replies"),
+    (lambda c: c.uplink_encoding != "fp32", "uplink-encoding: under secure aggregation the "
+     "uplink is the masked integer vector; set uplink-encoding=fp32"),
+    (lambda c: c.aggregation_weights != "uniform", "aggregation-weights: secure aggregation "
+     "weights every client equally (each sends weight 1); num-examples is not built"),
+    (lambda c: c.save_client_updates, "save-client-updates: under secure aggregation the "
+     "server never holds a client's update"),
+    (lambda c: c.dp == "central", "dp: dp=central on the masked sum (clipping on the "
+     "clients, noise on the unmasked sum) is not built yet; dp=example composes"),
+    (lambda c: bool(c.client_ranks.strip()), "client-ranks: secure aggregation sums "
+     "contributions of one shape; clients of different ranks are not supported"),
+    (lambda c: c.virtual_clock, "virtual-clock: it orders single replies, which secure "
+     "aggregation does not have"),
+)  # fmt: skip
+
+
+def _check_secure_aggregation(config: RunConfig) -> None:
+    """``secure-aggregation=secaggplus``: a method that declares its secure sum
+    (``Method.secure_sum``, else its ``secure_refusal``), none of the settings that read
+    single replies (``_REFUSED``), SecAgg+'s settings valid."""
+    if config.secure_aggregation == "off":
+        return
+    from flower_app.secure.settings import secaggplus_settings
+
+    method = get_method(config.method)
+    if method.secure_sum is None:
+        raise ConfigError(
+            f"secure-aggregation: method {config.method!r} cannot run under secure "
+            f"aggregation: {method.secure_refusal or 'it declares no secure sum'}"
+        )
+    for refused, reason in _REFUSED:
+        if refused(config):
+            raise ConfigError(reason)
+    secaggplus_settings(config)
+
+
 # The one validation pipeline of ``resolve_config``: the checks across settings, in order,
 # each raising a ConfigError that names its key; a method adds its own through
 # ``Method.check_settings``. (Each value's own check runs first, in ``coerce_setting``; the
@@ -307,5 +347,6 @@ CROSS_CHECKS = (
     _check_async_rounds,
     _check_overselected_rounds,
     _check_virtual_clock,
+    _check_secure_aggregation,
     _check_method_settings,
 )

@@ -18,6 +18,7 @@ from flower_app.settings.rounds import (
     VirtualClockSettings,
 )
 from flower_app.settings.run import LeaderboardSettings, OutputSettings, TestingSettings
+from flower_app.settings.secure import SecureAggregationSettings
 
 
 # The groups in reverse: a dataclass lists its bases' fields from the last base on, so the
@@ -27,6 +28,7 @@ class RunSettings(
     TestingSettings,
     LeaderboardSettings,
     OutputSettings,
+    SecureAggregationSettings,
     PrivacySettings,
     ScreeningSettings,
     EvaluationSettings,

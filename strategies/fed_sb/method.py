@@ -125,6 +125,8 @@ FED_SB = FedSB(
     settings=FedSBSettings,
     dp_mechanism="mean",  # clip reply - sent over R and the head; noised mean; round 0 too
     dp_initial_releases=1,  # round 0's noised gradient estimate (strategy.py)
+    secure_refusal="its round 0 averages each client's gradient in the clear; a secure "
+    "round 0 is not built",
 )
 
 METHODS = (FED_SB,)

@@ -45,6 +45,7 @@ FEDERA = FeDeRA(
     settings=FeDeRASettings,
     # clip the product updates B A - B_sent A_sent with the head; noised mean product
     dp_mechanism="product-mean",
+    secure_refusal="the mean of the dense products BₙAₙ is its sum, not built yet",
 )
 
 METHODS = (FEDERA,)

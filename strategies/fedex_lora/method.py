@@ -71,6 +71,8 @@ FEDEX_LORA = FedExLoRA(
     settings=FedExLoRASettings,
     dp_refusal=FEDEX_REFUSAL,
     writes_base_weights=True,  # the residual fold
+    secure_refusal="its residual mean(BₙAₙ) - mean(B) mean(A) is a sum of dense products, "
+    "not built yet",
 )
 
 METHODS = (FEDEX_LORA,)

@@ -21,6 +21,7 @@ FEDIT = FedIT(
     shared=("A", "B"),
     dp_mechanism="mean",  # clip reply - sent over A, B and the head; noised mean
     async_update="mean",  # A and B each a weighted mean: the mean of the stale deltas
+    secure_sum="mean",  # A and B each a weighted mean
 )
 
 METHODS = (FEDIT,)

@@ -129,6 +129,8 @@ FEDROT_LORA = FedRotLoRA(
     # rotate each reply, clip reply - sent over A, B and the head; noised mean
     dp_mechanism="mean",
     async_refusal=ASYNC_REFUSAL,
+    secure_refusal="it rotates each client's factors towards a reference before averaging, "
+    "which needs every single reply",
 )
 
 METHODS = (FEDROT_LORA,)

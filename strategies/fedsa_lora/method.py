@@ -24,6 +24,7 @@ FEDSA_LORA = FedSALoRA(
     shared=("A",),
     local=("B",),
     dp_mechanism="mean",  # clip reply - sent over A and the head; noised mean (B stays)
+    secure_sum="mean",  # A a weighted mean; B stays on the client
 )
 
 METHODS = (FEDSA_LORA,)

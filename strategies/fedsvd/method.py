@@ -43,6 +43,7 @@ FEDSVD = FedSVD(
     adapter="lora",
     shared=("A", "B"),
     dp_mechanism="mean",  # clip reply - sent over B and the head; noised mean; then the SVD
+    secure_sum="mean",  # B a weighted mean, then the re-factorisation
 )
 
 METHODS = (FEDSVD,)

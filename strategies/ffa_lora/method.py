@@ -23,6 +23,7 @@ FFA_LORA = FFALoRA(
     frozen=("A",),
     dp_mechanism="mean",  # clip reply - sent over B and the head; noised mean
     async_update="mean",  # B a weighted mean: the mean of the stale deltas
+    secure_sum="mean",  # B a weighted mean
 )
 
 METHODS = (FFA_LORA,)

@@ -39,6 +39,7 @@ FLEXLORA = FlexLoRA(
     shared=("A", "B"),
     heterogeneous_ranks=True,
     dp_mechanism="product-mean",
+    secure_refusal="the mean of the dense products BₙAₙ is its sum, not built yet",
 )
 
 METHODS = (FLEXLORA,)

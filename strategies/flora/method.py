@@ -62,6 +62,7 @@ FLORA = FLoRA(
     heterogeneous_ranks=True,  # the stack takes any r_n
     dp_refusal=FLORA_REFUSAL,
     writes_base_weights=True,  # the fold
+    secure_refusal="it stacks the clients' factors side by side, a concatenation, not a sum",
 )
 
 METHODS = (FLORA,)

@@ -34,6 +34,35 @@ class FLoRG(BaseMethod):
 
         return FLoRGStrategy
 
+    def secure_contribution(self, arrays, server_round):
+        """Each layer's Gram AₙᵀAₙ (its upper triangle), the head as it is (secure.py)."""
+        from strategies.florg.secure import gram_contribution
+
+        return gram_contribution(arrays)
+
+    def secure_shapes(self, uplink):
+        from strategies.florg.secure import gram_shapes
+
+        return gram_shapes(uplink)
+
+    def aggregate_secure(self, strategy, server_round, mean, clients):
+        """The FLoRG step from the mean Grams (``secure.aggregate_from_grams``); the head
+        is the mean head."""
+        from strategies.florg.secure import aggregate_from_grams
+        from strategies.florg.strategy import summarize_layers
+
+        keys = [f"{layer}.A" for layer in strategy.layers()]
+        new, per_layer = aggregate_from_grams(
+            mean,
+            {key: strategy.global_state[key] for key in keys},
+            clients,
+            procrustes=strategy.procrustes,
+            rank_mismatch=strategy.rank_mismatch,
+            device=str(strategy.server_device),
+        )
+        new.update({key: mean[key] for key in strategy.head_keys()})
+        return {**strategy.global_state, **new}, summarize_layers(per_layer)
+
     def build_strategy(self, config: FLoRGConfig, initial_state, *, fingerprint=None, run_dir=None):
         return self.strategy_class()(
             initial_state,
@@ -56,6 +85,7 @@ FLORG = FLoRG(
     # clip A - A_prev with the head; noised Gram mean; eigh, Procrustes (strategy.py)
     dp_mechanism="gram",
     async_update="gram",  # the Gram average moved by each stale reply's Gram delta
+    secure_sum="gram",  # each client's Gram AₙᵀAₙ: the server decomposes their mean
 )
 FLORG_NO_PROCRUSTES = FLoRG(
     name="florg-no-procrustes",
@@ -65,6 +95,7 @@ FLORG_NO_PROCRUSTES = FLoRG(
     heterogeneous_ranks=True,
     dp_mechanism="gram",
     async_update="gram",
+    secure_sum="gram",
     procrustes=False,
 )
 

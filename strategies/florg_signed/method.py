@@ -37,5 +37,7 @@ METHODS = (
         shared=("A",),
         # each sign block through the Gram step as its own "layer"
         dp_mechanism="gram",
+        secure_sum=None,  # FLoRG's Gram contribution is of the whole A, not of each block
+        secure_refusal="each sign block is its own Gram step; a blockwise secure sum is not built",
     ),
 )

@@ -31,6 +31,7 @@ HETLORA = HetLoRA(
     # dp=central needs one common rank (refused with client-ranks); then HetLoRA averages A and B
     # and the mean mechanism its private round
     dp_mechanism="mean",
+    secure_sum="mean",  # one common rank (client-ranks refused): A and B weighted means
 )
 
 METHODS = (HETLORA,)

@@ -39,6 +39,7 @@ ROLORA = RoLoRA(
     shared=("A", "B"),
     # clip reply - sent over the round's trained factor and the head; noised mean
     dp_mechanism="mean",
+    secure_sum="mean",  # the round's trained factor a weighted mean
 )
 
 METHODS = (ROLORA,)

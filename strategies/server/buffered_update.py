@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from strategies.server.replies import Reply
+from strategies.shared.averaging import weighted_average
 
 
 def staleness_factor(staleness: int, exponent: float) -> float:
@@ -60,3 +62,17 @@ def moved_replies(
          for k in (r.arrays if keys is None else keys)}
         for r, c in zip(kept, staleness_factors(kept, exponent, server_lr), strict=True)
     ]  # fmt: skip
+
+
+def mean_buffered_step(
+    strategy: Any, server_round: int, kept: list[Reply], weights: np.ndarray
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """A mean method's buffered update: its rule (``strategy.aggregate_adapter``) over the
+    replies moved onto the current model (``moved_replies``), the head likewise."""
+    moved = moved_replies(
+        strategy.global_state, kept, strategy.staleness_exponent, server_lr=strategy.server_lr
+    )
+    new_state, info = strategy.aggregate_adapter(server_round, moved, weights)
+    for key in strategy.head_keys():
+        new_state[key] = weighted_average([m[key] for m in moved], weights, key)
+    return new_state, info

@@ -8,8 +8,8 @@ the server adds the masked vectors, removes the survivors' self masks and the dr
 clients' pairwise masks (rebuilt from threshold-many key shares) and dequantises: it learns
 sum w x and sum w over the survivors, never one client's vector. A client lost after sharing
 its keys does not stop the round; too few live neighbours or shares raise
-``SecureSumFailed``. Settings: flower_app/secure/settings.py. Not yet wired into the app's settings
-or methods: docs/secure-aggregation.md.
+``SecureSumFailed``. The collect stage can carry each node's training message (the client
+trains, then masks). Settings: flower_app/secure/settings.py; docs/secure-aggregation.md.
 """
 
 from __future__ import annotations
@@ -40,51 +40,15 @@ from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_
 
 from flower_app.secure.secaggplus_client import KEY_CONTRIBUTION_NAMES, WEIGHT_KEY
 from flower_app.secure.settings import SecAggPlusSettings
+from flower_app.wire.deployment_bytes import wire_bytes
+from strategies.server.secure_outcome import (
+    SecureSumFailed,
+    SecureSumReport,
+    SecureSumResult,
+    SecureSumTraffic,
+)
 
 log = logging.getLogger("flwr.florg")  # propagates to Flower's console handler
-
-
-@dataclass(frozen=True)
-class SecureSumReport:
-    """Who took part: ``survivors`` (their contributions are in the sum),
-    ``dropped_after_keys`` (shared their keys, then sent no valid masked vector: their masks
-    were rebuilt), ``dropped_before`` (lost before sharing keys: in no one's masks),
-    ``silent_at_unmask`` (survivors that sent no shares), the resolved shares and threshold,
-    whether every needed secret had threshold-many live holders, each failed reply's error."""
-
-    sampled: tuple[int, ...]
-    survivors: tuple[int, ...] = ()
-    dropped_after_keys: tuple[int, ...] = ()
-    dropped_before: tuple[int, ...] = ()
-    silent_at_unmask: tuple[int, ...] = ()
-    num_shares: int = 0
-    threshold: int = 0
-    threshold_met: bool = False
-    errors: Mapping[int, str] = field(default_factory=dict)
-
-
-class SecureSumFailed(RuntimeError):
-    """The secure sum could not be completed (``reason``); ``report`` says who was lost."""
-
-    def __init__(self, reason: str, report: SecureSumReport | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.report = report
-
-
-@dataclass(frozen=True)
-class SecureSumResult:
-    """The unmasked sums over the survivors: ``weighted_sums`` (sum w x per array name),
-    ``weight_sum`` (sum w), and the round's ``report``."""
-
-    weighted_sums: dict[str, np.ndarray]
-    weight_sum: float
-    report: SecureSumReport
-
-    def weighted_mean(self) -> dict[str, np.ndarray]:
-        if self.weight_sum <= 0:
-            raise ValueError(f"the weights sum to {self.weight_sum}: no weighted mean")
-        return {name: arr / self.weight_sum for name, arr in self.weighted_sums.items()}
 
 
 def resolve_shares(settings: SecAggPlusSettings, num_nodes: int) -> tuple[int, int]:
@@ -120,10 +84,14 @@ def secure_sum(
     group_id: str = "",
     message_type: str = MessageType.TRAIN,
     rng: random.Random | None = None,
+    collect_content: Mapping[int, RecordDict] | None = None,
+    traffic: SecureSumTraffic | None = None,
 ) -> SecureSumResult:
     """Sum the weighted contributions of ``nodes`` by SecAgg+ (four send-and-receive
     exchanges). ``contribution_keys_and_shapes``: the arrays each client sends (the weight
-    entry is added); ``rng`` shuffles the neighbourhoods (OS entropy by default)."""
+    entry is added); ``rng`` shuffles the neighbourhoods (OS entropy by default);
+    ``collect_content``: records each node's collect-stage message also carries (its
+    training message); ``traffic``: filled with the bytes and the collect replies."""
     shapes = {name: tuple(shape) for name, shape in contribution_keys_and_shapes.items()}
     if shapes.setdefault(WEIGHT_KEY, (1,)) != (1,):
         raise ValueError(f"{WEIGHT_KEY!r} is the weight entry, of shape (1,)")
@@ -144,7 +112,9 @@ def secure_sum(
         for idx, nid in enumerate(order)
     }
     report = SecureSumReport(tuple(sampled), num_shares=num_shares, threshold=threshold)
-    run = _Run(grid, settings, sampled, neighbours, threshold, group_id, message_type, report)
+    traffic = SecureSumTraffic() if traffic is None else traffic
+    run = _Run(grid, settings, sampled, neighbours, threshold, group_id, message_type, report,
+               dict(collect_content or {}), traffic)  # fmt: skip
     return run.execute(dict(sorted(shapes.items())))
 
 
@@ -160,24 +130,36 @@ class _Run:
     group_id: str
     message_type: str
     report: SecureSumReport
+    collect_content: dict[int, RecordDict]  # node -> what its collect message also carries
+    traffic: SecureSumTraffic
     errors: dict[int, str] = field(default_factory=dict)  # node -> why its reply was refused
 
     def _exchange(self, stage: str, configs: dict[int, dict[str, Any]]) -> dict[int, ConfigRecord]:
         """Send each node its stage configs; the valid replies by node (errors recorded)."""
-        messages = [
-            Message(
-                RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({Key.STAGE: stage, **cfg})}),
-                dst_node_id=nid,
-                message_type=self.message_type,
-                group_id=self.group_id,
+        messages = []
+        for nid, cfg in configs.items():
+            content = RecordDict()
+            if stage == Stage.COLLECT_MASKED_VECTORS:  # the round's training message
+                for name, record in self.collect_content.get(nid, RecordDict()).items():
+                    content[name] = record
+            content[RECORD_KEY_CONFIGS] = ConfigRecord({Key.STAGE: stage, **cfg})
+            messages.append(
+                Message(
+                    content, dst_node_id=nid, message_type=self.message_type, group_id=self.group_id
+                )  # fmt: skip
             )
-            for nid, cfg in configs.items()
-        ]
+            down = self.traffic.down_bytes
+            down[nid] = down.get(nid, 0) + wire_bytes(messages[-1])
         replies: dict[int, ConfigRecord] = {}
+        answered: set[int] = set()
         for reply in self.grid.send_and_receive(messages, timeout=self.settings.timeout):
             src = reply.metadata.src_node_id
-            if src not in configs or src in replies:
+            if src not in configs or src in answered:
                 continue  # not asked, or a second reply
+            answered.add(src)
+            self.traffic.up_bytes[src] = self.traffic.up_bytes.get(src, 0) + wire_bytes(reply)
+            if stage == Stage.COLLECT_MASKED_VECTORS:
+                self.traffic.collected[src] = reply
             if reply.has_error():
                 self.errors[src] = f"{stage}: {reply.error.reason}"
             elif RECORD_KEY_CONFIGS not in reply.content.config_records:

@@ -22,7 +22,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flower_app.wire.ranks import truncate_to_rank
 from flower_app.wire.records import declared_params, split_state, to_array_record
 from strategies.server.buffered_rounds import BufferedRounds
-from strategies.server.buffered_update import AsyncSettings, moved_replies
+from strategies.server.buffered_update import AsyncSettings, mean_buffered_step
 from strategies.server.central_dp import CentralDP, check_strategy_dp, release_private
 from strategies.server.client_evaluation import personalised_metrics
 from strategies.server.client_sampling import ClientSampling
@@ -41,6 +41,7 @@ from strategies.server.replies import (
 )
 from strategies.server.run_state import restore, resume_rounds, state_arrays, state_json
 from strategies.server.saved_updates import save_round_updates
+from strategies.server.secure_rounds import SecureRounds, SecureRoundSettings
 from strategies.server.virtual_clock import ClockSettings, clock_for
 from strategies.shared.averaging import weighted_average
 from strategies.shared.validation import normalize_weights
@@ -54,7 +55,8 @@ class AdapterStrategy(FedAvg):
     Its parts are members it calls: ``encodings`` (``MessageEncodings``), ``sampling``
     (``ClientSampling``), ``gate`` (``ReplyGate``), ``router`` (``RankRouter``), ``ledger``
     (``NodeLedger``), ``communication`` (``CommunicationLedger``), ``dp`` / ``example_dp``,
-    ``round_loop`` (async's ``BufferedRounds``, sync-overselect's ``OverselectedRounds``)."""
+    ``round_loop`` (async's ``BufferedRounds``, sync-overselect's ``OverselectedRounds``,
+    secure aggregation's ``SecureRounds``)."""
 
     def __init__(
         self,
@@ -78,6 +80,7 @@ class AdapterStrategy(FedAvg):
         encoding_seed: int = 0,
         async_rounds: AsyncSettings | None = None,
         overselected_rounds: OverselectSettings | None = None,
+        secure: SecureRoundSettings | None = None,
         virtual_clock: ClockSettings | None = None,
     ) -> None:
         super().__init__(
@@ -112,11 +115,13 @@ class AdapterStrategy(FedAvg):
         self.ledger = NodeLedger()  # node id -> partition id; lost nodes per round
         self.router = RankRouter(self.global_state)  # each node's rank; r_max
         self.clock = clock_for(virtual_clock, self)  # virtual-clock (None: off); loops read it
-        self.round_loop: BufferedRounds | OverselectedRounds | None = None
+        self.round_loop: BufferedRounds | OverselectedRounds | SecureRounds | None = None
         if async_rounds is not None:  # round-mode=async's loop (checkpointed: run_state.py)
             self.round_loop = BufferedRounds(self, async_rounds)
         elif overselected_rounds is not None:  # round-mode=sync-overselect's
             self.round_loop = OverselectedRounds(self, overselected_rounds)
+        elif secure is not None:  # secure-aggregation=secaggplus's
+            self.round_loop = SecureRounds(self, secure)
 
     # -- the loop -----------------------------------------------------------------------
     def start(  # type: ignore[override]
@@ -341,15 +346,8 @@ class AdapterStrategy(FedAvg):
     def aggregate_buffered(
         self, server_round: int, kept: list[Reply], weights: np.ndarray
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        """FedBuff's x_t + η_g Σ wₙ cₙ (xₙ − x_vₙ) ('mean' methods, buffered_update.py): the
-        method's rule over the replies moved onto the current model, the head likewise."""
-        moved = moved_replies(
-            self.global_state, kept, self.staleness_exponent, server_lr=self.server_lr
-        )
-        new_state, info = self.aggregate_adapter(server_round, moved, weights)
-        for key in self.head_keys():
-            new_state[key] = weighted_average([m[key] for m in moved], weights, key)
-        return new_state, info
+        """FedBuff's x_t + η_g Σ wₙ cₙ (xₙ − x_vₙ) ('mean' methods: ``mean_buffered_step``)."""
+        return mean_buffered_step(self, server_round, kept, weights)
 
     # -- central DP (docs/privacy.md: also why not Flower's server-side DP wrapper) --------
     def private_divisor(self, server_round: int, replies: int) -> tuple[float, dict[str, float]]:

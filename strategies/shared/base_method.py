@@ -117,6 +117,22 @@ class BaseMethod(Method):
         new_state, info = mean_mechanism(dp, uplink, payloads, num_sampled)
         return {**sent, **new_state}, info
 
+    def aggregate_secure(
+        self,
+        strategy: AdapterStrategy,
+        server_round: int,
+        mean: dict[str, np.ndarray],
+        clients: int,
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """One round under secure aggregation, from ``mean``, the weighted mean contribution
+        (``secure_contribution``) of ``clients`` survivors: the whole new state and the
+        round's diagnostics. 'mean': the strategy's rule over ``mean`` as one reply of
+        weight 1, which is its rule over the replies when the rule is linear in them
+        (tests: every such method); the head is the mean head."""
+        new_state, info = strategy.aggregate_adapter(server_round, [mean], np.ones(1))
+        new_state.update({key: mean[key] for key in strategy.head_keys()})
+        return {**strategy.global_state, **new_state}, info
+
     def strategy_settings(
         self, config: RunSettings, *, run_dir: Path | None = None
     ) -> dict[str, Any]:
@@ -124,10 +140,12 @@ class BaseMethod(Method):
         sampling (fixed-size or Poisson, seeded from the run's ``seed`` without DP),
         weighting, whether clients evaluate, where client updates are saved,
         screening, central differential privacy, encodings, asynchronous rounds,
-        over-selected synchronous ones and the virtual clock."""
+        over-selected synchronous ones, secure aggregation and the virtual clock."""
+        from flower_app.secure.settings import secaggplus_settings
         from strategies.server.buffered_update import AsyncSettings
         from strategies.server.example_dp import example_dp_record
         from strategies.server.overselected_rounds import OverselectSettings
+        from strategies.server.secure_rounds import SecureRoundSettings
         from strategies.server.virtual_clock import ClockSettings
 
         save = run_dir is not None and config.save_client_updates
@@ -170,6 +188,11 @@ class BaseMethod(Method):
             "encoding_seed": config.seed,
             "async_rounds": async_rounds,
             "overselected_rounds": overselected_rounds,
+            "secure": SecureRoundSettings(
+                secaggplus_settings(config), int(config.secure_uplink_limit_mb * 2**20)
+            )
+            if config.secure_aggregation == "secaggplus"
+            else None,
             "virtual_clock": ClockSettings(
                 config.local_steps, config.local_epochs, config.batch_size
             )

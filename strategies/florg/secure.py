@@ -1,0 +1,94 @@
+"""FLoRG under secure aggregation: each client adds its Gram AₙᵀAₙ, the server decomposes the sum.
+
+FLoRG's state is exactly the mean Gram Q = Σ wₙ AₙᵀAₙ (k × k, eq. Gram_agg), so a secure sum
+of each client's Gram (its upper triangle, k(k+1)/2 values a layer) gives the server Q and
+nothing else; the server step is then the one it runs on Q when N r > k (eigendecomposition,
+top r, Procrustes: ``rule_torch._gram_step``), batched per (r, k) on the server's device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from strategies.florg.device import F64
+from strategies.florg.rule import default_rtol
+from strategies.florg.rule_torch import _gram_step, _infos, resolve_server_device
+
+GRAM_SUFFIX = ".A-gram"  # '<layer>.A' -> '<layer>.A-gram': the upper triangle of AᵀA
+
+
+def _is_factor(key: str) -> bool:
+    return key.endswith(".A")
+
+
+def gram_contribution(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A client's secure-sum contribution: each layer's A (r × k) as the upper triangle of
+    AᵀA, row by row (float64); the head's arrays as they are."""
+    out: dict[str, np.ndarray] = {}
+    for key, value in arrays.items():
+        a = np.asarray(value, np.float64)
+        if _is_factor(key):
+            rows, cols = np.triu_indices(a.shape[1])
+            out[key[: -len(".A")] + GRAM_SUFFIX] = (a.T @ a)[rows, cols]
+        else:
+            out[key] = a
+    return out
+
+
+def gram_shapes(uplink: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """The shapes of ``gram_contribution`` for arrays shaped as ``uplink``."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for key, value in uplink.items():
+        shape = tuple(np.shape(value))
+        if _is_factor(key):
+            k = shape[1]
+            shapes[key[: -len(".A")] + GRAM_SUFFIX] = (k * (k + 1) // 2,)
+        else:
+            shapes[key] = shape
+    return shapes
+
+
+def unpack_gram(upper: np.ndarray, k: int) -> np.ndarray:
+    """The symmetric k × k matrix whose upper triangle (row by row) is ``upper``."""
+    rows, cols = np.triu_indices(k)
+    full = np.zeros((k, k), np.float64)
+    full[rows, cols] = upper
+    full[cols, rows] = upper
+    return full
+
+
+def aggregate_from_grams(
+    mean: Mapping[str, np.ndarray],
+    prev_As: Mapping[str, np.ndarray],
+    num_clients: int,
+    *,
+    procrustes: bool,
+    rank_mismatch: str,
+    device: str = "auto",
+) -> tuple[dict[str, np.ndarray], dict[str, dict[str, float | int]]]:
+    """The FLoRG step from the mean Grams (``mean``: '<layer>.A-gram' upper triangles) for
+    every layer of ``prev_As`` ('<layer>.A' -> r × k): the new A of each layer and the
+    per-layer diagnostics of ``aggregate_florg_layers``. ``num_clients`` sets the
+    eigenvalue tolerance as for N stacked replies (``default_rtol``)."""
+    dev = resolve_server_device(device)
+    groups: dict[tuple[int, int], list[str]] = {}
+    for key, prev in prev_As.items():
+        groups.setdefault(tuple(np.shape(prev)), []).append(key)
+    new_As: dict[str, np.ndarray] = {}
+    infos: dict[str, dict[str, float | int]] = {}
+    with torch.no_grad():
+        for (r, k), keys in groups.items():
+            grams = [unpack_gram(mean[key[: -len(".A")] + GRAM_SUFFIX], k) for key in keys]
+            Q = torch.from_numpy(np.stack(grams)).to(dev, F64)
+            prevs = [np.asarray(prev_As[key], np.float64) for key in keys]
+            prev = torch.from_numpy(np.stack(prevs)).to(dev)
+            tol = default_rtol(k, num_clients * r)
+            rtol = torch.full((len(keys),), tol, dtype=F64, device=dev)
+            new, rank, lam, err_sq = _gram_step(Q, prev, rtol, procrustes, rank_mismatch)
+            infos.update(_infos(keys, new, prev, rank, lam, err_sq))
+            for key, value in zip(keys, new.cpu().numpy(), strict=True):
+                new_As[key] = value
+    return {key: new_As[key] for key in prev_As}, {key: infos[key] for key in prev_As}

@@ -1,0 +1,243 @@
+"""secure-aggregation=secaggplus on the common strategy: a round of ``SecureRounds`` through the
+ClientApp's mod (flower_app/secure/client_mod.py) over an in-process grid gives every method
+that takes it the state its plain round gives, within the quantisation's error; FLoRG's Gram
+contribution and step; the refusals. End to end on the real engine:
+tests/runtime/test_secure_aggregation_app.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Context, Error, Message, MetricRecord, RecordDict
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.supercore.task_identity import TaskIdentity
+
+from flower_app.methods.registry import get_method, method_names
+from flower_app.secure.client_mod import secure_aggregation_mod
+from flower_app.settings.checks import ConfigError
+from flower_app.wire.records import from_array_record, to_array_record
+from strategies.florg.secure import gram_contribution, gram_shapes, unpack_gram
+from strategies.server.secure_rounds import contribution_bytes
+from tests.harness.strategy_helpers import run_settings, strategy_for
+
+SECURE = {"secure_aggregation": "secaggplus", "screen_updates": False}
+MEAN_METHODS = ["fedit", "ffa-lora", "fedsa-lora", "rolora", "fedsvd", "hetlora"]
+NODES = [11, 12, 13, 14]
+
+
+@pytest.fixture(autouse=True)
+def server_identity(monkeypatch):
+    for name in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+
+
+def lora_state(rng, method="fedit", rank=3, d=8) -> dict[str, np.ndarray]:
+    """A LoRA state of the parts ``method`` shares (the global state a server holds)."""
+    shared = get_method(method).shared
+    state = {}
+    for layer in ("enc.q", "enc.v"):
+        if "A" in shared:
+            state[f"{layer}.lora_A"] = 0.3 * rng.standard_normal((rank, d))
+        if "B" in shared:
+            state[f"{layer}.lora_B"] = 0.3 * rng.standard_normal((d, rank))
+    return {**state, "classifier.weight": 0.3 * rng.standard_normal((2, d))}
+
+
+def florg_state(rng, rank=3, k=8) -> dict[str, np.ndarray]:
+    return {
+        "enc.q.A": 0.3 * rng.standard_normal((rank, k)),
+        "enc.v.A": 0.3 * rng.standard_normal((rank, 6)),
+        "classifier.weight": 0.3 * rng.standard_normal((2, k)),
+    }
+
+
+class ClientGrid:
+    """Routes every message through the ClientApp's secure mod to a training handler that
+    replies with node ``n``'s arrays (``trained[n]``, what it would upload) and metrics; a
+    node in ``failing`` raises in training (after it shared its keys)."""
+
+    def __init__(self, trained, method: str, failing=()):
+        self.trained, self.failing = trained, set(failing)
+        self.contexts = {
+            n: Context(
+                run_id=1,
+                node_id=n,
+                node_config={},
+                state=RecordDict(),
+                run_config={"method": method},
+            )  # fmt: skip
+            for n in trained
+        }
+        self.collected: dict[int, Message] = {}
+
+    def get_node_ids(self):
+        return list(self.trained)
+
+    def train(self, msg: Message, context: Context) -> Message:
+        node = msg.metadata.dst_node_id
+        if node in self.failing:
+            raise RuntimeError("the node died while training")
+        metrics = MetricRecord({"partition-id": NODES.index(node), "num-examples": 10,
+                                "train-loss": 0.5})  # fmt: skip
+        arrays = to_array_record(self.trained[node])
+        return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            try:
+                reply = secure_aggregation_mod(msg, self.contexts[node], self.train)
+            except Exception as exc:  # a ClientApp returns a raised handler as an error
+                reply = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
+            cfg = msg.content.config_records[RECORD_KEY_CONFIGS]
+            if cfg[Key.STAGE] == Stage.COLLECT_MASKED_VECTORS:
+                self.collected[node] = reply
+            replies.append(reply)
+        return replies
+
+
+def uploads(strategy, rng, nodes=NODES) -> dict[int, dict[str, np.ndarray]]:
+    """What each node uploads in round 1: the global state moved a little (float32, as a
+    reply travels)."""
+    up = strategy.uplink_state(1)
+    return {
+        n: {k: (v + 0.05 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in up.items()}
+        for n in nodes
+    }
+
+
+def plain_reply(arrays, node) -> Message:
+    metrics = MetricRecord({"partition-id": NODES.index(node), "num-examples": 10,
+                            "train-loss": 0.5})  # fmt: skip
+    msg = Message(RecordDict({"arrays": to_array_record(arrays), "metrics": metrics}),
+                  dst_node_id=node, message_type="train")  # fmt: skip
+    return Message(msg.content, reply_to=msg)
+
+
+def secure_round(method, state, trained, failing=()):
+    strategy = strategy_for(method, state, **SECURE, min_available_nodes=len(trained))
+    grid = ClientGrid(trained, method, failing)
+    arrays, metrics = strategy.round_loop.round(grid, 1, to_array_record(state), RecordDict(), 60)
+    return strategy, grid, arrays, metrics
+
+
+@pytest.mark.parametrize("method", MEAN_METHODS + ["florg", "florg-no-procrustes"])
+def test_a_secure_round_gives_the_plain_rounds_state_within_the_quantisation(method):
+    rng = np.random.default_rng(len(method))
+    state = florg_state(rng) if method.startswith("florg") else lora_state(rng, method)
+    plain = strategy_for(method, state, screen_updates=False, min_available_nodes=4)
+    trained = uploads(plain, rng)
+    expected, _ = plain.aggregate_train(1, [plain_reply(trained[n], n) for n in NODES])
+    strategy, grid, arrays, metrics = secure_round(method, state, trained)
+    got, want = from_array_record(arrays), from_array_record(expected)
+    assert set(got) == set(want)
+    settings = strategy.round_loop.settings.secaggplus
+    step = 2 * settings.clipping_range / settings.quantization_range  # per value and client
+    for key in want:  # mean of 4: within one step; FLoRG's factor through its Gram
+        tol = 50 * step if method.startswith("florg") else step
+        np.testing.assert_allclose(got[key], want[key], atol=tol, rtol=0, err_msg=key)
+    assert metrics["clients"] == 4 and metrics["secure-failed"] == 0
+    assert metrics["partitions"] == [0, 1, 2, 3] and metrics["train-loss"] == 0.5
+    assert metrics["uplink-bytes"] > 0 and metrics["downlink-bytes"] > 0
+    # what the server received from each node: a masked vector and metrics, no arrays
+    for reply in grid.collected.values():
+        assert not reply.content.array_records
+        assert set(reply.content.metric_records) == {"metrics"}
+
+
+def test_the_server_rule_is_never_handed_a_single_reply():
+    rng = np.random.default_rng(1)
+    state = lora_state(rng)
+    strategy = strategy_for("fedit", state, **SECURE, min_available_nodes=4)
+    calls = []
+    original = strategy.aggregate_adapter
+    strategy.aggregate_adapter = lambda r, payloads, w: (
+        calls.append(len(payloads)) or original(r, payloads, w)
+    )
+    grid = ClientGrid(uploads(strategy, rng), "fedit")
+    strategy.round_loop.round(grid, 1, to_array_record(state), RecordDict(), 60)
+    assert calls == [1]  # one mean, never the replies
+
+
+def test_a_node_lost_after_sharing_its_keys_leaves_the_sum_of_the_others():
+    rng = np.random.default_rng(2)
+    state = lora_state(rng)
+    plain = strategy_for("fedit", state, screen_updates=False, min_available_nodes=3)
+    trained = uploads(plain, rng)
+    survivors = [n for n in NODES if n != 13]
+    expected, _ = plain.aggregate_train(1, [plain_reply(trained[n], n) for n in survivors])
+    _, _, arrays, metrics = secure_round("fedit", state, trained, failing={13})
+    got, want = from_array_record(arrays), from_array_record(expected)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], atol=1e-5, rtol=0)
+    assert metrics["clients"] == 3 and metrics["failures"] == 1
+    assert metrics["secure-dropped-after-keys"] == 1 and metrics["secure-failed"] == 0
+
+
+def test_too_few_survivors_fail_the_round_cleanly_and_keep_the_model():
+    rng = np.random.default_rng(3)
+    state = lora_state(rng)
+    trained = uploads(strategy_for("fedit", state), rng, NODES[:3])
+    strategy, _, arrays, metrics = secure_round("fedit", state, trained, failing={11, 12})
+    assert arrays is None and metrics["secure-failed"] == 1 and metrics["clients"] == 0
+    for key, value in state.items():
+        np.testing.assert_array_equal(strategy.global_state[key], value)
+
+
+def test_florgs_contribution_is_the_upper_triangle_of_each_gram():
+    rng = np.random.default_rng(4)
+    state = florg_state(rng)
+    contribution = gram_contribution(state)
+    assert {k: v.shape for k, v in contribution.items()} == gram_shapes(state)
+    a = state["enc.q.A"]
+    np.testing.assert_allclose(unpack_gram(contribution["enc.q.A-gram"], 8), a.T @ a)
+    np.testing.assert_array_equal(contribution["classifier.weight"], state["classifier.weight"])
+    # 8 bytes a masked value, the weight included
+    assert contribution_bytes(gram_shapes(state)) == 8 * (1 + 36 + 21 + 16)
+
+
+def test_a_message_without_secaggplus_configs_passes_through():
+    msg = Message(RecordDict(), dst_node_id=5, message_type="train")
+    context = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    sentinel = Message(RecordDict(), reply_to=msg)
+    assert secure_aggregation_mod(msg, context, lambda m, c: sentinel) is sentinel
+
+
+def test_every_method_either_declares_a_secure_sum_or_says_why_not():
+    for name in method_names():
+        method = get_method(name)
+        assert method.secure_sum in {"mean", "gram"} or (
+            method.secure_sum is None and method.secure_refusal
+        ), name
+
+
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"method": "flora"}, "concatenation"),
+        ({"method": "fedrot-lora"}, "rotates"),
+        ({"round_mode": "async"}, "round-mode"),
+        ({"round_mode": "sync-overselect"}, "round-mode"),
+        ({"uplink_encoding": "int8-g"}, "uplink-encoding"),
+        ({"aggregation_weights": "num-examples"}, "aggregation-weights"),
+        ({"save_client_updates": True}, "save-client-updates"),
+        ({"dp": "central"}, "dp"),
+        ({"virtual_clock": True}, "virtual-clock"),
+        ({"secaggplus_num_shares": 2.5}, "secaggplus-num-shares"),
+        ({"secaggplus_reconstruction_threshold": 1.5}, "secaggplus-reconstruction-threshold"),
+        ({"secaggplus_modulus_range": 1000}, "secaggplus-modulus-range"),
+    ],
+)
+def test_settings_that_need_single_replies_are_refused_before_launch(settings, key):
+    settings = {"method": "fedit", **settings}
+    with pytest.raises(ConfigError, match=key):
+        run_settings(settings.pop("method"), secure_aggregation="secaggplus", **settings)
+
+
+def test_a_contribution_above_the_uplink_limit_is_refused_before_any_round():
+    rng = np.random.default_rng(5)
+    state = {"enc.q.A": rng.standard_normal((2, 1024))}  # a Gram of 524,800 values: 4 MB
+    with pytest.raises(ValueError, match="secure-uplink-limit-mb"):
+        strategy_for("florg", state, **SECURE, secure_uplink_limit_mb=1.0)
+    assert strategy_for("florg", state, **SECURE, secure_uplink_limit_mb=5.0).round_loop
