@@ -1,0 +1,76 @@
+"""secure-aggregation=secaggplus end to end through the real simulation engine (SuperLink + Ray)
+on the tiny BERT (tests/harness/flower_harness.py): FedIT and FLoRG complete their rounds with
+every node in the sum and the model a plain run of the same seed reaches, within the
+quantisation; a node that dies while training (after sharing its keys) leaves the others' sum.
+The round itself, method by method: tests/runtime/test_secure_aggregation.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from tests.harness.flower_harness import TINY_NUM_NODES, run_tiny_app
+
+pytestmark = pytest.mark.integration
+
+QUICK = {"local-steps": 2, "batch-size": 8, "max-test-examples": 0}
+SECURE = {**QUICK, "secure-aggregation": "secaggplus", "screen-updates": False}
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_arrays(run_dir: Path) -> dict[str, np.ndarray]:
+    """The run's final global arrays (its last checkpoint's)."""
+    files = sorted((run_dir / "checkpoint").glob("round-*/arrays.safetensors"))
+    assert files, f"no checkpoint arrays under {run_dir}"
+    return load_file(str(files[-1]))
+
+
+@pytest.mark.parametrize("method", ["fedit", "florg"])
+def test_a_secure_run_reaches_the_plain_runs_model(tiny_superlink, tiny_assets, method):
+    plain, plain_dir = run_tiny_app(
+        tiny_superlink, tiny_assets, f"plain-{method}", method=method, **QUICK
+    )
+    assert plain.ok, f"{plain.message}\n{plain.log_text[-3000:]}"
+    secure, secure_dir = run_tiny_app(
+        tiny_superlink, tiny_assets, f"secure-{method}", method=method, **SECURE
+    )
+    assert secure.ok, f"{secure.message}\n{secure.log_text[-3000:]}"
+    trained = [row for row in rows(secure_dir) if row["round"] > 0]
+    assert [row["clients"] for row in trained] == [TINY_NUM_NODES] * 2
+    assert all(row["secure-failed"] == 0 for row in trained)
+    assert all(row["uplink-bytes"] > 0 for row in trained)
+    got, want = final_arrays(secure_dir), final_arrays(plain_dir)
+    shared = [key for key in want if key in got and got[key].shape == want[key].shape]
+    assert shared
+    for key in shared:  # two rounds of local training from states within ~1e-5 of each other
+        np.testing.assert_allclose(got[key], want[key], atol=2e-3, rtol=0, err_msg=key)
+
+
+def test_a_node_dying_after_sharing_its_keys_leaves_the_others_sum(tiny_superlink, tiny_assets):
+    outcome, run_dir = run_tiny_app(
+        tiny_superlink, tiny_assets, "secure-dropout", method="fedit",
+        **SECURE, **{"fault-partition": 1, "fault-kind": "raise"},
+    )  # fmt: skip
+    assert outcome.ok, f"{outcome.message}\n{outcome.log_text[-3000:]}"
+    trained = [row for row in rows(run_dir) if row["round"] > 0]
+    for row in trained:
+        assert row["clients"] == TINY_NUM_NODES - 1
+        assert row["secure-dropped-after-keys"] == 1 and row["secure-failed"] == 0
+        # the dead node never reported its partition (-1: unknown), as in a plain round
+        assert [p for p in row["partitions"] if p >= 0] == [0, 2]
+
+
+def test_a_method_that_cannot_be_a_sum_is_refused_before_launch(tiny_superlink, tiny_assets):
+    outcome, run_dir = run_tiny_app(
+        tiny_superlink, tiny_assets, "secure-flora", method="flora", **SECURE
+    )
+    assert not outcome.ok
+    assert "secure-aggregation" in outcome.log_text and "concatenation" in outcome.log_text
+    assert not run_dir.exists()
