@@ -241,3 +241,17 @@ def test_a_contribution_above_the_uplink_limit_is_refused_before_any_round():
     with pytest.raises(ValueError, match="secure-uplink-limit-mb"):
         strategy_for("florg", state, **SECURE, secure_uplink_limit_mb=1.0)
     assert strategy_for("florg", state, **SECURE, secure_uplink_limit_mb=5.0).round_loop
+
+
+def test_the_docs_uplink_table_is_what_the_command_prints(capsys):
+    from pathlib import Path
+
+    from benchmarks.core.secure_uplink import main, rows
+
+    by = {(name, shape): (plain, secure) for name, shape, plain, secure, _ in rows()}
+    assert by[("fedit", "7B decoder (r=16)")] == (64 * 2 * 16 * 4096, 64 * 2 * 16 * 4096)
+    assert by[("florg", "MiniLM-L12 (r=8)")] == (24 * 8 * 384, 24 * 384 * 385 // 2)
+    main([])
+    printed = capsys.readouterr().out.strip().splitlines()
+    doc = (Path(__file__).parents[2] / "docs" / "secure-aggregation.md").read_text()
+    assert all(line in doc.splitlines() for line in printed)
