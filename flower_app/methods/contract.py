@@ -73,7 +73,8 @@ class Method:
     # What its clients add up under ``secure-aggregation`` (docs/secure-aggregation.md):
     # 'mean' (the uploaded arrays: its rule is linear in the replies, so the rule over their
     # weighted mean is the rule over them), 'gram' (FLoRG: each layer's Gram AₙᵀAₙ, which
-    # its server step decomposes); None: refused, with ``secure_refusal``.
+    # its server step decomposes), 'product' (each LoRA layer's product BₙAₙ, whose mean
+    # its server step re-factors by truncated SVD); None: refused, with ``secure_refusal``.
     secure_sum: str | None = None
     secure_refusal: str = ""
 
@@ -168,6 +169,19 @@ class Method:
     def secure_shapes(self, uplink: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
         """The shapes of ``secure_contribution`` for a reply shaped as ``uplink``."""
         return {key: tuple(np.shape(value)) for key, value in uplink.items()}
+
+    def secure_private_contribution(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        received: Mapping[str, np.ndarray],
+        clipping_norm: float,
+        server_round: int,
+    ) -> tuple[dict[str, np.ndarray], bool]:
+        """Under ``dp=central``: the contribution made from the update ``arrays`` −
+        ``received``, clipped on the client as the server clips a plain private round's,
+        and whether it was scaled down (``strategies.shared.base_method`` has the mean
+        mechanism's; FLoRG its own)."""
+        raise NotImplementedError(f"method {self.name!r} has no private secure contribution")
 
     # -- settings -----------------------------------------------------------------------
     def check_settings(self, config: RunSettings) -> None:

@@ -5,6 +5,8 @@ unmask are answered by ``secaggplus_client``; the collect stage carries the roun
 message, so the mod calls the next handler (training), turns the reply's arrays into the
 method's contribution (``Method.secure_contribution``, weight 1), masks it and sends the
 masked vector with the training reply's metrics; the reply's arrays never leave the node.
+Under dp=central the contribution is made from the update clipped here
+(``Method.secure_private_contribution``); the server adds the noise to the sum.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 from flower_app.methods.registry import get_method
 from flower_app.secure.secaggplus_client import secaggplus_client, weighted_contribution
+from flower_app.settings.config import resolve_config
+from flower_app.wire.encoding import decode_record
 from flower_app.wire.records import from_array_record
 
 
@@ -32,11 +36,20 @@ def secure_aggregation_mod(
     reply = call_next(msg, context)
     if reply.has_error():
         return reply
-    method = get_method(str(context.run_config["method"]))
+    config = resolve_config(context.run_config)
+    method = get_method(config.method)
     server_round = int(msg.content["config"].get("server-round", 0))
     arrays = from_array_record(reply.content["arrays"])  # uplink-encoding is fp32 here
-    contribution = weighted_contribution(method.secure_contribution(arrays, server_round), 1.0)
-    masked = secaggplus_client(msg, context, contribution)
+    if config.dp == "central":  # clipped here, noised on the server's unmasked sum
+        received = from_array_record(decode_record(msg.content["arrays"], config.downlink_encoding))
+        contribution, clipped = method.secure_private_contribution(
+            arrays, received, config.dp_clipping_norm, server_round
+        )
+        if config.dp_unnoised_metrics == "send":
+            reply.content["metrics"]["dp-clipped"] = int(clipped)
+    else:
+        contribution = method.secure_contribution(arrays, server_round)
+    masked = secaggplus_client(msg, context, weighted_contribution(contribution, 1.0))
     content = RecordDict({RECORD_KEY_CONFIGS: masked.content.config_records[RECORD_KEY_CONFIGS]})
     for name, record in reply.content.metric_records.items():
         content[name] = record

@@ -302,8 +302,6 @@ _REFUSED = (
      "weights every client equally (each sends weight 1); num-examples is not built"),
     (lambda c: c.save_client_updates, "save-client-updates: under secure aggregation the "
      "server never holds a client's update"),
-    (lambda c: c.dp == "central", "dp: dp=central on the masked sum (clipping on the "
-     "clients, noise on the unmasked sum) is not built yet; dp=example composes"),
     (lambda c: bool(c.client_ranks.strip()), "client-ranks: secure aggregation sums "
      "contributions of one shape; clients of different ranks are not supported"),
     (lambda c: c.virtual_clock, "virtual-clock: it orders single replies, which secure "
@@ -328,7 +326,19 @@ def _check_secure_aggregation(config: RunConfig) -> None:
     for refused, reason in _REFUSED:
         if refused(config):
             raise ConfigError(reason)
-    secaggplus_settings(config)
+    settings = secaggplus_settings(config)
+    if config.dp != "central":
+        return
+    if method.dp_mechanism not in ("mean", "gram") or method.secure_sum not in ("mean", "gram"):
+        raise ConfigError(
+            f"dp: dp=central under secure aggregation is built for the mean and Gram "
+            f"mechanisms; method {config.method!r} has {method.dp_mechanism!r}"
+        )
+    if method.secure_sum == "mean" and config.dp_clipping_norm > settings.clipping_range:
+        raise ConfigError(
+            f"dp-clipping-norm: {config.dp_clipping_norm:g} is above secaggplus-clipping-range "
+            f"{settings.clipping_range:g}; a clipped update's values must fit the range"
+        )
 
 
 # The one validation pipeline of ``resolve_config``: the checks across settings, in order,

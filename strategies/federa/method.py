@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from strategies.federa.settings import FeDeRASettings
-from strategies.shared.base_method import BaseMethod
 from strategies.shared.per_layer import LORA_PARTS, aggregate_per_layer
+from strategies.shared.product_sum import ProductSumMethod
 
 if TYPE_CHECKING:
     from flower_app.settings.run_settings import RunSettings
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
         """What FeDeRA reads: the core's settings and its own."""
 
 
-class FeDeRA(BaseMethod):
+class FeDeRA(ProductSumMethod):
     def lora_init(self, config: FeDeRAConfig):
         """``lora-init=federa-svd``: the adapter's SVD initialisation; 'default': PEFT's."""
         return "svd" if config.lora_init == "federa-svd" else "default"
@@ -45,7 +45,8 @@ FEDERA = FeDeRA(
     settings=FeDeRASettings,
     # clip the product updates B A - B_sent A_sent with the head; noised mean product
     dp_mechanism="product-mean",
-    secure_refusal="the mean of the dense products BₙAₙ is its sum, not built yet",
+    # each client's product BₙAₙ: the rule's truncated SVD of their mean (product_sum.py)
+    secure_sum="product",
 )
 
 METHODS = (FEDERA,)

@@ -71,8 +71,12 @@ FEDEX_LORA = FedExLoRA(
     settings=FedExLoRASettings,
     dp_refusal=FEDEX_REFUSAL,
     writes_base_weights=True,  # the residual fold
-    secure_refusal="its residual mean(BₙAₙ) - mean(B) mean(A) is a sum of dense products, "
-    "not built yet",
+    # sums would give fedex-residual=dense its fold (the means of A, B and BₙAₙ; the factored
+    # residual stacks each client's factors), but SecureRounds refuses a strategy with an
+    # aggregate_train of its own, as FoldingStrategy's is (it reads each reply's metrics)
+    secure_refusal="its strategy reads each reply's folded round ('residual-round', to send "
+    "each node the folds it missed) in an aggregate_train of its own, which a secure round "
+    "never calls",
 )
 
 METHODS = (FEDEX_LORA,)

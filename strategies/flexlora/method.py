@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.shared.base_method import BaseMethod
 from strategies.shared.per_layer import LORA_PARTS, aggregate_per_layer
+from strategies.shared.product_sum import ProductSumMethod
 
 
-class FlexLoRA(BaseMethod):
+class FlexLoRA(ProductSumMethod):
     def aggregate(self, sent, payloads, weights):
         """Each node is then sent the first r_n singular directions, its own truncated SVD
         (the common strategy's ``sent_state``: the top r_n rows of A and columns of B)."""
@@ -39,7 +39,9 @@ FLEXLORA = FlexLoRA(
     shared=("A", "B"),
     heterogeneous_ranks=True,
     dp_mechanism="product-mean",
-    secure_refusal="the mean of the dense products BₙAₙ is its sum, not built yet",
+    # one common rank (client-ranks is refused): each client's product BₙAₙ, the truncated
+    # SVD of their mean at the global rank (product_sum.py)
+    secure_sum="product",
 )
 
 METHODS = (FLEXLORA,)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from strategies.florg.settings import FLoRGSettings
 from strategies.shared.base_method import BaseMethod
 
@@ -62,6 +64,35 @@ class FLoRG(BaseMethod):
         )
         new.update({key: mean[key] for key in strategy.head_keys()})
         return {**strategy.global_state, **new}, summarize_layers(per_layer)
+
+    def secure_private_contribution(self, arrays, received, clipping_norm, server_round):
+        """dp=central: the Grams of A clipped jointly with the head (``secure.py``)."""
+        from strategies.florg.secure import private_contribution
+
+        return private_contribution(arrays, received, clipping_norm)
+
+    def aggregate_secure_private(self, strategy, server_round, sums, clients):
+        """dp=central on the masked sum: the private FLoRG step from the summed Grams
+        (``secure.private_from_grams``), the head by the mean mechanism with the same z."""
+        from strategies.florg.dp import florg_sensitivity
+        from strategies.florg.secure import private_from_grams
+        from strategies.florg.strategy import summarize_layers
+
+        dp, sent = strategy.dp, strategy.global_state
+        m, sampled = strategy.private_divisor(server_round, clients)
+        keys = [f"{layer}.A" for layer in strategy.layers()]
+        new, per_layer, std = private_from_grams(
+            sums, {key: sent[key] for key in keys}, clients, m, dp.clipping_norm,
+            dp.noise_multiplier, dp.rng, procrustes=strategy.procrustes,
+            device=str(strategy.server_device),
+        )  # fmt: skip
+        head_std = dp.noise_multiplier * dp.clipping_norm
+        for key in strategy.head_keys():
+            noise = dp.rng.normal(0.0, head_std, np.shape(sent[key]))
+            new[key] = np.asarray(sent[key], np.float64) + (sums[key] + noise) / m
+        info = summarize_layers(per_layer, ("rank", "drift", "eigengap", "negative_eigenvalues"))
+        info["dp-sensitivity"] = florg_sensitivity(dp.clipping_norm, {k: sent[k] for k in keys})
+        return {**sent, **new}, {**info, "dp-noise-std": std / m, **sampled}
 
     def build_strategy(self, config: FLoRGConfig, initial_state, *, fingerprint=None, run_dir=None):
         return self.strategy_class()(

@@ -92,3 +92,73 @@ def aggregate_from_grams(
             for key, value in zip(keys, new.cpu().numpy(), strict=True):
                 new_As[key] = value
     return {key: new_As[key] for key in prev_As}, {key: infos[key] for key in prev_As}
+
+
+def private_contribution(
+    arrays: Mapping[str, np.ndarray], received: Mapping[str, np.ndarray], clipping_norm: float
+) -> tuple[dict[str, np.ndarray], bool]:
+    """Under dp=central: each layer's A with its update A − A_prev and the head's update
+    scaled jointly to C (``clip_florg_with_head``, as the server clips a plain private round),
+    then as ``gram_contribution``: the Grams of the clipped A, the clipped head update; and
+    whether it was scaled down."""
+    from strategies.florg.dp import clip_florg_with_head
+
+    As = {k: np.asarray(v, np.float64) for k, v in arrays.items() if _is_factor(k)}
+    prev = {k: np.asarray(received[k], np.float64) for k in As}
+    head = {
+        k: np.asarray(v, np.float64) - np.asarray(received[k], np.float64)
+        for k, v in arrays.items()
+        if not _is_factor(k)
+    }
+    norm_sq = sum(float(np.sum((As[k] - prev[k]) ** 2)) for k in As)
+    norm_sq += sum(float(np.sum(h * h)) for h in head.values())
+    clipped_A, clipped_head = clip_florg_with_head(As, head or None, clipping_norm, prev_A=prev)
+    return gram_contribution({**clipped_A, **(clipped_head or {})}), norm_sq > clipping_norm**2
+
+
+def private_from_grams(
+    sums: Mapping[str, np.ndarray],
+    prev_As: Mapping[str, np.ndarray],
+    clients: int,
+    num_sampled: float,
+    clipping_norm: float,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+    *,
+    procrustes: bool,
+    device: str = "auto",
+) -> tuple[dict[str, np.ndarray], dict[str, dict[str, float | int]], float]:
+    """The private FLoRG step (docs/privacy.md section 4) from the survivors' summed Grams of
+    their clipped A: Q^ = (Σ AₙᵀAₙ − n PᵀP + E) / m + PᵀP, E Analyze-Gauss noise of std
+    z Δ, Δ = C (2 max ‖P‖₂ + C) (``florg_sensitivity``), drawn as the plain round draws it
+    (``layer_noise``); then ``florg_private_steps_torch``. Returns the new A, the per-layer
+    diagnostics and z Δ."""
+    from strategies.florg.dp import florg_sensitivity, layer_noise
+    from strategies.florg.dp_torch import florg_private_steps_torch
+
+    dev = resolve_server_device(device)
+    prevs = {k: np.asarray(v, np.float64) for k, v in prev_As.items()}
+    std = noise_multiplier * florg_sensitivity(clipping_norm, prevs)
+    noise = layer_noise(prevs, std, rng)
+    new_As: dict[str, np.ndarray] = {}
+    infos: dict[str, dict[str, float | int]] = {}
+    with torch.no_grad():
+        for key, prev in prevs.items():
+            r, k = prev.shape
+            gram = unpack_gram(sums[key[: -len(".A")] + GRAM_SUFFIX], k)
+            base = prev.T @ prev
+            Q = (gram - clients * base + noise[key]) / num_sampled + base
+            new, rank, lam = florg_private_steps_torch(
+                torch.from_numpy(Q[None]).to(dev, F64),
+                torch.from_numpy(prev[None]).to(dev, F64),
+                procrustes=procrustes,
+            )
+            new_As[key] = new[0].cpu().numpy()
+            lam_r = lam[0].cpu().numpy()
+            infos[key] = {
+                "rank": int(rank[0]),
+                "drift": float(np.linalg.norm(new_As[key] - prev)),
+                "eigengap": float(lam_r[r - 1] - (lam_r[r] if k > r else 0.0)),
+                "negative_eigenvalues": int((lam_r < 0).sum()),
+            }
+    return new_As, infos, std

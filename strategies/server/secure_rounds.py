@@ -4,7 +4,8 @@ Each round sends the strategy's training messages (``configure_train``: sampling
 encodings, ledgers) inside SecAgg+'s collect stage (``secure_sum``): a client trains, adds
 what its method sums (``Method.secure_contribution``) with weight 1, masks it and sends it with
 its metrics; the server learns the survivors' sum and applies the method's rule to their mean
-(``Method.aggregate_secure``). No reply's arrays are ever read, so the per-reply checks and
+(``Method.aggregate_secure``; under dp=central the clients clip and the server noises the sum:
+``aggregate_secure_private``). No reply's arrays are ever read, so the per-reply checks and
 the screening do not run (the client refuses a non-finite or out-of-range contribution, the
 server checks each masked vector's names and shapes). A round whose sum fails (too few
 survivors for the threshold) leaves the model unchanged, counted (``secure-failed``).
@@ -145,9 +146,26 @@ class SecureRounds:
             return None, MetricRecord(metrics)
         report = summed.report
         t0 = time.perf_counter()
-        new_state, info = strategy.method.aggregate_secure(
-            strategy, server_round, summed.weighted_mean(), len(report.survivors)
-        )
+        if strategy.dp is None:
+            new_state, info = strategy.method.aggregate_secure(
+                strategy, server_round, summed.weighted_mean(), len(report.survivors)
+            )
+        else:  # dp=central: the clients clipped, the server noises the unmasked sum
+            new_state, info = strategy.method.aggregate_secure_private(
+                strategy, server_round, summed.weighted_sums, len(report.survivors)
+            )
+            strategy.dp.clipped = sum(
+                int(m.content["metrics"].get("dp-clipped", 0))
+                for m in traffic.collected.values()
+                if not m.has_error() and "metrics" in m.content
+            )  # as the clients report it (an unnoised count, docs/privacy.md)
+            info = {**info, **strategy.dp.release()}
+            # rounding onto the grid moves a contribution by up to 2c/Q per value: the
+            # sensitivity the accountant uses (Δ) is exceeded by at most this share of it
+            step = 2 * settings.clipping_range / settings.quantization_range
+            values = sum(int(np.prod(shape)) for shape in shapes.values())
+            sensitivity = info.get("dp-sensitivity", strategy.dp.clipping_norm)
+            info["dp-quantisation-slack"] = step * float(np.sqrt(values)) / sensitivity
         metrics = self._metrics(server_round, traffic, survivors=len(report.survivors), failed=0)
         metrics["agg-seconds"] = time.perf_counter() - t0
         metrics["secure-dropped-after-keys"] = len(report.dropped_after_keys)

@@ -133,6 +133,39 @@ class BaseMethod(Method):
         new_state.update({key: mean[key] for key in strategy.head_keys()})
         return {**strategy.global_state, **new_state}, info
 
+    def secure_private_contribution(self, arrays, received, clipping_norm, server_round):
+        """The mean mechanism's client side: the update over every uploaded array, head
+        included, clipped jointly to C (``clip_update``)."""
+        from strategies.server.central_dp import clip_update, flat_norm
+
+        update = {
+            key: np.asarray(value, np.float64) - np.asarray(received[key], np.float64)
+            for key, value in arrays.items()
+        }
+        return clip_update(update, clipping_norm), flat_norm(update) > clipping_norm
+
+    def aggregate_secure_private(
+        self,
+        strategy: AdapterStrategy,
+        server_round: int,
+        sums: dict[str, np.ndarray],
+        clients: int,
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """dp=central on the masked sum (the mean mechanism, docs/privacy.md section 2): the
+        survivors' clipped updates ``sums`` = Σ uₙ plus N(0, (zC)² I) drawn on the server,
+        divided by the public m (``private_divisor``), added to the sent state; then the
+        method's rule over that release (``aggregate_secure``: post-processing)."""
+        dp = strategy.dp
+        m, sampled = strategy.private_divisor(server_round, clients)
+        std = dp.noise_multiplier * dp.clipping_norm
+        released = {
+            key: np.asarray(value, np.float64)
+            + (sums[key] + dp.rng.normal(0.0, std, np.shape(value))) / m
+            for key, value in strategy.uplink_state(server_round).items()
+        }
+        new_state, info = self.aggregate_secure(strategy, server_round, released, clients)
+        return new_state, {**info, "dp-noise-std": std / m, **sampled}
+
     def strategy_settings(
         self, config: RunSettings, *, run_dir: Path | None = None
     ) -> dict[str, Any]:
