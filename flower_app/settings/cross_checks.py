@@ -291,6 +291,26 @@ def _check_virtual_clock(config: RunConfig) -> None:
         )
 
 
+def _check_product_gap(config: RunConfig) -> None:
+    """``product-gap`` (strategies/server/product_gap.py) compares the replies' LoRA
+    products B A with the rule's new B A: a method whose adapter is not LoRA has no such
+    factors, and under dp=central the replies are read by the mechanism alone (the gap, a
+    function of the unnoised replies, would be released outside the guarantee)."""
+    if not config.product_gap:
+        return
+    adapter = get_method(config.method).adapter
+    if adapter != "lora":
+        raise ConfigError(
+            f"product-gap: true needs a method with adapter 'lora' (B A factors); "
+            f"method={config.method!r} has adapter {adapter!r}: set product-gap=false"
+        )
+    if config.dp == "central":
+        raise ConfigError(
+            "product-gap: refused with dp=central (it reads every client's unnoised B and A "
+            "after the mechanism, outside the privacy guarantee): set product-gap=false"
+        )
+
+
 # The one validation pipeline of ``resolve_config``: the checks across settings, in order,
 # each raising a ConfigError that names its key; a method adds its own through
 # ``Method.check_settings``. (Each value's own check runs first, in ``coerce_setting``; the
@@ -307,5 +327,6 @@ CROSS_CHECKS = (
     _check_async_rounds,
     _check_overselected_rounds,
     _check_virtual_clock,
+    _check_product_gap,
     _check_method_settings,
 )

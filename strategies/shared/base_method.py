@@ -124,7 +124,7 @@ class BaseMethod(Method):
         sampling (fixed-size or Poisson, seeded from the run's ``seed`` without DP),
         weighting, whether clients evaluate, where client updates are saved,
         screening, central differential privacy, encodings, asynchronous rounds,
-        over-selected synchronous ones and the virtual clock."""
+        over-selected synchronous ones, the virtual clock and the product-gap diagnostic."""
         from strategies.server.buffered_update import AsyncSettings
         from strategies.server.example_dp import example_dp_record
         from strategies.server.overselected_rounds import OverselectSettings
@@ -168,6 +168,7 @@ class BaseMethod(Method):
             "uplink_encoding": config.uplink_encoding,
             "downlink_encoding": config.downlink_encoding,
             "encoding_seed": config.seed,
+            "product_gap": config.product_gap,
             "async_rounds": async_rounds,
             "overselected_rounds": overselected_rounds,
             "virtual_clock": ClockSettings(
