@@ -306,6 +306,8 @@ _REFUSED = (
      "contributions of one shape; clients of different ranks are not supported"),
     (lambda c: c.virtual_clock, "virtual-clock: it orders single replies, which secure "
      "aggregation does not have"),
+    (lambda c: c.product_gap, "product-gap: it reads each client's factors, which secure "
+     "aggregation never hands the server"),
 )  # fmt: skip
 
 
@@ -341,6 +343,21 @@ def _check_secure_aggregation(config: RunConfig) -> None:
         )
 
 
+def _check_product_gap(config: RunConfig) -> None:
+    """``product-gap`` (strategies/server/product_gap.py) compares the replies' LoRA
+    products B A with the rule's new B A (a method whose adapter is not LoRA records none:
+    FLoRG's counterpart, gram_rel_error, is always recorded); under dp=central the replies
+    are read by the mechanism alone (the gap, a function of the unnoised replies, would be
+    released outside the guarantee)."""
+    if not config.product_gap:
+        return
+    if config.dp == "central":
+        raise ConfigError(
+            "product-gap: refused with dp=central (it reads every client's unnoised B and A "
+            "after the mechanism, outside the privacy guarantee): set product-gap=false"
+        )
+
+
 # The one validation pipeline of ``resolve_config``: the checks across settings, in order,
 # each raising a ConfigError that names its key; a method adds its own through
 # ``Method.check_settings``. (Each value's own check runs first, in ``coerce_setting``; the
@@ -358,5 +375,6 @@ CROSS_CHECKS = (
     _check_overselected_rounds,
     _check_virtual_clock,
     _check_secure_aggregation,
+    _check_product_gap,
     _check_method_settings,
 )

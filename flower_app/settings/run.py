@@ -1,5 +1,5 @@
-"""Settings: the run folder, resuming and the console; the FlowerTune LLM leaderboard track a
-run is entered in; the testing-only fault injection."""
+"""Settings: the run folder, resuming, the console and the product-gap diagnostic; the FlowerTune
+LLM leaderboard track a run is entered in; the testing-only fault injection."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from flower_app.settings.checks import (
 
 @dataclass(frozen=True)
 class OutputSettings:
-    """Settings: the run folder, resuming, the console and tracking."""
+    """Settings: the run folder, resuming, the console and tracking; a server diagnostic."""
 
     output_dir: str = setting("outputs", "folder for run outputs", affects=())
     run_name: str = setting(
@@ -29,6 +29,16 @@ class OutputSettings:
     resume: str = setting("", "run folder to continue from its last checkpointed round", affects=())
     save_client_updates: bool = setting(
         False, "also save every round's client updates (.npz)", affects=()
+    )
+    # a server-side diagnostic only: no cached artefact depends on it (affects nothing)
+    product_gap: bool = setting(
+        False,
+        "record product_rel_gap (mean over layers) and product_rel_gap_max each round: "
+        "||sum w_n B_n A_n - B_new A_new||_F / ||sum w_n B_n A_n||_F per layer, for methods "
+        "with adapter lora (others record none: FLoRG's gram_rel_error is its counterpart; "
+        "refused with dp=central and secure aggregation; for a method that folds into W0 it "
+        "measures the new factors, not the model); costly at 7B",
+        affects=(),
     )
     progress_bar: bool = setting(False, "show a progress bar during local training", affects=())
     log_level: str = setting(

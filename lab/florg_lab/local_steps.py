@@ -39,7 +39,9 @@ __all__ = [
 # The row key of each method's aggregation error. FLoRG's is recorded (strategies/florg:
 # ||A_new^T A_new - Q||_F / ||Q||_F, the rank-r truncation of the exact Gram aggregate);
 # product_rel_gap, ||mean(B A) - mean(B) mean(A)||_F / ||mean(B A)||_F per layer (after
-# rotation for FedRot-LoRA), mean over layers, is the server diagnostic still to be added.
+# rotation for FedRot-LoRA), mean over layers, is recorded by the server when the run sets
+# product-gap = true (strategies/server/product_gap.py; the sweep's FedIT and FedRot-LoRA
+# blocks do).
 ERROR_KEYS = {
     "florg": "gram_rel_error",
     "florg-no-procrustes": "gram_rel_error",

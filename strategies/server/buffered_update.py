@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from strategies.server.product_gap import gap_metrics
 from strategies.server.replies import Reply
 from strategies.shared.averaging import weighted_average
 
@@ -73,6 +74,7 @@ def mean_buffered_step(
         strategy.global_state, kept, strategy.staleness_exponent, server_lr=strategy.server_lr
     )
     new_state, info = strategy.aggregate_adapter(server_round, moved, weights)
+    info |= gap_metrics(strategy, moved, weights, new_state)  # the replies the rule took
     for key in strategy.head_keys():
         new_state[key] = weighted_average([m[key] for m in moved], weights, key)
     return new_state, info

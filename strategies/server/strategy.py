@@ -31,6 +31,7 @@ from strategies.server.example_dp import ExampleDpRecord
 from strategies.server.ledger import CommunicationLedger, NodeLedger
 from strategies.server.method_rules import MethodRules
 from strategies.server.overselected_rounds import OverselectedRounds, OverselectSettings
+from strategies.server.product_gap import gap_metrics
 from strategies.server.rank_router import RankRouter
 from strategies.server.replies import (
     DEFAULT_KAPPA,
@@ -82,6 +83,7 @@ class AdapterStrategy(FedAvg):
         overselected_rounds: OverselectSettings | None = None,
         secure: SecureRoundSettings | None = None,
         virtual_clock: ClockSettings | None = None,
+        product_gap: bool = False,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -96,7 +98,7 @@ class AdapterStrategy(FedAvg):
             raise ValueError(f"weighting must be 'uniform' or 'num-examples', got {weighting!r}")
         # the method's rule, DP mechanism and flags (heterogeneous ranks, DP): never its name
         self.method = method
-        self.weighting = weighting
+        self.weighting, self.product_gap = weighting, product_gap  # product_gap.py's rows
         self.gate = ReplyGate(screen_updates=screen_updates, screen_kappa=screen_kappa)
         self.dp, self.example_dp = dp, example_dp  # example_dp: dp=example's record
         self.sampling = ClientSampling(client_sampling, fraction_train, sampling_seed, dp)
@@ -243,13 +245,9 @@ class AdapterStrategy(FedAvg):
         node_metrics = {**nodes.metrics(), **example_dp, **train_time_metrics(replies)}
         node_metrics |= self.clock.sync_close(server_round, replies) if self.clock else {}
         return self.aggregate_replies(
-            server_round,
-            checked,
-            failures=failures,
-            rejected=rejected,
-            up_params=up_params,
+            server_round, checked, failures=failures, rejected=rejected, up_params=up_params,
             node_metrics={**node_metrics, **traffic},
-        )
+        )  # fmt: skip
 
     def aggregate_replies(
         self,
@@ -306,6 +304,7 @@ class AdapterStrategy(FedAvg):
                 new_state, info = self.aggregate_buffered(server_round, kept, weights)
             else:
                 new_state, info = self.aggregate_adapter(server_round, payloads, weights)
+                info |= gap_metrics(self, payloads, weights, new_state)  # product-gap
                 for key in self.head_keys():
                     new_state[key] = weighted_average([p[key] for p in payloads], weights, key)
         else:

@@ -173,7 +173,8 @@ class BaseMethod(Method):
         sampling (fixed-size or Poisson, seeded from the run's ``seed`` without DP),
         weighting, whether clients evaluate, where client updates are saved,
         screening, central differential privacy, encodings, asynchronous rounds,
-        over-selected synchronous ones, secure aggregation and the virtual clock."""
+        over-selected synchronous ones, secure aggregation, the virtual clock and the
+        product-gap diagnostic."""
         from flower_app.secure.settings import secaggplus_settings
         from strategies.server.buffered_update import AsyncSettings
         from strategies.server.example_dp import example_dp_record
@@ -219,6 +220,7 @@ class BaseMethod(Method):
             "uplink_encoding": config.uplink_encoding,
             "downlink_encoding": config.downlink_encoding,
             "encoding_seed": config.seed,
+            "product_gap": config.product_gap,
             "async_rounds": async_rounds,
             "overselected_rounds": overselected_rounds,
             "secure": SecureRoundSettings(
