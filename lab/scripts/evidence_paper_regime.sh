@@ -24,7 +24,7 @@ ROOT=$(cd "$ROOT" && pwd)
 # fedrot-lora and every other method of the grids. The sweep's product_rel_gap (FedIT's
 # and FedRot-LoRA's aggregation error) is not recorded at this commit: move it to the
 # commit that records it before the first run (a grid's runs all run at one commit).
-PAPER_COMMIT=3ade3aa
+PAPER_COMMIT=d950897  # the v2 protocol, SNLI's paper regime, product-gap (FedIT's and FedRot-LoRA's product_rel_gap)
 read -r -a GRIDS <<< "${GRIDS:-paper-regime-snli local-steps-sweep}"
 PUBLISHED=lab/evidence/paper-regime  # runs/<grid>/<run>: config, metrics, summary
 DIR="$ROOT/paper-regime"
