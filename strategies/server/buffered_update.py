@@ -74,7 +74,8 @@ def mean_buffered_step(
         strategy.global_state, kept, strategy.staleness_exponent, server_lr=strategy.server_lr
     )
     new_state, info = strategy.aggregate_adapter(server_round, moved, weights)
-    info |= gap_metrics(strategy, moved, weights, new_state)  # the replies the rule took
+    if strategy.product_gap:  # over the replies the rule took
+        info |= gap_metrics(strategy, moved, weights, new_state)
     for key in strategy.head_keys():
         new_state[key] = weighted_average([m[key] for m in moved], weights, key)
     return new_state, info

@@ -304,7 +304,7 @@ class AdapterStrategy(FedAvg):
                 new_state, info = self.aggregate_buffered(server_round, kept, weights)
             else:
                 new_state, info = self.aggregate_adapter(server_round, payloads, weights)
-                info |= gap_metrics(self, payloads, weights, new_state)  # product-gap
+                info |= gap_metrics(self, payloads, weights, new_state) if self.product_gap else {}
                 for key in self.head_keys():
                     new_state[key] = weighted_average([p[key] for p in payloads], weights, key)
         else:
