@@ -3,8 +3,9 @@
 A message without SecAgg+'s configs record passes through untouched. Setup, share keys and
 unmask are answered by ``secaggplus_client``; the collect stage carries the round's training
 message, so the mod calls the next handler (training), turns the reply's arrays into the
-method's contribution (``Method.secure_contribution``, weight 1), masks it and sends the
-masked vector with the training reply's metrics; the reply's arrays never leave the node.
+method's contribution (``Method.secure_contribution``) times the client's weight
+(``client_weight``), masks it and sends the masked vector with the training reply's
+metrics; the reply's arrays never leave the node.
 Under dp=central the contribution is made from the update clipped here
 (``Method.secure_private_contribution``); the server adds the noise to the sum.
 """
@@ -18,6 +19,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 from flower_app.methods.registry import get_method
 from flower_app.secure.secaggplus_client import secaggplus_client, weighted_contribution
+from flower_app.secure.settings import client_weight
 from flower_app.settings.config import resolve_config
 from flower_app.wire.encoding import decode_record
 from flower_app.wire.records import from_array_record
@@ -49,7 +51,8 @@ def secure_aggregation_mod(
             reply.content["metrics"]["dp-clipped"] = int(clipped)
     else:
         contribution = method.secure_contribution(arrays, server_round)
-    masked = secaggplus_client(msg, context, weighted_contribution(contribution, 1.0))
+    weight = client_weight(config, float(reply.content["metrics"].get("num-examples", 0)))
+    masked = secaggplus_client(msg, context, weighted_contribution(contribution, weight))
     content = RecordDict({RECORD_KEY_CONFIGS: masked.content.config_records[RECORD_KEY_CONFIGS]})
     for name, record in reply.content.metric_records.items():
         content[name] = record

@@ -102,8 +102,9 @@ def _count_or_fraction(value: float, key: str, least: int) -> int | float:
 
 def secaggplus_settings(config: RunSettings, timeout: float | None = None) -> SecAggPlusSettings:
     """The run's ``SecAggPlusSettings`` (``secaggplus-*``, flower_app/settings/secure.py;
-    checked: a ConfigError naming the key); the weight every client sends is 1 (uniform
-    weights), so ``max_weight`` is 1."""
+    checked: a ConfigError naming the key). The weight a client sends is at most 1 (1 with
+    uniform weights; with num-examples its examples / ``secaggplus-max-weight``, capped:
+    ``client_weight``), so the protocol's ``max_weight`` is 1."""
     keys = {
         "num_shares": "secaggplus-num-shares",
         "reconstruction_threshold": "secaggplus-reconstruction-threshold",
@@ -126,3 +127,15 @@ def secaggplus_settings(config: RunSettings, timeout: float | None = None) -> Se
         name = str(err).split(" ")[0]  # SecAggPlusSettings names its field first
         key = keys.get(name, "secaggplus-" + name.replace("_", "-"))
         raise ConfigError(f"{key}: {err}") from None
+
+
+def client_weight(config: RunSettings, num_examples: float) -> float:
+    """The weight a client adds to the secure sum: 1 with uniform weights; with
+    ``aggregation-weights=num-examples`` its examples / ``secaggplus-max-weight``, at most 1
+    (as Flower's SecAgg+ mod scales a reply: a client with more examples counts as that
+    many), so that w x stays within the clipping range whenever x does."""
+    if config.aggregation_weights == "uniform":
+        return 1.0
+    if not (math.isfinite(num_examples) and num_examples > 0):
+        raise ValueError(f"num-examples must be finite and > 0, got {num_examples}")
+    return min(1.0, float(num_examples) / config.secaggplus_max_weight)

@@ -298,8 +298,6 @@ _REFUSED = (
      "rounds; async and sync-overselect apply or keep single replies"),
     (lambda c: c.uplink_encoding != "fp32", "uplink-encoding: under secure aggregation the "
      "uplink is the masked integer vector; set uplink-encoding=fp32"),
-    (lambda c: c.aggregation_weights != "uniform", "aggregation-weights: secure aggregation "
-     "weights every client equally (each sends weight 1); num-examples is not built"),
     (lambda c: c.save_client_updates, "save-client-updates: under secure aggregation the "
      "server never holds a client's update"),
     (lambda c: bool(c.client_ranks.strip()), "client-ranks: secure aggregation sums "

@@ -56,6 +56,13 @@ class SecureAggregationSettings:
         check=non_negative_finite,
         affects=(),
     )
+    secaggplus_max_weight: float = setting(
+        1000.0,
+        "secaggplus, aggregation-weights=num-examples: a client's weight is its examples / "
+        "this, at most 1 (Flower's max_weight: a client with more counts as this many)",
+        check=positive_finite,
+        affects=(),
+    )
     secure_uplink_limit_mb: float = setting(
         1024.0,
         "secaggplus: refuse a run whose contribution per client and round exceeds this many "

@@ -2,7 +2,7 @@
 
 Each round sends the strategy's training messages (``configure_train``: sampling, ranks,
 encodings, ledgers) inside SecAgg+'s collect stage (``secure_sum``): a client trains, adds
-what its method sums (``Method.secure_contribution``) with weight 1, masks it and sends it with
+what its method sums (``Method.secure_contribution``) times its weight, masks it and sends it with
 its metrics; the server learns the survivors' sum and applies the method's rule to their mean
 (``Method.aggregate_secure``; under dp=central the clients clip and the server noises the sum:
 ``aggregate_secure_private``). No reply's arrays are ever read, so the per-reply checks and

@@ -70,6 +70,7 @@ class ClientGrid:
             for n in trained
         }
         self.collected: dict[int, Message] = {}
+        self.train_examples: dict[int, int] = {}  # node -> num-examples (default 10)
 
     def get_node_ids(self):
         return list(self.trained)
@@ -78,7 +79,8 @@ class ClientGrid:
         node = msg.metadata.dst_node_id
         if node in self.failing:
             raise RuntimeError("the node died while training")
-        metrics = MetricRecord({"partition-id": NODES.index(node), "num-examples": 10,
+        examples = self.train_examples.get(node, 10)
+        metrics = MetricRecord({"partition-id": NODES.index(node), "num-examples": examples,
                                 "train-loss": 0.5})  # fmt: skip
         arrays = to_array_record(self.trained[node])
         return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
@@ -154,7 +156,9 @@ def test_a_secure_round_gives_the_plain_rounds_state_within_the_quantisation(met
     assert set(got) == set(want)
     settings = strategy.round_loop.settings.secaggplus
     step = 2 * settings.clipping_range / settings.quantization_range  # per value and client
-    tol = step  # a mean of 4: within one step a value
+    # a mean of 4: each value rounded by under one step (their mean too), divided by the
+    # rounded weight sum (relative error under one step): within 2 steps of the plain mean
+    tol = 2 * step
     if method.startswith("florg"):
         tol = 50 * step  # FLoRG's factor through its Gram
     if method in PRODUCT_METHODS:
@@ -251,7 +255,6 @@ def test_every_method_either_declares_a_secure_sum_or_says_why_not():
         ({"round_mode": "async"}, "round-mode"),
         ({"round_mode": "sync-overselect"}, "round-mode"),
         ({"uplink_encoding": "int8-g"}, "uplink-encoding"),
-        ({"aggregation_weights": "num-examples"}, "aggregation-weights"),
         ({"save_client_updates": True}, "save-client-updates"),
         ({"method": "fedrot-lora", "dp": "central"}, "rotates"),
         ({"dp": "central", "dp_clipping_norm": 9.0}, "dp-clipping-norm"),
@@ -326,3 +329,29 @@ def test_dp_central_noise_on_the_masked_sum_has_the_mechanisms_scale():
     moved = from_array_record(arrays)["enc.q.lora_A"] - state["enc.q.lora_A"]
     # the clipped mean moves at most C; the noise of std zC/m = 0.025 moves each entry
     assert 0.005 < float(np.std(moved)) < 0.06
+
+
+def test_num_examples_weights_give_the_plain_weighted_round():
+    """Each client's weight is its examples / secaggplus-max-weight (capped at 1): the secure
+    mean is the plain round's num-examples mean; a client above the cap counts as the cap."""
+    rng = np.random.default_rng(8)
+    state = lora_state(rng)
+    weights = {"aggregation_weights": "num-examples", "secaggplus_max_weight": 40.0}
+    plain = strategy_for("fedit", state, screen_updates=False, min_available_nodes=4, **weights)
+    trained = uploads(plain, rng)
+    examples = {11: 5, 12: 10, 13: 20, 14: 80}  # 80 is above the cap of 40: counts as 40
+    replies = []
+    for n in NODES:
+        reply = plain_reply(trained[n], n)
+        reply.content["metrics"]["num-examples"] = min(examples[n], 40)
+        replies.append(reply)
+    expected, _ = plain.aggregate_train(1, replies)
+    strategy = strategy_for("fedit", state, **SECURE, **weights, min_available_nodes=4)
+    grid = ClientGrid(trained, "fedit", **{k.replace("_", "-"): v for k, v in weights.items()})
+    grid.train_examples = examples
+    arrays, _ = strategy.round_loop.round(grid, 1, to_array_record(state), ConfigRecord(), 60)
+    got, want = from_array_record(arrays), from_array_record(expected)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], atol=2e-5, rtol=0, err_msg=key)
+    uniform = np.mean([trained[n]["enc.q.lora_A"] for n in NODES], axis=0)
+    assert np.abs(got["enc.q.lora_A"] - uniform).max() > 1e-3  # the weights mattered
