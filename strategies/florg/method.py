@@ -54,6 +54,8 @@ class FLoRG(BaseMethod):
         from strategies.florg.strategy import summarize_layers
 
         keys = [f"{layer}.A" for layer in strategy.layers()]
+        settings = strategy.round_loop.settings.secaggplus
+        step = 2 * settings.clipping_range / settings.quantization_range
         new, per_layer = aggregate_from_grams(
             mean,
             {key: strategy.global_state[key] for key in keys},
@@ -61,6 +63,7 @@ class FLoRG(BaseMethod):
             procrustes=strategy.procrustes,
             rank_mismatch=strategy.rank_mismatch,
             device=str(strategy.server_device),
+            entry_error=2 * step,  # rounding, and the rounded weight sum (one step each)
         )
         new.update({key: mean[key] for key in strategy.head_keys()})
         return {**strategy.global_state, **new}, summarize_layers(per_layer)

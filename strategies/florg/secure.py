@@ -68,11 +68,15 @@ def aggregate_from_grams(
     procrustes: bool,
     rank_mismatch: str,
     device: str = "auto",
+    entry_error: float = 0.0,
 ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, float | int]]]:
     """The FLoRG step from the mean Grams (``mean``: '<layer>.A-gram' upper triangles) for
     every layer of ``prev_As`` ('<layer>.A' -> r × k): the new A of each layer and the
-    per-layer diagnostics of ``aggregate_florg_layers``. ``num_clients`` sets the
-    eigenvalue tolerance as for N stacked replies (``default_rtol``)."""
+    per-layer diagnostics of ``aggregate_florg_layers``. An eigenvalue counts as zero below
+    ``default_rtol`` (as for N stacked replies) or below the quantisation's floor: with each
+    entry of the mean Gram within ``entry_error`` of the exact one, the error matrix has
+    spectral norm at most k × ``entry_error``, so smaller eigenvalues are indistinguishable
+    from rounding (the floor is applied as a tolerance relative to ‖Q‖_F / √k <= λ₁)."""
     dev = resolve_server_device(device)
     groups: dict[tuple[int, int], list[str]] = {}
     for key, prev in prev_As.items():
@@ -87,6 +91,10 @@ def aggregate_from_grams(
             prev = torch.from_numpy(np.stack(prevs)).to(dev)
             tol = default_rtol(k, num_clients * r)
             rtol = torch.full((len(keys),), tol, dtype=F64, device=dev)
+            if entry_error > 0:  # k × entry_error over a lower bound of λ₁
+                lam1_low = torch.linalg.matrix_norm(Q) / k**0.5
+                floor = k * entry_error / torch.where(lam1_low > 0, lam1_low, 1.0)
+                rtol = torch.maximum(rtol, floor)
             new, rank, lam, err_sq = _gram_step(Q, prev, rtol, procrustes, rank_mismatch)
             infos.update(_infos(keys, new, prev, rank, lam, err_sq))
             for key, value in zip(keys, new.cpu().numpy(), strict=True):

@@ -355,3 +355,16 @@ def test_num_examples_weights_give_the_plain_weighted_round():
         np.testing.assert_allclose(got[key], want[key], atol=2e-5, rtol=0, err_msg=key)
     uniform = np.mean([trained[n]["enc.q.lora_A"] for n in NODES], axis=0)
     assert np.abs(got["enc.q.lora_A"] - uniform).max() > 1e-3  # the weights mattered
+
+
+def test_florgs_secure_rank_ignores_the_quantisations_rounding():
+    """N r = 8 < k = 24: the mean Gram has rank 8; rounding fills the other 16 eigenvalues
+    with noise, which the secure step counts as zero (the plain step's rank, not k)."""
+    rng = np.random.default_rng(10)
+    state = {"enc.q.A": 0.3 * rng.standard_normal((2, 24))}
+    plain = strategy_for("florg", state, screen_updates=False, min_available_nodes=4)
+    trained = uploads(plain, rng)
+    _, plain_metrics = plain.aggregate_train(1, [plain_reply(trained[n], n) for n in NODES])
+    _, _, arrays, metrics = secure_round("florg", state, trained)
+    assert plain_metrics["rank"] == 8
+    assert metrics["rank"] == 8
