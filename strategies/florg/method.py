@@ -56,6 +56,9 @@ class FLoRG(BaseMethod):
         keys = [f"{layer}.A" for layer in strategy.layers()]
         settings = strategy.round_loop.settings.secaggplus
         step = 2 * settings.clipping_range / settings.quantization_range
+        # stochastic rounding errs by at most one step, std at most step / 2, per client: the
+        # mean of the survivors' errs by step / (2 √N)
+        rounding_std = step / (2 * max(clients, 1) ** 0.5)
         new, per_layer = aggregate_from_grams(
             mean,
             {key: strategy.global_state[key] for key in keys},
@@ -63,7 +66,7 @@ class FLoRG(BaseMethod):
             procrustes=strategy.procrustes,
             rank_mismatch=strategy.rank_mismatch,
             device=str(strategy.server_device),
-            entry_error=2 * step,  # rounding, and the rounded weight sum (one step each)
+            rounding_std=rounding_std,
         )
         new.update({key: mean[key] for key in strategy.head_keys()})
         return {**strategy.global_state, **new}, summarize_layers(per_layer)

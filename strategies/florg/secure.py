@@ -60,6 +60,16 @@ def unpack_gram(upper: np.ndarray, k: int) -> np.ndarray:
     return full
 
 
+def _top_eigenvalue(Q: torch.Tensor, iterations: int = 50) -> torch.Tensor:
+    """λ₁ of each symmetric positive semi-definite Q (B × k × k) by power iteration, to a
+    few digits (it only scales the rounding floor); 0 where Q is 0."""
+    v = torch.ones(Q.shape[0], Q.shape[1], 1, dtype=Q.dtype, device=Q.device)
+    for _ in range(iterations):
+        w = Q @ v
+        v = w / torch.linalg.vector_norm(w, dim=1, keepdim=True).clamp_min(1e-300)
+    return (v.mT @ Q @ v)[:, 0, 0].clamp_min(0.0)
+
+
 def aggregate_from_grams(
     mean: Mapping[str, np.ndarray],
     prev_As: Mapping[str, np.ndarray],
@@ -68,15 +78,16 @@ def aggregate_from_grams(
     procrustes: bool,
     rank_mismatch: str,
     device: str = "auto",
-    entry_error: float = 0.0,
+    rounding_std: float = 0.0,
 ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, float | int]]]:
     """The FLoRG step from the mean Grams (``mean``: '<layer>.A-gram' upper triangles) for
     every layer of ``prev_As`` ('<layer>.A' -> r × k): the new A of each layer and the
     per-layer diagnostics of ``aggregate_florg_layers``. An eigenvalue counts as zero below
-    ``default_rtol`` (as for N stacked replies) or below the quantisation's floor: with each
-    entry of the mean Gram within ``entry_error`` of the exact one, the error matrix has
-    spectral norm at most k × ``entry_error``, so smaller eigenvalues are indistinguishable
-    from rounding (the floor is applied as a tolerance relative to ‖Q‖_F / √k <= λ₁)."""
+    ``default_rtol`` (as for N stacked replies) or below the rounding's floor: with each
+    entry of the mean Gram off by independent rounding errors of std ``rounding_std``, the
+    error matrix's spectral norm is about 2 √k times that (a random symmetric matrix), so
+    eigenvalues below 3 √k ``rounding_std`` are indistinguishable from rounding (applied as
+    a tolerance relative to λ₁)."""
     dev = resolve_server_device(device)
     groups: dict[tuple[int, int], list[str]] = {}
     for key, prev in prev_As.items():
@@ -91,9 +102,9 @@ def aggregate_from_grams(
             prev = torch.from_numpy(np.stack(prevs)).to(dev)
             tol = default_rtol(k, num_clients * r)
             rtol = torch.full((len(keys),), tol, dtype=F64, device=dev)
-            if entry_error > 0:  # k × entry_error over a lower bound of λ₁
-                lam1_low = torch.linalg.matrix_norm(Q) / k**0.5
-                floor = k * entry_error / torch.where(lam1_low > 0, lam1_low, 1.0)
+            if rounding_std > 0:  # 3 √k rounding_std relative to λ₁ (power iteration)
+                lam1 = _top_eigenvalue(Q)
+                floor = 3 * k**0.5 * rounding_std / torch.where(lam1 > 0, lam1, 1.0)
                 rtol = torch.maximum(rtol, floor)
             new, rank, lam, err_sq = _gram_step(Q, prev, rtol, procrustes, rank_mismatch)
             infos.update(_infos(keys, new, prev, rank, lam, err_sq))

@@ -1,8 +1,9 @@
 """secure-aggregation=secaggplus end to end through the real simulation engine (SuperLink + Ray)
-on the tiny BERT (tests/harness/flower_harness.py): FedIT and FLoRG complete their rounds with
-every node in the sum and the model a plain run of the same seed reaches, within the
-quantisation; a node that dies while training (after sharing its keys) leaves the others' sum.
-The round itself, method by method: tests/runtime/test_secure_aggregation.py."""
+on the tiny BERT (tests/harness/flower_harness.py): FLoRG completes its rounds with every node
+in the sum and the model a plain run of the same seed reaches, within the quantisation
+(FedIT's pair: tests/deployment/test_secure_aggregation_deployed.py); a node that dies while
+training (after sharing its keys) leaves the others' sum. The round itself, method by
+method: tests/runtime/test_secure_aggregation.py."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def final_arrays(run_dir: Path) -> dict[str, np.ndarray]:
     return load_file(str(files[-1]))
 
 
-@pytest.mark.parametrize("method", ["fedit", "florg"])
+@pytest.mark.parametrize("method", ["florg"])  # FedIT's pair: the deployment test (CI time)
 def test_a_secure_run_reaches_the_plain_runs_model(tiny_superlink, tiny_assets, method):
     plain, plain_dir = run_tiny_app(
         tiny_superlink, tiny_assets, f"plain-{method}", method=method, **QUICK
