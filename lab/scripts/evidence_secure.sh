@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."  # the repository root
 ROOT="${1:-../florg-evidence}"
 mkdir -p "$ROOT"
 ROOT=$(cd "$ROOT" && pwd)
-SECURE_COMMIT=aa1e5d6  # secure-aggregation=secaggplus, dp=central on the masked sum
+SECURE_COMMIT=5781cc3  # secure-aggregation=secaggplus, dp=central on the masked sum
 PUBLISHED=lab/evidence/secure-aggregation  # runs/<grid>/<run>: config, metrics, summary
 . lab/scripts/fixed_worktree.sh
 run_grid_set "$ROOT/secure-aggregation" "$SECURE_COMMIT" "$PUBLISHED" secure-aggregation
