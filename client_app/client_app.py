@@ -24,7 +24,7 @@ from flower_app.cache.per_process import cached_adapted_model
 from flower_app.client.dp_state import load_accountant, save_accountant
 from flower_app.client.error_feedback import encode_with_feedback
 from flower_app.client.faults import inject_faults
-from flower_app.client.node_config import node_slowdown, use_node_data
+from flower_app.client.node_config import node_delay, node_slowdown, use_node_data
 from flower_app.client.node_speed import node_costs
 from flower_app.client.node_state import (
     load_local_state,
@@ -144,9 +144,12 @@ def train(msg: Message, context: Context) -> Message:
             )  # fmt: skip
         else:
             content["arrays"] = encode_record(reply.shared, config.uplink_encoding, rng)
-    slowdown = node_slowdown(config, context.node_config, pid)
-    if slowdown > 1 and not config.virtual_clock:  # under the clock, the clock models it
-        time.sleep((slowdown - 1) * trained)
+    # a straggler's wait: a multiple of its training time plus a fixed delay (under the
+    # clock, the clock models both)
+    wait = (node_slowdown(config, context.node_config, pid) - 1) * trained
+    wait += node_delay(config, context.node_config, pid)
+    if wait > 0 and not config.virtual_clock:
+        time.sleep(wait)
     return Message(content=content, reply_to=msg)
 
 

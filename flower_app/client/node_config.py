@@ -8,7 +8,9 @@ files or one json/jsonl/csv/parquet file, read with the run's ``text-fields`` an
 reports its ``partition-id``, which names it in the server's log and metrics.
 ``slowdown`` makes the node a straggler: it takes that many times its training time
 (``node_slowdown``; a simulation sets it with the run settings ``slow-partitions`` and
-``slowdown``).
+``slowdown``); ``delay-seconds`` makes it wait that fixed time before each reply
+(``node_delay``; in a simulation ``slow-delay`` for ``slow-partitions``), whatever the
+machine's load.
 """
 
 from __future__ import annotations
@@ -21,10 +23,18 @@ from typing import Any
 
 from flower_app.settings.config import ConfigError, RunConfig
 
-__all__ = ["NODE_DATA_PATH", "NODE_SLOWDOWN", "node_slowdown", "use_node_data"]
+__all__ = [
+    "NODE_DATA_PATH",
+    "NODE_DELAY",
+    "NODE_SLOWDOWN",
+    "node_delay",
+    "node_slowdown",
+    "use_node_data",
+]
 
 NODE_DATA_PATH = "data-path"
 NODE_SLOWDOWN = "slowdown"
+NODE_DELAY = "delay-seconds"
 
 
 def use_node_data(
@@ -44,20 +54,43 @@ def use_node_data(
     return replace(config, data_path=str(local.resolve())), 1
 
 
+def _slow_partitions(config: RunConfig) -> set[int]:
+    return {int(p) for p in config.slow_partitions.split(",") if p.strip()}
+
+
+def _node_number(
+    node_config: Mapping[str, Any], key: str, partition_id: int, least: float
+) -> float | None:
+    """The node-config ``key`` as a finite number >= ``least``; absent: None."""
+    value = node_config.get(key)
+    if value is None or str(value) == "":
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not (math.isfinite(number) and number >= least):
+        raise ConfigError(
+            f"node-config {key}: {value!r} must be a finite number >= {least:g} "
+            f"(partition-id {partition_id})"
+        )
+    return number
+
+
 def node_slowdown(config: RunConfig, node_config: Mapping[str, Any], partition_id: int) -> float:
     """How many times its training time this node takes: its node-config ``slowdown``, else
     the run's ``slowdown`` for a partition in ``slow-partitions``, else 1."""
-    value = node_config.get(NODE_SLOWDOWN)
-    if value is not None and str(value) != "":
-        try:
-            slowdown = float(value)
-        except (TypeError, ValueError):
-            slowdown = float("nan")
-        if not (math.isfinite(slowdown) and slowdown >= 1):
-            raise ConfigError(
-                f"node-config slowdown: {value!r} must be a finite number >= 1 "
-                f"(partition-id {partition_id})"
-            )
-        return slowdown
-    slow = {int(p) for p in config.slow_partitions.split(",") if p.strip()}
-    return config.slowdown if partition_id in slow else 1.0
+    own = _node_number(node_config, NODE_SLOWDOWN, partition_id, 1.0)
+    if own is not None:
+        return own
+    return config.slowdown if partition_id in _slow_partitions(config) else 1.0
+
+
+def node_delay(config: RunConfig, node_config: Mapping[str, Any], partition_id: int) -> float:
+    """The fixed seconds this node waits before each reply: its node-config
+    ``delay-seconds``, else the run's ``slow-delay`` for a partition in ``slow-partitions``,
+    else 0."""
+    own = _node_number(node_config, NODE_DELAY, partition_id, 0.0)
+    if own is not None:
+        return own
+    return config.slow_delay if partition_id in _slow_partitions(config) else 0.0

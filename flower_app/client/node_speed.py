@@ -4,8 +4,9 @@ per training example, bandwidth and latency, as its ``query.profile`` reply stat
 The run sets a reference node (``node-seconds-per-example``, ``node-bandwidth-mbps``,
 ``node-latency``) and each partition's compute multiplier (``node-speeds``: ``fixed``, the
 straggler settings; ``lognormal``, exp(sigma z) with z drawn from the run's seed and the
-partition id alone). A SuperNode's node-config ``seconds-per-example``, ``bandwidth-mbps``,
-``latency`` and ``slowdown`` override the run's for that node.
+partition id alone), and a straggler's fixed delay (``slow-delay``). A SuperNode's
+node-config ``seconds-per-example``, ``bandwidth-mbps``, ``latency``, ``slowdown`` and
+``delay-seconds`` override the run's for that node.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from flower_app.client.node_config import NODE_SLOWDOWN, node_slowdown
+from flower_app.client.node_config import NODE_SLOWDOWN, node_delay, node_slowdown
 from flower_app.settings.config import ConfigError, RunConfig
 
 SPEED_STREAM = 0x5BEED  # the lognormal draws' stream, apart from every other use of the seed
@@ -33,6 +34,7 @@ class NodeCosts:
     seconds_per_example: float  # after its compute multiplier
     bandwidth_mbps: float  # megabits per second, both directions
     latency: float  # seconds per message, each way
+    delay: float  # fixed seconds before each reply (node_config.node_delay)
 
 
 def lognormal_multiplier(seed: int, partition_id: int, sigma: float) -> float:
@@ -84,4 +86,5 @@ def node_costs(config: RunConfig, node_config: Mapping[str, Any], partition_id: 
         seconds_per_example=base * compute_multiplier(config, node_config, partition_id),
         bandwidth_mbps=config.node_bandwidth_mbps if bandwidth is None else bandwidth,
         latency=config.node_latency if latency is None else latency,
+        delay=node_delay(config, node_config, partition_id),
     )

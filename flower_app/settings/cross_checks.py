@@ -265,6 +265,15 @@ def _check_overselected_rounds(config: RunConfig) -> None:
             raise ConfigError(f"{key}: {why}")
 
 
+def _check_stragglers(config: RunConfig) -> None:
+    """``slow-delay`` applies to ``slow-partitions``: set without any, it would do nothing."""
+    if config.slow_delay > 0 and not config.slow_partitions.strip():
+        raise ConfigError(
+            "slow-delay: set it with slow-partitions (the partitions that wait), or give a "
+            "SuperNode its own node-config delay-seconds"
+        )
+
+
 def _check_virtual_clock(config: RunConfig) -> None:
     """``virtual-clock`` (strategies/server/virtual_clock.py) orders replies by a modelled
     finish time: its settings are refused without it, ``node-speed-sigma`` without
@@ -371,6 +380,7 @@ CROSS_CHECKS = (
     _check_error_feedback,
     _check_async_rounds,
     _check_overselected_rounds,
+    _check_stragglers,
     _check_virtual_clock,
     _check_secure_aggregation,
     _check_product_gap,

@@ -154,8 +154,9 @@ class AsyncRoundSettings:
     )
     slow_partitions: str = setting(
         "",
-        "stragglers in a simulation: these partition ids train slowdown times slower (a "
-        "SuperNode's node-config slowdown=X sets its own)",
+        "stragglers in a simulation: these partition ids train slowdown times slower and "
+        "wait slow-delay seconds more (a SuperNode's node-config slowdown=X and "
+        "delay-seconds=X set its own)",
         check=partition_list,
         affects=(),
     )
@@ -164,6 +165,14 @@ class AsyncRoundSettings:
         "how many times its training time a client of slow-partitions takes (it waits "
         "(slowdown - 1) x the time it trained before replying)",
         check=at_least_one_finite,
+        affects=(),
+    )
+    slow_delay: float = setting(
+        0.0,
+        "seconds a client of slow-partitions also waits before each reply, a fixed time "
+        "whatever the machine's load (a SuperNode's node-config delay-seconds=X sets its "
+        "own; under virtual-clock the clock adds it to the task's time instead)",
+        check=non_negative_finite,
         affects=(),
     )
 

@@ -3,7 +3,7 @@
 Each node states its profile once (the ClientApp's ``query.profile``: partition, training
 examples, seconds per example, bandwidth, latency). A task sent at virtual time t finishes
 at t + ``task_seconds``: 2 x latency + down bytes / bandwidth + examples x seconds per
-example + up bytes / bandwidth. ``VirtualClock`` keeps ``now``, each node's busy-until and
+example + a straggler's fixed delay + up bytes / bandwidth. ``VirtualClock`` keeps ``now``, each node's busy-until and
 each task's finish; the loops take replies in finish order (ties: partition, node) once
 their real replies are in (``next_reply``), so the rows never depend on which real reply
 came first. A synchronous round lasts its slowest replying task (``sync_close``). Tasks
@@ -38,13 +38,14 @@ class NodeProfile:
     seconds_per_example: float  # after its compute multiplier (flower_app/client/node_speed.py)
     bandwidth_mbps: float  # both directions
     latency: float  # seconds per message, each way
+    delay: float  # fixed seconds before each reply (a straggler's delay-seconds)
 
     @classmethod
     def from_reply(cls, message: Message) -> NodeProfile:
         m = message.content["metrics"]
         return cls(int(m["partition-id"]), int(m["num-examples"]),
                    float(m["seconds-per-example"]), float(m["bandwidth-mbps"]),
-                   float(m["latency"]))  # fmt: skip
+                   float(m["latency"]), float(m["delay"]))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,12 @@ def task_examples(settings: ClockSettings, node_examples: int) -> int:
 
 def task_seconds(profile: NodeProfile, examples: int, down_bytes: int, up_bytes: int) -> float:
     """A task's virtual duration on ``profile``'s node: 2 x latency + down_bytes / bandwidth
-    + examples x seconds_per_example + up_bytes / bandwidth (bandwidth in bytes a second)."""
+    + examples x seconds_per_example + delay + up_bytes / bandwidth (bandwidth in bytes a
+    second)."""
     per_second = profile.bandwidth_mbps * BITS_PER_MEGABIT / 8
     return (2 * profile.latency + down_bytes / per_second
-            + examples * profile.seconds_per_example + up_bytes / per_second)  # fmt: skip
+            + examples * profile.seconds_per_example + profile.delay
+            + up_bytes / per_second)  # fmt: skip
 
 
 class VirtualClock:

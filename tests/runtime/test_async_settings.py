@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import strategies.registry  # noqa: F401  (the methods register)
-from flower_app.client.node_config import node_slowdown
+from flower_app.client.node_config import node_delay, node_slowdown
 from flower_app.settings.config import ConfigError, resolve_config
 
 ASYNC = {"round-mode": "async"}
@@ -59,3 +59,15 @@ def test_a_straggler_is_its_node_config_s_or_the_run_s_slow_partition():
             node_slowdown(config, {"slowdown": bad}, 1)
     with pytest.raises(ConfigError, match="slowdown"):
         resolve_config({"slowdown": float("inf")})
+
+
+def test_a_stragglers_fixed_delay_is_its_node_config_s_or_the_run_s():
+    config = resolve_config({"slow-partitions": "0,3", "slow-delay": 12.5})
+    assert [node_delay(config, {}, p) for p in (0, 1, 3)] == [12.5, 0.0, 12.5]
+    assert node_delay(config, {"delay-seconds": "4"}, 1) == 4.0  # the node's own wins
+    assert node_delay(resolve_config({}), {}, 0) == 0.0
+    for bad in ("-1", "inf", "slow"):
+        with pytest.raises(ConfigError, match="delay-seconds"):
+            node_delay(config, {"delay-seconds": bad}, 1)
+    with pytest.raises(ConfigError, match="slow-delay"):
+        resolve_config({"slow-delay": 3.0})  # no slow partition to wait

@@ -51,11 +51,15 @@ def fast_polls(monkeypatch):
 # -- the cost model ------------------------------------------------------------------------
 
 
-def test_a_tasks_duration_is_latency_bytes_over_bandwidth_and_examples():
+def test_a_tasks_duration_is_latency_bytes_over_bandwidth_examples_and_delay():
     profile = NodeProfile(partition=0, examples=100, seconds_per_example=0.05,
-                          bandwidth_mbps=8.0, latency=0.25)  # fmt: skip
+                          bandwidth_mbps=8.0, latency=0.25, delay=0.0)  # fmt: skip
     # 8 Mbit/s = 1e6 bytes a second: 2 MB down and 1 MB up take 3 s
     assert task_seconds(profile, 40, 2_000_000, 1_000_000) == pytest.approx(0.5 + 3.0 + 2.0)
+    # a straggler's fixed delay adds to its task as it is, whatever the examples
+    delayed = NodeProfile(0, 100, 0.05, 8.0, 0.25, delay=7.0)
+    assert task_seconds(delayed, 40, 2_000_000, 1_000_000) == pytest.approx(5.5 + 7.0)
+    assert task_seconds(delayed, 80, 0, 0) == pytest.approx(0.5 + 4.0 + 7.0)
     assert task_examples(ClockSettings(local_steps=3, batch_size=8), 100) == 24
     assert task_examples(ClockSettings(local_steps=0, local_epochs=2), 100) == 200
 
@@ -75,10 +79,14 @@ def test_the_lognormal_draw_depends_on_the_seed_and_the_partition_alone():
 def test_a_nodes_costs_take_its_speed_and_its_node_config():
     fixed = run_settings("fedit", virtual_clock=True, slow_partitions="1", slowdown=4.0,
                          node_seconds_per_example=0.1)  # fmt: skip
-    assert node_costs(fixed, {}, 0) == NodeCosts(0.1, 20.0, 0.05)
+    assert node_costs(fixed, {}, 0) == NodeCosts(0.1, 20.0, 0.05, 0.0)
     assert node_costs(fixed, {}, 1).seconds_per_example == pytest.approx(0.4)
-    own = {"seconds-per-example": "0.2", "bandwidth-mbps": 100, "latency": 0, "slowdown": 2}
-    assert node_costs(fixed, own, 1) == NodeCosts(pytest.approx(0.4), 100.0, 0.0)
+    own = {"seconds-per-example": "0.2", "bandwidth-mbps": 100, "latency": 0, "slowdown": 2,
+           "delay-seconds": "1.5"}  # fmt: skip
+    assert node_costs(fixed, own, 1) == NodeCosts(pytest.approx(0.4), 100.0, 0.0, 1.5)
+    delayed = run_settings("fedit", virtual_clock=True, slow_partitions="1", slow_delay=3.0)
+    assert [node_costs(delayed, {}, p).delay for p in (0, 1)] == [0.0, 3.0]
+    assert node_costs(delayed, {"delay-seconds": 0}, 1).delay == 0.0  # the node's own wins
     drawn = run_settings("fedit", virtual_clock=True, node_speeds="lognormal",
                          node_speed_sigma=1.0)  # fmt: skip
     assert compute_multiplier(drawn, {}, 3) == lognormal_multiplier(drawn.seed, 3, 1.0)
@@ -88,7 +96,8 @@ def test_a_nodes_costs_take_its_speed_and_its_node_config():
 @pytest.mark.parametrize(
     ("key", "value"),
     [("seconds-per-example", 0), ("seconds-per-example", "fast"), ("bandwidth-mbps", -1),
-     ("bandwidth-mbps", "inf"), ("latency", -0.1), ("slowdown", 0.5)],
+     ("bandwidth-mbps", "inf"), ("latency", -0.1), ("slowdown", 0.5),
+     ("delay-seconds", -1), ("delay-seconds", "nan")],
 )  # fmt: skip
 def test_a_bad_node_config_value_is_refused_naming_the_key(key, value):
     config = run_settings("fedit", virtual_clock=True)
@@ -105,7 +114,9 @@ def test_a_bad_node_config_value_is_refused_naming_the_key(key, value):
       "slow-partitions"),
      ({"virtual_clock": True, "node_bandwidth_mbps": 0.0}, "node-bandwidth-mbps"),
      ({"virtual_clock": True, "node_seconds_per_example": -1.0}, "node-seconds-per-example"),
-     ({"virtual_clock": True, "node_speeds": "normal"}, "node-speeds")],
+     ({"virtual_clock": True, "node_speeds": "normal"}, "node-speeds"),
+     ({"slow_partitions": "0", "slow_delay": -1.0}, "slow-delay"),
+     ({"slow_delay": 5.0}, "slow-delay")],
 )  # fmt: skip
 def test_bad_clock_settings_are_refused_naming_the_key(settings, key):
     with pytest.raises(ConfigError, match=key):
@@ -147,7 +158,7 @@ class ClockGrid(SlowGrid):
             message.metadata.__dict__["_message_id"] = f"profile-{node}"
             metrics = {"partition-id": node - 1, "num-examples": 100, "latency": 0.0,
                        "seconds-per-example": self.profiles[node],
-                       "bandwidth-mbps": 1000.0}  # fmt: skip
+                       "bandwidth-mbps": 1000.0, "delay": 0.0}  # fmt: skip
             replies.append(
                 Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=message)
             )
