@@ -2,15 +2,12 @@
 
 ``partition-id`` and ``num-partitions`` say which share of the run's data a node trains
 on (the run's ``data-path``/``task``, split IID or Dirichlet like in simulation).
-``data-path`` points at the node's *own* data instead (a folder of ``<split>.<ext>``
-files or one json/jsonl/csv/parquet file, read with the run's ``text-fields`` and
-``label-field``): the node then trains on all of it (no further split) and still
-reports its ``partition-id``, which names it in the server's log and metrics.
-``slowdown`` makes the node a straggler: it takes that many times its training time
-(``node_slowdown``; a simulation sets it with the run settings ``slow-partitions`` and
-``slowdown``); ``delay-seconds`` makes it wait that fixed time before each reply
-(``node_delay``; in a simulation ``slow-delay`` for ``slow-partitions``), whatever the
-machine's load.
+``data-path`` points at the node's *own* data instead (a folder of ``<split>.<ext>`` files
+or one json/jsonl/csv/parquet file, read with the run's ``text-fields`` and ``label-field``):
+the node trains on all of it and still reports its ``partition-id``. A straggler:
+``slowdown`` (that many times its training time, ``node_slowdown``) and ``delay-seconds``
+(a fixed wait before each reply, ``node_delay``); in a simulation the run's
+``slow-partitions`` with ``slowdown`` and ``slow-delay``.
 """
 
 from __future__ import annotations

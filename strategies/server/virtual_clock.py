@@ -3,11 +3,12 @@
 Each node states its profile once (the ClientApp's ``query.profile``: partition, training
 examples, seconds per example, bandwidth, latency). A task sent at virtual time t finishes
 at t + ``task_seconds``: 2 x latency + down bytes / bandwidth + examples x seconds per
-example + a straggler's fixed delay + up bytes / bandwidth. ``VirtualClock`` keeps ``now``, each node's busy-until and
-each task's finish; the loops take replies in finish order (ties: partition, node) once
-their real replies are in (``next_reply``), so the rows never depend on which real reply
-came first. A synchronous round lasts its slowest replying task (``sync_close``). Tasks
-lost to the run's real timeout stay wall-clock events. docs/async.md, "The virtual clock".
+example + a straggler's fixed delay + up bytes / bandwidth. ``VirtualClock`` keeps ``now``,
+each node's busy-until and each task's finish; the loops take replies in finish order
+(ties: partition, node) once their real replies are in (``next_reply``), so the rows never
+depend on which real reply came first. A synchronous round lasts its slowest replying task
+(``sync_close``). Tasks lost to the run's real timeout stay wall-clock events.
+docs/async.md, "The virtual clock".
 """
 
 from __future__ import annotations
