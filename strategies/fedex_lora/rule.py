@@ -43,3 +43,15 @@ def aggregate_fedex_lora(
     else:
         residual = Residual(P=np.concatenate([B_s, -B_bar], axis=1), Q=np.concatenate([A_s, A_bar]))
     return B_bar, A_bar, residual
+
+
+# Under secure aggregation the dense round is a function of three weighted means, avg(B),
+# avg(A) and avg(BA) = sum_n w_n B_n A_n, which the server gets from the clients' masked sum;
+# the factored residual stacks each client's factors, which no sum gives.
+def fedex_from_means(
+    B_bar: np.ndarray, A_bar: np.ndarray, mean_product: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, Residual]:
+    """The dense round from the weighted means: (avg B, avg A, residual) with
+    residual = avg(BA) - avg(B) avg(A), ``mean_product`` being avg(BA) = sum_n w_n B_n A_n."""
+    B_bar, A_bar = np.asarray(B_bar, np.float64), np.asarray(A_bar, np.float64)
+    return B_bar, A_bar, Residual(dense=np.asarray(mean_product, np.float64) - B_bar @ A_bar)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from flower_app.methods.contract import stacked
-from strategies.fedex_lora.rule import aggregate_fedex_lora
+from strategies.fedex_lora.rule import aggregate_fedex_lora, fedex_from_means
 from strategies.server.folding_strategy import FoldingStrategy
 from strategies.shared.folds import Residual
+from strategies.shared.product_sum import PRODUCT_SUFFIX
 
 
 class FedExLoRAStrategy(FoldingStrategy):
@@ -26,6 +27,24 @@ class FedExLoRAStrategy(FoldingStrategy):
                 stacked(payloads, ka),
                 weights,
                 self.residual_mode,
+            )
+        return new, {"residual_norm": self.record_folds(server_round, residuals)}
+
+    def aggregate_means(
+        self, server_round: int, mean: dict[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """A secure round's update from the survivors' weighted mean contribution: per layer
+        avg(B), avg(A) and avg(BA) ('<layer>.lora_BA'), the dense residual
+        avg(BA) - avg(B) avg(A) (``fedex_from_means``), its folds recorded as
+        ``aggregate_adapter`` records the plain round's."""
+        if self.residual_mode != "dense":  # refused before launch (FedExLoRA.check_settings)
+            raise ValueError("fedex-residual=factored stacks each client's factors: no sum")
+        new: dict[str, np.ndarray] = {}
+        residuals: dict[str, Residual] = {}
+        for layer in self.layers():
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            new[kb], new[ka], residuals[layer] = fedex_from_means(
+                mean[kb], mean[ka], mean[layer + PRODUCT_SUFFIX]
             )
         return new, {"residual_norm": self.record_folds(server_round, residuals)}
 

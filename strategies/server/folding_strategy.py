@@ -15,6 +15,7 @@ base, and what a lagging node receives: docs/architecture.md, "The math" (foldin
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 from flwr.app import Message, RecordDict
@@ -46,13 +47,20 @@ class FoldingStrategy(AdapterStrategy):
 
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
+        self.observe_replies(replies)
+        return super().aggregate_train(server_round, replies)
+
+    def observe_replies(self, replies: Iterable[Message]) -> None:
+        """Each node's last folded round, from its reply's clear ``residual-round`` metric
+        (a round number, not private): the plain round reads it here, and a secure round
+        (``SecureRounds``) hands it the collect stage's replies, whose metrics travel
+        beside the masked vector, so both keep ``node_synced`` the same way."""
         for msg in replies:
             if not msg.has_error() and "metrics" in msg.content.metric_records:
                 folded = msg.content["metrics"].get("residual-round", 0)
                 if isinstance(folded, int | float) and math.isfinite(folded):
                     # a node that claims more than the server has only starves itself
                     self.node_synced[msg.metadata.src_node_id] = int(folded)
-        return super().aggregate_train(server_round, replies)
 
     def record_folds(self, server_round: int, residuals: dict[str, Residual]) -> float:
         """Keep round ``server_round``'s folds, add them to the cumulative fold and the

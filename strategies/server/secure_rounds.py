@@ -1,14 +1,15 @@
 """Synchronous rounds under secure aggregation (``secure-aggregation=secaggplus``).
 
 Each round sends the strategy's training messages (``configure_train``: sampling, ranks,
-encodings, ledgers) inside SecAgg+'s collect stage (``secure_sum``): a client trains, adds
-what its method sums (``Method.secure_contribution``) times its weight, masks it and sends it with
+encodings, ledgers) inside SecAgg+'s collect stage (``secure_sum``): a client trains, adds what
+its method sums (``Method.secure_contribution``) times its weight, masks it and sends it with
 its metrics; the server learns the survivors' sum and applies the method's rule to their mean
 (``Method.aggregate_secure``; under dp=central the clients clip and the server noises the sum:
-``aggregate_secure_private``). No reply's arrays are ever read, so the per-reply checks and
-the screening do not run (the client refuses a non-finite or out-of-range contribution, the
-server checks each masked vector's names and shapes). A round whose sum fails (too few
-survivors for the threshold) leaves the model unchanged, counted (``secure-failed``).
+``aggregate_secure_private``). No reply's arrays are ever read, so the per-reply checks and the
+screening do not run (the client refuses a non-finite or out-of-range contribution, the server
+checks each masked vector's names and shapes); their clear metrics are read (the row, a
+folding strategy's ``observe_replies``). A round whose sum fails (too few survivors for the
+threshold) leaves the model unchanged, counted (``secure-failed``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ log = logging.getLogger("flwr.florg")
 MODE = "secure-aggregation=secaggplus"
 # A masked value travels as an int64 (Flower's ndarray_to_bytes of the mod-M vector).
 MASKED_BYTES_PER_VALUE = 8
+# The aggregate_train overrides a secure round may stand in for (by name: the common strategy
+# imports this module): the common strategy's, and the folding strategy's, whose only reading
+# of the replies is each one's clear metrics (its 'residual-round', ``observe_replies``), which
+# the secure loop hands it from the collect stage's replies. Any other override would be
+# skipped with effect, so it is refused.
+SECURE_AGGREGATE_TRAIN = ("AdapterStrategy.aggregate_train", "FoldingStrategy.aggregate_train")
 
 
 @dataclass(frozen=True)
@@ -56,11 +63,12 @@ def contribution_bytes(shapes: Mapping[str, tuple[int, ...]]) -> int:
 
 class SecureRounds:
     """The secure loop, held by the common strategy as ``round_loop`` (as the other modes'
-    loops are). Refused for a strategy whose ``aggregate_train`` is its own, and for a
-    contribution above the uplink limit (``secure-uplink-limit-mb``), before any round."""
+    loops are). Refused for a strategy whose ``aggregate_train`` is its own (but those of
+    ``SECURE_AGGREGATE_TRAIN``), and for a contribution above the uplink limit
+    (``secure-uplink-limit-mb``), before any round."""
 
     def __init__(self, strategy: Any, settings: SecureRoundSettings) -> None:
-        if type(strategy).aggregate_train.__qualname__ != "AdapterStrategy.aggregate_train":
+        if type(strategy).aggregate_train.__qualname__ not in SECURE_AGGREGATE_TRAIN:
             raise ValueError(
                 f"{MODE}: {type(strategy).__name__} reads each round's replies in an "
                 "aggregate_train of its own, which secure aggregation never hands it"
@@ -139,11 +147,13 @@ class SecureRounds:
                 traffic=traffic,
             )
         except SecureSumFailed as err:
+            self._observe(traffic)  # the nodes that trained folded, whether or not it failed
             log.warning("round %d: secure sum failed, the model is unchanged: %s",
                         server_round, err.reason)  # fmt: skip
             metrics = self._metrics(server_round, traffic, survivors=0, failed=1)
             strategy.round_metrics[server_round] = metrics
             return None, MetricRecord(metrics)
+        self._observe(traffic)
         report = summed.report
         t0 = time.perf_counter()
         if strategy.dp is None:
@@ -175,6 +185,13 @@ class SecureRounds:
         strategy.global_state = new_state
         strategy.round_metrics[server_round] = metrics
         return to_array_record(new_state), MetricRecord(metrics)
+
+    def _observe(self, traffic: SecureSumTraffic) -> None:
+        """Hand the strategy the collect stage's replies (their clear metrics, no arrays),
+        where it reads them (``observe_replies``: a folding strategy's node_synced)."""
+        observe = getattr(self.strategy, "observe_replies", None)
+        if observe is not None:
+            observe(list(traffic.collected.values()))
 
     def _metrics(
         self, server_round: int, traffic: SecureSumTraffic, *, survivors: int, failed: int

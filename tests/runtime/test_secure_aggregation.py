@@ -1,7 +1,8 @@
 """secure-aggregation=secaggplus on the common strategy: a round of ``SecureRounds`` through the
 ClientApp's mod (flower_app/secure/client_mod.py) over an in-process grid gives every method
-that takes it the state its plain round gives, within the quantisation's error; FLoRG's Gram
-contribution and step; the refusals. End to end on the real engine:
+that takes it the state its plain round gives, within the quantisation's error (FedEx-LoRA's
+folds into W0 and each node's folded round included); FLoRG's Gram contribution and step; the
+refusals. End to end on the real engine:
 tests/runtime/test_secure_aggregation_app.py."""
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from flower_app.secure.client_mod import secure_aggregation_mod
 from flower_app.settings.checks import ConfigError
 from flower_app.wire.records import from_array_record, to_array_record
 from strategies.florg.secure import gram_contribution, gram_shapes, unpack_gram
-from strategies.server.secure_rounds import contribution_bytes
+from strategies.server.secure_rounds import SecureRounds, contribution_bytes
 from tests.harness.strategy_helpers import run_settings, strategy_for
 
 SECURE = {"secure_aggregation": "secaggplus", "screen_updates": False}
 MEAN_METHODS = ["fedit", "ffa-lora", "fedsa-lora", "rolora", "fedsvd", "hetlora"]
 PRODUCT_METHODS = ["federa", "flexlora"]
+FOLDING_METHODS = ["fedex-lora"]  # secure_sum 'mean-and-product': A, B and each BₙAₙ
 NODES = [11, 12, 13, 14]
 
 
@@ -55,10 +57,12 @@ def florg_state(rng, rank=3, k=8) -> dict[str, np.ndarray]:
 class ClientGrid:
     """Routes every message through the ClientApp's secure mod to a training handler that
     replies with node ``n``'s arrays (``trained[n]``, what it would upload) and metrics; a
-    node in ``failing`` raises in training (after it shared its keys)."""
+    node in ``failing`` raises in training (after it shared its keys); a node in ``folded``
+    reports that round as its last folded one ('residual-round', a folding method's metric)."""
 
-    def __init__(self, trained, method: str, failing=(), **run_config):
+    def __init__(self, trained, method: str, failing=(), folded=None, **run_config):
         self.trained, self.failing = trained, set(failing)
+        self.folded: dict[int, int] = dict(folded or {})
         self.contexts = {
             n: Context(
                 run_id=1,
@@ -82,6 +86,8 @@ class ClientGrid:
         examples = self.train_examples.get(node, 10)
         metrics = MetricRecord({"partition-id": NODES.index(node), "num-examples": examples,
                                 "train-loss": 0.5})  # fmt: skip
+        if node in self.folded:
+            metrics["residual-round"] = self.folded[node]
         arrays = to_array_record(self.trained[node])
         return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
@@ -118,12 +124,12 @@ def plain_reply(arrays, node) -> Message:
     return Message(msg.content, reply_to=msg)
 
 
-def secure_round(method, state, trained, failing=(), **settings):
+def secure_round(method, state, trained, failing=(), folded=None, **settings):
     strategy = strategy_for(method, state, **SECURE, **settings, min_available_nodes=len(trained))
     if strategy.dp is not None:
         strategy.dp.noise_multiplier = 0.0  # tests only: the release without noise
     run_config = {key.replace("_", "-"): value for key, value in settings.items()}
-    grid = ClientGrid(trained, method, failing, **run_config)
+    grid = ClientGrid(trained, method, failing, folded, **run_config)
     arrays, metrics = strategy.round_loop.round(grid, 1, to_array_record(state), RecordDict(), 60)
     return strategy, grid, arrays, metrics
 
@@ -143,7 +149,8 @@ def products_and_splits(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize(
-    "method", MEAN_METHODS + ["florg", "florg-no-procrustes"] + PRODUCT_METHODS
+    "method",
+    MEAN_METHODS + ["florg", "florg-no-procrustes"] + PRODUCT_METHODS + FOLDING_METHODS,
 )
 def test_a_secure_round_gives_the_plain_rounds_state_within_the_quantisation(method):
     rng = np.random.default_rng(len(method))
@@ -151,7 +158,9 @@ def test_a_secure_round_gives_the_plain_rounds_state_within_the_quantisation(met
     plain = strategy_for(method, state, screen_updates=False, min_available_nodes=4)
     trained = uploads(plain, rng)
     expected, _ = plain.aggregate_train(1, [plain_reply(trained[n], n) for n in NODES])
-    strategy, grid, arrays, metrics = secure_round(method, state, trained)
+    # each node's last folded round, as a folding method's client reports it (clear metrics)
+    folded = {n: i for i, n in enumerate(NODES)} if method in FOLDING_METHODS else None
+    strategy, grid, arrays, metrics = secure_round(method, state, trained, folded=folded)
     got, want = from_array_record(arrays), from_array_record(expected)
     assert set(got) == set(want)
     settings = strategy.round_loop.settings.secaggplus
@@ -172,6 +181,23 @@ def test_a_secure_round_gives_the_plain_rounds_state_within_the_quantisation(met
         tol = 10 * step
     for key in want:
         np.testing.assert_allclose(got[key], want[key], atol=tol, rtol=0, err_msg=key)
+    if method in FOLDING_METHODS:
+        # FedEx-LoRA's fold: residual = avg(BA) - avg(B) avg(A), each mean within 2 steps; the
+        # product of the means moves by |ΔB| |A| + |B| |ΔA| over r = 3 terms of entries ~0.3,
+        # so under 2 + 2 · 3 · 0.5 · 2 = 8 steps. A server that folded nothing (or the
+        # residual of the mean factors alone, zero) is off by the residual itself, ~6·10⁻³.
+        fold_tol = 8 * step
+        assert set(strategy.residuals) == set(plain.residuals) == {1}
+        for layer, residual in plain.residuals[1].items():
+            np.testing.assert_allclose(strategy.residuals[1][layer].to_dense(),
+                                       residual.to_dense(), atol=fold_tol, rtol=0)  # fmt: skip
+            np.testing.assert_allclose(strategy.cumulative[layer], plain.cumulative[layer],
+                                       atol=fold_tol, rtol=0)  # fmt: skip
+            assert np.abs(residual.to_dense()).max() > 100 * fold_tol  # a fold worth checking
+        assert metrics["residual_norm"] == pytest.approx(plain.round_metrics[1]["residual_norm"],
+                                                         rel=1e-3)  # fmt: skip
+        # each node's 'residual-round' reached the server with its masked vector
+        assert strategy.node_synced == folded
     assert metrics["clients"] == 4 and metrics["secure-failed"] == 0
     assert metrics["partitions"] == [0, 1, 2, 3] and metrics["train-loss"] == 0.5
     assert metrics["uplink-bytes"] > 0 and metrics["downlink-bytes"] > 0
@@ -242,7 +268,7 @@ def test_a_message_without_secaggplus_configs_passes_through():
 def test_every_method_either_declares_a_secure_sum_or_says_why_not():
     for name in method_names():
         method = get_method(name)
-        assert method.secure_sum in {"mean", "gram", "product"} or (
+        assert method.secure_sum in {"mean", "gram", "product", "mean-and-product"} or (
             method.secure_sum is None and method.secure_refusal
         ), name
 
@@ -257,6 +283,8 @@ def test_every_method_either_declares_a_secure_sum_or_says_why_not():
         ({"uplink_encoding": "int8-g"}, "uplink-encoding"),
         ({"save_client_updates": True}, "save-client-updates"),
         ({"method": "fedrot-lora", "dp": "central"}, "rotates"),
+        ({"method": "fedex-lora", "fedex_residual": "factored"}, "fedex-residual"),
+        ({"method": "fedex-lora", "dp": "central"}, "dp"),
         ({"dp": "central", "dp_clipping_norm": 9.0}, "dp-clipping-norm"),
         ({"virtual_clock": True}, "virtual-clock"),
         ({"secaggplus_num_shares": 2.5}, "secaggplus-num-shares"),
@@ -268,6 +296,34 @@ def test_settings_that_need_single_replies_are_refused_before_launch(settings, k
     settings = {"method": "fedit", **settings}
     with pytest.raises(ConfigError, match=key):
         run_settings(settings.pop("method"), secure_aggregation="secaggplus", **settings)
+
+
+def test_fedex_lora_dense_takes_secure_aggregation_and_refuses_what_it_cannot():
+    """Dense (the default) is accepted; factored (stacked factors, no sum) and dp=central
+    (FedEx's own refusal: a noised residual would accumulate in W0) are refused, each naming
+    its key and the reason."""
+    assert run_settings("fedex-lora", secure_aggregation="secaggplus").fedex_residual == "dense"
+    with pytest.raises(ConfigError, match="fedex-residual") as err:
+        run_settings("fedex-lora", secure_aggregation="secaggplus", fedex_residual="factored")
+    assert "stacks each client's factors" in str(err.value)
+    with pytest.raises(ConfigError, match="^dp: .*fedex-lora"):
+        run_settings("fedex-lora", secure_aggregation="secaggplus", dp="central")
+
+
+def test_a_strategy_whose_own_aggregate_train_would_be_skipped_is_refused():
+    """The folding strategy's aggregate_train (it only reads each reply's folded round,
+    which the secure loop hands it) is taken; any other override is refused, with why."""
+    rng = np.random.default_rng(9)
+    strategy = strategy_for("fedex-lora", lora_state(rng, "fedex-lora"), **SECURE)
+    assert isinstance(strategy.round_loop, SecureRounds)
+
+    class OwnAggregateTrain(type(strategy)):
+        def aggregate_train(self, server_round, replies):
+            return super().aggregate_train(server_round, replies)
+
+    strategy.__class__ = OwnAggregateTrain
+    with pytest.raises(ValueError, match="aggregate_train of its own"):
+        SecureRounds(strategy, strategy.round_loop.settings)
 
 
 def test_a_contribution_above_the_uplink_limit_is_refused_before_any_round():
