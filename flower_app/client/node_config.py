@@ -25,6 +25,7 @@ __all__ = [
     "NODE_DELAY",
     "NODE_SLOWDOWN",
     "node_delay",
+    "node_number",
     "node_slowdown",
     "use_node_data",
 ]
@@ -55,10 +56,12 @@ def _slow_partitions(config: RunConfig) -> set[int]:
     return {int(p) for p in config.slow_partitions.split(",") if p.strip()}
 
 
-def _node_number(
-    node_config: Mapping[str, Any], key: str, partition_id: int, least: float
-) -> float | None:
-    """The node-config ``key`` as a finite number >= ``least``; absent: None."""
+def node_number(
+    node_config: Mapping[str, Any], key: str, partition_id: int, least: float, *,
+    strict: bool = False,
+) -> float | None:  # fmt: skip
+    """The node-config ``key`` as a finite number >= ``least`` (> with ``strict``); absent:
+    None; anything else: ConfigError naming the key and the node's partition."""
     value = node_config.get(key)
     if value is None or str(value) == "":
         return None
@@ -66,10 +69,10 @@ def _node_number(
         number = float(value)
     except (TypeError, ValueError):
         number = float("nan")
-    if not (math.isfinite(number) and number >= least):
+    if not (math.isfinite(number) and (number > least if strict else number >= least)):
         raise ConfigError(
-            f"node-config {key}: {value!r} must be a finite number >= {least:g} "
-            f"(partition-id {partition_id})"
+            f"node-config {key}: {value!r} must be a finite number "
+            f"{'>' if strict else '>='} {least:g} (partition-id {partition_id})"
         )
     return number
 
@@ -77,7 +80,7 @@ def _node_number(
 def node_slowdown(config: RunConfig, node_config: Mapping[str, Any], partition_id: int) -> float:
     """How many times its training time this node takes: its node-config ``slowdown``, else
     the run's ``slowdown`` for a partition in ``slow-partitions``, else 1."""
-    own = _node_number(node_config, NODE_SLOWDOWN, partition_id, 1.0)
+    own = node_number(node_config, NODE_SLOWDOWN, partition_id, 1.0)
     if own is not None:
         return own
     return config.slowdown if partition_id in _slow_partitions(config) else 1.0
@@ -87,7 +90,7 @@ def node_delay(config: RunConfig, node_config: Mapping[str, Any], partition_id: 
     """The fixed seconds this node waits before each reply: its node-config
     ``delay-seconds``, else the run's ``slow-delay`` for a partition in ``slow-partitions``,
     else 0."""
-    own = _node_number(node_config, NODE_DELAY, partition_id, 0.0)
+    own = node_number(node_config, NODE_DELAY, partition_id, 0.0)
     if own is not None:
         return own
     return config.slow_delay if partition_id in _slow_partitions(config) else 0.0

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from flower_app.client.node_config import NODE_SLOWDOWN, node_delay, node_slowdown
-from flower_app.settings.config import ConfigError, RunConfig
+from flower_app.client.node_config import NODE_SLOWDOWN, node_delay, node_number, node_slowdown
+from flower_app.settings.config import RunConfig
 
 SPEED_STREAM = 0x5BEED  # the lognormal draws' stream, apart from every other use of the seed
 NODE_SECONDS_PER_EXAMPLE = "seconds-per-example"
@@ -44,26 +44,6 @@ def lognormal_multiplier(seed: int, partition_id: int, sigma: float) -> float:
     return float(math.exp(sigma * z))
 
 
-def _node_value(
-    node_config: Mapping[str, Any], key: str, partition_id: int, *, zero: bool
-) -> float | None:
-    """The node-config ``key`` as a finite number > 0 (>= 0 with ``zero``); absent: None."""
-    value = node_config.get(key)
-    if value is None or str(value) == "":
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if not (math.isfinite(number) and (number >= 0 if zero else number > 0)):
-        bound = ">= 0" if zero else "> 0"
-        raise ConfigError(
-            f"node-config {key}: {value!r} must be a finite number {bound} "
-            f"(partition-id {partition_id})"
-        )
-    return number
-
-
 def compute_multiplier(
     config: RunConfig, node_config: Mapping[str, Any], partition_id: int
 ) -> float:
@@ -78,9 +58,9 @@ def compute_multiplier(
 def node_costs(config: RunConfig, node_config: Mapping[str, Any], partition_id: int) -> NodeCosts:
     """This node's ``NodeCosts``: the run's reference node, with its compute multiplier and
     its node-config overrides (a bad value: ConfigError naming the key)."""
-    own = _node_value(node_config, NODE_SECONDS_PER_EXAMPLE, partition_id, zero=False)
-    bandwidth = _node_value(node_config, NODE_BANDWIDTH, partition_id, zero=False)
-    latency = _node_value(node_config, NODE_LATENCY, partition_id, zero=True)
+    own = node_number(node_config, NODE_SECONDS_PER_EXAMPLE, partition_id, 0.0, strict=True)
+    bandwidth = node_number(node_config, NODE_BANDWIDTH, partition_id, 0.0, strict=True)
+    latency = node_number(node_config, NODE_LATENCY, partition_id, 0.0)
     base = config.node_seconds_per_example if own is None else own
     return NodeCosts(
         seconds_per_example=base * compute_multiplier(config, node_config, partition_id),
