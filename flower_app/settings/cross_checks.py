@@ -318,6 +318,12 @@ _REFUSED = (
 )  # fmt: skip
 
 
+# dp=central under secure aggregation: (Method.dp_mechanism, Method.secure_sum) pairs whose
+# client clips the plain mechanism's unit and whose server noises the sum of those units
+# (``secure_private_contribution``, ``aggregate_secure_private``).
+_SECURE_MECHANISMS = {("mean", "mean"), ("gram", "gram"), ("product-mean", "product")}
+
+
 def _check_secure_aggregation(config: RunConfig) -> None:
     """``secure-aggregation=secaggplus``: a method that declares its secure sum
     (``Method.secure_sum``, else its ``secure_refusal``), none of the settings that read
@@ -336,14 +342,19 @@ def _check_secure_aggregation(config: RunConfig) -> None:
         if refused(config):
             raise ConfigError(reason)
     settings = secaggplus_settings(config)
-    if config.dp != "central":
-        return
-    if method.dp_mechanism not in ("mean", "gram") or method.secure_sum not in ("mean", "gram"):
+    if config.dp != "central" or method.dp_mechanism is None:
+        return  # a method without a mechanism: its own dp_refusal (_check_method_settings)
+    if (method.dp_mechanism, method.secure_sum) not in _SECURE_MECHANISMS:
         raise ConfigError(
-            f"dp: dp=central under secure aggregation is built for the mean and Gram "
-            f"mechanisms; method {config.method!r} has {method.dp_mechanism!r}"
+            f"dp: dp=central under secure aggregation is built for the mean, Gram and "
+            f"product-mean mechanisms on their own sums; method {config.method!r} has "
+            f"{method.dp_mechanism!r} on {method.secure_sum!r}"
         )
-    if method.secure_sum == "mean" and config.dp_clipping_norm > settings.clipping_range:
+    # a clipped update (the mean methods' arrays, the product methods' B A updates with the
+    # head) has every value within ±C; FLoRG's Gram entries are not bounded by C alone
+    # (docs/privacy.md section 6): C above the range would refuse rounds, not clip them
+    within_c = method.secure_sum in ("mean", "product")
+    if within_c and config.dp_clipping_norm > settings.clipping_range:
         raise ConfigError(
             f"dp-clipping-norm: {config.dp_clipping_norm:g} is above secaggplus-clipping-range "
             f"{settings.clipping_range:g}; a clipped update's values must fit the range"

@@ -6,8 +6,10 @@ and its head gives the server the mean product and the mean head; the re-factori
 dp=central product-mean mechanism applies to a released mean product
 (``strategies.server.product_mean.refactor_noised_product``, the rules' split B = U_r S_r^½,
 A = S_r^½ V_rᵀ) then gives the plain round's B A, up to the quantisation. The price: d_out d_in
-values a layer against the factors' r (d_out + d_in). Server parts are imported inside the
-server step: a ClientApp loads this module for the contribution only.
+values a layer against the factors' r (d_out + d_in). Under dp=central the same sum carries
+the product-mean mechanism (docs/privacy.md section 3): clipped on the client, noised on the
+server. Server parts are imported inside the server step: a ClientApp loads this module for
+the contribution only.
 """
 
 from __future__ import annotations
@@ -86,3 +88,65 @@ class ProductSumMethod(BaseMethod):
         """The rule's re-factorisation of the mean product and the mean head
         (``aggregate_products``)."""
         return aggregate_products(strategy.global_state, mean)
+
+    def secure_private_contribution(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        received: Mapping[str, np.ndarray],
+        clipping_norm: float,
+        server_round: int,
+    ) -> tuple[dict[str, np.ndarray], bool]:
+        """dp=central, the product-mean mechanism's client side (docs/privacy.md section 3):
+        each layer's product update BₙAₙ − B_sent A_sent (``product_update``, under
+        '<layer>.lora_BA') and the head update, clipped jointly to C (``clip_update``), the
+        unit the server clips in a plain private round; and whether it was scaled down.
+        ``received``: the state the server sent, B_sent and A_sent included."""
+        from strategies.server.central_dp import clip_update, flat_norm
+        from strategies.server.product_mean import product_update
+
+        layers, head = split_state(arrays)
+        update = {
+            layer + PRODUCT_SUFFIX: product_update(
+                parts["lora_B"], parts["lora_A"],
+                received[f"{layer}.lora_B"], received[f"{layer}.lora_A"],
+            )
+            for layer, parts in layers.items()
+        }  # fmt: skip
+        update.update(
+            {
+                key: np.asarray(value, np.float64) - np.asarray(received[key], np.float64)
+                for key, value in head.items()
+            }
+        )
+        return clip_update(update, clipping_norm), flat_norm(update) > clipping_norm
+
+    def aggregate_secure_private(
+        self,
+        strategy: AdapterStrategy,
+        server_round: int,
+        sums: dict[str, np.ndarray],
+        clients: int,
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """dp=central on the masked sum (the product-mean mechanism, docs/privacy.md
+        section 3): the survivors' clipped product and head updates ``sums`` plus
+        N(0, (zC)² I) drawn on the server, divided by the public m (``private_divisor``);
+        the released mean product update plus B_sent A_sent, and the sent head plus its
+        released update, then the rule's re-factorisation at rank r (``aggregate_secure``:
+        post-processing), as ``product_mean_mechanism`` releases a plain round."""
+        dp, sent = strategy.dp, strategy.global_state
+        m, sampled = strategy.private_divisor(server_round, clients)
+        std = dp.noise_multiplier * dp.clipping_norm
+        # the noise is drawn key by key in the contribution's order, every layer's product
+        # then the head, the order in which the plain mechanism's noised_mean draws it
+        released: dict[str, np.ndarray] = {}
+        for key, shape in self.secure_shapes(strategy.uplink_state(server_round)).items():
+            if key.endswith(PRODUCT_SUFFIX):
+                layer = key[: -len(PRODUCT_SUFFIX)]
+                base = np.asarray(sent[f"{layer}.lora_B"], np.float64) @ np.asarray(
+                    sent[f"{layer}.lora_A"], np.float64
+                )
+            else:
+                base = np.asarray(sent[key], np.float64)
+            released[key] = base + (sums[key] + dp.rng.normal(0.0, std, shape)) / m
+        new_state, info = self.aggregate_secure(strategy, server_round, released, clients)
+        return new_state, {**info, "dp-noise-std": std / m, **sampled}

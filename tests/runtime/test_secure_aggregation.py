@@ -284,7 +284,8 @@ def test_every_method_either_declares_a_secure_sum_or_says_why_not():
         ({"save_client_updates": True}, "save-client-updates"),
         ({"method": "fedrot-lora", "dp": "central"}, "rotates"),
         ({"method": "fedex-lora", "fedex_residual": "factored"}, "fedex-residual"),
-        ({"method": "fedex-lora", "dp": "central"}, "dp"),
+        ({"method": "fedex-lora", "dp": "central"}, "^dp: dp=central is not supported"),
+        ({"method": "federa", "dp": "central", "dp_clipping_norm": 9.0}, "dp-clipping-norm"),
         ({"dp": "central", "dp_clipping_norm": 9.0}, "dp-clipping-norm"),
         ({"virtual_clock": True}, "virtual-clock"),
         ({"secaggplus_num_shares": 2.5}, "secaggplus-num-shares"),
@@ -296,6 +297,21 @@ def test_settings_that_need_single_replies_are_refused_before_launch(settings, k
     settings = {"method": "fedit", **settings}
     with pytest.raises(ConfigError, match=key):
         run_settings(settings.pop("method"), secure_aggregation="secaggplus", **settings)
+
+
+@pytest.mark.parametrize("method", PRODUCT_METHODS)
+def test_dp_central_is_taken_for_the_product_sum_and_refused_off_it(method, monkeypatch):
+    """The product-mean mechanism runs on the product sum; a mechanism on a sum it is not
+    built for (here the product-mean one on FedEx-LoRA's 'mean-and-product') is refused."""
+    from dataclasses import replace
+
+    import flower_app.settings.cross_checks as cross_checks
+
+    assert run_settings(method, secure_aggregation="secaggplus", dp="central").dp == "central"
+    other = replace(get_method(method), secure_sum="mean-and-product")
+    monkeypatch.setattr(cross_checks, "get_method", lambda name: other)
+    with pytest.raises(ConfigError, match="^dp: .*'product-mean' on 'mean-and-product'"):
+        run_settings(method, secure_aggregation="secaggplus", dp="central")
 
 
 def test_fedex_lora_dense_takes_secure_aggregation_and_refuses_what_it_cannot():
@@ -348,11 +364,12 @@ def test_the_docs_uplink_table_is_what_the_command_prints(capsys):
     assert all(line in doc.splitlines() for line in printed)
 
 
-@pytest.mark.parametrize("method", ["fedit", "rolora", "fedsvd", "florg"])
+@pytest.mark.parametrize("method", ["fedit", "rolora", "fedsvd", "florg", *PRODUCT_METHODS])
 def test_dp_central_on_the_masked_sum_is_the_plain_private_round(method):
     """Clipped on the clients, released from the sum: with z = 0 the plain private round's
     state within the quantisation (the same clipping, the same divisor m); every update here
-    is above C, so every client clipped."""
+    is above C, so every client clipped. The product methods' re-factored factors are fixed
+    only up to each singular pair's sign: their B A, BᵀB and head are compared."""
     rng = np.random.default_rng(6)
     state = florg_state(rng) if method == "florg" else lora_state(rng, method)
     dp = {"dp": "central", "dp_clipping_norm": 0.05}
@@ -366,25 +383,61 @@ def test_dp_central_on_the_masked_sum_is_the_plain_private_round(method):
     strategy, _, arrays, metrics = secure_round(method, state, trained, **dp)
     got, want = from_array_record(arrays), from_array_record(expected)
     assert messages and set(got) == set(want)
+    if method in PRODUCT_METHODS:
+        got, want = products_and_splits(got), products_and_splits(want)
+        assert metrics["trunc_rel_error"] == pytest.approx(
+            plain.round_metrics[1]["trunc_rel_error"], abs=1e-4
+        )
     for key in want:
         np.testing.assert_allclose(got[key], want[key], atol=1e-4, rtol=0, err_msg=key)
     assert metrics["dp-clipped"] == 4 and metrics["dp-noise-std"] == 0.0
     assert strategy.dp.clipped == 0  # counted into the row, then reset by the release
 
 
-def test_dp_central_noise_on_the_masked_sum_has_the_mechanisms_scale():
+@pytest.mark.parametrize(("method", "key"), [("fedit", "enc.q.lora_A"),
+                                             ("federa", "classifier.weight")])  # fmt: skip
+def test_dp_central_noise_on_the_masked_sum_has_the_mechanisms_scale(method, key):
+    """N(0, (zC)²) on the sum, divided by m: each released entry (FedIT's A; FeDeRA's head,
+    released as the noised mean like its product update, before the re-factorisation
+    truncates the product's noise) moves by noise of std zC/m."""
     rng = np.random.default_rng(7)
-    state = lora_state(rng)
-    strategy = strategy_for("fedit", state, **SECURE, dp="central", dp_clipping_norm=0.05,
+    state = lora_state(rng, method)
+    strategy = strategy_for(method, state, **SECURE, dp="central", dp_clipping_norm=0.05,
                             dp_noise_multiplier=2.0, min_available_nodes=4)  # fmt: skip
     trained = uploads(strategy, rng)
-    grid = ClientGrid(trained, "fedit", dp="central", **{"dp-clipping-norm": 0.05})
+    grid = ClientGrid(trained, method, dp="central", **{"dp-clipping-norm": 0.05})
     arrays, metrics = strategy.round_loop.round(grid, 1, to_array_record(state), RecordDict(), 60)
     assert metrics["dp-noise-std"] == pytest.approx(2.0 * 0.05 / 4)
     assert 0 < metrics["dp-epsilon"] < float("inf")
-    moved = from_array_record(arrays)["enc.q.lora_A"] - state["enc.q.lora_A"]
+    moved = from_array_record(arrays)[key] - state[key]
     # the clipped mean moves at most C; the noise of std zC/m = 0.025 moves each entry
     assert 0.005 < float(np.std(moved)) < 0.06
+
+
+@pytest.mark.parametrize("method", PRODUCT_METHODS)
+def test_a_product_methods_secure_noise_is_the_plain_mechanisms_draws(method):
+    """The product-mean mechanism on the masked sum draws its noise from the strategy's
+    source in the plain mechanism's order (every layer's product update, then the head) and
+    scale: from the same source, the plain private round's B A and head within the
+    quantisation, with z = 1 (a release that moves them)."""
+    rng = np.random.default_rng(11)
+    state = lora_state(rng, method)
+    dp = {"dp": "central", "dp_clipping_norm": 0.05}
+    plain = strategy_for(method, state, screen_updates=False, min_available_nodes=4, **dp)
+    strategy = strategy_for(method, state, **SECURE, **dp, min_available_nodes=4)
+    plain.dp.rng, strategy.dp.rng = np.random.default_rng(0), np.random.default_rng(0)
+    trained = uploads(plain, rng)
+    replies = [plain_reply(trained[n], n) for n in NODES]
+    expected, plain_metrics = plain.aggregate_train(1, replies)
+    grid = ClientGrid(trained, method, dp="central", **{"dp-clipping-norm": 0.05})
+    arrays, metrics = strategy.round_loop.round(grid, 1, to_array_record(state), RecordDict(), 60)
+    got = products_and_splits(from_array_record(arrays))
+    want = products_and_splits(from_array_record(expected))
+    assert metrics["dp-noise-std"] == plain_metrics["dp-noise-std"] == pytest.approx(0.05 / 4)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], atol=1e-4, rtol=0, err_msg=key)
+    moved = got["enc.q.BA"] - state["enc.q.lora_B"] @ state["enc.q.lora_A"]
+    assert np.abs(moved).max() > 100 * 1e-4  # the noise moved it: a comparison worth making
 
 
 def test_num_examples_weights_give_the_plain_weighted_round():
