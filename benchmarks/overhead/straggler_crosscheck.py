@@ -112,11 +112,23 @@ def pin(process_pid: int, core: int | None) -> None:
         os.sched_setaffinity(process_pid, {core})
 
 
+def run_each(connection: str, flwr_home: Path, settings: dict[str, dict[str, Any]],
+             side: str, timeout: float) -> None:  # fmt: skip
+    """Run each config in turn on the federation ``connection``; a failed run stops it all."""
+    from florg_tools.flwr_cli import run_flower_app
+
+    for name, config in settings.items():
+        outcome = run_flower_app(REPO_ROOT, connection, config, flwr_home, timeout, stream=None)
+        if not outcome.ok:
+            raise RuntimeError(f"{side} {name} failed: {outcome.message}\n"
+                               f"{outcome.log_text[-3000:]}")  # fmt: skip
+        print(f"[bench] {side} {name}: done", flush=True)
+
+
 def deploy(settings: dict[str, dict[str, Any]], nodes: int, delay: float, work: Path,
            timeout: float) -> dict[str, Any]:  # fmt: skip
     """Both runs on one loopback deployment; the stragglers' delay is their node-config."""
     from florg_tools.deploy.deployment import Deployment, thread_env
-    from florg_tools.flwr_cli import run_flower_app
 
     cores = sorted(os.sched_getaffinity(0))
     pinned = len(cores) > nodes  # a core each, one left for the SuperLink and ServerApp
@@ -132,33 +144,21 @@ def deploy(settings: dict[str, dict[str, Any]], nodes: int, delay: float, work: 
         # a round first, unmeasured: it fills the nodes' disk cache (model, tokenised
         # partition), which would otherwise slow the first measured run's first round alone
         warmup = {**settings["sync"], "run-name": "warmup", "num-server-rounds": 1}
-        for name, config in {"warmup": warmup, **settings}.items():
-            # the deployment's stragglers are the nodes' own; the run names none
-            config = {**config, "slow-partitions": ""}
-            outcome = run_flower_app(REPO_ROOT, dep.connection, config, dep.flwr_home,
-                                     timeout, stream=None)  # fmt: skip
-            if not outcome.ok:
-                raise RuntimeError(f"deployed {name} failed: {outcome.message}\n"
-                                   f"{outcome.log_text[-3000:]}")  # fmt: skip
-            print(f"[bench] deployed {name}: done", flush=True)
+        # the deployment's stragglers are the nodes' own; the runs name none
+        runs = {name: {**config, "slow-partitions": ""}
+                for name, config in {"warmup": warmup, **settings}.items()}  # fmt: skip
+        run_each(dep.connection, dep.flwr_home, runs, "deployed", timeout)
     return {"pinned": pinned, "cores": len(cores)}
 
 
 def simulate(settings: dict[str, dict[str, Any]], nodes: int, work: Path,
              timeout: float) -> None:  # fmt: skip
     """Both runs in the simulation under the virtual clock."""
-    from florg_tools.flwr_cli import run_flower_app
     from florg_tools.superlink import local_simulation_superlink
 
     with local_simulation_superlink(work / "superlink", num_supernodes=nodes,
                                     output_root=work) as sim:  # fmt: skip
-        for name, config in settings.items():
-            outcome = run_flower_app(REPO_ROOT, sim.connection, config, sim.flwr_home,
-                                     timeout, stream=None)  # fmt: skip
-            if not outcome.ok:
-                raise RuntimeError(f"virtual {name} failed: {outcome.message}\n"
-                                   f"{outcome.log_text[-3000:]}")  # fmt: skip
-            print(f"[bench] virtual {name}: done", flush=True)
+        run_each(sim.connection, sim.flwr_home, settings, "virtual", timeout)
 
 
 def quick_assets(work: Path) -> dict[str, Any]:
