@@ -9,8 +9,8 @@
    wait before each reply, not a multiple of the measured training time); each SuperNode
    and the ClientApp processes it starts pinned to a core of its own where the machine has
    more cores than nodes (else unpinned, and said so). The same FLoRG work twice, on the
-   wall clock: ``sync`` (R rounds of all N nodes) and ``async`` (buffer N/2, N in flight,
-   2R updates): N R client updates applied in each, after an unmeasured round that fills
+   wall clock: ``sync`` (R rounds of all N nodes) and ``async`` (buffer b, N/4 by default,
+   N in flight, N R / b updates): N R client updates applied in each, after a round that fills
    the nodes' disk cache.
 2. The node costs the deployment showed, from the sync run's rows: compute seconds per
    training example (``client-train-seconds`` over the task's examples) and the rest of a
@@ -50,9 +50,12 @@ LOOPBACK_MBPS = 10_000.0  # the clock's bandwidth for loopback: messages cost ~n
 
 
 def run_settings(
-    nodes: int, rounds: int, delay: float, output_dir: Path, quick: bool
+    nodes: int, rounds: int, buffer: int, output_dir: Path, quick: bool
 ) -> dict[str, dict[str, Any]]:
-    """The sync and async run configs: every setting that matters pinned, matched work."""
+    """The sync and async run configs: every setting that matters pinned, matched work
+    (``buffer`` divides nodes x rounds)."""
+    if (nodes * rounds) % buffer:
+        raise ValueError(f"--buffer {buffer} must divide nodes x rounds = {nodes * rounds}")
     slow = ",".join(str(p) for p in range(0, nodes, 4))
     base = {
         "method": "florg", "model": "all-MiniLM-L6-v2", "task": "movie-sentiment",
@@ -72,8 +75,8 @@ def run_settings(
             "run-name": "async",
             "round-mode": "async",
             "async-concurrency": nodes,
-            "async-buffer-size": max(nodes // 2, 1),
-            "num-server-rounds": 2 * rounds,
+            "async-buffer-size": buffer,
+            "num-server-rounds": nodes * rounds // buffer,
         },  # fmt: skip
     }
 
@@ -207,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=4, help="SuperNodes (a quarter slow)")
     parser.add_argument("--rounds", type=int, default=4, help="sync rounds (async: 2x updates)")
     parser.add_argument("--delay", type=float, default=20.0, help="stragglers' delay, seconds")
+    parser.add_argument("--buffer", type=int, help="async replies an update (default N/4)")
     parser.add_argument("--quick", action="store_true", help="tiny BERT, 2 rounds")
     parser.add_argument("--timeout", type=float, default=1800.0, help="per run, seconds")
     parser.add_argument("--out", type=Path, help="keep the runs and write the report here")
@@ -214,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.nodes < 2 or args.rounds < 1 or args.delay < 0:
         parser.error("--nodes >= 2, --rounds >= 1 and --delay >= 0")
     rounds = 2 if args.quick else args.rounds
+    buffer = args.buffer or max(args.nodes // 4, 1)  # the stragglers' share of the nodes
+    if not 1 <= buffer <= args.nodes or (args.nodes * rounds) % buffer:
+        parser.error(f"--buffer in [1, nodes] dividing nodes x rounds ({args.nodes * rounds})")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     load_before = os.getloadavg()
@@ -222,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         extra = quick_assets(work) if args.quick else {}
         deployed = {name: {**config, **extra} for name, config in
-                    run_settings(args.nodes, rounds, args.delay, work / "deployed",
+                    run_settings(args.nodes, rounds, buffer, work / "deployed",
                                  args.quick).items()}  # fmt: skip
         setup = deploy(deployed, args.nodes, args.delay, work, args.timeout)
         runs = {name: rows(work / "deployed" / name) for name in RUN_NAMES}

@@ -17,7 +17,7 @@ from benchmarks.overhead.straggler_crosscheck import (
 
 
 def test_sync_and_async_apply_the_same_client_updates():
-    runs = run_settings(8, 3, 20.0, Path("/tmp/out"), quick=False)
+    runs = run_settings(8, 3, 2, Path("/tmp/out"), quick=False)
     sync, buffered = runs["sync"], runs["async"]
     assert sync["num-server-rounds"] * 8 == buffered["num-server-rounds"] * buffered[
         "async-buffer-size"
@@ -25,6 +25,9 @@ def test_sync_and_async_apply_the_same_client_updates():
     assert sync["slow-partitions"] == buffered["slow-partitions"] == "0,4"
     different = {k for k in sync if sync[k] != buffered.get(k)}
     assert different == {"run-name", "round-mode", "num-server-rounds"}
+    assert buffered["num-server-rounds"] == 12 and buffered["async-concurrency"] == 8
+    with pytest.raises(ValueError, match="must divide"):
+        run_settings(4, 3, 8, Path("/tmp/out"), quick=False)
 
 
 def rows_with(overhead: float, delay: float, per_example: float, examples: int, rounds: int):
