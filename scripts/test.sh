@@ -57,9 +57,10 @@ DEPLOYMENT_TESTS=(
 # busy, so the second core idled once the deployment tests ended (docs/testing.md). Moving
 # two more CPU-heavy modules here did not shorten the simulations (docs/testing.md); the
 # tiny decoder's and the span head's runs (7 and 4) balance the two processes; the
-# launcher's process check starts SuperLinks and waits on them, as the deployment tests do.
+# launcher's process check and the orphan checks start servers and wait on them, as the
+# deployment tests do.
 SIDE_SIMULATIONS=(tests/runtime/test_causal_lm.py tests/runtime/test_squad_qa.py tests/deployment/test_launcher_processes.py
-  tests/runtime/test_secure_aggregation_app.py)
+  tests/runtime/test_secure_aggregation_app.py tests/deployment/test_orphans.py)
 SIDE_TESTS=("${DEPLOYMENT_TESTS[@]}" "${SIDE_SIMULATIONS[@]}")
 
 # Runs one set (a marker expression, then pytest arguments) and reports its exit status.
