@@ -72,11 +72,12 @@ class Method:
     async_refusal: str = ""
     # What its clients add up under ``secure-aggregation`` (docs/secure-aggregation.md):
     # 'mean' (the uploaded arrays: its rule is linear in the replies, so the rule over their
-    # weighted mean is the rule over them), 'gram' (FLoRG: each layer's Gram AₙᵀAₙ, which
-    # its server step decomposes), 'product' (each LoRA layer's product BₙAₙ, whose mean
-    # its server step re-factors by truncated SVD), 'mean-and-product' (the uploaded arrays
-    # and each layer's BₙAₙ: a rule of their means that is not linear in the replies, such
-    # as a residual Σ wₙBₙAₙ − B̄Ā); None: refused, with ``secure_refusal``.
+    # weighted mean is the rule over them), 'gram' (FLoRG: each layer's Gram AₙᵀAₙ, or one
+    # per block of A's rows where its server step splits A, which that step decomposes),
+    # 'product' (each LoRA layer's product BₙAₙ, whose mean its server step re-factors by
+    # truncated SVD), 'mean-and-product' (the uploaded arrays and each layer's BₙAₙ: a rule
+    # of their means that is not linear in the replies, such as a residual Σ wₙBₙAₙ − B̄Ā);
+    # None: refused, with ``secure_refusal``.
     secure_sum: str | None = None
     secure_refusal: str = ""
 

@@ -36,68 +36,78 @@ class FLoRG(BaseMethod):
 
         return FLoRGStrategy
 
+    def gram_blocks(self, arrays) -> dict[str, tuple[str, slice]]:
+        """The units of its Gram step over the factors of ``arrays``, name -> (A key, rows),
+        as its strategy's ``blocks()`` names them: each layer's whole A."""
+        from strategies.florg.secure import whole_factors
+
+        return whole_factors(arrays)
+
     def secure_contribution(self, arrays, server_round):
-        """Each layer's Gram AₙᵀAₙ (its upper triangle), the head as it is (secure.py)."""
+        """Each block's Gram A_bᵀA_b (its upper triangle), the head as it is (secure.py)."""
         from strategies.florg.secure import gram_contribution
 
-        return gram_contribution(arrays)
+        return gram_contribution(arrays, self.gram_blocks(arrays))
 
     def secure_shapes(self, uplink):
         from strategies.florg.secure import gram_shapes
 
-        return gram_shapes(uplink)
+        return gram_shapes(uplink, self.gram_blocks(uplink))
 
     def aggregate_secure(self, strategy, server_round, mean, clients):
-        """The FLoRG step from the mean Grams (``secure.aggregate_from_grams``); the head
+        """The FLoRG step from each block's mean Gram (``secure.aggregate_from_grams``, the
+        strategy's ``blocks()``), the blocks' rows stacked back into each layer's A; the head
         is the mean head."""
-        from strategies.florg.secure import aggregate_from_grams
+        from strategies.florg.secure import aggregate_from_grams, join_blocks
         from strategies.florg.strategy import summarize_layers
 
-        keys = [f"{layer}.A" for layer in strategy.layers()]
+        blocks, sent = strategy.blocks(), strategy.global_state
         settings = strategy.round_loop.settings.secaggplus
         step = 2 * settings.clipping_range / settings.quantization_range
         # stochastic rounding errs by at most one step, std at most step / 2, per client: the
         # mean of the survivors' errs by step / (2 √N)
         rounding_std = step / (2 * max(clients, 1) ** 0.5)
-        new, per_layer = aggregate_from_grams(
+        new, per_block = aggregate_from_grams(
             mean,
-            {key: strategy.global_state[key] for key in keys},
+            {name: sent[key][rows] for name, (key, rows) in blocks.items()},
             clients,
             procrustes=strategy.procrustes,
             rank_mismatch=strategy.rank_mismatch,
             device=str(strategy.server_device),
             rounding_std=rounding_std,
         )
-        new.update({key: mean[key] for key in strategy.head_keys()})
-        return {**strategy.global_state, **new}, summarize_layers(per_layer)
+        new_As = join_blocks(new, blocks)
+        new_As.update({key: mean[key] for key in strategy.head_keys()})
+        return {**sent, **new_As}, summarize_layers(per_block)
 
     def secure_private_contribution(self, arrays, received, clipping_norm, server_round):
-        """dp=central: the Grams of A clipped jointly with the head (``secure.py``)."""
+        """dp=central: the blocks' Grams of A clipped jointly with the head (``secure.py``)."""
         from strategies.florg.secure import private_contribution
 
-        return private_contribution(arrays, received, clipping_norm)
+        return private_contribution(arrays, received, clipping_norm, self.gram_blocks(arrays))
 
     def aggregate_secure_private(self, strategy, server_round, sums, clients):
-        """dp=central on the masked sum: the private FLoRG step from the summed Grams
-        (``secure.private_from_grams``), the head by the mean mechanism with the same z."""
+        """dp=central on the masked sum: the private FLoRG step from each block's summed Gram
+        (``secure.private_from_grams``, the strategy's ``blocks()`` as the plain mechanism's),
+        the head by the mean mechanism with the same z."""
         from strategies.florg.dp import florg_sensitivity
-        from strategies.florg.secure import private_from_grams
+        from strategies.florg.secure import join_blocks, private_from_grams
         from strategies.florg.strategy import summarize_layers
 
-        dp, sent = strategy.dp, strategy.global_state
+        dp, sent, blocks = strategy.dp, strategy.global_state, strategy.blocks()
         m, sampled = strategy.private_divisor(server_round, clients)
-        keys = [f"{layer}.A" for layer in strategy.layers()]
-        new, per_layer, std = private_from_grams(
-            sums, {key: sent[key] for key in keys}, clients, m, dp.clipping_norm,
-            dp.noise_multiplier, dp.rng, procrustes=strategy.procrustes,
-            device=str(strategy.server_device),
+        prev = {name: sent[key][rows] for name, (key, rows) in blocks.items()}
+        new_blocks, per_block, std = private_from_grams(
+            sums, prev, clients, m, dp.clipping_norm, dp.noise_multiplier, dp.rng,
+            procrustes=strategy.procrustes, device=str(strategy.server_device),
         )  # fmt: skip
+        new = join_blocks(new_blocks, blocks)
         head_std = dp.noise_multiplier * dp.clipping_norm
         for key in strategy.head_keys():
             noise = dp.rng.normal(0.0, head_std, np.shape(sent[key]))
             new[key] = np.asarray(sent[key], np.float64) + (sums[key] + noise) / m
-        info = summarize_layers(per_layer, ("rank", "drift", "eigengap", "negative_eigenvalues"))
-        info["dp-sensitivity"] = florg_sensitivity(dp.clipping_norm, {k: sent[k] for k in keys})
+        info = summarize_layers(per_block, ("rank", "drift", "eigengap", "negative_eigenvalues"))
+        info["dp-sensitivity"] = florg_sensitivity(dp.clipping_norm, prev)
         return {**sent, **new}, {**info, "dp-noise-std": std / m, **sampled}
 
     def build_strategy(self, config: FLoRGConfig, initial_state, *, fingerprint=None, run_dir=None):

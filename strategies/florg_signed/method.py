@@ -5,7 +5,8 @@ FLoRG's core AᵀA is positive semi-definite, so in the L, R frame it reaches on
 updates; with D the core A₊ᵀA₊ - A₋ᵀA₋ reaches every symmetric matrix of rank <= r. The
 server aggregates the two row blocks as two FLoRG steps (Gram average, eigendecomposition,
 Procrustes per block; ``strategies/florg_signed/rule.py``): aggregation stays exact and linear
-in the Gram matrices, and the traffic is FLoRG's (A, r x k per layer, each way).
+in the Gram matrices, and the traffic is FLoRG's (A, r x k per layer, each way). Under secure
+aggregation each client sends each block's Gram (FLoRG's hooks over ``gram_blocks``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ class FLoRGSigned(FLoRG):
 
         return row_signs(rank)
 
+    def gram_blocks(self, arrays) -> dict[str, tuple[str, slice]]:
+        """Each layer's sign blocks, as ``FLoRGSignedStrategy.blocks()`` names them: under
+        secure aggregation a client sends one Gram per block (FLoRG's secure hooks)."""
+        from strategies.florg_signed.rule import signed_blocks
+
+        return signed_blocks(arrays)
+
     def strategy_class(self) -> type:
         """FLoRG's step per sign block, built with FLoRG's options (``FLoRG.build_strategy``)."""
         from strategies.florg_signed.strategy import FLoRGSignedStrategy
@@ -37,7 +45,7 @@ METHODS = (
         shared=("A",),
         # each sign block through the Gram step as its own "layer"
         dp_mechanism="gram",
-        secure_sum=None,  # FLoRG's Gram contribution is of the whole A, not of each block
-        secure_refusal="each sign block is its own Gram step; a blockwise secure sum is not built",
+        # each sign block's Gram A_bᵀA_b: the server decomposes each block's mean
+        secure_sum="gram",
     ),
 )

@@ -8,12 +8,13 @@ Gram averages, so each block is aggregated exactly as FLoRG aggregates A (eq. Gr
 Gram_decompose, Theorem 1; ``strategies.florg.rule``), anchored to the previous A₊ / A₋.
 The new core is exactly Q₊ - Q₋ when each block's stacked rank fits its rows (r'₊ <= p,
 r'₋ <= r - p), with FLoRG's r' > r caveat otherwise (``rank-mismatch``). Traffic: FLoRG's,
-one r x k matrix per layer each way. ``row_signs`` and ``sign_blocks`` give D and the blocks.
+one r x k matrix per layer each way. ``row_signs`` and ``sign_blocks`` give D and the blocks,
+``signed_blocks`` names them ('<layer>.A#<i>') for the batched, private and secure steps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -35,6 +36,17 @@ def sign_blocks(r: int) -> list[slice]:
     """The row slices of A aggregated separately: [+ block, - block] (one block if r = 1)."""
     p = positive_rows(r)
     return [slice(0, p)] + ([slice(p, r)] if r > p else [])
+
+
+def signed_blocks(factors: Mapping[str, np.ndarray]) -> dict[str, tuple[str, slice]]:
+    """Every sign block of every '<layer>.A' of ``factors``: '<layer>.A#<i>' -> (its key, the
+    rows of block i), + block first (the units of FLoRG's Gram step here)."""
+    return {
+        f"{key}#{i}": (key, rows)
+        for key, a in factors.items()
+        if key.endswith(".A")
+        for i, rows in enumerate(sign_blocks(np.shape(a)[0]))
+    }
 
 
 def aggregate_florg_signed(

@@ -9,7 +9,7 @@ import numpy as np
 
 from strategies.florg.rule_torch import aggregate_florg_layers
 from strategies.florg.strategy import FLoRGStrategy
-from strategies.florg_signed.rule import sign_blocks
+from strategies.florg_signed.rule import sign_blocks, signed_blocks
 
 
 class FLoRGSignedStrategy(FLoRGStrategy):
@@ -19,12 +19,10 @@ class FLoRGSignedStrategy(FLoRGStrategy):
 
     def blocks(self) -> dict[str, tuple[str, slice]]:
         """Each sign block of each layer's A (the blocks partition A's rows, so the joint
-        clipping and Delta of FLoRG cover them: docs/privacy.md section 4.3)."""
-        return {
-            f"{key}#{i}": (key, rows)
-            for key in (f"{layer}.A" for layer in self.layers())
-            for i, rows in enumerate(sign_blocks(self.global_state[key].shape[0]))
-        }
+        clipping and Delta of FLoRG cover them: docs/privacy.md section 4.3); the method's
+        ``gram_blocks`` names a client's the same way (secure aggregation)."""
+        return signed_blocks({f"{layer}.A": self.global_state[f"{layer}.A"]
+                              for layer in self.layers()})  # fmt: skip
 
     def server_step(self, payloads, weights, rank_mismatch):
         keys = [f"{layer}.A" for layer in self.layers()]

@@ -25,6 +25,8 @@ SECURE = {"secure_aggregation": "secaggplus", "screen_updates": False}
 MEAN_METHODS = ["fedit", "ffa-lora", "fedsa-lora", "rolora", "fedsvd", "hetlora"]
 PRODUCT_METHODS = ["federa", "flexlora"]
 FOLDING_METHODS = ["fedex-lora"]  # secure_sum 'mean-and-product': A, B and each BₙAₙ
+# secure_sum 'gram': each layer's Gram; florg-signed's one per sign block of A
+FLORG_METHODS = ["florg", "florg-no-procrustes", "florg-signed"]
 NODES = [11, 12, 13, 14]
 
 
@@ -150,7 +152,7 @@ def products_and_splits(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize(
     "method",
-    MEAN_METHODS + ["florg", "florg-no-procrustes"] + PRODUCT_METHODS + FOLDING_METHODS,
+    MEAN_METHODS + FLORG_METHODS + PRODUCT_METHODS + FOLDING_METHODS,
 )
 def test_a_secure_round_gives_the_plain_rounds_state_within_the_quantisation(method):
     rng = np.random.default_rng(len(method))
@@ -169,7 +171,9 @@ def test_a_secure_round_gives_the_plain_rounds_state_within_the_quantisation(met
     # rounded weight sum (relative error under one step): within 2 steps of the plain mean
     tol = 2 * step
     if method.startswith("florg"):
-        tol = 50 * step  # FLoRG's factor through its Gram
+        # FLoRG's factor through its Gram (florg-signed's: each sign block's through its own),
+        # aligned by Procrustes with the previous factor (block), so comparable as it is
+        tol = 50 * step
     if method in PRODUCT_METHODS:
         # The mean product is within one step a value, then truncated to rank r by SVD, whose
         # factors are fixed only up to each singular pair's sign: compare each layer's B A and
@@ -258,6 +262,27 @@ def test_florgs_contribution_is_the_upper_triangle_of_each_gram():
     assert contribution_bytes(gram_shapes(state)) == 8 * (1 + 36 + 21 + 16)
 
 
+def test_florg_signeds_contribution_is_one_gram_per_sign_block():
+    """A_bᵀA_b of each sign block b (rows 0-1 and 2 of r = 3), under the names of the
+    strategy's blocks; the blocks' Grams add up to the whole A's, the core is their
+    difference (A₊ᵀA₊ − A₋ᵀA₋)."""
+    rng = np.random.default_rng(4)
+    state = florg_state(rng)
+    method = get_method("florg-signed")
+    contribution = method.secure_contribution(state, 1)
+    assert {k: v.shape for k, v in contribution.items()} == method.secure_shapes(state)
+    blocks = strategy_for("florg-signed", state).blocks()
+    grams = {k: v for k, v in contribution.items() if k != "classifier.weight"}
+    assert set(grams) == {f"{name}-gram" for name in blocks}
+    a = state["enc.q.A"]
+    plus, minus = (unpack_gram(contribution[f"enc.q.A#{i}-gram"], 8) for i in (0, 1))
+    np.testing.assert_allclose(plus, a[:2].T @ a[:2])
+    np.testing.assert_allclose(minus, a[2:].T @ a[2:])
+    np.testing.assert_allclose(plus + minus, a.T @ a)
+    np.testing.assert_array_equal(contribution["classifier.weight"], state["classifier.weight"])
+    assert contribution_bytes(method.secure_shapes(state)) == 8 * (1 + 2 * 36 + 2 * 21 + 16)
+
+
 def test_a_message_without_secaggplus_configs_passes_through():
     msg = Message(RecordDict(), dst_node_id=5, message_type="train")
     context = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
@@ -266,11 +291,18 @@ def test_a_message_without_secaggplus_configs_passes_through():
 
 
 def test_every_method_either_declares_a_secure_sum_or_says_why_not():
+    refused = set()
     for name in method_names():
         method = get_method(name)
         assert method.secure_sum in {"mean", "gram", "product", "mean-and-product"} or (
             method.secure_sum is None and method.secure_refusal
         ), name
+        if method.secure_sum is None:
+            refused.add(name)
+    assert refused == {"flora", "fedrot-lora", "fed-sb"}
+    # florg-signed: FLoRG's Gram sum, one Gram per sign block; with dp=central on it
+    assert get_method("florg-signed").secure_sum == "gram"
+    assert run_settings("florg-signed", secure_aggregation="secaggplus", dp="central").dp
 
 
 @pytest.mark.parametrize(
@@ -364,14 +396,16 @@ def test_the_docs_uplink_table_is_what_the_command_prints(capsys):
     assert all(line in doc.splitlines() for line in printed)
 
 
-@pytest.mark.parametrize("method", ["fedit", "rolora", "fedsvd", "florg", *PRODUCT_METHODS])
+@pytest.mark.parametrize(
+    "method", ["fedit", "rolora", "fedsvd", "florg", "florg-signed", *PRODUCT_METHODS]
+)
 def test_dp_central_on_the_masked_sum_is_the_plain_private_round(method):
     """Clipped on the clients, released from the sum: with z = 0 the plain private round's
     state within the quantisation (the same clipping, the same divisor m); every update here
     is above C, so every client clipped. The product methods' re-factored factors are fixed
     only up to each singular pair's sign: their B A, BᵀB and head are compared."""
     rng = np.random.default_rng(6)
-    state = florg_state(rng) if method == "florg" else lora_state(rng, method)
+    state = florg_state(rng) if method.startswith("florg") else lora_state(rng, method)
     dp = {"dp": "central", "dp_clipping_norm": 0.05}
     plain = strategy_for(method, state, screen_updates=False, min_available_nodes=4, **dp)
     plain.dp.noise_multiplier = 0.0
@@ -392,6 +426,32 @@ def test_dp_central_on_the_masked_sum_is_the_plain_private_round(method):
         np.testing.assert_allclose(got[key], want[key], atol=1e-4, rtol=0, err_msg=key)
     assert metrics["dp-clipped"] == 4 and metrics["dp-noise-std"] == 0.0
     assert strategy.dp.clipped == 0  # counted into the row, then reset by the release
+    if method.startswith("florg"):  # Δ over the same units (florg-signed's sign blocks)
+        assert metrics["dp-sensitivity"] == pytest.approx(
+            plain.round_metrics[1]["dp-sensitivity"], rel=1e-12
+        )
+
+
+@pytest.mark.parametrize("method", ["florg", "florg-signed"])
+def test_a_gram_methods_secure_noise_is_the_plain_mechanisms_draws(method):
+    """The Gram mechanism on the masked sum draws its noise from the strategy's source in the
+    plain mechanism's order (every block's Gram, then the head) and scale: from the same
+    source, the plain private round's A and head within the quantisation, with z = 1."""
+    rng = np.random.default_rng(12)
+    state = florg_state(rng)
+    dp = {"dp": "central", "dp_clipping_norm": 0.05}
+    plain = strategy_for(method, state, screen_updates=False, min_available_nodes=4, **dp)
+    strategy = strategy_for(method, state, **SECURE, **dp, min_available_nodes=4)
+    plain.dp.rng, strategy.dp.rng = np.random.default_rng(0), np.random.default_rng(0)
+    trained = uploads(plain, rng)
+    expected, plain_metrics = plain.aggregate_train(1, [plain_reply(trained[n], n) for n in NODES])
+    grid = ClientGrid(trained, method, dp="central", **{"dp-clipping-norm": 0.05})
+    arrays, metrics = strategy.round_loop.round(grid, 1, to_array_record(state), RecordDict(), 60)
+    got, want = from_array_record(arrays), from_array_record(expected)
+    assert metrics["dp-noise-std"] == pytest.approx(plain_metrics["dp-noise-std"], rel=1e-12)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], atol=1e-4, rtol=0, err_msg=key)
+    assert np.abs(got["enc.q.A"] - state["enc.q.A"]).max() > 100 * 1e-4  # the noise moved it
 
 
 @pytest.mark.parametrize(("method", "key"), [("fedit", "enc.q.lora_A"),
@@ -466,14 +526,16 @@ def test_num_examples_weights_give_the_plain_weighted_round():
     assert np.abs(got["enc.q.lora_A"] - uniform).max() > 1e-3  # the weights mattered
 
 
-def test_florgs_secure_rank_ignores_the_quantisations_rounding():
-    """N r = 8 < k = 24: the mean Gram has rank 8; rounding fills the other 16 eigenvalues
-    with noise, which the secure step counts as zero (the plain step's rank, not k)."""
+@pytest.mark.parametrize(("method", "rank"), [("florg", 8), ("florg-signed", 4)])
+def test_florgs_secure_rank_ignores_the_quantisations_rounding(method, rank):
+    """N r = 8 < k = 24: the mean Gram has rank 8 (florg-signed's: each sign block of one
+    row, rank N = 4); rounding fills the other eigenvalues with noise, which the secure step
+    counts as zero (the plain step's rank, not k)."""
     rng = np.random.default_rng(10)
     state = {"enc.q.A": 0.3 * rng.standard_normal((2, 24))}
-    plain = strategy_for("florg", state, screen_updates=False, min_available_nodes=4)
+    plain = strategy_for(method, state, screen_updates=False, min_available_nodes=4)
     trained = uploads(plain, rng)
     _, plain_metrics = plain.aggregate_train(1, [plain_reply(trained[n], n) for n in NODES])
-    _, _, arrays, metrics = secure_round("florg", state, trained)
-    assert plain_metrics["rank"] == 8
-    assert metrics["rank"] == 8
+    _, _, arrays, metrics = secure_round(method, state, trained)
+    assert plain_metrics["rank"] == rank
+    assert metrics["rank"] == rank
