@@ -163,6 +163,9 @@ def main(grid: Grid, context: Context) -> None:
     strategy = adapted.method.build_strategy(
         config, initial_state, fingerprint=adapted.fingerprint(), run_dir=run_dir
     )
+    # a strategy that reads the server's model before the run (a secure round 0's shapes)
+    if (observe_model := getattr(strategy, "observe_server_model", None)) is not None:
+        observe_model(adapted)
     lineage = checkpoint.lineage if checkpoint else new_lineage()
     start_arrays = to_array_record(checkpoint.arrays if checkpoint else initial_state)
     if checkpoint:

@@ -7,14 +7,16 @@ method's contribution (``Method.secure_contribution``) times the client's weight
 (``client_weight``), masks it and sends the masked vector with the training reply's
 metrics; the reply's arrays never leave the node.
 Under dp=central the contribution is made from the update clipped here
-(``Method.secure_private_contribution``); the server adds the noise to the sum.
+(``Method.secure_private_contribution``); the server adds the noise to the sum. A QUERY's
+collect stage (a method's round 0) masks the method's ``secure_query_contribution``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from flwr.app import Context, Message, RecordDict
+import numpy as np
+from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 
 from flower_app.methods.registry import get_method
@@ -42,6 +44,15 @@ def secure_aggregation_mod(
     method = get_method(config.method)
     server_round = int(msg.content["config"].get("server-round", 0))
     arrays = from_array_record(reply.content["arrays"])  # uplink-encoding is fp32 here
+    examples = float(reply.content["metrics"].get("num-examples", 0))
+    if msg.metadata.message_type == MessageType.QUERY:  # a method's round 0 as a secure sum
+        query = getattr(method, "secure_query_contribution", None)
+        if query is None:
+            raise ValueError(f"method {config.method!r} answers no query under secure aggregation")
+        contribution, weight, clipped = query(config, arrays, examples)
+        if config.dp == "central" and config.dp_unnoised_metrics == "send":
+            reply.content["metrics"]["dp-clipped"] = int(clipped)
+        return _masked_reply(msg, context, reply, weighted_contribution(contribution, weight))
     if config.dp == "central":  # clipped here, noised on the server's unmasked sum
         received = from_array_record(decode_record(msg.content["arrays"], config.downlink_encoding))
         contribution, clipped = method.secure_private_contribution(
@@ -51,8 +62,16 @@ def secure_aggregation_mod(
             reply.content["metrics"]["dp-clipped"] = int(clipped)
     else:
         contribution = method.secure_contribution(arrays, server_round)
-    weight = client_weight(config, float(reply.content["metrics"].get("num-examples", 0)))
-    masked = secaggplus_client(msg, context, weighted_contribution(contribution, weight))
+    weight = client_weight(config, examples)
+    return _masked_reply(msg, context, reply, weighted_contribution(contribution, weight))
+
+
+def _masked_reply(
+    msg: Message, context: Context, reply: Message, contribution: dict[str, np.ndarray]
+) -> Message:
+    """The collect stage's answer: the masked ``contribution`` and the reply's metrics, never
+    its arrays."""
+    masked = secaggplus_client(msg, context, contribution)
     content = RecordDict({RECORD_KEY_CONFIGS: masked.content.config_records[RECORD_KEY_CONFIGS]})
     for name, record in reply.content.metric_records.items():
         content[name] = record

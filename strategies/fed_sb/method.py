@@ -1,20 +1,22 @@
 """Fed-SB (Singhal et al. 2025, arXiv 2502.15436): LoRA-SB on every client, W0 + B R A with B
 and A fixed and identical on every node, only the r x r R trained (scale s = 1 whatever
 ``alpha``, as in the authors' scripts: ``adapter_alpha``); the server averages R and the
-head (exact: ``rule.py``, eq. 1). Up and down: r² per layer and round, whatever the number
-of clients.
+head (exact: ``rule.py``, eq. 1). Up and down: r² per layer and round.
 
 B and A come from a federated round 0 (``strategy.py``): the clients' gradients of every
 adapted W0 (``gradient.py``; under dp=example ``private_gradient.py``), averaged by the
-server, -lr sign(.) and its rank-r truncated SVD, sent once to each node with its first
-training message and kept in its Flower context. Under dp=central round 0 is one more
-Gaussian mechanism on the server; under dp=example each client's estimate is its own,
-composed into its DP-SGD ledger. docs/architecture.md, docs/privacy.md section 2.1.
+server, -lr sign(.) and its rank-r truncated SVD, sent once to each node and kept in its
+Flower context. Under dp=central round 0 is one more Gaussian mechanism on the server; under
+dp=example each client's estimate is composed into its DP-SGD ledger; under secure
+aggregation it is one SecAgg+ sum (``secure_query_contribution``). docs/architecture.md,
+docs/privacy.md section 2.1, docs/secure-aggregation.md.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from strategies.fed_sb.keys import BASIS, BASIS_CONTEXT, BASIS_HELD
 from strategies.fed_sb.settings import FedSBSettings
@@ -52,6 +54,15 @@ class FedSB(BaseMethod):
                 f"in round 0, which quantization={config.quantization!r} stores in "
                 "bitsandbytes' packed format (no gradient); use quantization=none"
             )
+        if config.secure_aggregation != "off" and (
+            config.fed_sb_init_examples > config.secaggplus_max_weight
+        ):  # round 0's weight is examples / max-weight, capped at 1: a cap would skew the mean
+            raise ValueError(
+                f"fed-sb-init-examples: {config.fed_sb_init_examples} is above "
+                f"secaggplus-max-weight {config.secaggplus_max_weight:g}; under secure "
+                "aggregation round 0 weights each client's mean gradient by its examples / "
+                "secaggplus-max-weight, which must stay at most 1"
+            )
 
     def build_strategy(self, config: FedSBConfig, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.fed_sb.strategy import FedSBStrategy
@@ -78,6 +89,27 @@ class FedSB(BaseMethod):
         from strategies.fed_sb.gradient import estimate_gradients
 
         return estimate_gradients(adapted, batches, config.fed_sb_init_examples)
+
+    def secure_query_contribution(
+        self, config: FedSBConfig, arrays: dict[str, np.ndarray], num_examples: float
+    ) -> tuple[dict[str, np.ndarray], float, bool]:
+        """Round 0 under secure aggregation: (the contribution, its weight, clipped or not).
+        dp=off and dp=example: the client's per-example mean gradient (its summed answer over
+        its examples n) weighted by n / ``secaggplus-max-weight``, so that the sum over the
+        weight sum is the plain round 0's pooled gradient and the values stay small (a sum
+        over n examples could leave ``secaggplus-clipping-range``). dp=central: the summed
+        gradient clipped to C here (the plain round 0's unit), weight 1; the server noises
+        the sum (``FedSBStrategy.initialise``)."""
+        from strategies.server.central_dp import clip_update, flat_norm
+
+        if not (np.isfinite(num_examples) and num_examples > 0):
+            raise ValueError(f"round 0: num-examples must be finite and > 0, got {num_examples}")
+        if config.dp == "central":
+            clipped = flat_norm(arrays) > config.dp_clipping_norm
+            return clip_update(arrays, config.dp_clipping_norm), 1.0, clipped
+        weight = num_examples / config.secaggplus_max_weight  # <= 1: check_settings
+        mean = {k: np.asarray(v, np.float64) / num_examples for k, v in arrays.items()}
+        return mean, weight, False
 
     def receive_on_client(self, msg, context, adapted):
         """Keep B and A when the message carries them (in the node's context) and load the
@@ -125,8 +157,7 @@ FED_SB = FedSB(
     settings=FedSBSettings,
     dp_mechanism="mean",  # clip reply - sent over R and the head; noised mean; round 0 too
     dp_initial_releases=1,  # round 0's noised gradient estimate (strategy.py)
-    secure_refusal="its round 0 averages each client's gradient in the clear; a secure "
-    "round 0 is not built",
+    secure_sum="mean",  # R and the head weighted means; round 0 its own secure sum
 )
 
 METHODS = (FED_SB,)

@@ -7,9 +7,9 @@ gradient of every adapted W0 (``gradient.py``). The server checks the replies
 (``check_gradients``), adds them up and divides by the examples they cover, whatever
 ``aggregation-weights``, then per layer ``rule.initial_factors``: B and A kept here, R =
 S_r the global R. Under dp=central round 0 is one more Gaussian mechanism recorded by the
-accountant (``Method.dp_initial_releases``). B and A travel once per node, with its first
-training or evaluation message, until its reply's ``basis-held`` says it holds them
-(``node_synced``); they are checkpointed, and a resumed run sends them again to every node.
+accountant. Under secure aggregation round 0 is one SecAgg+ sum (``secure_round_0``): the
+server learns only the sums. B and A travel once per node until its reply's ``basis-held``
+says it holds them (``observe_replies``); a resumed run sends them again to every node.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -35,15 +37,28 @@ from strategies.fed_sb.keys import BASIS, BASIS_HELD
 from strategies.fed_sb.rule import initial_factors
 from strategies.server.central_dp import noise_std_mean, noised_mean
 from strategies.server.ledger import traffic_metrics
+from strategies.server.secure_outcome import SecureSumFailed, SecureSumTraffic
+from strategies.server.secure_rounds import SecureRounds, contribution_bytes
+from strategies.server.secure_sum import secure_sum
 from strategies.server.strategy import AdapterStrategy
 
 log = logging.getLogger("flwr.florg")
 PREFIX = "fed-sb"  # the checkpoint's keys: 'fed-sb/B/<layer>', 'fed-sb/A/<layer>'
+Shapes = dict[str, tuple[int, int]]
 
 
 class FedSBStrategy(AdapterStrategy):
-    def __init__(self, *args, init_examples: int, init_lr: float, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        init_examples: int,
+        init_lr: float,
+        base_shapes: Shapes | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        # W0's (d_out, d_in) by layer: only a secure round 0 needs them (observe_server_model)
+        self.base_shapes = base_shapes
         if init_examples < 1 or not init_lr > 0:
             raise ValueError(
                 f"fed-sb-init-examples must be >= 1 and the init lr > 0; got {init_examples}, "
@@ -59,6 +74,14 @@ class FedSBStrategy(AdapterStrategy):
         for layer, (B, A) in self.basis.items():
             out[f"{layer}.B"], out[f"{layer}.A"] = B, A
         return out
+
+    def observe_server_model(self, adapted: Any) -> None:
+        """The shapes of every adapted W0 of the server's model (the server app hands it over
+        before the run): a secure round 0's contribution, which the server fixes before it."""
+        from flower_app.adapters.lora_sb.layer import lora_sb_layers
+
+        layers = lora_sb_layers(adapted.model)
+        self.base_shapes = {name: tuple(lr.base_layer.weight.shape) for name, lr in layers.items()}
 
     # -- round 0 ----------------------------------------------------------------------------
     def start(self, grid, initial_arrays, num_rounds=3, timeout=3600, *args, **kwargs):
@@ -99,6 +122,9 @@ class FedSBStrategy(AdapterStrategy):
             )
             for node in node_ids
         ]
+        if isinstance(self.round_loop, SecureRounds):
+            self.secure_round_0(grid, node_ids, config, timeout, t0)
+            return
         replies = list(grid.send_and_receive(messages=messages, timeout=timeout))
         grads, sizes, counts = self.check_gradients(replies)
         metrics: dict[str, float] = {
@@ -137,6 +163,11 @@ class FedSBStrategy(AdapterStrategy):
             )
             std = noise_std_mean(self.dp.clipping_norm, self.dp.noise_multiplier, m)
             metrics.update({"dp-noise-std": std, **sampled, **self.dp.release()})
+        self.factorise(mean, metrics, t0, len(grads))
+
+    def factorise(self, mean: dict[str, np.ndarray], metrics: dict, t0: float, n: int) -> None:
+        """B and A (kept here) and R = S_r (the global R) of every layer from the pooled
+        gradient ``mean``; round 0's row."""
         r = self.router.largest_rank
         for layer in self.layers():
             B, R, A = initial_factors(mean[gradient_key(layer)], self.init_lr, r)
@@ -144,7 +175,72 @@ class FedSBStrategy(AdapterStrategy):
             self.global_state[f"{layer}.R"] = R
         metrics["init-seconds"] = time.perf_counter() - t0
         self.round_metrics[0] = {**self.round_metrics.get(0, {}), **metrics}
-        log.info("round 0: B and A of %d layers from %d clients", len(self.basis), len(grads))
+        log.info("round 0: B and A of %d layers from %d clients", len(self.basis), n)
+
+    def secure_round_0(
+        self, grid, node_ids: list[int], config: ConfigRecord, timeout: float, t0: float
+    ) -> None:
+        """Round 0 as one SecAgg+ sum of QUERY messages (the client mod answers the collect
+        stage with ``FedSB.secure_query_contribution``): the server learns Σ wₙ gₙ / nₙ and
+        Σ wₙ (wₙ = nₙ / max-weight), whose ratio is the plain round's Σ gₙ / Σ nₙ; under
+        dp=central Σ clip(gₙ), noised here as ``noised_mean`` noises it, over m. No reply's
+        arrays reach the server, so ``check_gradients`` does not run (the server checks each
+        masked vector's names and shapes; the client refuses non-finite values)."""
+        loop = self.round_loop
+        shapes = self.base_shapes
+        if not shapes:
+            raise ValueError("secure round 0 needs the shapes of every adapted W0")
+        contribution = {gradient_key(layer): tuple(shapes[layer]) for layer in self.layers()}
+        size = contribution_bytes(contribution)
+        if size > loop.settings.uplink_limit_bytes:
+            raise ValueError(
+                f"secure-uplink-limit-mb: fed-sb's round 0 would send {size / 2**20:.1f} MB a "
+                f"client (its dense gradient of every adapted W0) under secure aggregation, "
+                f"above the limit of {loop.settings.uplink_limit_bytes / 2**20:.1f} MB"
+            )
+        settings = loop.settings.secaggplus
+        if settings.timeout is None:
+            settings = replace(settings, timeout=timeout)
+        traffic = SecureSumTraffic()
+        try:
+            summed = secure_sum(
+                grid, node_ids, contribution, settings, message_type=MessageType.QUERY,
+                collect_content={n: RecordDict({"config": config}) for n in node_ids},
+                traffic=traffic,
+            )  # fmt: skip
+        except SecureSumFailed as err:
+            reason = f"round 0: the secure sum failed; B and A unset: {err.reason}"
+            raise RuntimeError(reason) from err
+        replies = list(traffic.collected.values())
+        survivors = set(summed.report.survivors)
+        done = [m for m in replies if not m.has_error() and m.metadata.src_node_id in survivors]
+        examples = sum(float(m.content["metrics"].get("num-examples", 0)) for m in done)
+        metrics: dict[str, Any] = {
+            "clients": len(survivors),
+            "failures": sum(m.has_error() for m in replies),
+            "rejected": 0,
+            "secure-failed": 0,
+            "up-params": len(survivors) * sum(int(np.prod(s)) for s in contribution.values()),
+            "down-params": 0,
+            **traffic_metrics(list(traffic.down_bytes.values()), list(traffic.up_bytes.values())),
+            "examples": examples,
+            **self.sampling.metrics(0),
+        }
+        if self.example_dp is not None:  # dp=example: each client's epsilon after round 0
+            metrics.update(self.example_dp.observe(0, replies))
+        if self.dp is None:
+            mean = summed.weighted_mean()
+        else:  # the clients clipped; the Gaussian mechanism on the sum, m as the plain round's
+            self.communication.sampled[0] = len(node_ids)
+            m, sampled = self.private_divisor(0, len(survivors))
+            std = self.dp.noise_multiplier * self.dp.clipping_norm
+            mean = {
+                key: (value + self.dp.rng.normal(0.0, std, value.shape)) / m
+                for key, value in summed.weighted_sums.items()
+            }
+            self.dp.clipped = sum(int(m.content["metrics"].get("dp-clipped", 0)) for m in done)
+            metrics.update({"dp-noise-std": std / m, **sampled, **self.dp.release()})
+        self.factorise(mean, metrics, t0, len(survivors))
 
     def check_gradients(
         self, replies: list[Message]
@@ -225,11 +321,17 @@ class FedSBStrategy(AdapterStrategy):
 
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
+        self.observe_replies(replies)
+        return super().aggregate_train(server_round, replies)
+
+    def observe_replies(self, replies: Iterable[Message]) -> None:
+        """The nodes whose reply's clear ``basis-held`` metric says they hold B and A: the
+        plain round reads it here, a secure round (``SecureRounds``) hands it the collect
+        stage's replies (their metrics travel beside the masked vector)."""
         for msg in replies:
             held = not msg.has_error() and "metrics" in msg.content.metric_records
             if held and msg.content["metrics"].get(BASIS_HELD) == 1:
                 self.node_synced.add(msg.metadata.src_node_id)
-        return super().aggregate_train(server_round, replies)
 
     # -- checkpoint and resume: B and A ----------------------------------------------------------
     def state_arrays(self) -> dict[str, np.ndarray]:

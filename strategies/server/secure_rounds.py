@@ -38,11 +38,15 @@ MODE = "secure-aggregation=secaggplus"
 # A masked value travels as an int64 (Flower's ndarray_to_bytes of the mod-M vector).
 MASKED_BYTES_PER_VALUE = 8
 # The aggregate_train overrides a secure round may stand in for (by name: the common strategy
-# imports this module): the common strategy's, and the folding strategy's, whose only reading
-# of the replies is each one's clear metrics (its 'residual-round', ``observe_replies``), which
-# the secure loop hands it from the collect stage's replies. Any other override would be
-# skipped with effect, so it is refused.
-SECURE_AGGREGATE_TRAIN = ("AdapterStrategy.aggregate_train", "FoldingStrategy.aggregate_train")
+# imports this module): the common strategy's, and those whose only reading of the replies is
+# each one's clear metrics (the folding strategy's 'residual-round', the fixed-basis strategy's
+# 'basis-held': ``observe_replies``), which the secure loop hands them from the collect stage.
+# Any other override would be skipped with effect, so it is refused.
+SECURE_AGGREGATE_TRAIN = (
+    "AdapterStrategy.aggregate_train",
+    "FoldingStrategy.aggregate_train",
+    "FedSBStrategy.aggregate_train",
+)
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,7 @@ class ClientGrid:
         }
         self.collected: dict[int, Message] = {}
         self.train_examples: dict[int, int] = {}  # node -> num-examples (default 10)
+        self.metrics: dict[str, float] = {}  # more metrics every reply carries
 
     def get_node_ids(self):
         return list(self.trained)
@@ -90,6 +91,8 @@ class ClientGrid:
                                 "train-loss": 0.5})  # fmt: skip
         if node in self.folded:
             metrics["residual-round"] = self.folded[node]
+        for key, value in self.metrics.items():
+            metrics[key] = value
         arrays = to_array_record(self.trained[node])
         return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
@@ -299,7 +302,7 @@ def test_every_method_either_declares_a_secure_sum_or_says_why_not():
         ), name
         if method.secure_sum is None:
             refused.add(name)
-    assert refused == {"flora", "fedrot-lora", "fed-sb"}
+    assert refused == {"flora", "fedrot-lora"}
     # florg-signed: FLoRG's Gram sum, one Gram per sign block; with dp=central on it
     assert get_method("florg-signed").secure_sum == "gram"
     assert run_settings("florg-signed", secure_aggregation="secaggplus", dp="central").dp
@@ -315,6 +318,7 @@ def test_every_method_either_declares_a_secure_sum_or_says_why_not():
         ({"uplink_encoding": "int8-g"}, "uplink-encoding"),
         ({"save_client_updates": True}, "save-client-updates"),
         ({"method": "fedrot-lora", "dp": "central"}, "rotates"),
+        ({"method": "fed-sb", "secaggplus_max_weight": 10.0}, "fed-sb-init-examples"),
         ({"method": "fedex-lora", "fedex_residual": "factored"}, "fedex-residual"),
         ({"method": "fedex-lora", "dp": "central"}, "^dp: dp=central is not supported"),
         ({"method": "federa", "dp": "central", "dp_clipping_norm": 9.0}, "dp-clipping-norm"),
@@ -539,3 +543,126 @@ def test_florgs_secure_rank_ignores_the_quantisations_rounding(method, rank):
     _, _, arrays, metrics = secure_round(method, state, trained)
     assert plain_metrics["rank"] == rank
     assert metrics["rank"] == rank
+
+
+# -------------------------------------------------------------------- Fed-SB: round 0 and R
+SB_SHAPES = {"enc.q": (12, 16), "enc.v": (10, 12)}  # W0's (d_out, d_in) by layer
+SB_SIZES = {11: 10, 12: 30, 13: 20, 14: 64}  # each node's examples in round 0
+
+
+def sb_state(rng, rank=8) -> dict[str, np.ndarray]:
+    state = {f"{layer}.R": np.zeros((rank, rank)) for layer in SB_SHAPES}
+    return {**state, "classifier.weight": 0.3 * rng.standard_normal((2, 16))}
+
+
+def sb_gradients(rng) -> dict[int, dict[str, np.ndarray]]:
+    """Each node's summed gradient (its examples times a per-example mean whose entries are
+    at least 0.1 away from 0, so that rounding flips no sign of the pooled mean)."""
+    out = {}
+    for node, n in SB_SIZES.items():
+        out[node] = {}
+        for layer, shape in SB_SHAPES.items():
+            g = rng.choice([-1.0, 1.0], shape) * (0.1 + rng.random(shape))
+            out[node][f"{layer}.grad"] = (n * g).astype(np.float32)
+    return out
+
+
+class QueryGrid:
+    """Round 0 in the clear: each node answers the QUERY with its gradient sum."""
+
+    def __init__(self, grads):
+        self.grads = grads
+
+    def get_node_ids(self):
+        return list(self.grads)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        out = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            metrics = MetricRecord({"num-examples": SB_SIZES[node],
+                                    "partition-id": NODES.index(node)})  # fmt: skip
+            content = RecordDict({"arrays": to_array_record(self.grads[node]), "metrics": metrics})
+            out.append(Message(content, reply_to=msg))
+        return out
+
+
+def sb_round_0(rng, grads, **settings):
+    """(plain, secure) Fed-SB strategies after round 0 on ``grads`` (z = 0 under dp)."""
+    common = {"min_available_nodes": 4, "min_train_nodes": 4, "learning_rate": 0.01, **settings}
+    plain = strategy_for("fed-sb", sb_state(rng), screen_updates=False, **common)
+    secure = strategy_for("fed-sb", sb_state(rng), **SECURE, **common)
+    for strategy in (plain, secure):
+        if strategy.dp is not None:
+            strategy.dp.noise_multiplier = 0.0
+    plain.initialise(QueryGrid(grads), timeout=10)
+    secure.base_shapes = SB_SHAPES
+    secure.check_gradients = lambda replies: pytest.fail("a plain query reply reached the server")
+    run_config = {key.replace("_", "-"): value for key, value in settings.items()}
+    grid = ClientGrid(grads, "fed-sb", **run_config)
+    grid.train_examples = SB_SIZES
+    secure.initialise(grid, timeout=10)
+    return plain, secure, grid
+
+
+@pytest.mark.parametrize("dp", [{}, {"dp": "central", "dp_clipping_norm": 0.5}])
+def test_fed_sbs_secure_round_0_gives_the_plain_factors_from_the_sum_alone(dp):
+    """One SecAgg+ sum of QUERY messages: each client's mean gradient weighted by its examples
+    (under dp=central its clipped sum, the server dividing by m), so the same sign step and
+    the same B, A and R; the server never holds one client's gradient."""
+    rng = np.random.default_rng(20)
+    grads = sb_gradients(rng)
+    plain, secure, grid = sb_round_0(rng, grads, **dp)
+    for layer in SB_SHAPES:
+        for i in (0, 1):
+            np.testing.assert_allclose(secure.basis[layer][i], plain.basis[layer][i], atol=1e-9)
+        np.testing.assert_allclose(secure.global_state[f"{layer}.R"],
+                                   plain.global_state[f"{layer}.R"], atol=1e-9)  # fmt: skip
+    assert secure.basis and not np.allclose(secure.global_state["enc.q.R"], 0)
+    for reply in grid.collected.values():  # a masked vector and metrics, no arrays
+        assert reply.metadata.message_type == "query"
+        assert not reply.content.array_records
+    row = secure.round_metrics[0]
+    assert row["clients"] == 4 and row["secure-failed"] == 0 and row["examples"] == 124
+    assert row["up-params"] == 4 * (12 * 16 + 10 * 12)
+    if dp:
+        assert row["dp-clipped"] == plain.round_metrics[0]["dp-clipped"] == 4
+        assert row["dp-noise-std"] == 0.0
+
+
+def test_fed_sbs_round_0_above_the_uplink_limit_is_refused():
+    rng = np.random.default_rng(21)
+    strategy = strategy_for("fed-sb", sb_state(rng), **SECURE, secure_uplink_limit_mb=0.002,
+                            min_available_nodes=4)  # fmt: skip
+    strategy.base_shapes = SB_SHAPES
+    with pytest.raises(ValueError, match="secure-uplink-limit-mb: fed-sb's round 0"):
+        strategy.initialise(ClientGrid(sb_gradients(rng), "fed-sb"), timeout=10)
+
+
+def test_a_fed_sb_secure_round_is_the_plain_one_and_learns_who_holds_the_basis():
+    """After round 0: a secure training round averages R and the head as the plain round, the
+    training messages carry B and A, and each node's clear 'basis-held' reaches node_synced
+    (``observe_replies``), so the next round sends no basis."""
+    rng = np.random.default_rng(22)
+    plain, secure, _ = sb_round_0(rng, sb_gradients(rng))
+    state = plain.global_state
+    trained = uploads(plain, rng)
+    replies = []
+    for n in NODES:
+        reply = plain_reply(trained[n], n)
+        reply.content["metrics"]["basis-held"] = 1
+        replies.append(reply)
+    expected, _ = plain.aggregate_train(1, replies)
+    grid = ClientGrid(trained, "fed-sb")
+    grid.metrics = {"basis-held": 1}
+    sent = list(secure.configure_train(1, to_array_record(state), ConfigRecord(), grid))
+    assert all("basis" in m.content.array_records for m in sent)
+    arrays, metrics = secure.round_loop.round(grid, 1, to_array_record(state), RecordDict(), 60)
+    got, want = from_array_record(arrays), from_array_record(expected)
+    assert set(got) == set(want)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], atol=1e-5, rtol=0, err_msg=key)
+    assert metrics["secure-failed"] == 0 and metrics["clients"] == 4
+    assert secure.node_synced == plain.node_synced == set(NODES)
+    again = secure.configure_train(2, to_array_record(state), ConfigRecord(), grid)
+    assert not any("basis" in m.content.array_records for m in again)
