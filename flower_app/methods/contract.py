@@ -162,11 +162,18 @@ class Method:
         raise NotImplementedError(f"method {self.name!r} sends no query to its clients")
 
     def secure_contribution(
-        self, arrays: Mapping[str, np.ndarray], server_round: int
+        self,
+        arrays: Mapping[str, np.ndarray],
+        server_round: int,
+        *,
+        received: Mapping[str, np.ndarray] | None = None,
+        config: RunSettings | None = None,
     ) -> dict[str, np.ndarray]:
         """What a client adds to the secure sum of ``server_round`` from the ``arrays`` it
         would upload (the caller weights it): the arrays themselves ('mean'); a method that
-        sums something else overrides this and ``secure_shapes``."""
+        sums something else overrides this and ``secure_shapes``. ``received``: the decoded
+        state the server sent, ``config``: the run's settings (the client mod passes both;
+        a method whose contribution reads them, a rotation toward the state sent, requires them)."""
         return {key: np.asarray(value, np.float64) for key, value in arrays.items()}
 
     def secure_shapes(self, uplink: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
@@ -179,11 +186,14 @@ class Method:
         received: Mapping[str, np.ndarray],
         clipping_norm: float,
         server_round: int,
+        *,
+        config: RunSettings | None = None,
     ) -> tuple[dict[str, np.ndarray], bool]:
         """Under ``dp=central``: the contribution made from the update ``arrays`` −
         ``received``, clipped on the client as the server clips a plain private round's,
         and whether it was scaled down (``strategies.shared.base_method`` has the mean
-        mechanism's; FLoRG its own)."""
+        mechanism's; FLoRG its own). ``config``: the run's settings, as
+        ``secure_contribution``'s."""
         raise NotImplementedError(f"method {self.name!r} has no private secure contribution")
 
     # -- settings -----------------------------------------------------------------------

@@ -3,9 +3,9 @@
 A message without SecAgg+'s configs record passes through untouched. Setup, share keys and
 unmask are answered by ``secaggplus_client``; the collect stage carries the round's training
 message, so the mod calls the next handler (training), turns the reply's arrays into the
-method's contribution (``Method.secure_contribution``) times the client's weight
-(``client_weight``), masks it and sends the masked vector with the training reply's
-metrics; the reply's arrays never leave the node.
+method's contribution (``Method.secure_contribution``, given the decoded state sent and the
+run's settings) times the client's weight (``client_weight``), masks it and sends the masked
+vector with the training reply's metrics; the reply's arrays never leave the node.
 Under dp=central the contribution is made from the update clipped here
 (``Method.secure_private_contribution``); the server adds the noise to the sum. A QUERY's
 collect stage (a method's round 0) masks the method's ``secure_query_contribution``.
@@ -53,15 +53,19 @@ def secure_aggregation_mod(
         if config.dp == "central" and config.dp_unnoised_metrics == "send":
             reply.content["metrics"]["dp-clipped"] = int(clipped)
         return _masked_reply(msg, context, reply, weighted_contribution(contribution, weight))
+    # the state the server sent, as the client decoded it: the reference of dp=central's
+    # update and of a contribution that reads it (a rotation toward the state sent)
+    received = from_array_record(decode_record(msg.content["arrays"], config.downlink_encoding))
     if config.dp == "central":  # clipped here, noised on the server's unmasked sum
-        received = from_array_record(decode_record(msg.content["arrays"], config.downlink_encoding))
         contribution, clipped = method.secure_private_contribution(
-            arrays, received, config.dp_clipping_norm, server_round
+            arrays, received, config.dp_clipping_norm, server_round, config=config
         )
         if config.dp_unnoised_metrics == "send":
             reply.content["metrics"]["dp-clipped"] = int(clipped)
     else:
-        contribution = method.secure_contribution(arrays, server_round)
+        contribution = method.secure_contribution(
+            arrays, server_round, received=received, config=config
+        )
     weight = client_weight(config, examples)
     return _masked_reply(msg, context, reply, weighted_contribution(contribution, weight))
 

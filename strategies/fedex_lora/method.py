@@ -60,7 +60,12 @@ class FedExLoRA(FoldsIntoW0):
 
     # -- secure aggregation (secure_sum='mean-and-product'): the round from three means --
     def secure_contribution(
-        self, arrays: Mapping[str, np.ndarray], server_round: int
+        self,
+        arrays: Mapping[str, np.ndarray],
+        server_round: int,
+        *,
+        received: Mapping[str, np.ndarray] | None = None,
+        config: RunSettings | None = None,
     ) -> dict[str, np.ndarray]:
         """A, B and the head as uploaded, and each layer's product BₙAₙ under
         '<layer>.lora_BA' (float64): their weighted means are avg(A), avg(B) and

@@ -1,15 +1,14 @@
 """FedRot-LoRA: each client's LoRA pair is rotated in its rank space toward the round's global
-factors by orthogonal Procrustes, then B and A are averaged separately
-(``strategies/fedrot_lora/rule.py``). Up and down: B and A, as a factor-wise average sends.
-``fedrot-rotation`` (settings.py): 'orthogonal', the authors' default, the best Rₙ in O(r),
-a reflection kept; 'proper', the best Rₙ in SO(r) (the determinant fix, Kabsch's).
+factors by orthogonal Procrustes, then B and A are averaged separately (``rule.py``). Up and
+down: B and A. ``fedrot-rotation`` (settings.py): 'orthogonal', the authors' default, the best
+Rₙ in O(r), a reflection kept; 'proper', the best Rₙ in SO(r) (the determinant fix, Kabsch's).
 
 The authors' clients rotate after training, against the global model they were sent. Here the
-server computes the same Rₙ from what it holds, the reply's Bₙ, Aₙ and the global state it
-sent: Rₙ depends on nothing else, and (Bₙ Rₙ)(Rₙᵀ Aₙ) = Bₙ Aₙ whoever applies it. So no client
-code runs and nothing more travels. The aligned factor depends on the round, which the
-method's strategy (``strategy.py``) passes to ``aggregate`` and ``aggregate_private``, with
-the run's ``fedrot-rotation``.
+server computes the same Rₙ from the reply's Bₙ, Aₙ and the global state it sent: Rₙ depends
+on nothing else, and (Bₙ Rₙ)(Rₙᵀ Aₙ) = Bₙ Aₙ whoever applies it, so no client code runs; the
+strategy (``strategy.py``) passes the round, which picks the aligned factor, and the rotation.
+Under secure aggregation the clients rotate, as the authors' do (``secure_contribution``), and
+the server averages the summed rotated factors with no rotation of its own (``aggregate_secure``).
 """
 
 from __future__ import annotations
@@ -117,6 +116,53 @@ class FedRotLoRA(BaseMethod):
         aligned = self.aligned(sent, payloads, server_round, rotation)
         return super().aggregate_private(dp, sent, aligned, num_sampled)
 
+    # -- secure aggregation (secure_sum='mean'): the clients rotate, the server averages --
+    def rotated_reply(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        received: Mapping[str, np.ndarray] | None,
+        server_round: int,
+        config: FedRotLoRAConfig | None,
+    ) -> dict[str, np.ndarray]:
+        """``arrays`` (a client's reply) rotated on the client exactly as ``aligned`` rotates
+        it on the server: each Rₙ from the reply and ``received``, the state the server sent,
+        the factor by round, in the run's ``fedrot-rotation``; round 1 rotates nothing."""
+        from strategies.fedrot_lora.rule import aligned_part
+
+        if aligned_part(server_round) is None:
+            return dict(arrays)
+        if received is None or config is None:
+            raise ValueError(
+                f"method {self.name!r} rotates each reply against the state it was sent, in "
+                "the run's fedrot-rotation: pass received and config"
+            )
+        return self.aligned(received, [dict(arrays)], server_round, config.fedrot_rotation)[0]
+
+    def secure_contribution(self, arrays, server_round, *, received=None, config=None):
+        """The reply's pair rotated as the server's ``aligned`` would (``rotated_reply``)
+        and the head: their weighted mean is the plain round's mean of the aligned pairs."""
+        rotated = self.rotated_reply(arrays, received, server_round, config)
+        return super().secure_contribution(rotated, server_round)
+
+    def secure_private_contribution(
+        self, arrays, received, clipping_norm, server_round, *, config=None
+    ):
+        """dp=central: the rotated reply's update over ``received``, head included, clipped
+        jointly to C (the mean mechanism's client side), as ``aggregate_private`` rotates,
+        then clips, a plain round's replies."""
+        rotated = self.rotated_reply(arrays, received, server_round, config)
+        return super().secure_private_contribution(rotated, received, clipping_norm, server_round)
+
+    def aggregate_secure(self, strategy, server_round, mean, clients):
+        """``mean`` is already the weighted mean of the rotated pairs and the heads: the new
+        state as it is, a factor-wise mean. Not the strategy's ``aggregate_adapter``, which would
+        rotate the mean toward the global factor a second time (the identity on an exact
+        mean of aligned pairs, not on a noised release). Under dp=central the base
+        ``aggregate_secure_private`` releases the noised mean and calls this. No
+        ``rotation_norm``: the server never sees an Rₙ."""
+        new = {key: np.asarray(value, np.float64) for key, value in mean.items()}
+        return {**strategy.global_state, **new}, {}
+
 
 FEDROT_LORA = FedRotLoRA(
     name="fedrot-lora",
@@ -129,8 +175,9 @@ FEDROT_LORA = FedRotLoRA(
     # rotate each reply, clip reply - sent over A, B and the head; noised mean
     dp_mechanism="mean",
     async_refusal=ASYNC_REFUSAL,
-    secure_refusal="it rotates each client's factors towards a reference before averaging, "
-    "which needs every single reply",
+    # each client rotates its own pair (``secure_contribution``): A, B and the head weighted
+    # means of the rotated replies, dp=central the mean mechanism on them
+    secure_sum="mean",
 )
 
 METHODS = (FEDROT_LORA,)

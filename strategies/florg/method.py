@@ -43,7 +43,7 @@ class FLoRG(BaseMethod):
 
         return whole_factors(arrays)
 
-    def secure_contribution(self, arrays, server_round):
+    def secure_contribution(self, arrays, server_round, *, received=None, config=None):
         """Each block's Gram A_bᵀA_b (its upper triangle), the head as it is (secure.py)."""
         from strategies.florg.secure import gram_contribution
 
@@ -80,7 +80,9 @@ class FLoRG(BaseMethod):
         new_As.update({key: mean[key] for key in strategy.head_keys()})
         return {**sent, **new_As}, summarize_layers(per_block)
 
-    def secure_private_contribution(self, arrays, received, clipping_norm, server_round):
+    def secure_private_contribution(
+        self, arrays, received, clipping_norm, server_round, *, config=None
+    ):
         """dp=central: the blocks' Grams of A clipped jointly with the head (``secure.py``)."""
         from strategies.florg.secure import private_contribution
 

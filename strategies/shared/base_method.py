@@ -133,7 +133,9 @@ class BaseMethod(Method):
         new_state.update({key: mean[key] for key in strategy.head_keys()})
         return {**strategy.global_state, **new_state}, info
 
-    def secure_private_contribution(self, arrays, received, clipping_norm, server_round):
+    def secure_private_contribution(
+        self, arrays, received, clipping_norm, server_round, *, config=None
+    ):
         """The mean mechanism's client side: the update over every uploaded array, head
         included, clipped jointly to C (``clip_update``)."""
         from strategies.server.central_dp import clip_update, flat_norm

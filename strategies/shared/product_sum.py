@@ -23,6 +23,7 @@ from flower_app.wire.records import split_state
 from strategies.shared.base_method import BaseMethod
 
 if TYPE_CHECKING:
+    from flower_app.settings.run_settings import RunSettings
     from strategies.server.strategy import AdapterStrategy
 
 PRODUCT_SUFFIX = ".lora_BA"  # '<layer>.lora_A' and '<layer>.lora_B' -> '<layer>.lora_BA'
@@ -77,7 +78,7 @@ class ProductSumMethod(BaseMethod):
     """A LoRA method whose server rule is the truncated SVD of the mean product
     (``secure_sum='product'``): these hooks sum the products and re-factor their mean."""
 
-    def secure_contribution(self, arrays, server_round):
+    def secure_contribution(self, arrays, server_round, *, received=None, config=None):
         """Each layer's product BₙAₙ, the head as it is (``product_contribution``)."""
         return product_contribution(arrays)
 
@@ -95,6 +96,8 @@ class ProductSumMethod(BaseMethod):
         received: Mapping[str, np.ndarray],
         clipping_norm: float,
         server_round: int,
+        *,
+        config: RunSettings | None = None,
     ) -> tuple[dict[str, np.ndarray], bool]:
         """dp=central, the product-mean mechanism's client side (docs/privacy.md section 3):
         each layer's product update BₙAₙ − B_sent A_sent (``product_update``, under

@@ -22,7 +22,8 @@ from strategies.server.secure_rounds import SecureRounds, contribution_bytes
 from tests.harness.strategy_helpers import run_settings, strategy_for
 
 SECURE = {"secure_aggregation": "secaggplus", "screen_updates": False}
-MEAN_METHODS = ["fedit", "ffa-lora", "fedsa-lora", "rolora", "fedsvd", "hetlora"]
+# fedrot-lora: round 1 rotates nothing (its rotated rounds: the FedRot-LoRA tests below)
+MEAN_METHODS = ["fedit", "ffa-lora", "fedsa-lora", "rolora", "fedsvd", "hetlora", "fedrot-lora"]
 PRODUCT_METHODS = ["federa", "flexlora"]
 FOLDING_METHODS = ["fedex-lora"]  # secure_sum 'mean-and-product': A, B and each BₙAₙ
 # secure_sum 'gram': each layer's Gram; florg-signed's one per sign block of A
@@ -129,13 +130,15 @@ def plain_reply(arrays, node) -> Message:
     return Message(msg.content, reply_to=msg)
 
 
-def secure_round(method, state, trained, failing=(), folded=None, **settings):
+def secure_round(method, state, trained, failing=(), folded=None, server_round=1, **settings):
     strategy = strategy_for(method, state, **SECURE, **settings, min_available_nodes=len(trained))
     if strategy.dp is not None:
         strategy.dp.noise_multiplier = 0.0  # tests only: the release without noise
     run_config = {key.replace("_", "-"): value for key, value in settings.items()}
     grid = ClientGrid(trained, method, failing, folded, **run_config)
-    arrays, metrics = strategy.round_loop.round(grid, 1, to_array_record(state), RecordDict(), 60)
+    arrays, metrics = strategy.round_loop.round(
+        grid, server_round, to_array_record(state), RecordDict(), 60
+    )
     return strategy, grid, arrays, metrics
 
 
@@ -302,7 +305,7 @@ def test_every_method_either_declares_a_secure_sum_or_says_why_not():
         ), name
         if method.secure_sum is None:
             refused.add(name)
-    assert refused == {"flora", "fedrot-lora"}
+    assert refused == {"flora"}
     # florg-signed: FLoRG's Gram sum, one Gram per sign block; with dp=central on it
     assert get_method("florg-signed").secure_sum == "gram"
     assert run_settings("florg-signed", secure_aggregation="secaggplus", dp="central").dp
@@ -312,12 +315,11 @@ def test_every_method_either_declares_a_secure_sum_or_says_why_not():
     ("settings", "key"),
     [
         ({"method": "flora"}, "concatenation"),
-        ({"method": "fedrot-lora"}, "rotates"),
         ({"round_mode": "async"}, "round-mode"),
         ({"round_mode": "sync-overselect"}, "round-mode"),
         ({"uplink_encoding": "int8-g"}, "uplink-encoding"),
         ({"save_client_updates": True}, "save-client-updates"),
-        ({"method": "fedrot-lora", "dp": "central"}, "rotates"),
+        ({"method": "fedrot-lora", "dp_clipping_norm": 9.0, "dp": "central"}, "dp-clipping-norm"),
         ({"method": "fed-sb", "secaggplus_max_weight": 10.0}, "fed-sb-init-examples"),
         ({"method": "fedex-lora", "fedex_residual": "factored"}, "fedex-residual"),
         ({"method": "fedex-lora", "dp": "central"}, "^dp: dp=central is not supported"),
@@ -401,7 +403,8 @@ def test_the_docs_uplink_table_is_what_the_command_prints(capsys):
 
 
 @pytest.mark.parametrize(
-    "method", ["fedit", "rolora", "fedsvd", "florg", "florg-signed", *PRODUCT_METHODS]
+    "method",
+    ["fedit", "rolora", "fedsvd", "fedrot-lora", "florg", "florg-signed", *PRODUCT_METHODS],
 )
 def test_dp_central_on_the_masked_sum_is_the_plain_private_round(method):
     """Clipped on the clients, released from the sum: with z = 0 the plain private round's
@@ -502,6 +505,112 @@ def test_a_product_methods_secure_noise_is_the_plain_mechanisms_draws(method):
         np.testing.assert_allclose(got[key], want[key], atol=1e-4, rtol=0, err_msg=key)
     moved = got["enc.q.BA"] - state["enc.q.lora_B"] @ state["enc.q.lora_A"]
     assert np.abs(moved).max() > 100 * 1e-4  # the noise moved it: a comparison worth making
+
+
+# ------------------------------------------------- FedRot-LoRA: the clients rotate their pairs
+def rotated_uploads(state, rng) -> dict[int, dict[str, np.ndarray]]:
+    """Each node's reply: the global state moved a little, each layer's pair then put in a
+    frame of the node's own, (B Qₙ, Qₙᵀ A) with a random orthogonal Qₙ (det ±1), float32:
+    the aligned pairs are near the global ones, a factor-wise mean of the raw ones is not."""
+    out = {}
+    for n in NODES:
+        reply = {k: v + 0.05 * rng.standard_normal(v.shape) for k, v in state.items()}
+        for layer in ("enc.q", "enc.v"):
+            q, _ = np.linalg.qr(rng.standard_normal((3, 3)))
+            q[:, 0] *= (-1) ** n  # numpy's 3 × 3 Q has det +1: a reflection on odd nodes
+            kb, ka = f"{layer}.lora_B", f"{layer}.lora_A"
+            reply[kb], reply[ka] = reply[kb] @ q, q.T @ reply[ka]
+        out[n] = {k: v.astype(np.float32) for k, v in reply.items()}
+    return out
+
+
+@pytest.mark.parametrize(
+    ("server_round", "rotation", "dp"),
+    [(2, "orthogonal", False), (2, "proper", False), (3, "orthogonal", False),
+     (2, "orthogonal", True), (3, "proper", True)],
+)  # fmt: skip
+def test_fedrot_loras_clients_rotate_so_the_secure_round_is_the_plain_rotated_one(
+    server_round, rotation, dp
+):
+    """Round 2 aligns A, round 3 B: each client rotates its pair toward the state it was
+    sent as the plain server would (the same Rₙ, factor and group), the server averages the
+    sum without rotating again, so the plain round's state within the quantisation; under
+    dp=central (z = 0) the rotated updates are clipped on the clients, the plain private
+    round's state. The rotation matters: the plain round is far from the raw replies' mean
+    (under dp: of their clipped updates)."""
+    from strategies.server.central_dp import clip_update
+
+    rng = np.random.default_rng(30 + server_round)
+    state = lora_state(rng, "fedrot-lora")
+    settings = {"fedrot_rotation": rotation}
+    if dp:
+        settings.update(dp="central", dp_clipping_norm=0.3)
+    plain = strategy_for("fedrot-lora", state, screen_updates=False, min_available_nodes=4,
+                         **settings)  # fmt: skip
+    if dp:
+        plain.dp.noise_multiplier = 0.0
+    trained = rotated_uploads(state, rng)
+    plain.configure_train(server_round, to_array_record(state), ConfigRecord(),
+                          ClientGrid(trained, "fedrot-lora"))  # fmt: skip
+    replies = [plain_reply(trained[n], n) for n in NODES]
+    expected, plain_metrics = plain.aggregate_train(server_round, replies)
+    strategy, grid, arrays, metrics = secure_round(
+        "fedrot-lora", state, trained, server_round=server_round, **settings
+    )
+    got, want = from_array_record(arrays), from_array_record(expected)
+    assert set(got) == set(want) == set(state)
+    step = (
+        2
+        * strategy.round_loop.settings.secaggplus.clipping_range
+        / (strategy.round_loop.settings.secaggplus.quantization_range)
+    )
+    tol = 1e-4 if dp else 2 * step
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], atol=tol, rtol=0, err_msg=key)
+    raw = [{k: np.asarray(v, np.float64) for k, v in trained[n].items()} for n in NODES]
+    if dp:
+        clipped = [clip_update({k: r[k] - state[k] for k in state}, 0.3) for r in raw]
+        unrotated = {k: state[k] + np.mean([c[k] for c in clipped], axis=0) for k in state}
+        assert metrics["dp-clipped"] == plain_metrics["dp-clipped"] == 4
+    else:
+        unrotated = {k: np.mean([r[k] for r in raw], axis=0) for k in state}
+        assert plain_metrics["rotation_norm"] > 0.1
+    assert max(np.abs(want[k] - unrotated[k]).max() for k in state) > 100 * tol
+    assert metrics["clients"] == 4 and metrics["secure-failed"] == 0
+    for reply in grid.collected.values():  # a masked vector and metrics, no arrays
+        assert not reply.content.array_records
+
+
+def test_fedrot_loras_secure_contribution_needs_the_sent_state_after_round_1():
+    """Round 1 rotates nothing; a later round's contribution without the state the client was
+    sent (or the run's settings) is refused, not left unrotated."""
+    rng = np.random.default_rng(33)
+    state = lora_state(rng, "fedrot-lora")
+    method = get_method("fedrot-lora")
+    contribution = method.secure_contribution(state, 1)
+    for key, value in state.items():
+        np.testing.assert_array_equal(contribution[key], value)
+    with pytest.raises(ValueError, match="pass received and config"):
+        method.secure_contribution(state, 2)
+
+
+def test_fedrot_loras_secure_server_averages_without_rotating_again():
+    """The mean contribution is the new state as it is: the strategy's own rule would rotate
+    it toward the global factor (a mean in another frame here), which the clients did."""
+    rng = np.random.default_rng(34)
+    state = lora_state(rng, "fedrot-lora")
+    strategy = strategy_for("fedrot-lora", state, **SECURE)
+    q, _ = np.linalg.qr(rng.standard_normal((3, 3)))
+    mean = dict(state)
+    mean["enc.q.lora_B"], mean["enc.q.lora_A"] = (
+        state["enc.q.lora_B"] @ q,
+        q.T @ state["enc.q.lora_A"],
+    )
+    new, _ = strategy.method.aggregate_secure(strategy, 2, mean, 4)
+    for key, value in mean.items():
+        np.testing.assert_array_equal(new[key], value)
+    rotated, _ = strategy.aggregate_adapter(2, [mean], np.ones(1))
+    assert np.abs(rotated["enc.q.lora_A"] - mean["enc.q.lora_A"]).max() > 0.1
 
 
 def test_num_examples_weights_give_the_plain_weighted_round():
