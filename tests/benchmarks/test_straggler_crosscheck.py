@@ -19,9 +19,10 @@ from benchmarks.overhead.straggler_crosscheck import (
 def test_sync_and_async_apply_the_same_client_updates():
     runs = run_settings(8, 3, 2, Path("/tmp/out"), quick=False)
     sync, buffered = runs["sync"], runs["async"]
-    assert sync["num-server-rounds"] * 8 == buffered["num-server-rounds"] * buffered[
-        "async-buffer-size"
-    ]
+    assert (
+        sync["num-server-rounds"] * 8
+        == buffered["num-server-rounds"] * buffered["async-buffer-size"]
+    )
     assert sync["slow-partitions"] == buffered["slow-partitions"] == "0,4"
     different = {k for k in sync if sync[k] != buffered.get(k)}
     assert different == {"run-name", "round-mode", "num-server-rounds"}
