@@ -161,12 +161,21 @@ class BaseMethod(Method):
         m, sampled = strategy.private_divisor(server_round, clients)
         std = dp.noise_multiplier * dp.clipping_norm
         released = {
-            key: np.asarray(value, np.float64)
-            + (sums[key] + dp.rng.normal(0.0, std, np.shape(value))) / m
-            for key, value in strategy.uplink_state(server_round).items()
+            key: origin + (sums[key] + dp.rng.normal(0.0, std, origin.shape)) / m
+            for key, origin in self.secure_release_origin(strategy, server_round).items()
         }
         new_state, info = self.aggregate_secure(strategy, server_round, released, clients)
         return new_state, {**info, "dp-noise-std": std / m, **sampled}
+
+    def secure_release_origin(
+        self, strategy: AdapterStrategy, server_round: int
+    ) -> dict[str, np.ndarray]:
+        """What each released mean update is added to, in the order the noise is drawn (the
+        plain mechanism's): the sent state's uplink arrays (float64)."""
+        return {
+            key: np.asarray(value, np.float64)
+            for key, value in strategy.uplink_state(server_round).items()
+        }
 
     def strategy_settings(
         self, config: RunSettings, *, run_dir: Path | None = None

@@ -123,33 +123,22 @@ class ProductSumMethod(BaseMethod):
         )
         return clip_update(update, clipping_norm), flat_norm(update) > clipping_norm
 
-    def aggregate_secure_private(
-        self,
-        strategy: AdapterStrategy,
-        server_round: int,
-        sums: dict[str, np.ndarray],
-        clients: int,
-    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        """dp=central on the masked sum (the product-mean mechanism, docs/privacy.md
-        section 3): the survivors' clipped product and head updates ``sums`` plus
-        N(0, (zC)² I) drawn on the server, divided by the public m (``private_divisor``);
-        the released mean product update plus B_sent A_sent, and the sent head plus its
-        released update, then the rule's re-factorisation at rank r (``aggregate_secure``:
-        post-processing), as ``product_mean_mechanism`` releases a plain round."""
-        dp, sent = strategy.dp, strategy.global_state
-        m, sampled = strategy.private_divisor(server_round, clients)
-        std = dp.noise_multiplier * dp.clipping_norm
-        # the noise is drawn key by key in the contribution's order, every layer's product
-        # then the head, the order in which the plain mechanism's noised_mean draws it
-        released: dict[str, np.ndarray] = {}
-        for key, shape in self.secure_shapes(strategy.uplink_state(server_round)).items():
+    def secure_release_origin(
+        self, strategy: AdapterStrategy, server_round: int
+    ) -> dict[str, np.ndarray]:
+        """dp=central on the masked sum (the product-mean mechanism, docs/privacy.md section
+        3): the released mean product update is added to B_sent A_sent, the head's to the sent
+        head, in the contribution's order (every layer's product, then the head), the order in
+        which the plain mechanism's noised_mean draws the noise; the base method's
+        ``aggregate_secure_private`` then noises, divides by m and re-factors
+        (``aggregate_secure``: post-processing)."""
+        sent = strategy.global_state
+        origin: dict[str, np.ndarray] = {}
+        for key in self.secure_shapes(strategy.uplink_state(server_round)):
             if key.endswith(PRODUCT_SUFFIX):
                 layer = key[: -len(PRODUCT_SUFFIX)]
-                base = np.asarray(sent[f"{layer}.lora_B"], np.float64) @ np.asarray(
-                    sent[f"{layer}.lora_A"], np.float64
-                )
+                B, A = (np.asarray(sent[f"{layer}.{p}"], np.float64) for p in ("lora_B", "lora_A"))
+                origin[key] = B @ A
             else:
-                base = np.asarray(sent[key], np.float64)
-            released[key] = base + (sums[key] + dp.rng.normal(0.0, std, shape)) / m
-        new_state, info = self.aggregate_secure(strategy, server_round, released, clients)
-        return new_state, {**info, "dp-noise-std": std / m, **sampled}
+                origin[key] = np.asarray(sent[key], np.float64)
+        return origin
