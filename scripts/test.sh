@@ -50,7 +50,7 @@ DEPLOYMENT_TESTS=(
   tests/deployment/test_deploy_faults.py tests/deployment/test_deploy_loopback.py tests/deployment/test_deploy_netns.py
   tests/deployment/test_deploy_node_loss.py tests/deployment/test_docker_engine.py
   tests/deployment/test_deploy_async.py tests/deployment/test_wire_bytes_measured.py
-  tests/deployment/test_secure_aggregation_deployed.py
+  tests/deployment/test_secure_aggregation_deployed.py tests/deployment/test_deploy_port_race.py
 )
 # Simulations that run in the deployment tests' process: idle, the simulations took about
 # 35 min against the deployment tests' 20-23, and a simulation run keeps about one core

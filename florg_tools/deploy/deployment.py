@@ -60,6 +60,8 @@ __all__ = [
 ]
 
 _NODE_ID_RE = re.compile(r"SuperNode ID: (\d+)")
+PORT_TAKEN = "address already in use"  # uvicorn's bind error (errno 98) in a SuperNode's log
+PORT_ATTEMPTS = 3
 
 
 def thread_env(threads: int) -> dict[str, str]:
@@ -334,6 +336,7 @@ class Deployment:
         superlink = f"{host}:{superlink_port or self.port}"
         # Each SuperNode's own Runtime API port; in its own netns the default is free.
         runtime_port = None
+        fresh_port = netns is None and partition_id not in self._node_ports
         if netns is None:
             runtime_port = self._node_ports.get(partition_id) or find_free_port("127.0.0.1")
             self._node_ports[partition_id] = runtime_port
@@ -364,6 +367,12 @@ class Deployment:
             netns=netns,
         )
         process.info["partition-id"] = partition_id
+        # how to start it again on another port, should the one found free be taken first
+        process.info["restart"] = dict(
+            partition_id=partition_id, num_partitions=num_partitions,
+            superlink_host=superlink_host, superlink_port=superlink_port, data_path=data_path,
+            rank=rank, netns=netns, auth_key=auth_key, env=env, node_config=node_config,
+        ) if fresh_port else None  # fmt: skip
         if old is not None:
             self.retired.append(old)
         self.supernodes[partition_id] = process
@@ -373,15 +382,33 @@ class Deployment:
                 self._start_superexec(f"superexec-clientapp-{partition_id}", runtime, None, netns)
             )
         if wait:
-            node_id = wait_for_log(process, _NODE_ID_RE, timeout)
-            process.info["node-id"] = int(node_id)
+            process = self._registered(process, timeout)
         return process
+
+    def _registered(self, process: ManagedProcess, timeout: float) -> ManagedProcess:
+        """``process`` once it has registered (its node id in ``info["node-id"]``). A
+        SuperNode whose Runtime API port, found free, was taken by another process before it
+        bound it (``address already in use``: the race of any free-port search) is started
+        again on a new port, up to ``PORT_ATTEMPTS`` times; any other failure is raised."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                process.info["node-id"] = int(wait_for_log(process, _NODE_ID_RE, timeout))
+                return process
+            except LaunchError:
+                again = process.info.get("restart")
+                lost_port = not process.alive() and PORT_TAKEN in process.log_text()
+                if again is None or not lost_port or attempt + 1 == PORT_ATTEMPTS:
+                    raise
+            self._node_ports.pop(again["partition_id"], None)
+            process = self.start_supernode(**again, wait=False)
+        raise AssertionError("unreachable")
 
     def wait_registered(self, timeout: float = 90.0) -> dict[int, int]:
         """Wait until every running SuperNode has registered; {partition id: node id}."""
-        for proc in self.supernodes.values():
-            if proc.alive() and "node-id" not in proc.info:
-                proc.info["node-id"] = int(wait_for_log(proc, _NODE_ID_RE, timeout))
+        for proc in list(self.supernodes.values()):
+            # a SuperNode that exited for a taken port is started again; others as they were
+            if "node-id" not in proc.info and (proc.alive() or PORT_TAKEN in proc.log_text()):
+                self._registered(proc, timeout)
         return {pid: p.info["node-id"] for pid, p in self.supernodes.items() if p.alive()}
 
     def node_ids(self) -> dict[int, int]:
