@@ -1,29 +1,34 @@
 """This app against Flower's own LLM template on the same small job, side by side in one run.
 
 The template is flwrlabs' ``flowertune-llm`` example (FedAvg with PEFT LoRA through TRL's
-SFTTrainer), checked out outside this repository and run as it is, from an environment of
-its own (``--template-python``: an interpreter with its pinned trl, peft and transformers;
-its code is never copied here). This app runs FedIT on the same job: the same base model,
-Alpaca-format rows, clients, rounds, local steps, batch, sequence length, LoRA rank and
-alpha on the template's target modules (PEFT's default for the architecture: q_proj and
-v_proj for Llama-like models) and learning rate (the template's cosine from
-``learning-rate-max`` to ``learning-rate-min``: both set to the rate, a constant).
+SFTTrainer), checked out outside this repository and run from an environment of its own
+(``--template-python``: an interpreter with its pinned trl, peft and transformers; its code
+is never copied here). This app runs FedIT on the same job: the same base model,
+Alpaca-format rows in the template's prompt, clients, rounds, local steps, batch, sequence
+length, LoRA rank and alpha on the template's target modules (PEFT's default for the
+architecture: q_proj and v_proj for Llama-like models) and learning rate (the template's
+cosine from ``learning-rate-max`` to ``learning-rate-min``: both set to the rate, a constant).
 
-Each side gets a private SuperLink of its own environment with N simulated SuperNodes; the
-benchmark timestamps the rounds in the run's streamed log, samples the memory (RSS) of every
-process the SuperLink started, and reads the last aggregated training loss. It prints each
-side's seconds per round, peak memory and final training loss, and the ratios app /
-template; the bytes per round are this app's measured ``uplink-bytes`` + ``downlink-bytes``,
-and the template's LoRA arrays counted at 4 bytes an entry (the same shapes).
+Equal precision (``--template-base float32``, the default): the template's ``get_model``
+accepts only a 4-bit or 8-bit base, so the benchmark patches it at run time
+(``template_patch/sitecustomize.py`` on the template's PYTHONPATH): its base loads in
+float32 as this app's, its LoRA dropout is 0 as this app's, and its Trainer's seed is the
+repetition's. ``--template-base 4bit`` runs it as it ships (bitsandbytes' 4-bit; on a CPU
+its slow path) beside this app's float32.
 
-The template's ``get_model`` accepts only a 4-bit or 8-bit base (bitsandbytes), so it runs
-with ``model.quantization=4``: bitsandbytes' CPU path, its base in bitsandbytes' default
-4-bit (FP4), while this app
-refuses quantization without CUDA and runs its base in float32. The ratios compare the two
-apps as each runs this job on a CPU, not equal numerics.
+Each side gets a private SuperLink of its own environment with N simulated SuperNodes, once
+per repetition (seeds 0..R-1, the sides alternating which runs first); the benchmark
+timestamps the rounds in the run's streamed log, samples the memory (RSS) of every process
+the SuperLink started, and reads each round's aggregated training loss. It prints each
+side's seconds per round, peak memory and bytes per round with 95% t intervals over the
+repetitions, the ratios app / template (paired by repetition), and the training loss at
+each round (equal steps) with the paired difference. The bytes are this app's measured
+``uplink-bytes`` + ``downlink-bytes`` and the template's LoRA arrays counted at 4 bytes an
+entry (the same shapes).
 
     python -m benchmarks.overhead.template_comparison --template DIR --template-python PY \
-        [--model PATH] [--rows FILE] [--clients 2] [--rounds 2] [--steps 4] ...
+        [--template-base float32|4bit] [--repeats 3] [--model PATH] [--rows FILE] \
+        [--clients 2] [--rounds 2] [--steps 4] ...
 """
 
 from __future__ import annotations
@@ -43,20 +48,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 ROUND_LINE = re.compile(r"\[ROUND (\d+)/(\d+)\]")
 RECEIVED = re.compile(r"aggregate_train: Received (\d+) results and (\d+) failures")
-LOSS = re.compile(r"'train[_-]loss': ([-+0-9.eE]+)")
+LOSS = re.compile(r"Aggregated MetricRecord: .*'train[_-]loss': ([-+0-9.eE]+)")  # not a client's
 FINISHED = re.compile(r"Strategy execution finished|Run finished")
 
 
 @dataclass
 class Side:
-    """One app's run: round start times on this clock, its end, peak memory, last loss."""
+    """One app's run: round start times on this clock, its end, peak memory, each round's
+    aggregated training loss."""
 
     name: str
     round_starts: dict[int, float] = field(default_factory=dict)
     end: float | None = None
     peak_rss: int = 0
-    train_loss: float | None = None
+    train_losses: list[float] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
+
+    @property
+    def train_loss(self) -> float | None:
+        """The last round's aggregated training loss (None before one is read)."""
+        return self.train_losses[-1] if self.train_losses else None
 
     def seconds_per_round(self) -> float:
         """Mean of each round's time, from its start to the next one's (the last: to the
@@ -80,7 +91,7 @@ class Side:
             self.round_starts.setdefault(int(found.group(1)), now)
         loss = LOSS.search(line)
         if loss:
-            self.train_loss = float(loss.group(1))
+            self.train_losses.append(float(loss.group(1)))
         if FINISHED.search(line) and self.end is None:
             self.end = now
 
@@ -249,8 +260,47 @@ def model_for_template(model: Path, dest: Path) -> Path:
     return dest
 
 
-def job_settings(args: argparse.Namespace, data_dir: Path) -> tuple[dict, dict]:
-    """(the template's run config, this app's) for the same job."""
+PATCH_DIR = Path(__file__).resolve().parent / "template_patch"  # its sitecustomize.py
+
+
+def template_env(base: str, seed: int, marker: Path) -> dict[str, str]:
+    """The template side's environment: the run-time patch on its PYTHONPATH (imported by
+    every process its SuperLink starts), the base's precision, the seed and the file the
+    patch reports to."""
+    return {
+        "PYTHONPATH": str(PATCH_DIR),
+        "TEMPLATE_COMPARISON_BASE": base,
+        "TEMPLATE_COMPARISON_SEED": str(seed),
+        "TEMPLATE_COMPARISON_MARKER": str(marker),
+    }
+
+
+def check_template_patch(marker: Path, base: str, seed: int) -> None:
+    """Refuse a template run the patch did not reach: every training at ``seed``, and with
+    a float32 base every base load float32 and unquantised."""
+    events = (
+        [json.loads(line) for line in marker.read_text().splitlines()] if marker.is_file() else []
+    )
+    seeds = {e["seed"] for e in events if e["event"] == "seed"}
+    if seeds != {seed}:
+        raise RuntimeError(
+            f"the template's Trainer seeds were {sorted(seeds)}, not [{seed}]: the run-time "
+            f"patch ({PATCH_DIR / 'sitecustomize.py'}) did not reach its ClientApp"
+        )
+    if base != "float32":
+        return
+    loads = [e for e in events if e["event"] == "base"]
+    wrong = [e for e in loads if e["dtype"] != "torch.float32" or e["quantized"]]
+    if not loads or wrong:
+        raise RuntimeError(
+            f"the template's base was not loaded in float32 unquantised ({len(loads)} loads, "
+            f"these not: {wrong[:3]}): the run-time patch did not reach its get_model"
+        )
+
+
+def job_settings(args: argparse.Namespace, data_dir: Path, seed: int) -> tuple[dict, dict]:
+    """(the template's run config, this app's) for the same job at ``seed`` (the template's
+    seed travels in its environment: ``template_env``)."""
     template = {
         "dataset.name": str(data_dir),
         "model.name": str(args.template_model),
@@ -271,6 +321,7 @@ def job_settings(args: argparse.Namespace, data_dir: Path) -> tuple[dict, dict]:
     }
     ours = {  # conf/flowertune-general-nlp.toml's task on local rows, as the rehearsal's
         "method": "fedit",
+        "seed": seed,
         "task": "flwrlabs/alpaca-gpt4",
         "task-kind": "causal-lm",
         "text-fields": "instruction",
@@ -301,33 +352,62 @@ def job_settings(args: argparse.Namespace, data_dir: Path) -> tuple[dict, dict]:
     return template, ours
 
 
-def ratio_lines(ours: Side, template: Side, bytes_ours: float, bytes_template: float) -> list[str]:
-    """The printed comparison: each side's figures and app / template."""
+@dataclass
+class Repetition:
+    """One repetition's pair of runs at one seed, and each side's bytes per round."""
 
-    def row(what: str, a: float, b: float, fmt: Callable[[float], str]) -> str:
-        return f"{what:<24}{fmt(a):>14}{fmt(b):>14}{a / b:>10.2f}x"
+    seed: int
+    ours: Side
+    template: Side
+    bytes_ours: float
+    bytes_template: float
 
-    def mb(x: float) -> str:
-        return f"{x / 2**20:,.1f} MB"
 
-    lines = [f"{'':<24}{'this app':>14}{'template':>14}{'ratio':>11}"]
-    lines.append(
-        row(
-            "seconds per round",
-            ours.seconds_per_round(),
-            template.seconds_per_round(),
-            lambda x: f"{x:.1f} s",
+def _interval(values: Sequence[float], number: str, unit: str = "") -> str:
+    """``mean ± half-width`` of the 95% t interval of ``values`` (the mean alone for one
+    value), each formatted with ``number`` (a format spec) and followed by ``unit``."""
+    from florg_lab.stats import mean_interval
+
+    found = mean_interval(values)
+    if found.n < 2:
+        return f"{found.mean:{number}}{unit}"
+    half = f"{(found.high - found.low) / 2:{number.lstrip('+')}}"  # no sign on a half-width
+    return f"{found.mean:{number}} ± {half}{unit}"
+
+
+def comparison_lines(reps: Sequence[Repetition]) -> list[str]:
+    """The printed comparison over the repetitions: each side's mean and 95% t interval,
+    app / template paired by repetition, and the training loss at each round with the
+    paired difference app − template."""
+
+    def row(what: str, ours: list[float], template: list[float], number: str, unit: str) -> str:
+        ratios = [a / b for a, b in zip(ours, template, strict=True)]
+        return (
+            f"{what:<22}{_interval(ours, number, unit):>26}{_interval(template, number, unit):>26}"
+            f"{_interval(ratios, '.2f', 'x'):>18}"
         )
-    )
-    lines.append(row("peak memory (RSS)", ours.peak_rss, template.peak_rss, mb))
-    lines.append(row("bytes per round", bytes_ours, bytes_template, mb))
-    if ours.train_loss is not None and template.train_loss is not None:
+
+    mb = 2**20
+    lines = [f"{'':<22}{'this app':>26}{'template':>26}{'app / template':>18}"]
+    lines.append(row("seconds per round", [r.ours.seconds_per_round() for r in reps],
+                     [r.template.seconds_per_round() for r in reps], ".1f", " s"))  # fmt: skip
+    lines.append(row("peak memory (RSS)", [r.ours.peak_rss / mb for r in reps],
+                     [r.template.peak_rss / mb for r in reps], ",.1f", " MB"))  # fmt: skip
+    lines.append(row("bytes per round", [r.bytes_ours / mb for r in reps],
+                     [r.bytes_template / mb for r in reps], ",.2f", " MB"))  # fmt: skip
+    rounds = {len(r.ours.train_losses) for r in reps} | {len(r.template.train_losses) for r in reps}
+    if len(rounds) != 1 or 0 in rounds:  # say which side's log held what
+        found = {r.seed: (r.ours.train_losses, r.template.train_losses) for r in reps}
+        return [*lines, f"{'training loss':<22}not read alike (seed: app, template): {found}"]
+    lines.append(f"{'training loss':<22}{'this app':>26}{'template':>26}{'app - template':>18}")
+    for i in range(rounds.pop()):
+        ours = [r.ours.train_losses[i] for r in reps]
+        template = [r.template.train_losses[i] for r in reps]
+        difference = [a - b for a, b in zip(ours, template, strict=True)]
         lines.append(
-            row("final training loss", ours.train_loss, template.train_loss, lambda x: f"{x:.4f}")
+            f"{f'  round {i + 1}':<22}{_interval(ours, '.4f'):>26}"
+            f"{_interval(template, '.4f'):>26}{_interval(difference, '+.4f'):>18}"
         )
-    else:  # say which side's log held none
-        found = {side.name: side.train_loss for side in (ours, template)}
-        lines.append(f"{'final training loss':<24}not read: {found}")
     return lines
 
 
@@ -369,6 +449,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--model", type=Path, default=Path("~/.cache/florg/models/SmolLM2-135M").expanduser()
     )
     parser.add_argument("--rows", type=Path, default=ROOT / "scripts/data/alpaca-rehearsal.jsonl")
+    parser.add_argument(
+        "--template-base",
+        choices=("float32", "4bit"),
+        default="float32",
+        help="the template's base: float32 as this app's (patched at run time; the default) "
+        "or 4-bit as it ships",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="repetitions, seeds 0..R-1")
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4)
@@ -383,11 +471,56 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run_repetition(
+    args: argparse.Namespace,
+    seed: int,
+    app: Path,
+    data_dir: Path,
+    rep_dir: Path,
+    bytes_template: float,
+) -> Repetition:
+    """Both sides at ``seed`` in ``rep_dir`` (``bytes_template``: the template's bytes per
+    round, computed); the template first at even seeds, this app
+    first at odd ones (a drift in the machine's speed falls on both alike)."""
     import sys
 
-    from florg_tools.app_stage import stage_app
     from flower_app.paths import OUTPUT_ROOT_ENV
+
+    template_config, our_config = job_settings(args, data_dir, seed)
+    marker = rep_dir / "template-patch.jsonl"
+
+    def run_template() -> Side:
+        side = run_side(Side("template"), args.template_python.parent, args.template,
+                        template_config, rep_dir, args.clients, args.timeout,
+                        template_env(args.template_base, seed, marker))  # fmt: skip
+        check_template_patch(marker, args.template_base, seed)
+        return side
+
+    def run_ours() -> Side:
+        return run_side(Side("app"), Path(sys.executable).parent, app, our_config, rep_dir,
+                        args.clients, args.timeout, {OUTPUT_ROOT_ENV: str(rep_dir)})  # fmt: skip
+
+    if seed % 2 == 0:
+        template, ours = run_template(), run_ours()
+    else:
+        ours = run_ours()
+        template = run_template()
+    metrics = rep_dir / "outputs" / "template-comparison" / "metrics.jsonl"
+    rounds = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rounds = [r for r in rounds if r["round"] >= 1]
+    ours.train_losses = [float(r["train-loss"]) for r in rounds]  # its console omits them
+    measured = [r["uplink-bytes"] + r["downlink-bytes"] for r in rounds]
+    print(f"seed {seed}: app {ours.seconds_per_round():.1f} s/round, template "
+          f"{template.seconds_per_round():.1f} s/round", flush=True)  # fmt: skip
+    if args.keep_logs is not None:
+        args.keep_logs.mkdir(parents=True, exist_ok=True)
+        for side in (template, ours):
+            (args.keep_logs / f"{side.name}-seed{seed}.log").write_text("\n".join(side.log))
+    return Repetition(seed, ours, template, sum(measured) / len(measured), bytes_template)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from florg_tools.app_stage import stage_app
 
     args = parse_args(argv)
     if not (args.template / "pyproject.toml").is_file():
@@ -400,48 +533,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         data_dir.mkdir()
         shutil.copy(args.rows, data_dir / "train.jsonl")  # the template's load_dataset(folder)
         args.template_model = model_for_template(args.model, work / "template-model")
-        template_config, our_config = job_settings(args, data_dir)
-        template = run_side(
-            Side("template"),
-            args.template_python.parent,
-            args.template,
-            template_config,
-            work,
-            args.clients,
-            args.timeout,
-        )
         app = stage_app(ROOT, work / "app")  # the files its FAB holds (florg_tools.app_stage)
-        ours = run_side(
-            Side("app"),
-            Path(sys.executable).parent,
-            app,
-            our_config,
-            work,
-            args.clients,
-            args.timeout,
-            {OUTPUT_ROOT_ENV: str(work)},
-        )
-        rows = [
-            json.loads(line)
-            for line in (work / "outputs" / "template-comparison" / "metrics.jsonl")
-            .read_text()
-            .splitlines()
-        ]
-        measured = [r["uplink-bytes"] + r["downlink-bytes"] for r in rows if r["round"] >= 1]
-        ours.train_loss = rows[-1].get("train-loss", ours.train_loss)  # its console omits it
-        if args.keep_logs is not None:
-            args.keep_logs.mkdir(parents=True, exist_ok=True)
-            for side in (template, ours):
-                (args.keep_logs / f"{side.name}.log").write_text("\n".join(side.log))
-        bytes_ours = sum(measured) / len(measured)
         bytes_template = lora_bytes_per_round(args.model, args.rank, args.clients)
+        reps = [
+            run_repetition(args, seed, app, data_dir, work / f"seed-{seed}", bytes_template)
+            for seed in range(args.repeats)
+        ]
+        base = (
+            "float32 (patched at run time: no quantization, LoRA dropout 0)"
+            if args.template_base == "float32"
+            else "4-bit, as it ships (bitsandbytes)"
+        )
         print(
             f"job: {args.model.name}, {args.rows.name}, {args.clients} clients, {args.rounds} "
             f"rounds of {args.steps} steps of batch {args.batch}, r = {args.rank}, "
-            f"lr {args.lr:g}, sequences of {args.seq_length}; the template's base 4-bit "
-            f"(its get_model accepts no other), this app's float32"
+            f"lr {args.lr:g}, sequences of {args.seq_length}; {args.repeats} repetitions "
+            f"(seeds 0..{args.repeats - 1}), 95% t intervals; the template's base {base}, "
+            f"this app's float32"
         )
-        print("\n".join(ratio_lines(ours, template, bytes_ours, bytes_template)))
+        print("\n".join(comparison_lines(reps)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
