@@ -3,7 +3,8 @@
     python -m florg_lab.results_doc            # rewrite every block and figure
     python -m florg_lab.results_doc --check    # exit 1 naming each stale block
 
-The pages (README.md, docs/results.md, docs/results-v1.md, docs/async.md) mark each
+The pages (README.md, docs/results.md, docs/results-v1.md, docs/async.md,
+docs/secure-aggregation.md) mark each
 generated block as ``<!-- NAME -->`` ... ``<!-- /NAME -->``; :mod:`florg_lab.pages` finds,
 fills and checks them. This module only lists the blocks and figures, each with the files
 it is computed from and the renderer that writes it. Each renderer sits beside its grid's
@@ -20,6 +21,7 @@ publish scripts) put under ``lab/evidence/``:
 - clients of different rank: :mod:`florg_lab.page_hetero`; the causal LM:
   :mod:`florg_lab.page_sft`;
 - docs/async.md's straggler comparison: :mod:`florg_lab.stragglers`;
+- docs/secure-aggregation.md's accuracy in the clear and secure: :mod:`florg_lab.page_secure`;
 - protocol v1's page, its report's tables rendered from its published runs:
   :mod:`florg_lab.page_v1`.
 
@@ -41,6 +43,7 @@ from florg_lab import long_budget as lb
 from florg_lab import page_encodings as encodings
 from florg_lab import page_exact, stragglers
 from florg_lab import page_hetero as hetero
+from florg_lab import page_secure as secure
 from florg_lab import page_sft as sft
 from florg_lab import page_v1 as v1
 from florg_lab import page_v2 as v2
@@ -57,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository
 RESULTS = "docs/results.md"
 ASYNC_PAGE = "docs/async.md"
 V1_PAGE = "docs/results-v1.md"
+SECURE_PAGE = "docs/secure-aggregation.md"
 RUNS_OF = "the runs' summary.json under "
 METRICS_OF = "the runs' metrics.jsonl under "
 LONG = lb.PUBLISHED
@@ -116,6 +120,7 @@ BLOCKS = (
     Block(RESULTS, "SFT-TABLE", (sft.SFT, sft.SFT_TUNING, RUNS_OF + sft.SFT_RUNS), sft.sft_table),
     *(Block(V1_PAGE, marker, (v1.V1_REPORT,), v1.v1_part(marker)) for marker in v1.MARKERS),
     Block(ASYNC_PAGE, "ASYNC-STRAGGLERS", (METRICS_OF + stragglers.RUNS,), stragglers.page_block),
+    Block(SECURE_PAGE, "SECURE-EVIDENCE", (METRICS_OF + secure.PUBLISHED,), secure.secure_table),
 )  # fmt: skip
 # Figures the pages show, each drawn from the evidence; a regime's once a private run of it
 # is published
