@@ -60,7 +60,8 @@ class Side:
     name: str
     round_starts: dict[int, float] = field(default_factory=dict)
     end: float | None = None
-    peak_rss: int = 0
+    peak_rss: int = 0  # the tree's, at its peak
+    peak_by_role: dict[str, int] = field(default_factory=dict)  # each role's own peak
     train_losses: list[float] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
 
@@ -96,17 +97,31 @@ class Side:
             self.end = now
 
 
-def tree_rss(tag: str) -> int:
+ROLES = ("ServerApp", "ClientApps", "Flower and Ray")  # the memory table's rows
+
+
+def process_role(cmdline: str) -> str:
+    """Which part of a run a process of its tree is: the ServerApp (Flower's simulation
+    process, which runs it), a ClientApp (a Ray actor of the simulation), or the rest
+    (SuperLink, SuperExec, ``flwr``, Ray's services)."""
+    if "flwr-simulation" in cmdline:
+        return "ServerApp"
+    if "ClientAppActor" in cmdline:
+        return "ClientApps"
+    return "Flower and Ray"
+
+
+def tree_rss(tag: str) -> dict[str, int]:
     """Bytes resident in every process carrying ``tag`` (the SuperLink's and all it
-    started)."""
+    started), summed by ``process_role``."""
     import psutil
 
     from florg_tools.processes import tagged_processes
 
-    total = 0
+    total = dict.fromkeys(ROLES, 0)
     for info in tagged_processes(tag):
         try:
-            total += psutil.Process(info.pid).memory_info().rss
+            total[process_role(info.cmdline)] += psutil.Process(info.pid).memory_info().rss
         except psutil.Error:
             continue
     return total
@@ -184,7 +199,10 @@ def run_side(
 
         def sample() -> None:
             while not stop.wait(0.5):
-                side.peak_rss = max(side.peak_rss, tree_rss(tag))
+                now = tree_rss(tag)
+                side.peak_rss = max(side.peak_rss, sum(now.values()))
+                for role, rss in now.items():
+                    side.peak_by_role[role] = max(side.peak_by_role.get(role, 0), rss)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -381,10 +399,12 @@ def comparison_lines(reps: Sequence[Repetition]) -> list[str]:
     paired difference app − template."""
 
     def row(what: str, ours: list[float], template: list[float], number: str, unit: str) -> str:
-        ratios = [a / b for a, b in zip(ours, template, strict=True)]
+        ratio = "–"  # a part the template's tree never showed has no ratio
+        if all(template):
+            ratio = _interval([a / b for a, b in zip(ours, template, strict=True)], ".2f", "x")
         return (
             f"{what:<22}{_interval(ours, number, unit):>26}{_interval(template, number, unit):>26}"
-            f"{_interval(ratios, '.2f', 'x'):>18}"
+            f"{ratio:>18}"
         )
 
     mb = 2**20
@@ -393,6 +413,10 @@ def comparison_lines(reps: Sequence[Repetition]) -> list[str]:
                      [r.template.seconds_per_round() for r in reps], ".1f", " s"))  # fmt: skip
     lines.append(row("peak memory (RSS)", [r.ours.peak_rss / mb for r in reps],
                      [r.template.peak_rss / mb for r in reps], ",.1f", " MB"))  # fmt: skip
+    for role in ROLES:  # each role's own peak (the peaks need not coincide)
+        lines.append(row(f"  {role}", [r.ours.peak_by_role.get(role, 0) / mb for r in reps],
+                         [r.template.peak_by_role.get(role, 0) / mb for r in reps],
+                         ",.1f", " MB"))  # fmt: skip
     lines.append(row("bytes per round", [r.bytes_ours / mb for r in reps],
                      [r.bytes_template / mb for r in reps], ",.2f", " MB"))  # fmt: skip
     rounds = {len(r.ours.train_losses) for r in reps} | {len(r.template.train_losses) for r in reps}

@@ -42,6 +42,8 @@ def repetition(seed: int, speed: float, losses: list[float]) -> Repetition:
     ours = read("app", [(t * speed, line.replace("train_loss", "train-loss")) for t, line in LOG])
     template = read("template", LOG)
     ours.peak_rss, template.peak_rss = 2**30, 2**31
+    ours.peak_by_role = {"ServerApp": 2**29, "ClientApps": 2**29}
+    template.peak_by_role = {"ServerApp": 2**28, "ClientApps": 2**30, "Flower and Ray": 2**29}
     ours.train_losses = losses
     return Repetition(seed, ours, template, 100.0, 200.0)
 
@@ -60,6 +62,10 @@ def test_repetitions_print_intervals_ratios_and_the_loss_at_each_round():
     memory = next(line for line in lines if line.startswith("peak memory"))
     assert "1,024.0 ± 0.0 MB" in memory and "2,048.0 ± 0.0 MB" in memory
     assert memory.endswith("0.50 ± 0.00x")
+    by_role = {line.split("  ")[1]: line for line in lines if line.startswith("  ")}
+    assert by_role["ServerApp"].endswith("2.00 ± 0.00x")  # 512 MB against 256 MB
+    assert by_role["ClientApps"].endswith("0.50 ± 0.00x")
+    assert "0.0 ± 0.0 MB" in by_role["Flower and Ray"]  # none of this app's: 0, ratio 0
     assert next(line for line in lines if line.startswith("bytes per round")).endswith(
         "0.50 ± 0.00x"
     )
@@ -68,6 +74,17 @@ def test_repetitions_print_intervals_ratios_and_the_loss_at_each_round():
     # t(0.975, 2) * 0.25 / sqrt(3) = 0.6210
     assert "1.7500 ± 0.6210" in round_2 and "2.2500 ± 0.0000" in round_2
     assert round_2.endswith("-0.5000 ± 0.6210")
+
+
+def test_each_process_of_a_tree_has_its_role():
+    from benchmarks.overhead.template_comparison import process_role
+
+    assert process_role("/v/bin/python /v/bin/flwr-simulation --runtime-api-address x") == (
+        "ServerApp"
+    )
+    assert process_role("ray::ClientAppActor.run") == "ClientApps"
+    assert process_role("ray::ClientAppActor") == "ClientApps"
+    assert process_role("/v/bin/python /v/bin/flower-superlink --insecure") == "Flower and Ray"
 
 
 def test_losses_read_unalike_are_reported_not_compared():
