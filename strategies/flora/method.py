@@ -2,7 +2,9 @@
 exact update sum_n w_n B_n A_n (``strategies/flora/rule.py``), which every client and the
 server's evaluator fold into W0 (``strategies/shared/folds.py``), and sends the next round's
 fresh LoRA. Up: B and A; down: the fresh B and A, plus the last round's stacked factors,
-N r (d_out + d_in) per layer, growing with the number of clients.
+N r (d_out + d_in) per layer, growing with the number of clients. Under secure aggregation
+each client adds its products BₙAₙ (``secure_sum='product'``) and the server factors their
+mean at the stack's width (``factor_mean_product``): the same update, never one client's.
 
 Client weights: its authors weight each client by its dataset size (n_k / sum n, their
 ``_agg_flora`` ratio); ``aggregation-weights=num-examples`` reproduces that, the default
@@ -11,12 +13,17 @@ Client weights: its authors weight each client by its dataset size (n_k / sum n,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from strategies.shared.folds import FoldsIntoW0
+from strategies.shared.product_sum import product_contribution, product_shapes
 
 if TYPE_CHECKING:
     from flower_app.settings.run_settings import RunSettings
+    from strategies.flora.strategy import FLoRAStrategy
 
 
 # Why dp=central is refused rather than noised. FLoRA's round releases the dense product
@@ -37,6 +44,29 @@ FLORA_REFUSAL = (
 
 class FLoRA(FoldsIntoW0):
     fold_prefix = "flora"  # its context keys 'flora-cumulative-residual', ... (folds.py)
+
+    # -- secure aggregation (secure_sum='product'): the update from the mean product --------
+    def secure_contribution(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        server_round: int,
+        *,
+        received: Mapping[str, np.ndarray] | None = None,
+        config: RunSettings | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Each layer's product BₙAₙ (d_out × d_in, float64) and the head: their weighted
+        mean is the round's update Σ wₙBₙAₙ, which the plain round stacks."""
+        return product_contribution(arrays)
+
+    def secure_shapes(self, uplink: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+        return product_shapes(uplink)
+
+    def aggregate_secure(
+        self, strategy: FLoRAStrategy, server_round: int, mean: dict[str, np.ndarray], clients: int
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """The fold factored from the mean product, a fresh LoRA, the mean head
+        (``FLoRAStrategy.aggregate_mean_product``, which records the fold)."""
+        return strategy.aggregate_mean_product(server_round, mean, clients)
 
     def build_strategy(self, config: RunSettings, initial_state, *, fingerprint=None, run_dir=None):
         from strategies.flora.strategy import FLoRAStrategy
@@ -62,7 +92,8 @@ FLORA = FLoRA(
     heterogeneous_ranks=True,  # the stack takes any r_n
     dp_refusal=FLORA_REFUSAL,
     writes_base_weights=True,  # the fold
-    secure_refusal="it stacks the clients' factors side by side, a concatenation, not a sum",
+    # each client's product BₙAₙ; the server factors their mean at the stack's width
+    secure_sum="product",
 )
 
 METHODS = (FLORA,)

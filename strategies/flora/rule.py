@@ -50,6 +50,18 @@ def stack_flora(
     return Residual(P=P, Q=Q)
 
 
+def factor_mean_product(mean_product: np.ndarray, max_rank: int) -> Residual:
+    """Factors P Q of the round's update M = Σ wₙBₙAₙ held whole (a secure round's mean of the
+    clients' products): its SVD at ``max_rank`` (Σ rₙ, the stack's width, which bounds
+    rank(M)), singular values split evenly, P = U S^½ and Q = S^½ Vᵀ. Exact for the products'
+    mean; the secure sum's quantisation, full rank, is cut beyond ``max_rank``. At most as
+    wide as the stacked factors: the fold's traffic is the plain round's or less."""
+    U, S, Vt = np.linalg.svd(np.asarray(mean_product, np.float64), full_matrices=False)
+    k = min(max_rank, S.size)
+    root = np.sqrt(S[:k])
+    return Residual(P=U[:, :k] * root, Q=root[:, None] * Vt[:k])
+
+
 def fresh_lora(rng: np.random.Generator, d_out: int, d_in: int, r: int):
     """The next round's LoRA: B = 0 and A ~ U(-1/sqrt(d_in), 1/sqrt(d_in)) (the bound of
     PEFT's kaiming-uniform initialisation, which ``_agg_flora`` re-draws)."""

@@ -217,6 +217,44 @@ def test_a_secure_round_gives_the_plain_rounds_state_within_the_quantisation(met
         assert set(reply.content.metric_records) == {"metrics"}
 
 
+@pytest.mark.parametrize("d", [8, 20])
+def test_floras_secure_round_folds_the_plain_rounds_update_within_the_quantisation(d):
+    """FLoRA's clients add their products BₙAₙ; the server factors the mean at the stack's
+    width N r = 12: with d = 8 the factors are exact (12 >= 8), with d = 20 the SVD cuts the
+    quantisation beyond rank 12 (the update's rank). The fold P Q, the cumulative fold and the
+    update's norm are the plain round's, the fresh LoRA the same draw, the head the mean."""
+    rng = np.random.default_rng(d)
+    state = lora_state(rng, "flora", d=d)
+    plain = strategy_for("flora", state, screen_updates=False, min_available_nodes=4)
+    trained = uploads(plain, rng)
+    expected, _ = plain.aggregate_train(1, [plain_reply(trained[n], n) for n in NODES])
+    folded = {n: 0 for n in NODES}
+    strategy, grid, arrays, metrics = secure_round("flora", state, trained, folded=folded)
+    settings = strategy.round_loop.settings.secaggplus
+    step = 2 * settings.clipping_range / settings.quantization_range
+    got, want = from_array_record(arrays), from_array_record(expected)
+    assert set(got) == set(want)
+    for key in want:  # the fresh LoRA drawn alike; the head's mean within 2 steps
+        np.testing.assert_allclose(got[key], want[key], atol=2 * step, rtol=0, err_msg=key)
+    assert set(strategy.residuals) == set(plain.residuals) == {1}
+    for layer, residual in plain.residuals[1].items():
+        secure_fold = strategy.residuals[1][layer]
+        assert secure_fold.P.shape[1] <= residual.P.shape[1]  # never wider than the stack
+        # each entry of the mean product within 2 steps; with d = 20 the cut removes noise
+        # only (the update's rank is 12), a few steps at most
+        np.testing.assert_allclose(secure_fold.to_dense(), residual.to_dense(),
+                                   atol=10 * step, rtol=0)  # fmt: skip
+        np.testing.assert_allclose(strategy.cumulative[layer], plain.cumulative[layer],
+                                   atol=10 * step, rtol=0)  # fmt: skip
+        assert np.abs(residual.to_dense()).max() > 100 * 10 * step  # a fold worth checking
+    assert metrics["update_norm"] == pytest.approx(plain.round_metrics[1]["update_norm"],
+                                                   rel=1e-4)  # fmt: skip
+    assert metrics["clients"] == 4 and metrics["secure-failed"] == 0
+    assert strategy.node_synced == folded
+    for reply in grid.collected.values():  # a masked vector and metrics, no arrays
+        assert not reply.content.array_records
+
+
 def test_the_server_rule_is_never_handed_a_single_reply():
     rng = np.random.default_rng(1)
     state = lora_state(rng)
@@ -305,7 +343,7 @@ def test_every_method_either_declares_a_secure_sum_or_says_why_not():
         ), name
         if method.secure_sum is None:
             refused.add(name)
-    assert refused == {"flora"}
+    assert refused == set()  # FLoRA: its stack's product, summed (secure_sum 'product')
     # florg-signed: FLoRG's Gram sum, one Gram per sign block; with dp=central on it
     assert get_method("florg-signed").secure_sum == "gram"
     assert run_settings("florg-signed", secure_aggregation="secaggplus", dp="central").dp
@@ -314,7 +352,7 @@ def test_every_method_either_declares_a_secure_sum_or_says_why_not():
 @pytest.mark.parametrize(
     ("settings", "key"),
     [
-        ({"method": "flora"}, "concatenation"),
+        ({"method": "flora", "dp": "central"}, "^dp: dp=central is not supported"),
         ({"round_mode": "async"}, "round-mode"),
         ({"round_mode": "sync-overselect"}, "round-mode"),
         ({"uplink_encoding": "int8-g"}, "uplink-encoding"),

@@ -54,10 +54,11 @@ def test_a_secure_run_reaches_the_plain_runs_model(tiny_superlink, tiny_assets, 
         np.testing.assert_allclose(got[key], want[key], atol=2e-3, rtol=0, err_msg=key)
 
 
-def test_a_method_that_cannot_be_a_sum_is_refused_before_launch(tiny_superlink, tiny_assets):
+def test_a_setting_that_cannot_be_a_sum_is_refused_before_launch(tiny_superlink, tiny_assets):
     outcome, run_dir = run_tiny_app(
-        tiny_superlink, tiny_assets, "secure-flora", method="flora", **SECURE
-    )
+        tiny_superlink, tiny_assets, "secure-fedex-factored", method="fedex-lora",
+        fedex_residual="factored", **SECURE,
+    )  # fmt: skip
     assert not outcome.ok
-    assert "secure-aggregation" in outcome.log_text and "concatenation" in outcome.log_text
+    assert "fedex-residual" in outcome.log_text and "secure aggregation" in outcome.log_text
     assert not run_dir.exists()
