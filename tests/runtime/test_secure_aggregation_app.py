@@ -1,8 +1,8 @@
 """secure-aggregation=secaggplus end to end through the real simulation engine (SuperLink + Ray)
 on the tiny BERT (tests/harness/flower_harness.py): FLoRG completes its rounds with every node
 in the sum and the model a plain run of the same seed reaches, within the quantisation
-(FedIT's pair: tests/deployment/test_secure_aggregation_deployed.py); FLoRA is refused before
-launch. The round itself, method by method, and a node lost after sharing its keys (through
+(FedIT's pair: tests/deployment/test_secure_aggregation_deployed.py); a setting no sum can
+serve (FedEx-LoRA's factored residual) is refused before launch. The round itself, method by method, and a node lost after sharing its keys (through
 Flower's SecAgg+ mod over an in-process grid): tests/runtime/test_secure_aggregation.py."""
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def test_a_secure_run_reaches_the_plain_runs_model(tiny_superlink, tiny_assets, 
 
 def test_a_setting_that_cannot_be_a_sum_is_refused_before_launch(tiny_superlink, tiny_assets):
     outcome, run_dir = run_tiny_app(
-        tiny_superlink, tiny_assets, "secure-fedex-factored", method="fedex-lora",
-        fedex_residual="factored", **SECURE,
+        tiny_superlink, tiny_assets, "secure-fedex-factored",
+        **{"method": "fedex-lora", "fedex-residual": "factored", **SECURE},
     )  # fmt: skip
     assert not outcome.ok
     assert "fedex-residual" in outcome.log_text and "secure aggregation" in outcome.log_text
