@@ -2,8 +2,9 @@
 on the tiny BERT (tests/harness/flower_harness.py): FLoRG completes its rounds with every node
 in the sum and the model a plain run of the same seed reaches, within the quantisation
 (FedIT's pair: tests/deployment/test_secure_aggregation_deployed.py); a setting no sum can
-serve (FedEx-LoRA's factored residual) is refused before launch. The round itself, method by method, and a node lost after sharing its keys (through
-Flower's SecAgg+ mod over an in-process grid): tests/runtime/test_secure_aggregation.py."""
+serve (FedEx-LoRA's factored residual) is refused before launch. The round itself, method by
+method, and a node lost after sharing its keys (through Flower's SecAgg+ mod over an
+in-process grid): tests/runtime/test_secure_aggregation.py."""
 
 from __future__ import annotations
 
