@@ -17,59 +17,18 @@ import argparse
 import time
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 import strategies.registry  # noqa: F401  (every method registers)
+from florg_tools.in_process_grid import InProcessGrid
 from flower_app.methods.registry import build_strategy, get_method
-from flower_app.secure.client_mod import secure_aggregation_mod
 from flower_app.settings.config import resolve_config
 from flower_app.wire.deployment_bytes import wire_bytes
 from flower_app.wire.records import to_array_record
 
 # adapted layers (q and v of every block), k (W0 is k x k), rank
 SHAPES = {"minilm": (24, 384, 8), "roberta-large": (48, 1024, 8), "7b": (64, 4096, 16)}
-
-
-class InProcessClients:
-    """A grid whose nodes answer through the ClientApp's secure mod in this process; the
-    training step returns the node's fixed upload. Times the clients' part."""
-
-    def __init__(self, uploads: dict[int, dict[str, np.ndarray]], method: str) -> None:
-        self.uploads = uploads
-        self.contexts = {
-            n: Context(
-                run_id=1,
-                node_id=n,
-                node_config={},
-                state=RecordDict(),
-                run_config={"method": method},
-            )  # fmt: skip
-            for n in uploads
-        }
-        self.client_seconds = 0.0
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.uploads)
-
-    def _train(self, msg: Message, context: Context) -> Message:
-        node = msg.metadata.dst_node_id
-        metrics = MetricRecord({"partition-id": node, "num-examples": 10, "train-loss": 0.5})
-        content = RecordDict({"arrays": to_array_record(self.uploads[node]), "metrics": metrics})
-        return Message(content, reply_to=msg)
-
-    def send_and_receive(self, messages, *, timeout=None):
-        replies = []
-        for msg in messages:
-            t0 = time.perf_counter()
-            try:
-                reply = secure_aggregation_mod(msg, self.contexts[msg.metadata.dst_node_id],
-                                               self._train)  # fmt: skip
-            except Exception as exc:  # as a ClientApp returns a raised handler
-                reply = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
-            self.client_seconds += time.perf_counter() - t0
-            replies.append(reply)
-        return replies
 
 
 def initial_state(method: str, shape: tuple[int, int, int], rng) -> dict[str, np.ndarray]:
@@ -108,7 +67,8 @@ def one_round(method: str, shape: tuple[int, int, int], clients: int) -> dict[st
     secure_config = resolve_config({}, {**settings, "secure-aggregation": "secaggplus",
                                         "secure-uplink-limit-mb": 1e6})  # fmt: skip
     secure = build_strategy(secure_config, state)
-    grid = InProcessClients(uploads, method)
+    # the clients' part timed (client_seconds); the masked replies not kept (7B: 67 MB each)
+    grid = InProcessGrid(uploads, method, keep_collected=False)
     t0 = time.perf_counter()
     _, metrics = secure.round_loop.round(grid, 1, to_array_record(state), ConfigRecord(), 600)
     total = time.perf_counter() - t0

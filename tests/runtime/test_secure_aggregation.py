@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from florg_tools.in_process_grid import InProcessGrid
 from flower_app.methods.registry import get_method, method_names
 from flower_app.secure.client_mod import secure_aggregation_mod
 from flower_app.settings.checks import ConfigError
@@ -57,59 +57,33 @@ def florg_state(rng, rank=3, k=8) -> dict[str, np.ndarray]:
     }
 
 
-class ClientGrid:
-    """Routes every message through the ClientApp's secure mod to a training handler that
-    replies with node ``n``'s arrays (``trained[n]``, what it would upload) and metrics; a
-    node in ``failing`` raises in training (after it shared its keys); a node in ``folded``
-    reports that round as its last folded one ('residual-round', a folding method's metric)."""
+class ClientGrid(InProcessGrid):
+    """The in-process grid (florg_tools/in_process_grid.py) with partitions by position in
+    NODES; a node in ``failing`` raises in training (after it shared its keys); a node in
+    ``folded`` reports that round as its last folded one ('residual-round', a folding
+    method's metric); ``train_examples`` and ``metrics`` change what every reply carries."""
 
     def __init__(self, trained, method: str, failing=(), folded=None, **run_config):
-        self.trained, self.failing = trained, set(failing)
+        super().__init__(trained, method, **run_config)
+        self.failing = set(failing)
         self.folded: dict[int, int] = dict(folded or {})
-        self.contexts = {
-            n: Context(
-                run_id=1,
-                node_id=n,
-                node_config={},
-                state=RecordDict(),
-                run_config={"method": method, **run_config},
-            )  # fmt: skip
-            for n in trained
-        }
-        self.collected: dict[int, Message] = {}
         self.train_examples: dict[int, int] = {}  # node -> num-examples (default 10)
-        self.metrics: dict[str, float] = {}  # more metrics every reply carries
+        self.extra_metrics: dict[str, float] = {}  # more metrics every reply carries
 
-    def get_node_ids(self):
-        return list(self.trained)
-
-    def train(self, msg: Message, context: Context) -> Message:
-        node = msg.metadata.dst_node_id
-        if node in self.failing:
-            raise RuntimeError("the node died while training")
-        examples = self.train_examples.get(node, 10)
-        metrics = MetricRecord({"partition-id": NODES.index(node), "num-examples": examples,
+    def metrics(self, node: int) -> MetricRecord:
+        metrics = MetricRecord({"partition-id": NODES.index(node),
+                                "num-examples": self.train_examples.get(node, 10),
                                 "train-loss": 0.5})  # fmt: skip
         if node in self.folded:
             metrics["residual-round"] = self.folded[node]
-        for key, value in self.metrics.items():
+        for key, value in self.extra_metrics.items():
             metrics[key] = value
-        arrays = to_array_record(self.trained[node])
-        return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+        return metrics
 
-    def send_and_receive(self, messages, *, timeout=None):
-        replies = []
-        for msg in messages:
-            node = msg.metadata.dst_node_id
-            try:
-                reply = secure_aggregation_mod(msg, self.contexts[node], self.train)
-            except Exception as exc:  # a ClientApp returns a raised handler as an error
-                reply = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
-            cfg = msg.content.config_records[RECORD_KEY_CONFIGS]
-            if cfg[Key.STAGE] == Stage.COLLECT_MASKED_VECTORS:
-                self.collected[node] = reply
-            replies.append(reply)
-        return replies
+    def train(self, msg: Message, context: Context) -> Message:
+        if msg.metadata.dst_node_id in self.failing:
+            raise RuntimeError("the node died while training")
+        return super().train(msg, context)
 
 
 def uploads(strategy, rng, nodes=NODES) -> dict[int, dict[str, np.ndarray]]:
@@ -801,7 +775,7 @@ def test_a_fed_sb_secure_round_is_the_plain_one_and_learns_who_holds_the_basis()
         replies.append(reply)
     expected, _ = plain.aggregate_train(1, replies)
     grid = ClientGrid(trained, "fed-sb")
-    grid.metrics = {"basis-held": 1}
+    grid.extra_metrics = {"basis-held": 1}
     sent = list(secure.configure_train(1, to_array_record(state), ConfigRecord(), grid))
     assert all("basis" in m.content.array_records for m in sent)
     arrays, metrics = secure.round_loop.round(grid, 1, to_array_record(state), RecordDict(), 60)
