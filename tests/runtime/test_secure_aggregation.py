@@ -308,6 +308,25 @@ def test_a_message_without_secaggplus_configs_passes_through():
     assert secure_aggregation_mod(msg, context, lambda m, c: sentinel) is sentinel
 
 
+def test_the_received_state_is_decoded_once_and_only_when_read():
+    """The state a training message carried reaches a method's contribution undecoded; the
+    first read decodes it (as the client's own decoder does), later reads reuse it."""
+    from flower_app.secure.client_mod import ReceivedState
+    from flower_app.wire.encoding import decode_record, encode_record
+
+    state = lora_state(np.random.default_rng(3))
+    record = encode_record(state, "bf16")
+    received = ReceivedState(record, "bf16")
+    assert not received.decoded
+    want = from_array_record(decode_record(record, "bf16"))
+    assert set(received) == set(state) and received.decoded
+    first = received["enc.q.lora_A"]
+    assert first is received["enc.q.lora_A"]  # decoded once
+    for key, value in want.items():
+        np.testing.assert_array_equal(received[key], value)
+    assert not np.array_equal(received["enc.q.lora_A"], state["enc.q.lora_A"])  # bf16 rounding
+
+
 def test_every_method_either_declares_a_secure_sum_or_says_why_not():
     refused = set()
     for name in method_names():
