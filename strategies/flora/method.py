@@ -46,14 +46,7 @@ class FLoRA(FoldsIntoW0):
     fold_prefix = "flora"  # its context keys 'flora-cumulative-residual', ... (folds.py)
 
     # -- secure aggregation (secure_sum='product'): the update from the mean product --------
-    def secure_contribution(
-        self,
-        arrays: Mapping[str, np.ndarray],
-        server_round: int,
-        *,
-        received: Mapping[str, np.ndarray] | None = None,
-        config: RunSettings | None = None,
-    ) -> dict[str, np.ndarray]:
+    def secure_contribution(self, arrays, server_round, *, received=None, config=None):
         """Each layer's product BₙAₙ (d_out × d_in, float64) and the head: their weighted
         mean is the round's update Σ wₙBₙAₙ, which the plain round stacks."""
         return product_contribution(arrays)
