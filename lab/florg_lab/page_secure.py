@@ -6,8 +6,10 @@ with ``secure-aggregation=secaggplus``, everything else equal. Read from the pub
 runs (``config.json``, ``summary.json``, ``metrics.jsonl``): per pair the held-out test
 score of each arm (mean, 95% t interval), the paired difference secure − plain over the
 seeds both finished and each seed's, the goal (mean within ±0.01, interval inside ±0.02),
-each arm's bytes a client sends per round (uplink, as a deployment sends them) and the
-secure rounds that failed. A pair not yet run says how many seeds each arm holds.
+the first round whose validation score differs between a seed's two arms (where the
+secure sum's rounding first shows), each arm's bytes a client sends per round (uplink, as
+a deployment sends them) and the secure rounds that failed. A pair not yet run says how
+many seeds each arm holds.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ GOAL_MEAN, GOAL_INTERVAL = 0.01, 0.02  # the grid's goal, on the held-out test s
 
 @dataclass
 class Arm:
-    """One arm's finished runs: seed -> final test score, uplink bytes per client per
-    round (each run's mean over its rounds), and failed secure rounds in all."""
+    """One arm's finished runs: seed -> final test score, validation score by round,
+    uplink bytes per client per round (each run's mean over its rounds), and failed
+    secure rounds in all."""
 
     scores: dict[int, float] = field(default_factory=dict)
+    curves: dict[int, dict[int, float]] = field(default_factory=dict)
     uplink: dict[int, float] = field(default_factory=dict)
     secure_failed: int = 0
 
@@ -50,6 +54,7 @@ def arms(ev: Evidence) -> dict[tuple[str, str, bool], Arm]:
         rounds = [r for r in rows if r["round"] >= 1]
         arm, seed = found[key], int(config["seed"])
         arm.scores[seed] = float(summary["final-test-score"])
+        arm.curves[seed] = {int(r["round"]): float(r["score"]) for r in rows if "score" in r}
         arm.uplink[seed] = statistics.fmean(r["uplink-bytes-per-client"] for r in rounds)
         arm.secure_failed += sum(int(r.get("secure-failed", 0)) for r in rounds)
     return dict(found)
@@ -67,13 +72,20 @@ def _goal(differences: list[float]) -> str:
     return "met" if met else "missed"
 
 
+def parting_round(plain: dict[int, float], secure: dict[int, float]) -> int | None:
+    """The first round both arms scored whose validation scores differ (None: equal at
+    every round): how long the secure sum's rounding (a few 10⁻⁶) stays below what the
+    score can show."""
+    return next((t for t in sorted(plain.keys() & secure.keys()) if plain[t] != secure[t]), None)
+
+
 def _pair_row(method: str, dp: str, plain: Arm | None, secure: Arm | None) -> list[str]:
     name = method_name(method) + (" + dp=central" if dp == "central" else "")
     plain, secure = plain or Arm(), secure or Arm()
     seeds = sorted(set(plain.scores) & set(secure.scores))
     if len(seeds) < 2:
         waiting = f"– (seeds finished: {len(plain.scores)} plain, {len(secure.scores)} secure)"
-        return [name, waiting, "–", "–", "–", "–", "–", "–"]
+        return [name, waiting, "–", "–", "–", "–", "–", "–", "–"]
     differences = [secure.scores[s] - plain.scores[s] for s in seeds]
     upload = statistics.fmean(secure.uplink[s] / plain.uplink[s] for s in seeds)
     return [
@@ -83,6 +95,9 @@ def _pair_row(method: str, dp: str, plain: Arm | None, secure: Arm | None) -> li
         interval(mean_interval(differences), sign=True),
         " / ".join(f"{s}: {signed(d)}" for s, d in zip(seeds, differences, strict=True)),
         _goal(differences),
+        " / ".join(
+            f"{s}: {parting_round(plain.curves[s], secure.curves[s]) or '–'}" for s in seeds
+        ),
         f"{statistics.fmean(plain.uplink[s] for s in seeds):,.0f} → "
         f"{statistics.fmean(secure.uplink[s] for s in seeds):,.0f} ({upload:.2f}x)",
         str(secure.secure_failed),
@@ -98,10 +113,12 @@ def secure_table(ev: Evidence) -> str:
     head = [
         "method", "plain: test, final [95% CI]", "secure: test, final [95% CI]",
         "secure − plain [95% CI]", "secure − plain by seed", "goal (±0.01, CI in ±0.02)",
+        "arms part at round (by seed; –: never)",
         "uplink bytes per client per round: plain → secure", "secure rounds failed",
     ]  # fmt: skip
     lead = (
         f"{runs} finished runs of the grid's {2 * 5 * len(PAIRS)}, read from "
-        f"`{PUBLISHED}`; five seeds an arm when complete."
+        f"`{PUBLISHED}`; five seeds an arm when complete. A seed's arms part at the first "
+        "round whose validation score differs."
     )
     return "\n".join([lead, "", *table(head, rows)])

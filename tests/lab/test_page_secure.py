@@ -1,8 +1,8 @@
 """docs/secure-aggregation.md's evidence block (lab/florg_lab/page_secure.py) on small
 synthetic runs whose numbers are known: arms found by their configs (method, dp, secure),
 the paired difference over the seeds both arms finished, the goal met and missed, the
-uplink bytes and failed secure rounds read from the rows, unfinished runs left out, and a
-pair not yet run saying how many seeds each arm holds.
+uplink bytes, failed secure rounds and the round where a seed's arms part read from the
+rows, unfinished runs left out, and a pair not yet run saying how many seeds each arm holds.
 
 Scores are multiples of 1/8 and byte counts integers, so every comparison is exact."""
 
@@ -19,6 +19,7 @@ def write_run(root: Path, method: str, seed: int, score: float, secure: bool, **
     status = extra.pop("status", "finished")
     dp = extra.pop("dp", "off")
     failed = extra.pop("secure_failed", 0)
+    part_at = extra.pop("part_at", None)  # secure: validation scores an eighth up from there
     name = f"method={method},dp={dp},secure={secure},seed={seed}"
     run = root / ps.PUBLISHED / name
     run.mkdir(parents=True)
@@ -27,10 +28,11 @@ def write_run(root: Path, method: str, seed: int, score: float, secure: bool, **
     (run / "config.json").write_text(json.dumps(config))
     (run / "summary.json").write_text(json.dumps({"status": status, "final-test-score": score}))
     up = 2000 if secure else 1000
-    rows = [{"round": 0}] + [
-        {"round": t, "uplink-bytes-per-client": up + 2 * t, "secure-failed": failed * (t == 1)}
+    rows = [{"round": 0, "score": 0.5}] + [
+        {"round": t, "uplink-bytes-per-client": up + 2 * t, "secure-failed": failed * (t == 1),
+         "score": 0.5 + 0.125 * (secure and part_at is not None and t >= part_at)}
         for t in (1, 2)
-    ]
+    ]  # fmt: skip
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -41,10 +43,11 @@ def test_pairs_their_differences_goal_bytes_and_waiting_pairs(tmp_path: Path):
         write_run(tmp_path, "fedit", seed, score, secure=True, secure_failed=1)
     write_run(tmp_path, "fedit", 3, 0.5, secure=False)
     write_run(tmp_path, "fedit", 3, 0.5, secure=True, status="failed")
-    # RoLoRA: secure an eighth lower on every seed (the goal missed)
+    # RoLoRA: secure an eighth lower on every seed (the goal missed), the validation
+    # scores parting at round 2 (seed 0) and round 1 (seed 1)
     for seed in (0, 1):
         write_run(tmp_path, "rolora", seed, 0.75, secure=False)
-        write_run(tmp_path, "rolora", seed, 0.625, secure=True)
+        write_run(tmp_path, "rolora", seed, 0.625, secure=True, part_at=2 - seed)
     write_run(tmp_path, "florg", 0, 0.75, secure=False)  # one plain seed, no secure one
     text = ps.secure_table(Evidence(tmp_path))
     assert text.startswith("12 finished runs of the grid's 40")  # 7 FedIT, 4 RoLoRA, 1 FLoRG
@@ -52,11 +55,12 @@ def test_pairs_their_differences_goal_bytes_and_waiting_pairs(tmp_path: Path):
     fedit = rows["FedIT"]
     assert "| +0.000 [+0.000, +0.000] |" in fedit  # equal seed for seed: a zero-width interval
     assert "0: +0.000 / 1: +0.000 / 2: +0.000" in fedit and "| met |" in fedit
+    assert "| 0: – / 1: – / 2: – |" in fedit  # equal validation scores at every round
     assert "1,003 → 2,003 (2.00x)" in fedit  # rows 1 and 2: 1002, 1004; 2002, 2004
     assert fedit.rstrip(" |").endswith("3")  # one failed secure round in each of 3 runs
     rolora = rows["RoLoRA"]
     assert "| −0.125 [−0.125, −0.125] |" in rolora and "0: −0.125 / 1: −0.125" in rolora
-    assert "| missed |" in rolora
+    assert "| missed |" in rolora and "| 0: 2 / 1: 1 |" in rolora
     assert "seeds finished: 1 plain, 0 secure" in rows["FLoRG"]
     assert "seeds finished: 0 plain, 0 secure" in rows["FedIT + dp=central"]
 
